@@ -1,0 +1,28 @@
+# The same verbs CI uses. `make test` on a fresh machine sets up .venv and runs the tests.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: setup test test-integration bench lint demo
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	$(PY) -m pip check
+	touch $@
+
+test: setup
+	$(PY) -m pytest -q
+
+test-integration: setup
+	$(PY) -m pytest -q tests/integration
+
+lint: setup
+	$(VENV)/bin/ruff check elmo_core pipelines flows tests benchmarks
+	$(VENV)/bin/ruff format --check elmo_core pipelines flows tests benchmarks
+
+bench: setup
+	for script in benchmarks/bench_*.py; do $(PY) $$script || exit 1; done

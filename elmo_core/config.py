@@ -1,0 +1,187 @@
+"""Typed configuration: pydantic models that reject unknown keys, and their one resolution path.
+
+Every entry point (CLI, flows, tests) resolves a config the same way, in this order:
+preset (a plain dict from :mod:`elmo_core.presets`) → YAML file → ``--set dotted.key=value`` overrides.
+A misspelt or ill-typed key fails with a :class:`~elmo_core.errors.ConfigError` naming its dotted
+path and where the value came from (the preset, the YAML file, or the override).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from elmo_core.errors import ConfigError
+
+
+class StrictModel(BaseModel):
+    """Base of every config section: unknown keys are errors, not silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CharCNNConfig(StrictModel):
+    """Token encoder sizes (bilm-tf ``char_cnn``): char embedding → convolutions → highway."""
+
+    embedding_dim: int = Field(16, gt=0)
+    filters: list[tuple[int, int]] = Field(
+        default_factory=lambda: [(1, 32), (2, 32), (3, 64), (4, 128), (5, 256), (6, 512), (7, 1024)],
+        min_length=1,
+        description="(width, number of feature maps) per convolution",
+    )
+    num_highway: int = Field(2, ge=0)
+    max_chars_per_token: int = Field(50, ge=3)
+    num_characters: int = Field(262, description="rows of the char table (+1 convention)")
+    activation: Literal["relu", "tanh"] = "relu"
+
+    @property
+    def num_filters(self) -> int:
+        """Width of the concatenated convolution outputs (2048 for the released models)."""
+        return sum(num for _, num in self.filters)
+
+
+class LSTMConfig(StrictModel):
+    """Projected LSTM stack sizes and clipping (bilm-tf ``lstm``); one stack per direction."""
+
+    cell_dim: int = Field(4096, gt=0)
+    projection_dim: int = Field(512, gt=0)
+    num_layers: int = Field(2, gt=0)
+    cell_clip: float | None = Field(3.0, gt=0)
+    proj_clip: float | None = Field(3.0, gt=0)
+    use_skip_connections: bool = True
+
+
+class ModelConfig(StrictModel):
+    """The whole biLM: token encoder, LSTM stacks, dropout and the sampled softmax size."""
+
+    char_cnn: CharCNNConfig = Field(default_factory=CharCNNConfig)
+    lstm: LSTMConfig = Field(default_factory=LSTMConfig)
+    dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    num_samples: int = Field(8192, gt=0, description="sampled-softmax candidates per step")
+
+
+class PrepareConfig(StrictModel):
+    """Corpus → Parquet shards: the parameters recorded in the dataset manifest."""
+
+    format: Literal["1b-benchmark", "text"] = "text"
+    max_vocab: int | None = Field(None, gt=3)
+    min_count: int = Field(1, ge=1)
+    vocab_file: str | None = None
+    workers: int = Field(1, ge=1)
+    seed: int = 0
+    heldout_fraction: float = Field(0.01, ge=0.0, lt=1.0)
+    heldout_files: list[str] = Field(default_factory=list)
+    sentences_per_shard: int = Field(200_000, gt=0)
+    on_invalid_utf8: Literal["replace", "fail"] = "replace"
+    max_tokens_per_line: int = Field(1000, gt=0)
+    on_long_line: Literal["split", "drop"] = "split"
+    sha256: str | None = None
+
+    @model_validator(mode="after")
+    def _vocab_options_exclusive(self) -> PrepareConfig:
+        if self.vocab_file and (self.max_vocab is not None or self.min_count != 1):
+            raise ValueError("vocab_file excludes max_vocab and min_count")
+        return self
+
+
+ConfigT = TypeVar("ConfigT", bound=BaseModel)
+
+
+def resolve_config(
+    schema: type[ConfigT],
+    preset: Mapping[str, Any] | None = None,
+    yaml_file: str | Path | None = None,
+    overrides: Sequence[str] = (),
+) -> ConfigT:
+    """Merge preset → YAML → ``dotted.key=value`` overrides and validate against ``schema``."""
+    merged: dict[str, Any] = copy.deepcopy(dict(preset or {}))
+    origin: dict[str, str] = {key: "preset" for key in _dotted_keys(merged)}
+    if yaml_file is not None:
+        from_file = _load_yaml_mapping(Path(yaml_file))
+        _deep_merge(merged, from_file)
+        origin.update({key: str(yaml_file) for key in _dotted_keys(from_file)})
+    for override in overrides:
+        key, value = parse_override(override)
+        _set_dotted(merged, key, value)
+        origin[key] = f"override '{override}'"
+    try:
+        return schema.model_validate(merged)
+    except ValidationError as err:
+        first = err.errors()[0]
+        key = ".".join(str(part) for part in first["loc"]) or "<root>"
+        source = _origin_of(key, origin)
+        raise ConfigError(first["msg"], key=key, source=source) from None
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Split ``a.b=value``; the value is read as YAML so ``3``, ``true``, ``[1, 2]`` get their types."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override '{text}' is not of the form dotted.key=value")
+    try:
+        return key, yaml.safe_load(raw) if raw.strip() else raw
+    except yaml.YAMLError as err:
+        raise ConfigError(f"cannot parse value: {err}", key=key, source="--set") from None
+
+
+def _load_yaml_mapping(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError("config file not found", source=str(path))
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        raise ConfigError(f"invalid YAML: {getattr(err, 'problem', err)}", source=where) from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError("top level must be a mapping of sections", source=str(path))
+    return loaded
+
+
+def _deep_merge(into: dict[str, Any], update: Mapping[str, Any]) -> None:
+    for key, value in update.items():
+        if isinstance(value, Mapping) and isinstance(into.get(key), dict):
+            _deep_merge(into[key], value)
+        else:
+            into[key] = copy.deepcopy(value)
+
+
+def _set_dotted(target: dict[str, Any], key: str, value: Any) -> None:
+    *parents, leaf = key.split(".")
+    node = target
+    for part in parents:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"'{part}' is a value, not a section", key=key, source="--set")
+        node = child
+    node[leaf] = value
+
+
+def _dotted_keys(mapping: Mapping[str, Any], prefix: str = "") -> list[str]:
+    keys = []
+    for key, value in mapping.items():
+        dotted = f"{prefix}{key}"
+        keys.append(dotted)
+        if isinstance(value, Mapping):
+            keys.extend(_dotted_keys(value, f"{dotted}."))
+    return keys
+
+
+def _origin_of(key: str, origin: Mapping[str, str]) -> str | None:
+    """The source of the longest configured prefix of ``key`` (a list index has no own origin)."""
+    parts = key.split(".")
+    for end in range(len(parts), 0, -1):
+        found = origin.get(".".join(parts[:end]))
+        if found is not None:
+            return found
+    return None

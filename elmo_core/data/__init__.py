@@ -1,0 +1,1 @@
+"""Parquet shards, manifests and streaming readers of prepared datasets."""

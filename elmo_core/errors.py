@@ -1,0 +1,46 @@
+"""One exception family for errors a user can cause.
+
+Everything a user can get wrong (a path, a malformed line, a config key, weights that do not match
+their options) raises a subclass of :class:`ElmoError` whose message names the file and line or the
+dotted config key, so the CLI can print it without a traceback.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class ElmoError(Exception):
+    """Base class of user-caused errors: the message alone tells the user what to fix."""
+
+
+class ConfigError(ElmoError):
+    """A configuration value is missing, misspelt or out of range."""
+
+    def __init__(self, message: str, *, key: str | None = None, source: str | None = None) -> None:
+        where = ", ".join(part for part in (source, f"key '{key}'" if key else None) if part)
+        super().__init__(f"{where}: {message}" if where else message)
+        self.key = key
+        self.source = source
+
+
+class DataError(ElmoError):
+    """An input file is missing, empty, corrupt or malformed."""
+
+    def __init__(
+        self, message: str, *, path: str | Path | None = None, line: int | None = None
+    ) -> None:
+        where = str(path) if path is not None else ""
+        if line is not None:
+            where = f"{where}:{line}" if where else f"line {line}"
+        super().__init__(f"{where}: {message}" if where else message)
+        self.path = str(path) if path is not None else None
+        self.line = line
+
+
+class WeightsError(ElmoError):
+    """A weight file does not match its options, or is of another layout."""
+
+    def __init__(self, message: str, *, path: str | Path | None = None) -> None:
+        super().__init__(f"{path}: {message}" if path is not None else message)
+        self.path = str(path) if path is not None else None

@@ -1,0 +1,1 @@
+"""Interoperability with the original bilm-tf weight files."""

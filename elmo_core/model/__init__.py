@@ -1,0 +1,1 @@
+"""The biLM and ELMo modules (single-device model code only)."""

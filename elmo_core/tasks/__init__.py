@@ -1,0 +1,1 @@
+"""Downstream tasks: readers, heads and metrics for scalar-mix adaptation."""

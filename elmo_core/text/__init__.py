@@ -1,0 +1,1 @@
+"""Text → tokens, vocabularies and character ids."""
