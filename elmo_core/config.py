@@ -89,6 +89,27 @@ class PrepareConfig(StrictModel):
         return self
 
 
+class TrainConfig(StrictModel):
+    """The training recipe; defaults are bilm-tf's (DESIGN.md §3, "Loss and optimisation")."""
+
+    epochs: float = Field(10.0, gt=0, description="passes over the manifest's training tokens")
+    max_steps: int | None = Field(None, gt=0, description="caps the step count from epochs")
+    batch_size: int = Field(128, gt=0, description="independent sentence streams per worker")
+    unroll_steps: int = Field(20, gt=0, description="window length T of truncated BPTT")
+    lr: float = Field(0.2, gt=0)
+    initial_accumulator: float = Field(1.0, gt=0, description="Adagrad's starting accumulator")
+    clip_norm: float = Field(10.0, gt=0, description="global gradient-norm clip")
+    seed: int = 0
+    log_every: int = Field(50, gt=0)
+    checkpoint_every: int = Field(1000, gt=0)
+    validate_every: int = Field(1000, gt=0)
+    validation_sentences: int = Field(2000, gt=0, description="fixed heldout sample size")
+    early_stopping_patience: int | None = Field(
+        None, gt=0, description="validations without improvement before stopping"
+    )
+    bf16: bool = Field(True, description="bf16 autocast on GPU (ignored on CPU)")
+
+
 ConfigT = TypeVar("ConfigT", bound=BaseModel)
 
 
