@@ -1,0 +1,198 @@
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from elmo_core.errors import ConfigError
+from elmo_core.model.softmax import LogUniformSampler, SampledSoftmax
+
+
+def _full_softmax_nll(softmax: SampledSoftmax, hidden: torch.Tensor, targets: torch.Tensor):
+    logits = hidden @ softmax.weight.t() + softmax.bias
+    return -F.log_softmax(logits, dim=-1).gather(1, targets.unsqueeze(1)).squeeze(1)
+
+
+def _softmax(num_classes=50, dim=8, num_samples=10, seed=0) -> SampledSoftmax:
+    torch.manual_seed(seed)
+    softmax = SampledSoftmax(num_classes, dim, num_samples)
+    with torch.no_grad():
+        softmax.bias.normal_()  # zero at init; make it matter in the tests
+    return softmax
+
+
+def test_sampler_probabilities_are_the_log_uniform_formula_and_sum_to_one():
+    sampler = LogUniformSampler(1000)
+    p = sampler.probability(torch.arange(1000))
+    assert p[0].item() == pytest.approx(math.log(2) / math.log(1001))
+    assert p[9].item() == pytest.approx((math.log(11) - math.log(10)) / math.log(1001))
+    assert p.sum().item() == pytest.approx(1.0, abs=1e-12)
+    assert (p[1:] < p[:-1]).all()
+
+
+def test_sampler_draw_frequencies_follow_the_distribution():
+    sampler = LogUniformSampler(20)
+    draws = sampler.draw(200_000, torch.Generator().manual_seed(0))
+    assert draws.min() >= 0 and draws.max() <= 19
+    frequency = torch.bincount(draws, minlength=20).double() / draws.numel()
+    torch.testing.assert_close(frequency, sampler.probability(torch.arange(20)), atol=4e-3, rtol=0)
+
+
+def test_unique_candidates_are_distinct_and_tries_count_every_draw():
+    sampler = LogUniformSampler(100)
+    candidates, num_tries = sampler.sample_unique(30, torch.Generator().manual_seed(1))
+    assert candidates.shape == (30,) and candidates.dtype == torch.long
+    assert candidates.unique().numel() == 30
+    assert num_tries >= 30
+    # The same generator state replays the draws: the K-th new id appears at draw num_tries.
+    draws = sampler.draw(num_tries, torch.Generator().manual_seed(1))
+    assert draws.unique().numel() == 30
+    assert draws[-1] == candidates[-1] and draws[:-1].eq(candidates[-1]).sum() == 0
+
+
+def test_unique_sampling_needing_several_batches_still_counts_exactly():
+    sampler = LogUniformSampler(40)
+    candidates, num_tries = sampler.sample_unique(39, torch.Generator().manual_seed(2))
+    assert sorted(candidates.tolist()) != list(range(40))  # one class is left out
+    assert candidates.unique().numel() == 39
+    draws = sampler.draw(num_tries, torch.Generator().manual_seed(2))
+    assert draws.unique().numel() == 39 and draws[:-1].unique().numel() == 38
+
+
+def test_expected_counts_match_monte_carlo_frequencies_of_unique_sampling():
+    num_classes, num_samples, repeats = 30, 8, 4000
+    sampler = LogUniformSampler(num_classes)
+    generator = torch.Generator().manual_seed(3)
+    hits = torch.zeros(num_classes, dtype=torch.float64)
+    predicted = torch.zeros(num_classes, dtype=torch.float64)
+    for _ in range(repeats):
+        candidates, num_tries = sampler.sample_unique(num_samples, generator)
+        hits[candidates] += 1
+        predicted += sampler.expected_count(torch.arange(num_classes), num_tries)
+    # Conditioned on num_tries the formula is an approximation; on average it must hold.
+    torch.testing.assert_close(hits / repeats, predicted / repeats, atol=0.03, rtol=0.05)
+
+
+def test_expected_count_is_stable_for_rare_classes():
+    sampler = LogUniformSampler(793_471)
+    ids = torch.tensor([0, 793_470])
+    counts = sampler.expected_count(ids, 10_000)
+    p = sampler.probability(ids)
+    assert 0 < counts[1].item() < 10_000 * p[1].item()
+    assert counts[1].item() == pytest.approx(-math.expm1(10_000 * math.log1p(-p[1].item())))
+    assert counts[0].item() == pytest.approx(1 - (1 - p[0].item()) ** 10_000, rel=1e-9)
+
+
+@pytest.mark.parametrize("num_samples", [0, 20, 21])
+def test_num_samples_not_below_vocabulary_size_is_a_config_error(num_samples):
+    with pytest.raises(ConfigError, match="model.num_samples"):
+        SampledSoftmax(20, 4, num_samples)
+    with pytest.raises(ConfigError, match="model.num_samples"):
+        LogUniformSampler(20).sample_unique(num_samples)
+
+
+def test_init_follows_bilm_tf():
+    torch.manual_seed(0)
+    softmax = SampledSoftmax(4000, 64, 100)
+    assert softmax.weight.shape == (4000, 64) and softmax.bias.shape == (4000,)
+    assert softmax.weight.std().item() == pytest.approx(1 / 8, rel=0.02)
+    assert (softmax.bias == 0).all()
+
+
+def test_sampled_loss_with_every_class_a_candidate_equals_the_full_softmax():
+    softmax = _softmax(num_classes=12, dim=5)
+    hidden = torch.randn(7, 5)
+    targets = torch.tensor([0, 3, 11, 3, 5, 7, 1])
+    everything = torch.arange(12)
+    sampled = softmax.sampled_loss(
+        hidden, targets, everything, torch.ones(7), torch.ones(12, dtype=torch.float64)
+    )
+    torch.testing.assert_close(sampled, _full_softmax_nll(softmax, hidden, targets))
+
+
+def test_sampled_loss_hand_computed_with_log_q_correction_and_accidental_hit():
+    softmax = SampledSoftmax(4, 2, 2)
+    with torch.no_grad():
+        softmax.weight.copy_(torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [-1.0, 0.0]]))
+        softmax.bias.copy_(torch.tensor([0.0, 0.5, 0.0, 0.0]))
+    hidden = torch.tensor([[2.0, 1.0]])
+    targets = torch.tensor([1])
+    candidates = torch.tensor([1, 3])  # candidate 1 is the target: removed
+    loss = softmax.sampled_loss(
+        hidden, targets, candidates, torch.tensor([0.5]), torch.tensor([0.5, 0.25])
+    )
+    true_logit = 1.0 + 0.5 - math.log(0.5)
+    other_logit = -2.0 - math.log(0.25)
+    expected = math.log(math.exp(true_logit) + math.exp(other_logit)) - true_logit
+    assert loss.item() == pytest.approx(expected, abs=1e-6)
+
+
+def test_training_forward_draws_candidates_and_is_reproducible_with_a_generator():
+    softmax = _softmax(num_classes=200, dim=6, num_samples=20).train()
+    hidden, targets = torch.randn(9, 6), torch.randint(0, 200, (9,))
+    first = softmax(hidden, targets, torch.Generator().manual_seed(5))
+    again = softmax(hidden, targets, torch.Generator().manual_seed(5))
+    other = softmax(hidden, targets, torch.Generator().manual_seed(6))
+    assert first.shape == (9,) and torch.isfinite(first).all() and (first > 0).all()
+    torch.testing.assert_close(first, again)
+    assert not torch.equal(first, other)
+
+
+def test_gradient_lands_only_on_candidate_and_target_rows():
+    softmax = _softmax(num_classes=300, dim=4, num_samples=15).train()
+    generator = torch.Generator().manual_seed(7)
+    candidates, _ = softmax.sampler.sample_unique(15, torch.Generator().manual_seed(7))
+    hidden, targets = torch.randn(5, 4), torch.tensor([250, 251, 252, 0, 250])
+    softmax(hidden, targets, generator).sum().backward()
+    touched = torch.zeros(300, dtype=torch.bool)
+    touched[candidates] = True
+    touched[targets] = True
+    nonzero_rows = softmax.weight.grad.abs().sum(1) > 0
+    assert torch.equal(nonzero_rows, touched)
+    assert torch.equal(softmax.bias.grad != 0, touched)
+
+
+def test_sparse_option_returns_a_row_sparse_weight_gradient():
+    torch.manual_seed(0)
+    softmax = SampledSoftmax(100, 4, 10, sparse=True).train()
+    hidden, targets = torch.randn(3, 4), torch.tensor([90, 91, 92])
+    softmax(hidden, targets, torch.Generator().manual_seed(0)).sum().backward()
+    grad = softmax.weight.grad
+    assert grad.is_sparse
+    rows = set(grad.coalesce().indices()[0].tolist())
+    candidates, _ = softmax.sampler.sample_unique(10, torch.Generator().manual_seed(0))
+    assert rows == set(candidates.tolist()) | {90, 91, 92}
+
+
+@pytest.mark.parametrize("chunk_size", [1, 7, 16, 50, 1000])
+def test_chunked_nll_equals_log_softmax(chunk_size):
+    softmax = _softmax(num_classes=50, dim=8)
+    hidden, targets = torch.randn(11, 8), torch.randint(0, 50, (11,))
+    torch.testing.assert_close(
+        softmax.nll(hidden, targets, chunk_size=chunk_size),
+        _full_softmax_nll(softmax, hidden, targets),
+    )
+
+
+def test_eval_forward_is_the_full_softmax_and_does_not_sample():
+    softmax = _softmax(num_classes=50, dim=8).eval()
+    hidden, targets = torch.randn(4, 8), torch.randint(0, 50, (4,))
+    state = torch.random.get_rng_state()
+    loss = softmax(hidden, targets)
+    assert torch.equal(state, torch.random.get_rng_state())
+    torch.testing.assert_close(loss, _full_softmax_nll(softmax, hidden, targets))
+
+
+def test_nll_accepts_bf16_hidden_and_accumulates_in_float32():
+    softmax = _softmax(num_classes=50, dim=8)
+    hidden, targets = torch.randn(6, 8), torch.randint(0, 50, (6,))
+    low = softmax.nll(hidden.bfloat16(), targets, chunk_size=16)
+    assert low.dtype == torch.float32
+    exact = _full_softmax_nll(softmax, hidden.bfloat16().float(), targets)
+    torch.testing.assert_close(low, exact)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = softmax.nll(hidden, targets, chunk_size=16)
+    assert mixed.dtype == torch.float32 and (mixed >= 0).all()
+    torch.testing.assert_close(
+        mixed, _full_softmax_nll(softmax, hidden, targets), atol=0.1, rtol=0.05
+    )
