@@ -1,0 +1,230 @@
+"""The bidirectional language model: char-CNN token encoder, two projected LSTM stacks, softmax.
+
+Two entry points, matching the two ways bilm-tf runs the same weights (DESIGN.md §3):
+
+* ``forward(char_ids)`` — representations for ELMo. Sentences come without markers (as
+  :func:`~elmo_core.text.char_ids.batch_to_ids` makes them, padded on the right); ``<S>`` and
+  ``</S>`` are added per row, the backward stack reads each row's real tokens reversed, and the
+  layers ``[x; x]``, ``[f_k; b_k]`` come back aligned by position. Stateless by default, so the
+  same sentence always gives the same vectors; ``stateful=True`` carries each row's final states
+  to the next call as bilm-tf's inference graph did.
+* ``training_loss(...)`` — the language-model objective on two independent streams of windows
+  (the backward stream is already reversed), with the LSTM state carried by the caller.
+
+Shape legend: B rows, T window, W chars per token, P projection, H cell, L layers, V vocabulary,
+N scored positions.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from elmo_core.config import ModelConfig
+from elmo_core.errors import ConfigError
+from elmo_core.model.char_cnn import CharCNN
+from elmo_core.model.lstm import LSTMState, ProjectedLSTM
+from elmo_core.model.softmax import SampledSoftmax
+from elmo_core.text.char_ids import BOS_IDS, EOS_IDS
+
+BiLMState = tuple[LSTMState, LSTMState]  # (forward stack, backward stack)
+
+
+class LossOutput(NamedTuple):
+    """Mean per-direction losses of a window; the objective is ``loss = ½(forward + backward)``.
+
+    ``num_tokens`` counts the scored positions of the forward stream (a window's token positions;
+    the backward stream holds the same tokens reversed).
+    """
+
+    forward: torch.Tensor
+    backward: torch.Tensor
+    num_tokens: torch.Tensor
+
+    @property
+    def loss(self) -> torch.Tensor:
+        return 0.5 * (self.forward + self.backward)
+
+
+class BiLM(nn.Module):
+    """The biLM of Peters et al. 2018; ``softmax`` exists only when ``vocab_size`` is given."""
+
+    bos_ids: torch.Tensor  # (W,) the <S> marker, +1 convention
+    eos_ids: torch.Tensor  # (W,) the </S> marker
+
+    def __init__(
+        self, config: ModelConfig, vocab_size: int | None = None, *, stateful: bool = False
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.vocab_size = vocab_size
+        self.stateful = stateful
+        projection_dim = config.lstm.projection_dim
+        self.token_encoder = CharCNN(config)
+        self.forward_lstm = ProjectedLSTM(config.lstm, projection_dim, config.dropout)
+        self.backward_lstm = ProjectedLSTM(config.lstm, projection_dim, config.dropout)
+        self.dropout = nn.Dropout(config.dropout)  # on the top output, before the softmax
+        self.softmax = (
+            SampledSoftmax(vocab_size, projection_dim, config.num_samples)
+            if vocab_size is not None
+            else None
+        )
+        self.register_buffer("bos_ids", torch.from_numpy(BOS_IDS).long(), persistent=False)
+        self.register_buffer("eos_ids", torch.from_numpy(EOS_IDS).long(), persistent=False)
+        self._carried: BiLMState | None = None
+
+    @property
+    def num_layers(self) -> int:
+        """Layers of ``activations``: the token layer plus one per LSTM layer."""
+        return self.config.lstm.num_layers + 1
+
+    def set_stateful(self, stateful: bool) -> None:
+        self.stateful = stateful
+        self.reset_states()
+
+    def reset_states(self) -> None:
+        """Forget the carried states: the next call starts every row from zero."""
+        self._carried = None
+
+    def forward(
+        self, char_ids: torch.Tensor, state: BiLMState | None = None
+    ) -> dict[str, torch.Tensor | list[torch.Tensor] | BiLMState]:
+        """``char_ids (B, T, W)`` without markers -> ``activations``, ``mask``, ``state``.
+
+        ``activations``: ``L + 1`` tensors ``(B, T + 2, 2P)`` — ``[x; x]`` then ``[f_k; b_k]`` —
+        zero where ``mask (B, T + 2)`` is False. ``state``: the new (forward, backward) states; the
+        backward one is the backward stack's final state (after reading ``<S>``), as in bilm-tf.
+        """
+        ids, mask, lengths = self._add_sentence_markers(char_ids.long())  # (B, T+2, W)
+        batch_size = ids.shape[0]
+        if state is None and self.stateful:
+            state = self._carried_rows(batch_size, ids.device)
+        forward_state, backward_state = state if state is not None else (None, None)
+
+        embedded = self.token_encoder(ids) * mask.unsqueeze(-1)  # (B, T+2, P)
+        forward_outputs, forward_state = self.forward_lstm(embedded, mask, forward_state)
+        reverse = _reversal_index(lengths, ids.shape[1])  # (B, T+2)
+        backward_outputs, backward_state = self.backward_lstm(
+            _gather_positions(embedded, reverse), mask, backward_state
+        )
+        activations = [torch.cat([embedded, embedded], dim=-1)]  # (B, T+2, 2P)
+        for forward_k, backward_k in zip(forward_outputs, backward_outputs, strict=True):
+            aligned = _gather_positions(backward_k, reverse)  # (B, T+2, P): un-reversed
+            activations.append(torch.cat([forward_k, aligned], dim=-1))  # (B, T+2, 2P)
+
+        new_state = (forward_state, backward_state)
+        if self.stateful:
+            self._store(new_state)
+        return {"activations": activations, "mask": mask, "state": new_state}
+
+    def training_loss(
+        self,
+        forward_inputs: torch.Tensor,
+        forward_targets: torch.Tensor,
+        backward_inputs: torch.Tensor,
+        backward_targets: torch.Tensor,
+        state: BiLMState | None = None,
+    ) -> tuple[LossOutput, BiLMState]:
+        """Language-model loss on two independent streams of windows (bilm-tf ``total_loss``).
+
+        ``*_inputs (B, T, W)`` char ids already holding ``<S>``/``</S>`` (the backward stream in
+        reversed order), ``*_targets (B, T)`` vocabulary ids, negative where not scored; an
+        all-zero token is padding and leaves the state untouched. The returned state is attached
+        to the graph; the caller detaches it between windows (truncated BPTT). Never uses the
+        ``stateful`` carry.
+        """
+        if self.softmax is None:
+            raise ConfigError("a BiLM built without vocab_size has no softmax", key="vocab_size")
+        forward_state, backward_state = state if state is not None else (None, None)
+        forward_loss, num_tokens, forward_state = self._direction_loss(
+            self.forward_lstm, forward_inputs, forward_targets, forward_state
+        )
+        backward_loss, _, backward_state = self._direction_loss(
+            self.backward_lstm, backward_inputs, backward_targets, backward_state
+        )
+        return LossOutput(forward_loss, backward_loss, num_tokens), (forward_state, backward_state)
+
+    def _direction_loss(
+        self,
+        lstm: ProjectedLSTM,
+        char_ids: torch.Tensor,
+        targets: torch.Tensor,
+        state: LSTMState | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, LSTMState]:
+        assert self.softmax is not None
+        char_ids = char_ids.long()
+        mask = (char_ids != 0).any(dim=-1)  # (B, T)
+        embedded = self.token_encoder(char_ids)  # (B, T, P)
+        outputs, state = lstm(embedded, mask, state)
+        top = self.dropout(outputs[-1])  # (B, T, P)
+        scored = (targets >= 0) & mask  # (B, T)
+        losses = self.softmax(
+            top.reshape(-1, top.shape[-1]), targets.clamp(min=0).reshape(-1)
+        )  # (B·T,): unscored positions are computed (no host sync) and weighted out
+        num_scored = scored.sum()
+        mean = (losses * scored.reshape(-1)).sum() / num_scored.clamp(min=1)
+        return mean, num_scored, state
+
+    def _add_sentence_markers(
+        self, char_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``<S>`` first and ``</S>`` after each row's last real token; none in an empty row.
+
+        Returns ids ``(B, T+2, W)``, mask ``(B, T+2)`` and lengths with markers ``(B,)``.
+        """
+        batch_size, num_tokens, width = char_ids.shape
+        lengths = (char_ids != 0).any(dim=-1).sum(dim=1)  # (B,) real tokens, padded on the right
+        lengths = torch.where(lengths > 0, lengths + 2, lengths)  # (B,)
+        positions = torch.arange(num_tokens + 2, device=char_ids.device)  # (T+2,)
+        ids = char_ids.new_zeros(batch_size, num_tokens + 2, width)  # (B, T+2, W)
+        ids[:, 1:-1] = char_ids
+        is_bos = ((positions == 0) & (lengths > 0).unsqueeze(1)).unsqueeze(-1)  # (B, T+2, 1)
+        is_eos = (positions == (lengths - 1).unsqueeze(1)).unsqueeze(-1)  # (B, T+2, 1)
+        ids = torch.where(is_bos, self.bos_ids, torch.where(is_eos, self.eos_ids, ids))
+        mask = positions < lengths.unsqueeze(1)  # (B, T+2)
+        return ids, mask, lengths
+
+    def _carried_rows(self, batch_size: int, device: torch.device) -> BiLMState | None:
+        """The stored states for the first ``batch_size`` rows; rows never seen start at zero."""
+        if self._carried is None:
+            return None
+        rows = []
+        lstms = (self.forward_lstm, self.backward_lstm)
+        for lstm, carried in zip(lstms, self._carried, strict=True):
+            zero = lstm.zero_state(batch_size, device, carried.h.dtype)
+            kept = min(batch_size, carried.h.shape[1])
+            zero.h[:, :kept] = carried.h[:, :kept]
+            zero.c[:, :kept] = carried.c[:, :kept]
+            rows.append(zero)
+        return rows[0], rows[1]
+
+    def _store(self, state: BiLMState) -> None:
+        """Keep the new states detached; stored rows beyond this batch are kept as they were."""
+        stored = []
+        for index, new in enumerate(state):
+            new = new.detach()
+            old = None if self._carried is None else self._carried[index]
+            if old is not None and old.h.shape[1] > new.h.shape[1]:
+                new = LSTMState(
+                    torch.cat([new.h, old.h[:, new.h.shape[1] :]], dim=1),
+                    torch.cat([new.c, old.c[:, new.c.shape[1] :]], dim=1),
+                )
+            stored.append(new)
+        self._carried = (stored[0], stored[1])
+
+
+def _reversal_index(lengths: torch.Tensor, num_positions: int) -> torch.Tensor:
+    """Per row, position ``t < length`` reads ``length − 1 − t``; padding stays where it is.
+
+    The index is its own inverse, so the same gather reverses inputs and un-reverses outputs.
+    """
+    positions = torch.arange(num_positions, device=lengths.device).unsqueeze(0)  # (1, T)
+    last = (lengths - 1).unsqueeze(1)  # (B, 1)
+    return torch.where(positions <= last, last - positions, positions)  # (B, T)
+
+
+def _gather_positions(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``values (B, T, D)`` reordered along T by ``index (B, T)``."""
+    return values.gather(1, index.unsqueeze(-1).expand(-1, -1, values.shape[-1]))

@@ -1,0 +1,87 @@
+"""The character-CNN token encoder shared by both LSTM directions (bilm-tf ``char_cnn``).
+
+Per token (DESIGN.md §3): char embedding (E) → for each filter of width w with n maps, a valid
+convolution over the W chars → max over positions → activation (ReLU in the released models;
+bilm-tf takes the max *before* the activation) → concat (F) → highway layers → linear projection
+to P. Char ids use the +1 convention: 262 rows, row 0 is padding and stays zero. A token of all-zero
+ids (padding) still goes through the network; callers mask its output.
+
+Shape legend: B rows, T window, W chars per token, E char embedding, F filters, P projection,
+N tokens (flattened), U unique word types.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from elmo_core.config import ModelConfig
+from elmo_core.model.highway import Highway
+
+_ACTIVATIONS = {"relu": torch.relu, "tanh": torch.tanh}
+
+
+class CharCNN(nn.Module):
+    """``forward(char_ids (..., W)) -> (..., P)``: one vector per token from its characters."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        cnn = config.char_cnn
+        self.config = config
+        self.activation = _ACTIVATIONS[cnn.activation]
+        self.char_embedding = nn.Embedding(cnn.num_characters, cnn.embedding_dim, padding_idx=0)
+        self.convolutions = nn.ModuleList(
+            nn.Conv1d(cnn.embedding_dim, num, kernel_size=width) for width, num in cnn.filters
+        )
+        self.highway = Highway(cnn.num_filters, cnn.num_highway)
+        self.projection = nn.Linear(cnn.num_filters, config.lstm.projection_dim)
+        self.reset_parameters()
+
+    @property
+    def output_dim(self) -> int:
+        return self.projection.out_features
+
+    def reset_parameters(self) -> None:
+        """bilm-tf's initialisation (``bilm/training.py``), padding row 0 kept at zero."""
+        cnn = self.config.char_cnn
+        nn.init.uniform_(self.char_embedding.weight, -1.0, 1.0)
+        with torch.no_grad():
+            self.char_embedding.weight[0].zero_()
+        for conv, (width, _) in zip(self.convolutions, cnn.filters, strict=True):
+            assert isinstance(conv, nn.Conv1d) and conv.bias is not None
+            if cnn.activation == "relu":
+                nn.init.uniform_(conv.weight, -0.05, 0.05)
+            else:
+                nn.init.normal_(conv.weight, std=math.sqrt(1.0 / (width * cnn.embedding_dim)))
+            nn.init.zeros_(conv.bias)
+        self.highway.reset_parameters()
+        nn.init.normal_(self.projection.weight, std=math.sqrt(1.0 / cnn.num_filters))
+        nn.init.zeros_(self.projection.bias)
+
+    def forward(self, char_ids: torch.Tensor) -> torch.Tensor:
+        leading = char_ids.shape[:-1]
+        flat = char_ids.reshape(-1, char_ids.shape[-1])  # (N, W)
+        return self._encode(flat).reshape(*leading, self.output_dim)  # (..., P)
+
+    def encode_types(self, char_ids: torch.Tensor) -> torch.Tensor:
+        """Same result as ``forward``, running the network once per unique token in the batch.
+
+        Text repeats word types heavily (a 20×128 window holds far fewer than 2560 types), and the
+        encoder depends only on the characters, so encode each distinct row once and gather.
+        """
+        leading = char_ids.shape[:-1]
+        flat = char_ids.reshape(-1, char_ids.shape[-1])  # (N, W)
+        types, inverse = torch.unique(flat, dim=0, return_inverse=True)  # (U, W), (N,)
+        encoded = self._encode(types)  # (U, P)
+        return encoded[inverse].reshape(*leading, self.output_dim)  # (..., P)
+
+    def _encode(self, char_ids: torch.Tensor) -> torch.Tensor:
+        chars = self.char_embedding(char_ids).transpose(1, 2)  # (N, E, W)
+        pooled = [
+            self.activation(conv(chars).amax(dim=-1))  # (N, num): max over positions, then act.
+            for conv in self.convolutions
+        ]
+        features = self.highway(torch.cat(pooled, dim=-1))  # (N, F)
+        return self.projection(features)  # (N, P)

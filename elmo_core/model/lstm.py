@@ -1,0 +1,166 @@
+"""One direction's stack of clipped, projected LSTM layers with TF ``LSTMCell`` semantics.
+
+Per layer and step (DESIGN.md §3), with ``x`` the layer input and ``(h, c)`` the carried state::
+
+    i, f, g, o = x·W_inputᵀ + h·W_recurrentᵀ + b          (PyTorch gate order)
+    c' = clip(σ(f)·c + σ(i)·tanh(g), ±cell_clip)
+    h' = clip((σ(o)·tanh(c'))·W_projectionᵀ, ±proj_clip)
+
+The carried state is ``(h' (P), c' (H))``. Layers ≥ 1 add their (dropped-out) input to the clipped
+output when ``use_skip_connections`` (bilm-tf's ``ResidualWrapper``, so those outputs may exceed
+``±proj_clip``); dropout (train mode only) applies to every layer's input, the token embedding
+entering layer 0 included (bilm-tf's ``DropoutWrapper(input_keep_prob)``). Dropout on the top
+output is the caller's (the biLM applies it before the softmax).
+
+Parameter layout versus bilm-tf, mapped only by :mod:`elmo_core.interop.bilm_tf`:
+
+* ``input_weight (4H, in)`` and ``recurrent_weight (4H, P)`` are the two row blocks of TF's
+  ``W_0 (in + P, 4H)``, transposed; TF's gate blocks are ordered (i, j, f, o), ours (i, f, g, o).
+* ``bias (4H)`` is the *effective* bias: TF stores ``B`` without the forget bias and adds 1.0 at
+  run time, whereas ours holds it (the forget slice is initialised to 1.0) and nothing is added
+  at run time. The interop adds 1.0 on import and subtracts it on export.
+* ``projection_weight (P, H)`` is TF's ``W_P_0 (H, P)`` transposed.
+
+Masking: where ``mask`` is False the state is copied through and the output is zero, so padding
+never changes real tokens' outputs and a row's final state is the state at its last real token.
+
+Shape legend: B rows, T window, P projection, H cell, L layers, I layer input width.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from elmo_core.config import LSTMConfig
+
+
+class LSTMState(NamedTuple):
+    """The carried state of a stack: ``h (L, B, P)`` projected outputs and ``c (L, B, H)`` cells."""
+
+    h: torch.Tensor
+    c: torch.Tensor
+
+    def detach(self) -> LSTMState:
+        """Cut the graph between windows (truncated BPTT)."""
+        return LSTMState(self.h.detach(), self.c.detach())
+
+
+class ProjectedLSTMLayer(nn.Module):
+    """One clipped, projected LSTM layer; the input GEMM for all steps is done before the loop."""
+
+    def __init__(
+        self,
+        input_dim: int,
+        cell_dim: int,
+        projection_dim: int,
+        cell_clip: float | None,
+        proj_clip: float | None,
+    ) -> None:
+        super().__init__()
+        self.cell_dim = cell_dim
+        self.projection_dim = projection_dim
+        self.cell_clip = cell_clip
+        self.proj_clip = proj_clip
+        self.input_weight = nn.Parameter(torch.empty(4 * cell_dim, input_dim))
+        self.recurrent_weight = nn.Parameter(torch.empty(4 * cell_dim, projection_dim))
+        self.bias = nn.Parameter(torch.empty(4 * cell_dim))
+        self.projection_weight = nn.Parameter(torch.empty(projection_dim, cell_dim))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """TF's defaults: Glorot-uniform over the joint ``W_0 (in + P, 4H)``; bias 0, forget 1.0."""
+        fan_in = self.input_weight.shape[1] + self.projection_dim
+        bound = math.sqrt(6.0 / (fan_in + 4 * self.cell_dim))
+        nn.init.uniform_(self.input_weight, -bound, bound)
+        nn.init.uniform_(self.recurrent_weight, -bound, bound)
+        with torch.no_grad():
+            self.bias.zero_()
+            self.bias[self.cell_dim : 2 * self.cell_dim] = 1.0  # the forget gate's slice
+        nn.init.xavier_uniform_(self.projection_weight)
+
+    def forward(
+        self, inputs: torch.Tensor, mask: torch.Tensor, h: torch.Tensor, c: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``inputs (B, T, I)``, ``mask (B, T)``, ``h (B, P)``, ``c (B, H)`` -> outputs, h, c."""
+        input_gates = torch.addmm(
+            self.bias, inputs.reshape(-1, inputs.shape[-1]), self.input_weight.t()
+        ).view(inputs.shape[0], inputs.shape[1], -1)  # (B, T, 4H): one GEMM for all steps
+        step_mask = mask.unsqueeze(-1)  # (B, T, 1)
+        outputs = []
+        for t in range(inputs.shape[1]):
+            new_h, new_c = self.step(input_gates[:, t], h, c)  # (B, P), (B, H)
+            keep = step_mask[:, t]  # (B, 1)
+            h = torch.where(keep, new_h, h)  # (B, P)
+            c = torch.where(keep, new_c, c)  # (B, H)
+            outputs.append(new_h * keep)  # (B, P): zero where masked
+        return torch.stack(outputs, dim=1), h, c  # (B, T, P)
+
+    def step(
+        self, input_gates: torch.Tensor, h: torch.Tensor, c: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One recurrent step from precomputed ``x·W_inputᵀ + b (B, 4H)``; returns ``h', c'``."""
+        gates = torch.addmm(input_gates, h, self.recurrent_weight.t())  # (B, 4H)
+        in_gate, forget_gate, candidate, out_gate = gates.chunk(4, dim=-1)  # 4 × (B, H)
+        c = torch.sigmoid(forget_gate) * c + torch.sigmoid(in_gate) * torch.tanh(candidate)
+        if self.cell_clip is not None:
+            c = c.clamp(-self.cell_clip, self.cell_clip)  # (B, H)
+        h = (torch.sigmoid(out_gate) * torch.tanh(c)) @ self.projection_weight.t()  # (B, P)
+        if self.proj_clip is not None:
+            h = h.clamp(-self.proj_clip, self.proj_clip)
+        return h, c
+
+
+class ProjectedLSTM(nn.Module):
+    """``num_layers`` projected LSTM layers of one direction, with input dropout and residuals.
+
+    ``forward`` returns every layer's output (before any top-output dropout) and the new state;
+    the state is an argument and a return value, never kept in the module.
+    """
+
+    def __init__(self, config: LSTMConfig, input_dim: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.config = config
+        self.dropout = nn.Dropout(dropout)
+        self.layers = nn.ModuleList(
+            ProjectedLSTMLayer(
+                input_dim if index == 0 else config.projection_dim,
+                config.cell_dim,
+                config.projection_dim,
+                config.cell_clip,
+                config.proj_clip,
+            )
+            for index in range(config.num_layers)
+        )
+
+    def zero_state(
+        self, batch_size: int, device: torch.device | None = None, dtype: torch.dtype | None = None
+    ) -> LSTMState:
+        num_layers, cfg = len(self.layers), self.config
+        dtype = dtype or next(self.parameters()).dtype
+        return LSTMState(
+            torch.zeros(num_layers, batch_size, cfg.projection_dim, device=device, dtype=dtype),
+            torch.zeros(num_layers, batch_size, cfg.cell_dim, device=device, dtype=dtype),
+        )
+
+    def forward(
+        self, inputs: torch.Tensor, mask: torch.Tensor, state: LSTMState | None = None
+    ) -> tuple[list[torch.Tensor], LSTMState]:
+        """``inputs (B, T, I)``, ``mask (B, T)`` bool -> ``[(B, T, P)] * L`` and the new state."""
+        if state is None:
+            state = self.zero_state(inputs.shape[0], inputs.device, inputs.dtype)
+        outputs, final_h, final_c = [], [], []
+        layer_input = inputs  # (B, T, I)
+        for index, layer in enumerate(self.layers):
+            dropped = self.dropout(layer_input)  # (B, T, I)
+            output, h, c = layer(dropped, mask, state.h[index], state.c[index])  # (B, T, P)
+            if index > 0 and self.config.use_skip_connections:
+                output = output + dropped  # after the clip, as bilm-tf's ResidualWrapper
+            outputs.append(output)
+            final_h.append(h)
+            final_c.append(c)
+            layer_input = output
+        return outputs, LSTMState(torch.stack(final_h), torch.stack(final_c))
