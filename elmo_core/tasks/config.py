@@ -1,0 +1,135 @@
+"""A downstream task declared in YAML: data files and format, reader options, head, training.
+
+A new task needs no code, only a file such as::
+
+    name: conll2003-ner
+    type: tagging
+    format: conll2003
+    train: data/eng.train          # relative paths are relative to this YAML file
+    dev: data/eng.testa
+    test: data/eng.testb
+    reader: {tag_scheme: iob1}
+    head: {hidden_dim: 200, crf: true}
+    training: {epochs: 10, batch_size: 32, lr: 0.001}
+
+loaded with :func:`load_task_config`, which goes through the same
+:func:`~elmo_core.config.resolve_config` path as every other config (unknown keys fail with their
+dotted path).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from elmo_core.config import StrictModel, parse_override, resolve_config
+
+TaskType = Literal["tagging", "classification", "pair"]
+TaskFormat = Literal["conll2003", "conllu", "sst", "label_text", "tsv", "snli"]
+Split = Literal["train", "dev", "test"]
+SPLITS: tuple[Split, ...] = ("train", "dev", "test")
+
+FORMAT_TYPES: dict[str, TaskType] = {
+    "conll2003": "tagging",
+    "conllu": "tagging",
+    "sst": "classification",
+    "label_text": "classification",
+    "tsv": "classification",
+    "snli": "pair",
+}
+
+
+class ReaderConfig(StrictModel):
+    """Format-specific reader options; each applies to the formats named in its description."""
+
+    tag_scheme: Literal["iob1", "iob2", "none"] = Field(
+        "iob1", description="conll2003: tag encoding (the released English files are iob1)"
+    )
+    conllu_column: Literal["upos", "xpos"] = Field("upos", description="conllu: tag column")
+    sst_phrases: bool = Field(False, description="sst: every subtree is a training example")
+    tsv_label_column: Literal["first", "last"] = Field(
+        "first", description="tsv: 'label\\tsentence' (first) or 'sentence\\tlabel' (last)"
+    )
+    tsv_header: bool = Field(False, description="tsv: skip the first line")
+    snli_tokenization: Literal["binary_parse", "whitespace"] = Field(
+        "binary_parse", description="snli: binary-parse leaves (whitespace when absent) or split"
+    )
+
+
+class HeadConfig(StrictModel):
+    """The task model on top of the frozen biLM's scalar mix (Peters et al. 2018, §5)."""
+
+    hidden_dim: int = Field(200, gt=0)
+    num_layers: int = Field(1, ge=1)
+    dropout: float = Field(0.5, ge=0.0, lt=1.0)
+    crf: bool = Field(False, description="tagging: CRF output layer instead of per-token softmax")
+    pooling: Literal["max", "mean"] = Field("max", description="classification: over time")
+    pair_head: Literal["esim", "match"] = Field("esim", description="pair: ESIM or simple matching")
+    elmo_at_output: bool = Field(False, description="also concatenate ELMo to the head's output")
+
+
+class TaskTrainingConfig(StrictModel):
+    """Adaptation run length and optimiser; ``patience`` epochs without dev improvement stop it."""
+
+    epochs: int = Field(10, gt=0)
+    batch_size: int = Field(32, gt=0)
+    lr: float = Field(1e-3, gt=0.0)
+    seed: int = 0
+    patience: int | None = Field(3, gt=0, description="None: no early stopping")
+
+
+class TaskConfig(StrictModel):
+    """One downstream task: what to read, how to label it, the head and how to train it."""
+
+    name: str = Field(
+        pattern=r"^[a-z0-9][a-z0-9_.-]*$", description="names MLflow model elmo-<name>"
+    )
+    type: TaskType
+    format: TaskFormat
+    train: Path
+    dev: Path | None = None
+    test: Path | None = None
+    reader: ReaderConfig = Field(default_factory=ReaderConfig)
+    labels: list[str] | None = Field(
+        None, min_length=1, description="fixed label order; None = the sorted labels of train"
+    )
+    head: HeadConfig = Field(default_factory=HeadConfig)
+    training: TaskTrainingConfig = Field(default_factory=TaskTrainingConfig)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TaskConfig:
+        expected = FORMAT_TYPES[self.format]
+        if self.type != expected:
+            raise ValueError(f"format '{self.format}' is a {expected} format, not {self.type}")
+        if self.head.crf and self.type != "tagging":
+            raise ValueError("head.crf applies to tagging tasks only")
+        if self.labels is not None and len(set(self.labels)) != len(self.labels):
+            raise ValueError("labels must be unique")
+        return self
+
+    def split_path(self, split: Split) -> Path | None:
+        """The file of ``split`` (None when the task has no such split)."""
+        return {"train": self.train, "dev": self.dev, "test": self.test}[split]
+
+
+def load_task_config(yaml_path: str | Path, overrides: Sequence[str] = ()) -> TaskConfig:
+    """Load a task YAML (plus ``dotted.key=value`` overrides) and make its data paths absolute.
+
+    Relative paths written in the YAML are resolved against the YAML file's directory, so a task
+    directory can be moved as a whole; relative paths given as overrides are resolved against the
+    current directory, where the user typed them. ``~`` is expanded in both.
+    """
+    yaml_path = Path(yaml_path)
+    task = resolve_config(TaskConfig, None, yaml_path, overrides)
+    from_override = {parse_override(text)[0] for text in overrides}
+    resolved: dict[str, Path] = {}
+    for split in SPLITS:
+        path = task.split_path(split)
+        if path is None:
+            continue
+        base = Path.cwd() if split in from_override else yaml_path.parent
+        resolved[split] = (base / path.expanduser()).resolve()
+    return task.model_copy(update=resolved)

@@ -1,0 +1,129 @@
+"""Sequence-labelling readers: CoNLL-2003 named entities and CoNLL-U part-of-speech tags.
+
+CoNLL-2003 (Tjong Kim Sang & De Meulder 2003): one token per line, whitespace-separated columns
+``word POS chunk NER`` (the released files) or ``word NER`` (a common reduced form); the tag is
+always the last column. A blank line ends a sentence; ``-DOCSTART-`` lines mark documents and are
+skipped. The released English files use IOB1 (``I-X`` opens an entity, ``B-X`` only separates two
+adjacent entities of the same type); many redistributions use IOB2/BIO. The reader keeps tags as
+they are and only checks their shape; :func:`elmo_core.tasks.metrics.tags_to_spans` reads both.
+
+CoNLL-U (Universal Dependencies, https://universaldependencies.org/format.html): ten tab-separated
+columns ``ID FORM LEMMA UPOS XPOS FEATS HEAD DEPREL DEPS MISC``; ``#`` lines are comments,
+``1-2`` ids are multiword tokens (their parts follow as ordinary words) and ``8.1`` ids are empty
+nodes of enhanced graphs; both are skipped so that tokens are the syntactic words.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from elmo_core.errors import DataError
+from elmo_core.tasks.dataset import TaggingExample, TaskDataset, finish_dataset, iter_lines
+
+TagScheme = Literal["iob1", "iob2", "none"]
+ConlluColumn = Literal["upos", "xpos"]
+
+_IOB_TAG = re.compile(r"^(O|[BI]-\S+)$")
+_CONLLU_COLUMNS = 10
+_CONLLU_TAG_INDEX = {"upos": 3, "xpos": 4}
+
+
+def read_conll2003(
+    path: str | Path, *, tag_scheme: TagScheme = "iob1"
+) -> TaskDataset[TaggingExample]:
+    """Read a CoNLL-2003 NER file (4 or 2 columns; every token line of a file has the same count).
+
+    ``tag_scheme`` ``iob1``/``iob2`` requires tags of the form ``O``, ``B-TYPE`` or ``I-TYPE``;
+    ``none`` accepts any tag. Skipped items are counted under ``skipped["docstart"]``.
+    """
+    examples: list[TaggingExample] = []
+    skipped = {"docstart": 0}
+    tokens: list[str] = []
+    tags: list[str] = []
+    num_columns: int | None = None
+    for number, line in iter_lines(path):
+        fields = line.split()
+        if not fields or fields[0] == "-DOCSTART-":
+            skipped["docstart"] += bool(fields)
+            if tokens:
+                examples.append(TaggingExample(tokens=tokens, tags=tags))
+                tokens, tags = [], []
+            continue
+        if len(fields) not in (2, 4):
+            raise DataError(
+                f"{len(fields)} columns; expected 4 ('word POS chunk NER') or 2 ('word NER')",
+                path=path,
+                line=number,
+            )
+        if num_columns is None:
+            num_columns = len(fields)
+        elif len(fields) != num_columns:
+            raise DataError(
+                f"{len(fields)} columns where earlier lines have {num_columns}",
+                path=path,
+                line=number,
+            )
+        tag = fields[-1]
+        if tag_scheme != "none" and not _IOB_TAG.match(tag):
+            raise DataError(
+                f"tag '{tag}' is not O, B-TYPE or I-TYPE (tag_scheme {tag_scheme})",
+                path=path,
+                line=number,
+            )
+        tokens.append(fields[0])
+        tags.append(tag)
+    if tokens:
+        examples.append(TaggingExample(tokens=tokens, tags=tags))
+    return finish_dataset(path, examples, skipped)
+
+
+def read_conllu(path: str | Path, *, column: ConlluColumn = "upos") -> TaskDataset[TaggingExample]:
+    """Read a CoNLL-U file as (FORM, UPOS) or (FORM, XPOS) sentences.
+
+    Skipped lines are counted under ``skipped["multiword_token"]`` and ``skipped["empty_node"]``
+    (comments are not counted). An unspecified tag (``_``) in the chosen column is an error:
+    some treebanks have no XPOS, and training on ``_`` would silently learn nothing.
+    """
+    examples: list[TaggingExample] = []
+    skipped = {"multiword_token": 0, "empty_node": 0}
+    tokens: list[str] = []
+    tags: list[str] = []
+    tag_index = _CONLLU_TAG_INDEX[column]
+    for number, line in iter_lines(path):
+        if not line.strip():
+            if tokens:
+                examples.append(TaggingExample(tokens=tokens, tags=tags))
+                tokens, tags = [], []
+            continue
+        if line.startswith("#"):
+            continue
+        fields = line.split("\t")
+        if len(fields) != _CONLLU_COLUMNS:
+            raise DataError(
+                f"{len(fields)} tab-separated columns; CoNLL-U requires {_CONLLU_COLUMNS}",
+                path=path,
+                line=number,
+            )
+        word_id = fields[0]
+        if "-" in word_id:
+            skipped["multiword_token"] += 1
+            continue
+        if "." in word_id:
+            skipped["empty_node"] += 1
+            continue
+        if not word_id.isdigit():
+            raise DataError(f"word id '{word_id}' is not an integer", path=path, line=number)
+        form, tag = fields[1], fields[tag_index]
+        if not form or tag in ("", "_"):
+            raise DataError(
+                f"word {word_id} has no {'FORM' if not form else column.upper()}",
+                path=path,
+                line=number,
+            )
+        tokens.append(form)
+        tags.append(tag)
+    if tokens:
+        examples.append(TaggingExample(tokens=tokens, tags=tags))
+    return finish_dataset(path, examples, skipped)
