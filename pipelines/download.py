@@ -1,0 +1,185 @@
+"""Resumable HTTP(S) download of large corpus files (the 1B Word Benchmark tarball is 1.7 GB).
+
+The file grows as ``<name>.part`` next to its final name and is renamed only once it is complete
+and verified, so an existing final file is always a whole one. An interrupted download (a dropped
+connection, a killed process) continues where it stopped with an HTTP ``Range`` request; a server
+that ignores ranges answers 200 and the download starts over. Completeness is checked against the
+size the server announced (``Content-Length`` / ``Content-Range``) and, when configured, against a
+sha256 digest: a mismatch removes the bad file and raises :class:`~elmo_core.errors.DataError`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import re
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import IO, BinaryIO
+
+from tqdm import tqdm
+
+from elmo_core.errors import DataError
+
+CHUNK_BYTES = 1 << 20
+TRANSIENT_HTTP_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
+USER_AGENT = "elmo-platform/0.1 (corpus download)"
+
+
+class _TransientError(Exception):
+    """A failure worth retrying: the connection dropped, timed out, or the server was busy."""
+
+
+def is_http_url(text: str) -> bool:
+    """Whether ``text`` is an ``http://`` or ``https://`` URL."""
+    return urllib.parse.urlsplit(text).scheme in ("http", "https")
+
+
+def url_file_name(url: str) -> str:
+    """The last path segment of ``url`` (what the file is called in the download cache)."""
+    name = Path(urllib.parse.unquote(urllib.parse.urlsplit(url).path)).name
+    if not name or name in (".", ".."):
+        raise DataError("URL does not end in a file name", path=url)
+    return name
+
+
+def download(
+    url: str,
+    dest_dir: Path,
+    *,
+    sha256: str | None = None,
+    max_retries: int = 5,
+    backoff_s: float = 1.0,
+    timeout_s: float = 60.0,
+    progress: bool = True,
+) -> Path:
+    """Download ``url`` into ``dest_dir`` (resuming a previous ``.part``) and return the file.
+
+    An already complete file is reused (and re-verified when ``sha256`` is given). Transient errors
+    (connection resets, timeouts, HTTP 408/429/5xx) are retried up to ``max_retries`` times in a row
+    with exponential backoff; any progress resets the count. Other HTTP errors (404, 403) fail at
+    once with a :class:`DataError` naming the URL.
+    """
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    final = dest_dir / url_file_name(url)
+    if final.is_file():
+        if sha256:
+            _verify_sha256(final, sha256, source=url)
+        return final
+    part = final.with_name(final.name + ".part")
+    failures = 0
+    while True:
+        before = _size(part)
+        try:
+            _fetch_into(url, part, timeout_s=timeout_s, progress=progress)
+            break
+        except _TransientError as err:
+            failures = 0 if _size(part) > before else failures + 1
+            if failures > max_retries:
+                raise DataError(
+                    f"download failed after {max_retries} retries: {err}; "
+                    f"the partial file {part} is kept and a re-run resumes it",
+                    path=url,
+                ) from None
+            time.sleep(backoff_s * 2 ** max(failures - 1, 0))
+    if sha256:
+        _verify_sha256(part, sha256, source=url)
+    part.replace(final)
+    return final
+
+
+def _fetch_into(url: str, part: Path, *, timeout_s: float, progress: bool) -> None:
+    """One attempt: request the bytes after ``part``'s current size and append them."""
+    offset = _size(part)
+    request = urllib.request.Request(url, headers={"User-Agent": USER_AGENT})
+    if offset:
+        request.add_header("Range", f"bytes={offset}-")
+    try:
+        response = urllib.request.urlopen(request, timeout=timeout_s)
+    except urllib.error.HTTPError as err:
+        if err.code == 416 and offset and _range_total(err.headers.get("Content-Range")) == offset:
+            return  # the .part already holds every byte; a previous run stopped before the rename
+        if err.code == 416:
+            part.unlink(missing_ok=True)  # the .part is longer than the file: start over
+            raise _TransientError(f"HTTP 416 for a {offset}-byte partial file") from None
+        if err.code in TRANSIENT_HTTP_STATUS:
+            raise _TransientError(f"HTTP {err.code} {err.reason}") from None
+        raise DataError(f"HTTP {err.code} {err.reason}", path=url) from None
+    except (OSError, http.client.HTTPException) as err:  # URLError is an OSError
+        raise _TransientError(str(getattr(err, "reason", err))) from None
+    with response:
+        if response.status == 206:
+            total = _range_total(response.headers.get("Content-Range"))
+            mode = "ab"
+        else:  # 200: the server sent the whole file (it ignores ranges, or there was no .part)
+            length = response.headers.get("Content-Length")
+            total = int(length) if length is not None else None
+            offset, mode = 0, "wb"
+        with part.open(mode) as out:
+            _copy_with_progress(response, out, offset, total, part.name, progress)
+    size = _size(part)
+    if total is not None and size < total:
+        raise _TransientError(f"connection closed at byte {size} of {total}")
+    if total is not None and size > total:
+        part.unlink()
+        raise DataError(f"received {size} bytes, the server announced {total}", path=url)
+
+
+def _copy_with_progress(
+    response: BinaryIO, out: IO[bytes], offset: int, total: int | None, name: str, progress: bool
+) -> None:
+    """Append the response body to ``out`` with a tqdm bar (bytes, rate, ETA) on a terminal."""
+    with tqdm(
+        total=total,
+        initial=offset,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        desc=f"download {name.removesuffix('.part')}",
+        disable=not progress or None,  # None: only when attached to a terminal
+        leave=False,
+    ) as bar:
+        while True:
+            try:
+                chunk = response.read(CHUNK_BYTES)
+            except (OSError, http.client.HTTPException) as err:
+                out.flush()
+                raise _TransientError(f"connection lost: {err!r}") from None
+            if not chunk:
+                return
+            out.write(chunk)
+            bar.update(len(chunk))
+
+
+def _range_total(content_range: str | None) -> int | None:
+    """The total size in ``Content-Range: bytes 10-99/100`` (or ``bytes */100``)."""
+    match = re.fullmatch(r"bytes (?:\d+-\d+|\*)/(\d+)", (content_range or "").strip())
+    return int(match.group(1)) if match else None
+
+
+def _verify_sha256(path: Path, expected: str, *, source: str) -> None:
+    """Compare the file's sha256 with ``expected``; on a mismatch remove it and raise."""
+    digest = file_sha256(path)
+    if digest != expected.strip().lower():
+        path.unlink(missing_ok=True)
+        raise DataError(
+            f"sha256 mismatch: expected {expected.strip().lower()}, got {digest} "
+            f"(downloaded from {source}); the file was removed",
+            path=path,
+        )
+
+
+def file_sha256(path: Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
