@@ -1,0 +1,94 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from elmo_core.config import CharCNNConfig, LSTMConfig, ModelConfig
+from elmo_core.model.char_cnn import CharCNN
+from elmo_core.presets import tiny
+from elmo_core.text.char_ids import batch_to_ids
+
+
+def _hand_sized_encoder(activation: str) -> CharCNN:
+    config = ModelConfig(
+        char_cnn=CharCNNConfig(
+            embedding_dim=2, filters=[(1, 1), (2, 1)], num_highway=0, activation=activation
+        ),
+        lstm=LSTMConfig(cell_dim=4, projection_dim=2),
+    )
+    encoder = CharCNN(config).double()
+    with torch.no_grad():
+        encoder.char_embedding.weight[3] = torch.tensor([1.0, 2.0])
+        encoder.char_embedding.weight[5] = torch.tensor([-1.0, 1.0])
+        encoder.convolutions[0].weight.copy_(torch.tensor([[[1.0], [-1.0]]]))  # (n, E, w)
+        encoder.convolutions[0].bias.fill_(0.5)
+        # out(p) = emb[p][0] + emb[p + 1][1] − 3
+        encoder.convolutions[1].weight.copy_(torch.tensor([[[1.0, 0.0], [0.0, 1.0]]]))
+        encoder.convolutions[1].bias.fill_(-3.0)
+        encoder.projection.weight.copy_(torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
+        encoder.projection.bias.copy_(torch.tensor([0.1, 0.2]))
+    return encoder
+
+
+def test_valid_convolution_max_then_relu_matches_a_hand_computation():
+    encoder = _hand_sized_encoder("relu")
+    ids = torch.tensor([[3, 5, 0]])
+    # width 1: [1 − 2, −1 − 1, 0 − 0] + 0.5 → max 0.5 → 0.5
+    # width 2 (valid, 2 positions): [1 + 1, −1 + 0] − 3 = [−1, −4] → max −1 → relu 0
+    # projection: [0.5·1 + 0·2 + 0.1, 0.5·3 + 0·4 + 0.2]
+    expected = torch.tensor([[0.6, 1.7]], dtype=torch.float64)
+    torch.testing.assert_close(encoder(ids), expected)
+
+
+def test_tanh_activation_applies_to_the_maximum():
+    encoder = _hand_sized_encoder("tanh")
+    features = torch.tensor([math.tanh(0.5), math.tanh(-1.0)], dtype=torch.float64)
+    expected = features @ encoder.projection.weight.T + encoder.projection.bias
+    torch.testing.assert_close(encoder(torch.tensor([[3, 5, 0]]))[0], expected)
+
+
+def test_padding_row_is_zero_and_receives_no_gradient():
+    encoder = CharCNN(tiny())
+    assert torch.all(encoder.char_embedding.weight[0] == 0)
+    ids = torch.zeros(2, 50, dtype=torch.long)  # a padding token and one of char 5 only
+    ids[1] = 5
+    encoder(ids).sum().backward()
+    assert torch.all(encoder.char_embedding.weight.grad[0] == 0)
+    assert encoder.char_embedding.weight.grad[5].abs().sum() > 0
+
+
+def test_matches_the_numpy_reference_with_highway_and_projection(numpy_reference):
+    torch.manual_seed(0)
+    encoder = CharCNN(tiny()).double()
+    with torch.no_grad():  # make every branch matter: non-trivial highway and conv biases
+        for parameter in encoder.parameters():
+            parameter.add_(0.3 * torch.randn_like(parameter))
+    ids = batch_to_ids([["The", "cat", "sat"], ["émigré", "Ω"]])  # (2, 3, 50) with a pad token
+    expected = numpy_reference.char_cnn(
+        ids.reshape(-1, 50).numpy(), numpy_reference.tf_char_cnn_from_module(encoder)
+    ).reshape(2, 3, -1)
+    np.testing.assert_allclose(encoder(ids).detach().numpy(), expected, atol=1e-12)
+
+
+@pytest.mark.parametrize("leading", [(7,), (2, 3), (2, 2, 2)])
+def test_output_keeps_the_leading_shape(leading):
+    encoder = CharCNN(tiny())
+    ids = torch.randint(1, 262, (*leading, 50))
+    assert encoder(ids).shape == (*leading, tiny().lstm.projection_dim)
+
+
+def test_encoding_unique_types_equals_the_plain_path():
+    torch.manual_seed(0)
+    encoder = CharCNN(tiny()).double()
+    ids = batch_to_ids([["a", "rose", "is", "a", "rose"], ["is", "a", "rose"], []])  # repeats, pads
+    plain = encoder(ids)
+    fast = encoder.encode_types(ids)
+    torch.testing.assert_close(fast, plain, rtol=0, atol=1e-12)
+
+    plain.sum().backward()
+    plain_grads = [p.grad.clone() for p in encoder.parameters()]
+    encoder.zero_grad()
+    encoder.encode_types(ids).sum().backward()
+    for plain_grad, parameter in zip(plain_grads, encoder.parameters(), strict=True):
+        torch.testing.assert_close(parameter.grad, plain_grad, rtol=0, atol=1e-10)

@@ -1,0 +1,75 @@
+import math
+
+import numpy as np
+import torch
+
+from elmo_core.model.highway import Highway
+
+
+def _set_layer(highway: Highway, index: int, tf_weights: dict[str, np.ndarray]) -> None:
+    """Load TF row-vector weights ``x·W + b`` into torch ``Linear`` (weight = Wᵀ)."""
+    with torch.no_grad():
+        highway.carry[index].weight.copy_(torch.from_numpy(tf_weights["W_carry"].T))
+        highway.carry[index].bias.copy_(torch.from_numpy(tf_weights["b_carry"]))
+        highway.transform[index].weight.copy_(torch.from_numpy(tf_weights["W_transform"].T))
+        highway.transform[index].bias.copy_(torch.from_numpy(tf_weights["b_transform"]))
+
+
+def test_one_layer_matches_a_hand_computation():
+    highway = Highway(2, 1).double()
+    _set_layer(
+        highway,
+        0,
+        {
+            "W_carry": np.zeros((2, 2)),
+            "b_carry": np.array([0.0, math.log(3.0)]),  # gates 1/2 and 3/4
+            "W_transform": np.array([[1.0, 2.0], [0.0, -1.0]]),
+            "b_transform": np.array([0.0, 0.5]),
+        },
+    )
+    x = torch.tensor([[1.0, 3.0]], dtype=torch.float64)
+    # x·W_transform + b = [1, 2 − 3 + 0.5] = [1, −0.5] → relu [1, 0]
+    # y = g·relu + (1 − g)·x = [0.5·1 + 0.5·1, 0.75·0 + 0.25·3]
+    expected = torch.tensor([[1.0, 0.75]], dtype=torch.float64)
+    torch.testing.assert_close(highway(x), expected)
+
+
+def test_non_symmetric_weights_follow_the_row_vector_convention(numpy_reference):
+    rng = np.random.default_rng(0)
+    layers = [
+        {
+            "W_carry": rng.normal(size=(5, 5)),
+            "b_carry": rng.normal(size=5),
+            "W_transform": rng.normal(size=(5, 5)),
+            "b_transform": rng.normal(size=5),
+        }
+        for _ in range(2)
+    ]
+    highway = Highway(5, 2).double()
+    for index, layer in enumerate(layers):
+        _set_layer(highway, index, layer)
+    x = rng.normal(size=(3, 5))
+    expected = numpy_reference.highway(x, layers)
+    np.testing.assert_allclose(highway(torch.from_numpy(x)).detach().numpy(), expected, atol=1e-12)
+    transposed = [{**layer, "W_carry": layer["W_carry"].T} for layer in layers]
+    assert not np.allclose(numpy_reference.highway(x, transposed), expected)  # the test can tell
+
+
+def test_carry_bias_starts_at_minus_two_and_transform_bias_at_zero():
+    highway = Highway(8, 2)
+    for carry, transform in zip(highway.carry, highway.transform, strict=True):
+        assert torch.all(carry.bias == -2.0)
+        assert torch.all(transform.bias == 0.0)
+
+
+def test_zero_layers_is_the_identity_on_any_leading_shape():
+    x = torch.randn(2, 3, 4)
+    assert torch.equal(Highway(4, 0)(x), x)
+    assert Highway(4, 1)(x).shape == (2, 3, 4)
+
+
+def test_gradients_match_finite_differences():
+    torch.manual_seed(0)
+    highway = Highway(3, 2).double()
+    x = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(highway, (x,))
