@@ -1,0 +1,115 @@
+"""ELMo: task-specific scalar mixes of a (usually frozen) biLM's layers (Peters et al. 2018, §3.2).
+
+Follows AllenNLP's ``Elmo`` module and bilm-tf's ``weight_layers``: the biLM runs on sentences
+without markers (it adds ``<S>``/``</S>`` itself), each output representation is its own
+:class:`ScalarMix` over the ``L + 1`` layers, and dropout follows the mix. The boundary positions
+are stripped *before* the mix, as bilm-tf does, so the optional layer norm's statistics cover the
+real tokens only (AllenNLP includes the markers); with ``keep_sentence_boundaries`` the mix sees
+the markers too.
+
+Shapes: B rows, T tokens, W chars per token, P projection, L LSTM layers, R representations.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+from torch import nn
+
+from elmo_core.config import ModelConfig
+from elmo_core.model.scalar_mix import ScalarMix
+
+
+def remove_sentence_boundaries(
+    tensor: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drop ``<S>`` (position 0) and each row's ``</S>`` (its last real position).
+
+    ``tensor (B, T+2, D)``, ``mask (B, T+2)`` with every row's real positions first →
+    ``(B, T, D)`` with padding zeroed, and ``mask (B, T)``. Output position ``t`` is input
+    ``t + 1``; it is a real token iff input ``t + 2`` is real (``</S>`` sits at ``length − 1``).
+    """
+    new_mask = mask[:, 2:].bool()  # (B, T)
+    stripped = tensor[:, 1:-1] * new_mask.unsqueeze(-1).to(tensor.dtype)  # (B, T, D)
+    return stripped, new_mask
+
+
+class Elmo(nn.Module):
+    """``num_output_representations`` ELMo vectors per token from one biLM.
+
+    ``bilm`` is any module with the :class:`~elmo_core.model.bilm.BiLM` contract:
+    ``forward(char_ids (B, T, W)) -> {"activations": L + 1 × (B, T+2, 2P), "mask": (B, T+2)}``
+    and a ``config`` (:class:`~elmo_core.config.ModelConfig`). Unless ``requires_grad``, the biLM
+    is frozen: its parameters take no gradient and it runs in eval mode under ``no_grad``.
+    ``scalar_mix_parameters`` fixes every mix's (unnormalised) weights instead of learning them.
+    """
+
+    def __init__(
+        self,
+        bilm: nn.Module,
+        num_output_representations: int,
+        dropout: float = 0.5,
+        do_layer_norm: bool = False,
+        keep_sentence_boundaries: bool = False,
+        requires_grad: bool = False,
+        scalar_mix_parameters: Sequence[float] | None = None,
+    ) -> None:
+        super().__init__()
+        self.bilm = bilm
+        config = cast(ModelConfig, bilm.config)
+        self.num_layers = config.lstm.num_layers + 1  # [x; x] and one per LSTM layer
+        self.keep_sentence_boundaries = keep_sentence_boundaries
+        self.requires_grad = requires_grad
+        self.bilm.requires_grad_(requires_grad)
+        self.scalar_mixes = nn.ModuleList(
+            ScalarMix(
+                self.num_layers,
+                do_layer_norm=do_layer_norm,
+                initial_scalar_parameters=scalar_mix_parameters,
+                trainable=scalar_mix_parameters is None,
+            )
+            for _ in range(num_output_representations)
+        )
+        self.dropout = nn.Dropout(dropout)
+        self.train(self.training)
+
+    @classmethod
+    def from_bilm_tf(
+        cls,
+        options_file: str | Path,
+        weight_file: str | Path,
+        num_output_representations: int,
+        **kwargs: Any,
+    ) -> Elmo:
+        """ELMo over released bilm-tf weights (``options.json`` + HDF5); kwargs go to ``Elmo``."""
+        from elmo_core.interop.bilm_tf import load_bilm
+
+        return cls(load_bilm(options_file, weight_file), num_output_representations, **kwargs)
+
+    def train(self, mode: bool = True) -> Elmo:
+        """As ``nn.Module.train``, but a frozen biLM stays in eval mode (no LSTM dropout)."""
+        super().train(mode)
+        if not self.requires_grad:
+            self.bilm.eval()
+        return self
+
+    def forward(self, char_ids: torch.Tensor) -> dict[str, Any]:
+        """``char_ids (B, T, W)`` → ``elmo_representations``: R × (B, T, 2P), ``mask`` (B, T).
+
+        With ``keep_sentence_boundaries`` the shapes are (B, T+2, 2P) and (B, T+2).
+        """
+        frozen = contextlib.nullcontext() if self.requires_grad else torch.no_grad()
+        with frozen:
+            output = self.bilm(char_ids)
+        layers: list[torch.Tensor] = output["activations"]  # L+1 × (B, T+2, 2P)
+        mask: torch.Tensor = output["mask"]  # (B, T+2)
+        if not self.keep_sentence_boundaries:
+            stripped = [remove_sentence_boundaries(layer, mask) for layer in layers]
+            layers = [layer for layer, _ in stripped]  # L+1 × (B, T, 2P)
+            mask = stripped[0][1]  # (B, T)
+        representations = [self.dropout(mix(layers, mask)) for mix in self.scalar_mixes]
+        return {"elmo_representations": representations, "mask": mask}
