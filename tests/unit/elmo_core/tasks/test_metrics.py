@@ -1,0 +1,151 @@
+import pytest
+
+from elmo_core.tasks.metrics import accuracy, span_f1, tags_to_spans
+
+
+def test_iob1_i_opens_entities_and_b_separates_adjacent_same_type():
+    tags = ["I-PER", "I-PER", "B-PER", "O", "I-LOC"]
+    assert tags_to_spans(tags, "iob1") == {("PER", 0, 2), ("PER", 2, 3), ("LOC", 4, 5)}
+
+
+def test_iob1_type_change_starts_a_new_entity():
+    assert tags_to_spans(["I-ORG", "I-LOC", "I-LOC"], "iob1") == {("ORG", 0, 1), ("LOC", 1, 3)}
+
+
+def test_iob2_adjacent_same_type_and_entity_at_sentence_end():
+    tags = ["O", "B-PER", "I-PER", "B-PER"]
+    assert tags_to_spans(tags, "iob2") == {("PER", 1, 3), ("PER", 3, 4)}
+
+
+def test_iob2_stray_i_after_o_starts_a_span_as_in_conlleval():
+    assert tags_to_spans(["O", "I-LOC", "I-LOC", "O"], "iob2") == {("LOC", 1, 3)}
+    assert tags_to_spans(["B-PER", "I-LOC"], "iob2") == {("PER", 0, 1), ("LOC", 1, 2)}
+
+
+def test_iob1_and_its_iob2_conversion_give_the_same_spans():
+    iob1 = ["I-PER", "I-PER", "B-PER", "O", "I-LOC", "I-MISC"]
+    iob2 = ["B-PER", "I-PER", "B-PER", "O", "B-LOC", "B-MISC"]
+    assert tags_to_spans(iob1, "iob1") == tags_to_spans(iob2, "iob2")
+
+
+def test_no_entities_and_bad_input():
+    assert tags_to_spans([], "iob2") == set()
+    assert tags_to_spans(["O", "O"], "iob1") == set()
+    with pytest.raises(ValueError, match=r"tag 'PER' at position 1"):
+        tags_to_spans(["O", "PER"], "iob2")
+    with pytest.raises(ValueError, match=r"tag 'B-' at position 0"):
+        tags_to_spans(["B-"], "iob2")
+    with pytest.raises(ValueError, match="span scheme"):
+        tags_to_spans(["O"], "none")  # type: ignore[arg-type]
+
+
+def test_span_f1_hand_computed():
+    gold = [
+        ["B-PER", "I-PER", "O", "B-LOC"],  # PER(0,2) LOC(3,4)
+        ["B-ORG", "I-ORG", "I-ORG", "O", "B-PER"],  # ORG(0,3) PER(4,5)
+        ["O", "O"],  # none
+    ]
+    predicted = [
+        ["B-PER", "I-PER", "O", "B-ORG"],  # PER(0,2) correct; ORG(3,4) wrong type
+        ["B-ORG", "I-ORG", "O", "O", "B-PER"],  # ORG(0,2) wrong end; PER(4,5) correct
+        ["B-MISC", "O"],  # MISC(0,1) spurious
+    ]
+    # 4 gold, 5 predicted, 2 correct: P = 2/5 = 0.4, R = 2/4 = 0.5,
+    # F1 = 2PR/(P+R) = 0.4/0.9 = 4/9.
+    result = span_f1(gold, predicted, "iob2")
+    assert (result.num_gold, result.num_predicted, result.num_correct) == (4, 5, 2)
+    assert result.precision == pytest.approx(0.4)
+    assert result.recall == pytest.approx(0.5)
+    assert result.f1 == pytest.approx(4 / 9)
+    # per type: PER 2/2/2 -> 1.0; LOC 1 gold 0 predicted -> 0; ORG 1 gold 2 predicted 0 correct;
+    # MISC 0 gold 1 predicted.
+    assert set(result.per_type) == {"PER", "LOC", "ORG", "MISC"}
+    assert result.per_type["PER"].f1 == 1.0
+    assert (result.per_type["LOC"].precision, result.per_type["LOC"].recall) == (0.0, 0.0)
+    org = result.per_type["ORG"]
+    assert (org.num_gold, org.num_predicted, org.num_correct, org.f1) == (1, 2, 0, 0.0)
+    assert result.per_type["MISC"].num_predicted == 1
+    metrics = result.to_metrics("test_")
+    assert metrics["test_f1"] == pytest.approx(4 / 9)
+    assert metrics["test_f1.PER"] == 1.0
+
+
+def test_span_f1_iob1_adjacent_entities_must_be_split():
+    gold = [["I-PER", "B-PER", "O", "I-ORG"]]  # PER(0,1) PER(1,2) ORG(3,4)
+    merged = [["I-PER", "I-PER", "O", "I-ORG"]]  # PER(0,2) ORG(3,4)
+    # 3 gold, 2 predicted, 1 correct (ORG): P = 1/2, R = 1/3, F1 = (1/3)/(5/6) = 2/5
+    result = span_f1(gold, merged, "iob1")
+    assert (result.precision, result.recall) == pytest.approx((1 / 2, 1 / 3))
+    assert result.f1 == pytest.approx(2 / 5)
+    assert span_f1(gold, gold, "iob1").f1 == 1.0
+
+
+def test_span_f1_entities_do_not_run_across_sentences():
+    gold = [["O", "B-PER"], ["I-PER", "O"]]  # PER(0:1,2) and a stray-I PER(1:0,1)
+    predicted = [["O", "B-PER"], ["O", "O"]]
+    result = span_f1(gold, predicted, "iob2")
+    assert (result.num_gold, result.num_correct) == (2, 1)
+
+
+def test_span_f1_without_any_entities_is_zero_and_lengths_must_match():
+    assert span_f1([["O"]], [["O"]]).f1 == 0.0
+    with pytest.raises(ValueError, match="1 gold sentences but 2 predicted"):
+        span_f1([["O"]], [["O"], ["O"]])
+    with pytest.raises(ValueError, match="sentence 0: 2 gold tags but 1 predicted"):
+        span_f1([["O", "O"]], [["O"]])
+
+
+def test_accuracy_of_labels_and_of_tag_sequences():
+    assert accuracy(["a", "b", "a", "c"], ["a", "b", "c", "c"]) == 0.75
+    assert accuracy([["NOUN", "VERB"], ["DET"]], [["NOUN", "NOUN"], ["DET"]]) == pytest.approx(
+        2 / 3
+    )
+    assert accuracy([0, 1, 1], [0, 1, 0]) == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="sentence 1: 1 gold tags but 2 predicted"):
+        accuracy([["A"], ["B"]], [["A"], ["B", "C"]])
+    with pytest.raises(ValueError, match="2 gold items but 1 predicted"):
+        accuracy(["a", "b"], ["a"])
+    with pytest.raises(ValueError, match="undefined"):
+        accuracy([], [])
+
+
+def _conlleval_spans(tags):
+    """Independent reference: conlleval.pl's endOfChunk/startOfChunk, transcribed literally.
+
+    A sentence is bracketed by ``O`` (conlleval resets to ``O`` at blank lines).
+    """
+
+    def split(tag):
+        return (tag, "") if tag == "O" else tuple(tag.split("-", 1))
+
+    def end_of_chunk(prev_tag, tag, prev_type, kind):
+        pairs = {("B", "B"), ("B", "O"), ("I", "B"), ("I", "O")}
+        return (prev_tag, tag) in pairs or (prev_tag != "O" and prev_type != kind)
+
+    def start_of_chunk(prev_tag, tag, prev_type, kind):
+        pairs = {("B", "B"), ("I", "B"), ("O", "B"), ("O", "I")}
+        return (prev_tag, tag) in pairs or (tag != "O" and prev_type != kind)
+
+    spans, start = set(), None
+    prev_tag, prev_type = "O", ""
+    for index, tag in enumerate([*tags, "O"]):
+        prefix, kind = split(tag)
+        if start is not None and end_of_chunk(prev_tag, prefix, prev_type, kind):
+            spans.add((prev_type, start, index))
+            start = None
+        if start_of_chunk(prev_tag, prefix, prev_type, kind):
+            start = index
+        prev_tag, prev_type = prefix, kind
+    return spans
+
+
+def test_tags_to_spans_matches_conlleval_on_random_sequences():
+    import random
+
+    rng = random.Random(0)
+    alphabet = ["O", "B-A", "I-A", "B-B", "I-B"]
+    for _ in range(2000):
+        tags = [rng.choice(alphabet) for _ in range(rng.randint(0, 8))]
+        expected = _conlleval_spans(tags)
+        assert tags_to_spans(tags, "iob1") == expected, tags
+        assert tags_to_spans(tags, "iob2") == expected, tags
