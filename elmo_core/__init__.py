@@ -6,12 +6,18 @@ The science of the platform, usable on its own (no Ray, Prefect or MLflow)::
 """
 
 from elmo_core.errors import ConfigError, DataError, ElmoError, WeightsError
+from elmo_core.model.elmo import Elmo
+from elmo_core.model.scalar_mix import ScalarMix
+from elmo_core.model.softmax import SampledSoftmax
 from elmo_core.text.char_ids import batch_to_ids
 
 __all__ = [
     "ConfigError",
     "DataError",
+    "Elmo",
     "ElmoError",
+    "SampledSoftmax",
+    "ScalarMix",
     "WeightsError",
     "batch_to_ids",
 ]
