@@ -19,7 +19,7 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 def highway(x: np.ndarray, layers: list[dict[str, np.ndarray]]) -> np.ndarray:
-    """bilm-tf ``high``: ``g = σ(x·W_carry + b_carry)``, ``y = g·relu(x·W_transform + b) + (1−g)·x``."""
+    """bilm-tf ``high``: ``g = σ(x·W_carry + b)``, ``y = g·relu(x·W_transform + b) + (1−g)·x``."""
     for layer in layers:
         gate = _sigmoid(x @ layer["W_carry"] + layer["b_carry"])
         x = gate * np.maximum(x @ layer["W_transform"] + layer["b_transform"], 0.0) + (1 - gate) * x
@@ -76,8 +76,12 @@ def lstm_stack(
     cell_clip: float | None,
     proj_clip: float | None,
     skip: bool,
+    input_scales: list[np.ndarray] | None = None,
 ) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, dict]:
-    """``inputs (B, T, I)``, ``mask (B, T)``: per-layer outputs, final h, c and pre-clip maxima."""
+    """``inputs (B, T, I)``, ``mask (B, T)``: per-layer outputs, final h, c and pre-clip maxima.
+
+    ``input_scales[k] (B, T, I)`` multiplies layer k's input (a fixed stand-in for dropout).
+    """
     batch, steps, _ = inputs.shape
     h, c = h0.copy(), c0.copy()
     outputs = [np.zeros((batch, steps, h.shape[-1])) for _ in cells]
@@ -85,6 +89,8 @@ def lstm_stack(
     for t in range(steps):
         layer_input = inputs[:, t]
         for k, cell in enumerate(cells):
+            if input_scales is not None:
+                layer_input = layer_input * input_scales[k][:, t]
             new_h, new_c, raw = lstm_cell(layer_input, h[k], c[k], cell, cell_clip, proj_clip)
             seen = {key: max(seen[key], raw[key]) for key in seen}
             keep = mask[:, t, None]
