@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from elmo_core.config import StrictModel, parse_override, resolve_config
 
@@ -99,15 +99,26 @@ class TaskConfig(StrictModel):
     head: HeadConfig = Field(default_factory=HeadConfig)
     training: TaskTrainingConfig = Field(default_factory=TaskTrainingConfig)
 
+    @field_validator("format")
+    @classmethod
+    def _format_fits_type(cls, value: TaskFormat, info: ValidationInfo) -> TaskFormat:
+        expected = FORMAT_TYPES[value]
+        declared = info.data.get("type")
+        if declared is not None and declared != expected:
+            raise ValueError(f"format '{value}' is a {expected} format, not {declared}")
+        return value
+
+    @field_validator("labels")
+    @classmethod
+    def _labels_unique(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and len(set(value)) != len(value):
+            raise ValueError("labels must be unique")
+        return value
+
     @model_validator(mode="after")
-    def _consistent(self) -> TaskConfig:
-        expected = FORMAT_TYPES[self.format]
-        if self.type != expected:
-            raise ValueError(f"format '{self.format}' is a {expected} format, not {self.type}")
+    def _head_fits_type(self) -> TaskConfig:
         if self.head.crf and self.type != "tagging":
             raise ValueError("head.crf applies to tagging tasks only")
-        if self.labels is not None and len(set(self.labels)) != len(self.labels):
-            raise ValueError("labels must be unique")
         return self
 
     def split_path(self, split: Split) -> Path | None:
