@@ -28,7 +28,6 @@ import contextlib
 import fnmatch
 import glob
 import gzip
-import hashlib
 import json
 import os
 import re
@@ -44,7 +43,18 @@ from typing import BinaryIO, Literal, cast
 from tqdm import tqdm
 
 from elmo_core.errors import ConfigError, DataError
-from pipelines.download import download, file_sha256, is_http_url, url_file_name
+from pipelines.download import (
+    COMPLETE_MARKER,
+    cache_entry_dir,
+    download,
+    fetch_file,
+    is_http_url,
+    is_remote_url,
+    mirror_remote,
+    publish_dir,
+    url_file_name,
+    verify_sha256,
+)
 
 SAMPLE_CORPUS = "python-docs"
 TRAIN_DIR = "training-monolingual.tokenized.shuffled"
@@ -59,7 +69,6 @@ _EXPECTED_LAYOUT = (
     f"expected {TRAIN_DIR}/news.en-000{{01..99}}-of-00100 and "
     f"{HELDOUT_DIR}/news.en.heldout-000{{00..49}}-of-00050 (at least one of each)"
 )
-COMPLETE_MARKER = ".complete"
 
 
 @dataclass(frozen=True)
@@ -104,10 +113,10 @@ def locate_corpus(
 
 
 def _locate_1b(corpus: str, cache_dir: Path, sha256: str | None) -> tuple[list[Path], list[Path]]:
-    if _is_remote(corpus):
-        target = _extraction_dir(cache_dir, url_file_name(corpus), key=corpus)
+    if is_remote_url(corpus):
+        target = cache_entry_dir(cache_dir / "1b-benchmark", url_file_name(corpus), key=corpus)
         if not (target / COMPLETE_MARKER).is_file():
-            tarball = _fetch_remote_file(corpus, cache_dir / "downloads", sha256)
+            tarball = fetch_file(corpus, cache_dir / "downloads", sha256)
             extract_1b_tarball(tarball, target)
         return list_1b_files(find_1b_root(target))
     path = Path(corpus).expanduser()
@@ -119,10 +128,10 @@ def _locate_1b(corpus: str, cache_dir: Path, sha256: str | None) -> tuple[list[P
         )
     stat = path.stat()
     key = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
-    target = _extraction_dir(cache_dir, path.name, key=key)
+    target = cache_entry_dir(cache_dir / "1b-benchmark", path.name, key=key)
     if not (target / COMPLETE_MARKER).is_file():
         if sha256:
-            _check_sha256(path, sha256)
+            verify_sha256(path, sha256)
         extract_1b_tarball(path, target)
     return list_1b_files(find_1b_root(target))
 
@@ -169,7 +178,7 @@ def extract_1b_tarball(tarball: Path, target: Path) -> Path:
         list_1b_files(find_1b_root(tmp))  # the layout is complete before it is published
         marker = {"tarball": str(tarball), "files": num_files}
         (tmp / COMPLETE_MARKER).write_text(json.dumps(marker) + "\n", encoding="utf-8")
-        _publish_dir(tmp, target)
+        publish_dir(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
@@ -263,8 +272,8 @@ def _locate_text(
     base_url = ""
     if is_http_url(corpus):
         corpus = str(download(corpus, cache_dir / "downloads", sha256=sha256))
-    elif _is_remote(corpus):
-        base_url, mirror = corpus, _mirror_remote(corpus, cache_dir)
+    elif is_remote_url(corpus):
+        base_url, mirror = corpus, mirror_remote(corpus, cache_dir)
         corpus = str(mirror)
     train = expand_text_inputs(corpus)
     heldout: list[Path] = []
@@ -314,7 +323,7 @@ def _visible_files(directory: Path) -> Iterator[Path]:
 def _expand_heldout(entry: str, corpus: str, base_url: str, cache_dir: Path) -> list[Path]:
     if base_url and entry.startswith(base_url.rstrip("/") + "/"):
         entry = str(Path(corpus) / entry[len(base_url.rstrip("/")) + 1 :])
-    elif _is_remote(entry) or is_http_url(entry):
+    elif is_remote_url(entry) or is_http_url(entry):
         return _locate_text(entry, cache_dir, None, ())[0]
     candidates = [entry]
     if not Path(entry).expanduser().is_absolute() and Path(corpus).is_dir():
@@ -344,97 +353,3 @@ def _select_heldout(heldout: list[Path], patterns: Sequence[str]) -> list[Path]:
             )
         selected.extend(matches)
     return sorted(set(selected))
-
-
-# --- remote inputs and the cache ---------------------------------------------------------------
-
-
-def _is_remote(corpus: str) -> bool:
-    """A URL with a scheme other than ``file`` (``s3://``, ``gs://``, ``http://``...)."""
-    return bool(re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", corpus)) and not corpus.startswith(
-        "file://"
-    )
-
-
-def _fetch_remote_file(url: str, dest_dir: Path, sha256: str | None) -> Path:
-    """Download one file: http(s) with resume, any other fsspec URL by copying to a ``.part``."""
-    if is_http_url(url):
-        return download(url, dest_dir, sha256=sha256)
-    import fsspec
-
-    dest_dir.mkdir(parents=True, exist_ok=True)
-    final = dest_dir / url_file_name(url)
-    if not final.is_file():
-        part = final.with_name(final.name + ".part")
-        try:
-            with fsspec.open(url, "rb") as src, part.open("wb") as out:
-                shutil.copyfileobj(src, out, 1 << 20)
-        except FileNotFoundError:
-            part.unlink(missing_ok=True)
-            raise DataError("remote file not found", path=url) from None
-        part.replace(final)
-    if sha256:
-        _check_sha256(final, sha256, remove=True)
-    return final
-
-
-def _mirror_remote(url: str, cache_dir: Path) -> Path:
-    """Copy the files named by an fsspec URL (file, directory or glob) into the cache, once."""
-    import fsspec
-
-    target = _extraction_dir(cache_dir / "remote", url_file_name(url.rstrip("/*")), key=url)
-    if (target / COMPLETE_MARKER).is_file():
-        return target
-    fs, path = fsspec.core.url_to_fs(url)
-    magic = glob.has_magic(path)
-    base = path.split("*")[0].rsplit("/", 1)[0] if magic else path.rstrip("/")
-    names = fs.glob(path) if magic else (fs.find(path) if fs.isdir(path) else fs.glob(path))
-    names = sorted(n for n in names if fs.isfile(n))
-    names = [n for n in names if not any(part.startswith(".") for part in _relative(n, base))]
-    if not names:
-        raise DataError("remote corpus has no files", path=url)
-    tmp = target.with_name(f".{target.name}.tmp-{uuid.uuid4().hex[:8]}")
-    try:
-        for name in names:
-            local = tmp.joinpath(*(_relative(name, base) or [PurePosixPath(name).name]))
-            local.parent.mkdir(parents=True, exist_ok=True)
-            fs.get_file(name, str(local))
-        (tmp / COMPLETE_MARKER).write_text(json.dumps({"source": url}) + "\n", encoding="utf-8")
-        _publish_dir(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
-
-
-def _relative(name: str, base: str) -> list[str]:
-    name, base = name.strip("/"), base.strip("/")
-    return [p for p in name[len(base) :].split("/") if p] if name.startswith(base) else []
-
-
-def _extraction_dir(parent: Path, file_name: str, *, key: str) -> Path:
-    """``parent/<name without archive suffix>-<hash of key>``: one directory per distinct source."""
-    stem = re.sub(r"(\.tar\.gz|\.tgz|\.tar)$", "", file_name) or "corpus"
-    return parent / f"{stem}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
-
-
-def _publish_dir(tmp: Path, target: Path) -> None:
-    """Rename a finished temporary directory into place; a concurrent winner's copy is kept."""
-    if target.exists() and not (target / COMPLETE_MARKER).is_file():
-        shutil.rmtree(target)  # left by something other than this module: not trusted
-    try:
-        tmp.rename(target)
-    except OSError:
-        if not (target / COMPLETE_MARKER).is_file():
-            raise
-
-
-def _check_sha256(path: Path, expected: str, *, remove: bool = False) -> None:
-    """Compare with the configured digest; ``remove`` a bad file that this module downloaded."""
-    digest = file_sha256(path)
-    if digest != expected.strip().lower():
-        if remove:
-            path.unlink(missing_ok=True)
-        note = "; the file was removed" if remove else ""
-        raise DataError(
-            f"sha256 mismatch: expected {expected.strip().lower()}, got {digest}{note}", path=path
-        )

@@ -1,4 +1,4 @@
-"""Resumable HTTP(S) download of large corpus files (the 1B Word Benchmark tarball is 1.7 GB).
+"""Fetching remote corpus files into the local cache: resumable HTTP(S), and other fsspec URLs.
 
 The file grows as ``<name>.part`` next to its final name and is renamed only once it is complete
 and verified, so an existing final file is always a whole one. An interrupted download (a dropped
@@ -6,18 +6,27 @@ connection, a killed process) continues where it stopped with an HTTP ``Range`` 
 that ignores ranges answers 200 and the download starts over. Completeness is checked against the
 size the server announced (``Content-Length`` / ``Content-Range``) and, when configured, against a
 sha256 digest: a mismatch removes the bad file and raises :class:`~elmo_core.errors.DataError`.
+(The 1B Word Benchmark tarball is 1.7 GB: resuming matters.)
+
+Other fsspec URLs (``s3://``, ``gs://``, ``memory://``) are copied with fsspec, a single file to a
+``.part`` then renamed, a directory or glob into a temporary directory that is renamed into place
+with a :data:`COMPLETE_MARKER` inside; re-runs reuse what is complete.
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import http.client
+import json
 import re
+import shutil
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from pathlib import Path
+import uuid
+from pathlib import Path, PurePosixPath
 from typing import IO, BinaryIO
 
 from tqdm import tqdm
@@ -25,6 +34,8 @@ from tqdm import tqdm
 from elmo_core.errors import DataError
 
 CHUNK_BYTES = 1 << 20
+BACKOFF_S = 1.0  # first retry delay after a failure without progress; doubles each time
+COMPLETE_MARKER = ".complete"  # inside a cache directory: it was fully written
 TRANSIENT_HTTP_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 USER_AGENT = "elmo-platform/0.1 (corpus download)"
 
@@ -52,22 +63,21 @@ def download(
     *,
     sha256: str | None = None,
     max_retries: int = 5,
-    backoff_s: float = 1.0,
     timeout_s: float = 60.0,
     progress: bool = True,
 ) -> Path:
     """Download ``url`` into ``dest_dir`` (resuming a previous ``.part``) and return the file.
 
     An already complete file is reused (and re-verified when ``sha256`` is given). Transient errors
-    (connection resets, timeouts, HTTP 408/429/5xx) are retried up to ``max_retries`` times in a row
-    with exponential backoff; any progress resets the count. Other HTTP errors (404, 403) fail at
-    once with a :class:`DataError` naming the URL.
+    (connection resets, timeouts, HTTP 408/429/5xx) are retried up to ``max_retries`` times in a
+    row, with exponential backoff from :data:`BACKOFF_S`; any progress resets the count and resumes
+    at once. Other HTTP errors (404, 403) fail at once with a :class:`DataError` naming the URL.
     """
     dest_dir.mkdir(parents=True, exist_ok=True)
     final = dest_dir / url_file_name(url)
     if final.is_file():
         if sha256:
-            _verify_sha256(final, sha256, source=url)
+            verify_sha256(final, sha256, remove=True)
         return final
     part = final.with_name(final.name + ".part")
     failures = 0
@@ -84,9 +94,10 @@ def download(
                     f"the partial file {part} is kept and a re-run resumes it",
                     path=url,
                 ) from None
-            time.sleep(backoff_s * 2 ** max(failures - 1, 0))
+            if failures:  # no progress: wait before trying again; after progress, resume at once
+                time.sleep(BACKOFF_S * 2 ** (failures - 1))
     if sha256:
-        _verify_sha256(part, sha256, source=url)
+        verify_sha256(part, sha256, remove=True)
     part.replace(final)
     return final
 
@@ -160,15 +171,15 @@ def _range_total(content_range: str | None) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _verify_sha256(path: Path, expected: str, *, source: str) -> None:
-    """Compare the file's sha256 with ``expected``; on a mismatch remove it and raise."""
+def verify_sha256(path: Path, expected: str, *, remove: bool = False) -> None:
+    """Compare the file's sha256 with ``expected``; on a mismatch (``remove`` it and) raise."""
     digest = file_sha256(path)
     if digest != expected.strip().lower():
-        path.unlink(missing_ok=True)
+        if remove:
+            path.unlink(missing_ok=True)
+        note = "; the file was removed" if remove else ""
         raise DataError(
-            f"sha256 mismatch: expected {expected.strip().lower()}, got {digest} "
-            f"(downloaded from {source}); the file was removed",
-            path=path,
+            f"sha256 mismatch: expected {expected.strip().lower()}, got {digest}{note}", path=path
         )
 
 
@@ -183,3 +194,85 @@ def file_sha256(path: Path) -> str:
 
 def _size(path: Path) -> int:
     return path.stat().st_size if path.exists() else 0
+
+
+# --- other fsspec URLs and the cache directory -------------------------------------------------
+
+
+def is_remote_url(corpus: str) -> bool:
+    """A URL with a scheme other than ``file`` (``s3://``, ``gs://``, ``http://``...)."""
+    return bool(re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", corpus)) and not corpus.startswith(
+        "file://"
+    )
+
+
+def fetch_file(url: str, dest_dir: Path, sha256: str | None) -> Path:
+    """Download one file: http(s) with resume, any other fsspec URL by copying to a ``.part``."""
+    if is_http_url(url):
+        return download(url, dest_dir, sha256=sha256)
+    import fsspec
+
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    final = dest_dir / url_file_name(url)
+    if not final.is_file():
+        part = final.with_name(final.name + ".part")
+        try:
+            with fsspec.open(url, "rb") as src, part.open("wb") as out:
+                shutil.copyfileobj(src, out, 1 << 20)
+        except FileNotFoundError:
+            part.unlink(missing_ok=True)
+            raise DataError("remote file not found", path=url) from None
+        part.replace(final)
+    if sha256:
+        verify_sha256(final, sha256, remove=True)
+    return final
+
+
+def mirror_remote(url: str, cache_dir: Path) -> Path:
+    """Copy the files named by an fsspec URL (file, directory or glob) into the cache, once."""
+    import fsspec
+
+    target = cache_entry_dir(cache_dir / "remote", url_file_name(url.rstrip("/*")), key=url)
+    if (target / COMPLETE_MARKER).is_file():
+        return target
+    fs, path = fsspec.core.url_to_fs(url)
+    magic = glob.has_magic(path)
+    base = path.split("*")[0].rsplit("/", 1)[0] if magic else path.rstrip("/")
+    names = fs.glob(path) if magic else (fs.find(path) if fs.isdir(path) else fs.glob(path))
+    names = sorted(n for n in names if fs.isfile(n))
+    names = [n for n in names if not any(part.startswith(".") for part in _relative(n, base))]
+    if not names:
+        raise DataError("remote corpus has no files", path=url)
+    tmp = target.with_name(f".{target.name}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        for name in names:
+            local = tmp.joinpath(*(_relative(name, base) or [PurePosixPath(name).name]))
+            local.parent.mkdir(parents=True, exist_ok=True)
+            fs.get_file(name, str(local))
+        (tmp / COMPLETE_MARKER).write_text(json.dumps({"source": url}) + "\n", encoding="utf-8")
+        publish_dir(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _relative(name: str, base: str) -> list[str]:
+    name, base = name.strip("/"), base.strip("/")
+    return [p for p in name[len(base) :].split("/") if p] if name.startswith(base) else []
+
+
+def cache_entry_dir(parent: Path, file_name: str, *, key: str) -> Path:
+    """``parent/<name without archive suffix>-<hash of key>``: one directory per distinct source."""
+    stem = re.sub(r"(\.tar\.gz|\.tgz|\.tar)$", "", file_name) or "corpus"
+    return parent / f"{stem}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
+def publish_dir(tmp: Path, target: Path) -> None:
+    """Rename a finished temporary directory into place; a concurrent winner's copy is kept."""
+    if target.exists() and not (target / COMPLETE_MARKER).is_file():
+        shutil.rmtree(target)  # left by something other than this module: not trusted
+    try:
+        tmp.rename(target)
+    except OSError:
+        if not (target / COMPLETE_MARKER).is_file():
+            raise
