@@ -1,0 +1,83 @@
+"""Our own biLM file format: a directory with the model config and the weights.
+
+``model_config.json`` holds the resolved :class:`~elmo_core.config.ModelConfig` and the vocabulary
+size, ``model.pt`` the state dict (no pickled classes, so any later version of the code can read
+it). Training checkpoints, the MLflow model and ``Elmo.from_checkpoint`` all use this one format;
+the bilm-tf HDF5 layout lives in :mod:`elmo_core.interop.bilm_tf`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from elmo_core.config import ModelConfig
+from elmo_core.errors import WeightsError
+from elmo_core.model.bilm import BiLM
+
+CONFIG_FILE = "model_config.json"
+WEIGHTS_FILE = "model.pt"
+FORMAT_VERSION = 1
+
+
+def save_bilm(bilm: BiLM, directory: str | Path) -> Path:
+    """Write ``bilm`` into ``directory`` (created); each file appears whole or not at all."""
+    target = Path(directory)
+    target.mkdir(parents=True, exist_ok=True)
+    description = {
+        "format_version": FORMAT_VERSION,
+        "vocab_size": bilm.vocab_size,
+        "model": bilm.config.model_dump(mode="json"),
+    }
+    state = {name: tensor.detach().cpu() for name, tensor in bilm.state_dict().items()}
+    _atomic_write(target / WEIGHTS_FILE, lambda path: torch.save(state, path))
+    _atomic_write(
+        target / CONFIG_FILE, lambda path: path.write_text(json.dumps(description, indent=2))
+    )
+    return target
+
+
+def load_bilm(
+    directory: str | Path, *, stateful: bool = False, map_location: str | torch.device = "cpu"
+) -> BiLM:
+    """Rebuild the biLM saved by :func:`save_bilm`; a missing or foreign file is a WeightsError."""
+    source = Path(directory)
+    config_path, weights_path = source / CONFIG_FILE, source / WEIGHTS_FILE
+    for path in (config_path, weights_path):
+        if not path.is_file():
+            raise WeightsError(f"not a biLM directory: {path.name} is missing", path=source)
+    try:
+        description = json.loads(config_path.read_text())
+        config = ModelConfig.model_validate(description["model"])
+        vocab_size = description["vocab_size"]
+    except (ValueError, KeyError) as err:
+        raise WeightsError(f"unreadable model description: {err}", path=config_path) from None
+    bilm = BiLM(config, vocab_size, stateful=stateful)
+    state = torch.load(weights_path, map_location=map_location, weights_only=True)
+    try:
+        missing, unexpected = bilm.load_state_dict(state, strict=False)
+    except RuntimeError as err:  # shape mismatches: name the tensors and both shapes
+        raise WeightsError(f"weights do not match {CONFIG_FILE}: {err}", path=weights_path) from None
+    if missing or unexpected:
+        raise WeightsError(
+            f"weights do not match {CONFIG_FILE}: missing {missing[:5]}, unexpected "
+            f"{unexpected[:5]}",
+            path=weights_path,
+        )
+    return bilm
+
+
+def _atomic_write(path: Path, write: Callable[[Path], object]) -> None:
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(descriptor)
+    try:
+        write(Path(temporary))
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise

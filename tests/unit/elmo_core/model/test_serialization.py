@@ -1,0 +1,41 @@
+import pytest
+import torch
+
+from elmo_core.errors import WeightsError
+from elmo_core.model.bilm import BiLM
+from elmo_core.model.serialization import CONFIG_FILE, load_bilm, save_bilm
+from elmo_core.presets import tiny
+from elmo_core.text.char_ids import batch_to_ids
+
+
+def test_save_then_load_gives_identical_weights_and_outputs(tmp_path):
+    torch.manual_seed(0)
+    bilm = BiLM(tiny(), vocab_size=100).eval()
+    save_bilm(bilm, tmp_path / "model")
+    loaded = load_bilm(tmp_path / "model").eval()
+    assert loaded.vocab_size == 100
+    assert loaded.config == bilm.config
+    for name, tensor in bilm.state_dict().items():
+        assert torch.equal(tensor, loaded.state_dict()[name]), name
+    ids = batch_to_ids([["The", "cat", "sat"], ["Hi"]])
+    with torch.no_grad():
+        expected = bilm(ids)["activations"]
+        actual = loaded(ids)["activations"]
+    for left, right in zip(expected, actual, strict=True):
+        assert torch.equal(left, right)
+    assert not list((tmp_path / "model").glob(".*"))  # no temporary files left behind
+
+
+def test_embedding_only_model_round_trips(tmp_path):
+    save_bilm(BiLM(tiny()), tmp_path / "m")
+    assert load_bilm(tmp_path / "m").softmax is None
+
+
+def test_missing_files_and_mismatched_weights_are_clear_errors(tmp_path):
+    with pytest.raises(WeightsError, match="model_config.json is missing"):
+        load_bilm(tmp_path)
+    save_bilm(BiLM(tiny(), vocab_size=100), tmp_path / "m")
+    text = (tmp_path / "m" / CONFIG_FILE).read_text().replace('"cell_dim": 32', '"cell_dim": 8')
+    (tmp_path / "m" / CONFIG_FILE).write_text(text)
+    with pytest.raises(WeightsError, match="do not match.*size mismatch"):
+        load_bilm(tmp_path / "m")
