@@ -59,10 +59,17 @@ def load_bilm(
         raise WeightsError(f"unreadable model description: {err}", path=config_path) from None
     bilm = BiLM(config, vocab_size, stateful=stateful)
     state = torch.load(weights_path, map_location=map_location, weights_only=True)
-    try:
-        missing, unexpected = bilm.load_state_dict(state, strict=False)
-    except RuntimeError as err:  # shape mismatches: name the tensors and both shapes
-        raise WeightsError(f"weights do not match {CONFIG_FILE}: {err}", path=weights_path) from None
+    expected = bilm.state_dict()
+    wrong = [
+        f"{name} {tuple(tensor.shape)} in the file, {tuple(expected[name].shape)} by the config"
+        for name, tensor in state.items()
+        if name in expected and tensor.shape != expected[name].shape
+    ]
+    if wrong:
+        raise WeightsError(
+            f"weights do not match {CONFIG_FILE}: {'; '.join(wrong[:3])}", path=weights_path
+        )
+    missing, unexpected = bilm.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise WeightsError(
             f"weights do not match {CONFIG_FILE}: missing {missing[:5]}, unexpected "
