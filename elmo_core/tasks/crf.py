@@ -30,7 +30,7 @@ class CRF(nn.Module):
     def log_likelihood(
         self, emissions: torch.Tensor, tags: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor:
-        """``log p(tags | emissions)`` per row: ``emissions (B, T, K)``, ``tags``/``mask (B, T)``."""
+        """``log p(tags | emissions)`` per row → (B,); ``emissions (B, T, K)``, ``tags (B, T)``."""
         _check_mask(mask)
         return self._gold_score(emissions, tags, mask) - self._log_partition(emissions, mask)
 

@@ -34,10 +34,11 @@ def _sequence_score(crf: CRF, emissions: torch.Tensor, tags: tuple[int, ...]) ->
 
 
 def _all_scores(crf: CRF, emissions: torch.Tensor, length: int) -> dict[tuple[int, ...], float]:
-    return {
-        tags: float(_sequence_score(crf, emissions, tags))
-        for tags in itertools.product(range(NUM_TAGS), repeat=length)
-    }
+    with torch.no_grad():
+        return {
+            tags: float(_sequence_score(crf, emissions, tags))
+            for tags in itertools.product(range(NUM_TAGS), repeat=length)
+        }
 
 
 def test_log_likelihood_equals_brute_force_normalisation() -> None:
