@@ -26,7 +26,7 @@ from pathlib import Path
 
 from elmo_core.errors import DataError
 
-SAMPLE_VERSION = 1  # bump when the cleaning changes, so cached copies are rebuilt
+SAMPLE_VERSION = 2  # bump when the cleaning changes, so cached copies are rebuilt
 MARKER = ".complete"
 BYTES_PER_FILE = 512 * 1024
 SKIP_DIRS = frozenset(
@@ -44,6 +44,7 @@ SKIP_DIRS = frozenset(
 )
 
 _ROLE = re.compile(r":(?:[\w-]+:)+`~?!?([^`<]*?)(?:\s*<[^>]*>)?`")  # :func:`~os.path.join`
+_TEX_QUOTE = re.compile(r"``([^`']+?)''")  # ``quoted'' in old docstrings
 _LITERAL = re.compile(r"``(.+?)``")
 _INTERPRETED = re.compile(r"`([^`]+?)`_{0,2}")
 _EMPHASIS = re.compile(r"(?<![\w*])\*{1,2}(?=\S)([^*]+?)(?<=\S)\*{1,2}(?![\w*])")
@@ -153,6 +154,7 @@ def clean_text(text: str) -> Iterator[str]:
     """Prose sentences from reStructuredText: markup, doctests, code and headings removed."""
     for paragraph in _paragraphs(text):
         joined = " ".join(paragraph)
+        joined = _TEX_QUOTE.sub(r'"\1"', joined)
         for pattern in (_ROLE, _LITERAL, _INTERPRETED, _EMPHASIS):
             joined = pattern.sub(r"\1", joined)
         joined = re.sub(r"\s+", " ", joined.replace("::", ":")).strip()
