@@ -117,7 +117,11 @@ def _locate_1b(corpus: str, cache_dir: Path, sha256: str | None) -> tuple[list[P
         target = cache_entry_dir(cache_dir / "1b-benchmark", url_file_name(corpus), key=corpus)
         if not (target / COMPLETE_MARKER).is_file():
             tarball = fetch_file(corpus, cache_dir / "downloads", sha256)
-            extract_1b_tarball(tarball, target)
+            try:
+                extract_1b_tarball(tarball, target)
+            except DataError as err:  # a bad download must not be reused by the next run
+                tarball.unlink(missing_ok=True)
+                raise DataError(f"{err} (downloaded from {corpus}; removed)") from None
         return list_1b_files(find_1b_root(target))
     path = Path(corpus).expanduser()
     if path.is_dir():

@@ -240,3 +240,4 @@ def test_a_truncated_download_is_a_data_error_naming_the_file(server, tmp_path):
         locate_corpus(_url(server), "1b-benchmark", tmp_path)
 
     assert str(Path(tmp_path, "downloads", TARBALL)) in str(err.value)
+    assert not (tmp_path / "downloads" / TARBALL).exists()  # the next run downloads it again
