@@ -1,0 +1,47 @@
+"""Fixtures shared across test packages: tiny prepared datasets made by the real prepare stage."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from elmo_core.config import PrepareConfig
+from pipelines.corpus_sources import CorpusFiles
+from pipelines.prepare import prepare_files
+
+MakeDataset = Callable[..., str]
+
+
+@pytest.fixture
+def make_dataset(tmp_path: Path) -> MakeDataset:
+    """``make_dataset(train_lines, heldout={"file.txt": lines}, **prepare_keys) -> dataset dir``.
+
+    Lines are whitespace-tokenized sentences. Heldout files keep their sentences in source order
+    (training shards are shuffled by prepare). Each call writes a new dataset under ``tmp_path``.
+    """
+    calls = iter(range(1_000))
+
+    def make(
+        train: Sequence[str],
+        heldout: dict[str, Sequence[str]] | None = None,
+        **prepare_keys: Any,
+    ) -> str:
+        root = tmp_path / f"corpus-{next(calls)}"
+        root.mkdir()
+        train_file = root / "train.txt"
+        train_file.write_text("".join(f"{line}\n" for line in train), encoding="utf-8")
+        heldout_files = []
+        for name, lines in (heldout or {}).items():
+            path = root / name
+            path.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+            heldout_files.append(path)
+        cfg = PrepareConfig(format="text", **prepare_keys)
+        corpus = CorpusFiles(str(root), "text", [train_file], heldout_files)
+        out = root.parent / f"{root.name}-dataset"
+        prepare_files(cfg, corpus, str(out))
+        return str(out)
+
+    return make
