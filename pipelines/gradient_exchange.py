@@ -1,0 +1,152 @@
+"""Averaging the biLM's gradients across data-parallel workers, the softmax's as sparse rows.
+
+The softmax matrix ``W (V, P)`` is the largest tensor of the model (793k × 512 for the 1B Word
+vocabulary) but one training step only touches the rows of its candidates and targets (about
+K + B·T of them; DESIGN.md §4). DDP's bucketed all-reduce would move the whole ``V × P`` matrix
+every step, so the softmax is kept out of DDP and exchanged here as (row ids, rows): every worker
+publishes its own touched rows, all workers gather all of them, sum duplicate ids and divide by
+the world size — the same average a dense all-reduce gives, at a cost proportional to the rows
+touched. It uses only ``all_gather`` of equal-size tensors, so it runs alike on gloo and NCCL.
+
+The bias ``b (V)`` has a dense gradient that is non-zero only on the same rows, so its rows travel
+as one more column of the weight rows. ``dense`` mode (a plain all-reduce of both) is kept as the
+baseline that ``benchmarks/bench_train.py`` measures against.
+
+Shapes: V vocabulary, P projection, R rows touched on one worker, M the most rows on any worker.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+ExchangeMode = Literal["sparse", "dense"]
+SOFTMAX_PARAMETERS = ("softmax.weight", "softmax.bias")
+
+
+def exclude_from_ddp(module: nn.Module, names: Iterable[str]) -> None:
+    """Tell DDP (before it wraps ``module``) to neither broadcast nor all-reduce these parameters."""
+    nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+        module, list(names)
+    )
+
+
+def broadcast_parameters(parameters: Iterable[nn.Parameter], src: int = 0) -> None:
+    """Copy ``src``'s values to every worker: what DDP does at wrap time for the parameters it owns."""
+    if not _distributed():
+        return
+    for parameter in parameters:
+        dist.broadcast(parameter.data, src=src)
+
+
+def exchange_rows(
+    indices: torch.Tensor, rows: torch.Tensor, num_rows: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Average row-sparse gradients over all workers: ``indices (R,)``, ``rows (R, D)`` per worker.
+
+    Returns the sorted unique ids of every worker's rows and their summed rows divided by the world
+    size (ids are ``< num_rows``). Sizes are gathered first and each worker pads to the largest, as
+    ``all_gather`` needs equal shapes.
+    """
+    world_size = dist.get_world_size() if _distributed() else 1
+    if world_size == 1:
+        return indices, rows
+    count = torch.tensor([indices.numel()], device=indices.device)
+    counts = [torch.zeros_like(count) for _ in range(world_size)]
+    dist.all_gather(counts, count)
+    sizes = [int(c.item()) for c in counts]
+    most = max(sizes)
+    padded_ids = indices.new_zeros(most)  # (M,)
+    padded_ids[: indices.numel()] = indices
+    padded_rows = rows.new_zeros(most, rows.shape[1])  # (M, D)
+    padded_rows[: rows.shape[0]] = rows
+    all_ids = [torch.empty_like(padded_ids) for _ in range(world_size)]
+    all_rows = [torch.empty_like(padded_rows) for _ in range(world_size)]
+    dist.all_gather(all_ids, padded_ids)
+    dist.all_gather(all_rows, padded_rows)
+    ids = torch.cat([part[:size] for part, size in zip(all_ids, sizes, strict=True)])  # (ΣR,)
+    values = torch.cat([part[:size] for part, size in zip(all_rows, sizes, strict=True)])
+    summed = torch.sparse_coo_tensor(ids.unsqueeze(0), values, (num_rows, rows.shape[1]))
+    summed = summed.coalesce()  # sorted unique ids, duplicates added
+    return summed.indices()[0], summed.values() / world_size
+
+
+def exchange_softmax_gradients(
+    weight: nn.Parameter, bias: nn.Parameter, mode: ExchangeMode = "sparse"
+) -> int:
+    """Average the softmax's gradients over workers in place; returns the bytes this worker sent.
+
+    ``sparse``: ``weight.grad`` is a sparse tensor (``SampledSoftmax(sparse=True)``); both grads
+    become coalesced sparse tensors over the union of touched rows, which ``torch.optim.Adagrad``
+    applies to those rows only (a zero-gradient row is left unchanged by dense Adagrad too).
+    ``dense``: both grads become dense and are all-reduced whole.
+    """
+    assert weight.grad is not None and bias.grad is not None
+    num_classes, dim = weight.shape
+    if mode == "dense":
+        return _exchange_dense(weight, bias)
+    local = weight.grad.coalesce() if weight.grad.is_sparse else weight.grad.to_sparse().coalesce()
+    indices = local.indices()[0]  # (R,)
+    bias_grad = bias.grad.to_dense() if bias.grad.is_sparse else bias.grad
+    packed = torch.cat([local.values(), bias_grad[indices].unsqueeze(1)], dim=1)  # (R, P+1)
+    ids, rows = exchange_rows(indices, packed, num_classes)
+    weight.grad = _sparse_rows(ids, rows[:, :dim], (num_classes, dim))
+    bias.grad = _sparse_rows(ids, rows[:, dim], (num_classes,))
+    world_size = dist.get_world_size() if _distributed() else 1
+    if world_size == 1:
+        return 0
+    return packed.shape[0] * (packed.element_size() * packed.shape[1] + indices.element_size())
+
+
+def _exchange_dense(weight: nn.Parameter, bias: nn.Parameter) -> int:
+    assert weight.grad is not None and bias.grad is not None
+    grads = [g.to_dense() if g.is_sparse else g for g in (weight.grad, bias.grad)]
+    sent = 0
+    if _distributed() and dist.get_world_size() > 1:
+        for grad in grads:
+            dist.all_reduce(grad)
+            grad.div_(dist.get_world_size())
+            sent += grad.numel() * grad.element_size()
+    weight.grad, bias.grad = grads
+    return sent
+
+
+def _sparse_rows(ids: torch.Tensor, values: torch.Tensor, size: tuple[int, ...]) -> torch.Tensor:
+    return torch.sparse_coo_tensor(
+        ids.unsqueeze(0), values, size, is_coalesced=True, check_invariants=False
+    )
+
+
+def clip_global_norm(parameters: Iterable[nn.Parameter], max_norm: float) -> float:
+    """Scale all gradients by ``max_norm / max(norm, max_norm)`` (TF ``clip_by_global_norm``).
+
+    The norm is over every gradient, sparse ones by their (coalesced) stored rows; returns the norm
+    before clipping. Run it after the exchange, so every worker clips the same averaged gradient.
+    """
+    grads = [p for p in parameters if p.grad is not None]
+    if not grads:
+        return 0.0
+    squares = [
+        (g.coalesce().values() if g.is_sparse else g).detach().float().pow(2).sum()
+        for g in (p.grad for p in grads)
+        if g is not None
+    ]
+    norm = math.sqrt(float(torch.stack(squares).sum()))  # one host sync per step
+    if norm > max_norm:
+        scale = max_norm / norm
+        for parameter in grads:
+            assert parameter.grad is not None
+            if parameter.grad.is_sparse:
+                parameter.grad = parameter.grad * scale
+            else:
+                parameter.grad.mul_(scale)
+    return norm
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
