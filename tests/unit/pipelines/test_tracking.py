@@ -6,15 +6,17 @@ from elmo_core.presets import tiny
 from pipelines import tracking
 
 
-@pytest.fixture()
-def store(tmp_path, monkeypatch):
-    """A real SQLite tracking store under a fresh ELMO_HOME."""
-    monkeypatch.setenv("ELMO_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.delenv(tracking.PARENT_RUN_ENV, raising=False)
-    uri = tracking.use_tracking()
-    assert uri == f"sqlite:///{tmp_path / 'home' / 'mlflow.db'}"
-    return MlflowClient(uri)
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """A real SQLite tracking store under a fresh ELMO_HOME, shared by this module's tests."""
+    home = tmp_path_factory.mktemp("home")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ELMO_HOME", str(home))
+        patch.delenv("MLFLOW_TRACKING_URI", raising=False)
+        patch.delenv(tracking.PARENT_RUN_ENV, raising=False)
+        uri = tracking.use_tracking()
+        assert uri == f"sqlite:///{home / 'mlflow.db'}"
+        yield MlflowClient(uri)
 
 
 def test_stage_run_nests_under_parent_from_environment(store, monkeypatch):
