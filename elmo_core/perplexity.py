@@ -1,0 +1,188 @@
+"""Heldout perplexity of a biLM: full softmax, state carried across windows, every target scored.
+
+Matches bilm-tf's ``test`` (DESIGN.md §3, "Perplexity"): forward and backward streams of the same
+sentences in the same rows, the LSTM state of each row carried from window to window, the exact
+softmax over the whole vocabulary (computed in chunks), ``</S>`` and ``<UNK>`` targets included,
+no dropout. Two protocols:
+
+* ``"batched"`` (default): B = 128 rows, windows of T = 20; the final partial windows are scored.
+* ``"original"``: bilm-tf's test — B = 256 rows, one token per step, stopping at the first step
+  some row cannot fill (that step and the rest of the split are not scored).
+
+Because rows pull sentences in time order (:mod:`elmo_core.data.batching`), both read the same
+streams for the same B: T only changes how many steps run at once, not the numbers.
+
+Shapes: B rows, T window, W chars per token, P projection, N scored positions.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from elmo_core.data.batching import TokenStream, Window, window_char_ids
+from elmo_core.data.manifest import load_manifest
+from elmo_core.data.reader import load_word_types, select_shards
+from elmo_core.errors import ConfigError
+from elmo_core.model.bilm import BiLM
+from elmo_core.model.lstm import LSTMState, ProjectedLSTM
+
+Protocol = Literal["batched", "original"]
+PROTOCOL_SHAPES: dict[str, tuple[int, int]] = {"batched": (128, 20), "original": (256, 1)}
+
+
+@dataclass(frozen=True)
+class PerplexitySums:
+    """Summed negative log likelihoods and token counts; add the parts of several ranks."""
+
+    forward_nll: float = 0.0
+    backward_nll: float = 0.0
+    forward_tokens: int = 0
+    backward_tokens: int = 0
+
+    def __add__(self, other: PerplexitySums) -> PerplexitySums:
+        return PerplexitySums(
+            self.forward_nll + other.forward_nll,
+            self.backward_nll + other.backward_nll,
+            self.forward_tokens + other.forward_tokens,
+            self.backward_tokens + other.backward_tokens,
+        )
+
+    @property
+    def num_tokens(self) -> int:
+        return self.forward_tokens
+
+    @property
+    def forward_perplexity(self) -> float:
+        return _exp_mean(self.forward_nll, self.forward_tokens)
+
+    @property
+    def backward_perplexity(self) -> float:
+        return _exp_mean(self.backward_nll, self.backward_tokens)
+
+    @property
+    def perplexity(self) -> float:
+        """``exp(mean ½(CE_f + CE_b))``: the geometric mean of the two directions."""
+        return math.sqrt(self.forward_perplexity * self.backward_perplexity)
+
+
+def _exp_mean(nll: float, tokens: int) -> float:
+    return math.exp(nll / tokens) if tokens else math.nan
+
+
+def evaluate_perplexity(
+    bilm: BiLM,
+    dataset_url: str,
+    split: str = "heldout",
+    *,
+    files: Sequence[str] | None = None,
+    batch_size: int | None = None,
+    unroll_steps: int | None = None,
+    protocol: Protocol = "batched",
+    rank: int = 0,
+    world_size: int = 1,
+    max_windows: int | None = None,
+    device: str | torch.device = "cpu",
+    progress: bool = True,
+) -> PerplexitySums:
+    """This rank's perplexity sums on ``split`` (all of it, or the heldout ``files``).
+
+    ``batch_size``/``unroll_steps`` default to the protocol's (128 × 20 batched, 256 × 1
+    original); the original protocol always runs one token per step.
+    """
+    if bilm.softmax is None:
+        raise ConfigError("perplexity needs a BiLM built with vocab_size", key="vocab_size")
+    default_rows, default_steps = PROTOCOL_SHAPES[protocol]
+    steps = unroll_steps or default_steps
+    if protocol == "original" and steps != 1:
+        raise ConfigError("the original protocol runs one token per step", key="unroll_steps")
+    manifest = load_manifest(dataset_url)
+    streams = [
+        TokenStream(
+            dataset_url,
+            split,
+            batch_size=batch_size or default_rows,
+            unroll_steps=steps,
+            rank=rank,
+            world_size=world_size,
+            reverse=reverse,
+            shuffle=False,
+            repeat=False,
+            files=files,
+            manifest=manifest,
+        )
+        for reverse in (False, True)
+    ]
+    char_table = load_word_types(dataset_url, manifest).char_ids
+    positions = sum(s.num_tokens + s.num_sentences for s in select_shards(manifest, split, files))
+    total = math.ceil(positions / world_size / (streams[0].batch_size * steps))
+    bar = tqdm(
+        total=min(total, max_windows or total),
+        desc=f"perplexity {split}",
+        unit="window",
+        disable=None if progress else True,
+    )
+    was_training = bilm.training
+    bilm.eval()
+    sums = PerplexitySums()
+    states: list[LSTMState | None] = [None, None]  # (forward, backward), carried per row
+    try:
+        with torch.no_grad():
+            for forward, backward in _window_pairs(streams, protocol, max_windows):
+                for index, (lstm, window) in enumerate(
+                    ((bilm.forward_lstm, forward), (bilm.backward_lstm, backward))
+                ):
+                    nll, count, states[index] = _direction_nll(
+                        bilm, lstm, window, char_table, states[index], device
+                    )
+                    sums = sums + (
+                        PerplexitySums(forward_nll=nll, forward_tokens=count)
+                        if index == 0
+                        else PerplexitySums(backward_nll=nll, backward_tokens=count)
+                    )
+                bar.update()
+                bar.set_postfix(ppl=f"{sums.perplexity:.2f}")
+    finally:
+        bar.close()
+        bilm.train(was_training)
+    return sums
+
+
+def _window_pairs(
+    streams: list[TokenStream], protocol: Protocol, max_windows: int | None
+) -> Iterator[tuple[Window, Window]]:
+    """(forward, backward) windows of the same rows until the split (or ``max_windows``) ends."""
+    for _ in range(max_windows) if max_windows is not None else itertools.count():
+        forward, backward = streams[0].next_window(), streams[1].next_window()
+        if forward is None or backward is None:
+            return
+        if protocol == "original" and (forward.inputs < 0).any():
+            return  # bilm-tf's _get_batch: the first step that cannot be filled ends the test
+        yield forward, backward
+
+
+def _direction_nll(
+    bilm: BiLM,
+    lstm: ProjectedLSTM,
+    window: Window,
+    char_table: np.ndarray,
+    state: LSTMState | None,
+    device: str | torch.device,
+) -> tuple[float, int, LSTMState]:
+    """Summed exact NLL of one direction's window; padding leaves each row's state as it was."""
+    assert bilm.softmax is not None
+    char_ids = torch.from_numpy(window_char_ids(window.inputs, char_table)).to(device)  # (B, T, W)
+    targets = torch.from_numpy(window.targets).to(device)  # (B, T)
+    mask = (char_ids != 0).any(dim=-1)  # (B, T)
+    embedded = bilm.token_encoder.encode_types(char_ids.long())  # (B, T, P)
+    outputs, state = lstm(embedded, mask, state)
+    scored = (targets >= 0) & mask  # (B, T)
+    nll = bilm.softmax.nll(outputs[-1][scored], targets[scored])  # (N,)
+    return float(nll.double().sum()), int(scored.sum()), state
