@@ -30,14 +30,14 @@ SOFTMAX_PARAMETERS = ("softmax.weight", "softmax.bias")
 
 
 def exclude_from_ddp(module: nn.Module, names: Iterable[str]) -> None:
-    """Tell DDP (before it wraps ``module``) to neither broadcast nor all-reduce these parameters."""
+    """Tell DDP (before it wraps ``module``) to neither broadcast nor all-reduce these."""
     nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
         module, list(names)
     )
 
 
 def broadcast_parameters(parameters: Iterable[nn.Parameter], src: int = 0) -> None:
-    """Copy ``src``'s values to every worker: what DDP does at wrap time for the parameters it owns."""
+    """Copy ``src``'s values to every worker, as DDP does at wrap time for its own parameters."""
     if not _distributed():
         return
     for parameter in parameters:
@@ -71,7 +71,9 @@ def exchange_rows(
     dist.all_gather(all_rows, padded_rows)
     ids = torch.cat([part[:size] for part, size in zip(all_ids, sizes, strict=True)])  # (ΣR,)
     values = torch.cat([part[:size] for part, size in zip(all_rows, sizes, strict=True)])
-    summed = torch.sparse_coo_tensor(ids.unsqueeze(0), values, (num_rows, rows.shape[1]))
+    summed = torch.sparse_coo_tensor(
+        ids.unsqueeze(0), values, (num_rows, rows.shape[1]), check_invariants=False
+    )
     summed = summed.coalesce()  # sorted unique ids, duplicates added
     return summed.indices()[0], summed.values() / world_size
 

@@ -1,0 +1,269 @@
+"""Training checkpoints and the run directory: everything needed to continue a run exactly.
+
+A checkpoint is one directory that Ray Train assembles from every rank's report::
+
+    model/           the biLM in our format (save_bilm)              rank 0
+    trainer.pt       optimiser state, step, best validation, MLflow run id, curves   rank 0
+    rank_{r}.pt      rank r's RNG states, both streams' positions, carried LSTM states
+
+With the same seed, N steps straight equal k steps + resume + N − k steps: the weights and
+optimiser come from the shared files, the data position, dropout/sampling RNG and LSTM states of
+every rank from its own file. The run directory (``storage_path/name``) also holds what outlives
+checkpoints: ``mlflow_run_id.json``, ``best/`` (the model with the best validation perplexity),
+``model/`` (the final model) and ``FINISHED.json``. It may be local or any fsspec URL (s3://).
+
+Continued pretraining starts from weights rather than a checkpoint (:func:`initial_bilm`): our model
+directory, a checkpoint directory, or a bilm-tf HDF5 file; a softmax whose vocabulary size differs
+from the dataset's is re-initialised.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import numpy as np
+import torch
+
+from elmo_core.config import ModelConfig
+from elmo_core.errors import ConfigError, WeightsError
+from elmo_core.model.bilm import BiLM, BiLMState
+from elmo_core.model.lstm import LSTMState
+from elmo_core.model.serialization import load_bilm, save_bilm
+
+log = logging.getLogger(__name__)
+
+MODEL_DIR = "model"
+TRAINER_FILE = "trainer.pt"
+BEST_DIR = "best"
+FINISHED_FILE = "FINISHED.json"
+RUN_ID_FILE = "mlflow_run_id.json"
+
+
+@dataclass
+class SharedState:
+    """What every rank agrees on, written once by rank 0."""
+
+    step: int
+    world_size: int
+    mlflow_run_id: str | None = None
+    best_perplexity: float | None = None
+    validations_since_best: int = 0
+    curves: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+
+
+@dataclass
+class RankState:
+    """One rank's position: RNG, the two streams' ``state_dict()`` s, the carried LSTM states."""
+
+    rng: dict[str, Any]
+    forward_stream: dict[str, Any]
+    backward_stream: dict[str, Any]
+    lstm_state: BiLMState | None
+
+
+@dataclass
+class LoadedCheckpoint:
+    model_dir: Path
+    optimizer: dict[str, Any]
+    shared: SharedState
+    rank: RankState | None  # None when this rank had no file (the world size changed)
+
+
+def write_checkpoint(
+    directory: Path,
+    rank: int,
+    *,
+    bilm: BiLM,
+    optimizer: torch.optim.Optimizer,
+    shared: SharedState,
+    rank_state: RankState,
+) -> Path:
+    """Write this rank's part of a checkpoint into ``directory`` (rank 0 adds the shared files)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if rank == 0:
+        save_bilm(bilm, directory / MODEL_DIR)
+        torch.save(
+            {"optimizer": optimizer.state_dict(), "shared": asdict(shared)},
+            directory / TRAINER_FILE,
+        )
+    lstm = None
+    if rank_state.lstm_state is not None:
+        lstm = [tuple(t.detach().cpu() for t in state) for state in rank_state.lstm_state]
+    torch.save(
+        {
+            "rng": rank_state.rng,
+            "forward_stream": _tensors_for_arrays(rank_state.forward_stream),
+            "backward_stream": _tensors_for_arrays(rank_state.backward_stream),
+            "lstm_state": lstm,
+        },
+        directory / rank_file(rank),
+    )
+    return directory
+
+
+def read_checkpoint(
+    directory: Path, rank: int, world_size: int, device: torch.device
+) -> LoadedCheckpoint:
+    """This rank's view of a checkpoint; its ``rank`` part is None if the world size changed."""
+    trainer = torch.load(directory / TRAINER_FILE, map_location=device, weights_only=True)
+    shared = SharedState(**trainer["shared"])
+    shared.curves = {name: [tuple(p) for p in points] for name, points in shared.curves.items()}
+    rank_state = None
+    path = directory / rank_file(rank)
+    if shared.world_size == world_size:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        lstm = None
+        if saved["lstm_state"] is not None:
+            forward, backward = (
+                LSTMState(h.to(device), c.to(device)) for h, c in saved["lstm_state"]
+            )
+            lstm = (forward, backward)
+        rank_state = RankState(
+            saved["rng"], saved["forward_stream"], saved["backward_stream"], lstm
+        )
+    return LoadedCheckpoint(directory / MODEL_DIR, trainer["optimizer"], shared, rank_state)
+
+
+def initial_bilm(
+    config: ModelConfig, vocab_size: int, init_from: str | None, init_options: str | None
+) -> BiLM:
+    """A fresh biLM, or one holding the weights of ``init_from`` (continued pretraining).
+
+    The token encoder and LSTMs must match ``config`` in shape; the softmax is kept only when the
+    source has one of ``vocab_size`` rows (a new vocabulary starts from a new softmax).
+    """
+    bilm = BiLM(config, vocab_size)
+    if init_from is None:
+        return bilm
+    source = _load_source(init_from, init_options)
+    state = source.state_dict()
+    if source.vocab_size != vocab_size:
+        log.warning(
+            "softmax re-initialised: %s has vocabulary size %s, the dataset %d",
+            init_from,
+            source.vocab_size,
+            vocab_size,
+        )
+        state = {k: v for k, v in state.items() if not k.startswith("softmax.")}
+    try:
+        missing, unexpected = bilm.load_state_dict(state, strict=False)
+    except RuntimeError as err:
+        raise WeightsError(f"weights do not fit the model config: {err}", path=init_from) from None
+    missing = [name for name in missing if not name.startswith("softmax.")]
+    if missing or unexpected:
+        raise WeightsError(
+            f"weights do not fit the model config: missing {missing[:5]}, unexpected "
+            f"{unexpected[:5]}",
+            path=init_from,
+        )
+    return bilm
+
+
+def _load_source(init_from: str, init_options: str | None) -> BiLM:
+    path = Path(init_from)
+    if path.suffix in (".hdf5", ".h5"):
+        if init_options is None:
+            raise ConfigError("a bilm-tf weight file needs its options file", key="init_options")
+        from elmo_core.interop.bilm_tf import load_bilm as load_bilm_tf  # h5py only when needed
+
+        return load_bilm_tf(init_options, path)
+    if (path / MODEL_DIR).is_dir():
+        return load_bilm(path / MODEL_DIR)  # a training checkpoint
+    return load_bilm(path)
+
+
+def rank_file(rank: int) -> str:
+    return f"rank_{rank}.pt"
+
+
+def _tensors_for_arrays(value: Any) -> Any:
+    """Stream states hold NumPy arrays; as tensors they load with ``weights_only=True``."""
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(value))
+    if isinstance(value, dict):
+        return {key: _tensors_for_arrays(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_tensors_for_arrays(item) for item in value)
+    return value
+
+
+def capture_rng() -> dict[str, Any]:
+    """torch, NumPy and Python RNG states (dropout and candidate sampling draw from torch's)."""
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, cached),
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    kind, keys, position, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), position, has_gauss, cached))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class RunDirectory:
+    """``storage_path/name``, local or remote: small JSON records and whole model directories."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+        self.fs, self.path = fsspec.core.url_to_fs(self.url)
+        self.local = "file" in self.fs.protocol
+
+    def join(self, name: str) -> str:
+        return f"{self.url}/{name}"
+
+    def read_json(self, name: str) -> dict[str, Any] | None:
+        path = f"{self.path}/{name}"
+        if not self.fs.exists(path):
+            return None
+        with self.fs.open(path, "rt", encoding="utf-8") as handle:
+            loaded: dict[str, Any] = json.load(handle)
+        return loaded
+
+    def write_json(self, name: str, record: dict[str, Any]) -> None:
+        """Whole or not at all: a local file is renamed into place, an object PUT is atomic."""
+        text = json.dumps(record, indent=2)
+        self.fs.makedirs(self.path, exist_ok=True)
+        if self.local:
+            descriptor, temporary = tempfile.mkstemp(prefix=f".{name}.", dir=self.path)
+            with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+                handle.write(text)
+            os.replace(temporary, f"{self.path}/{name}")
+        else:
+            self.fs.pipe(f"{self.path}/{name}", text.encode())
+
+    def put_model(self, bilm: BiLM, name: str) -> str:
+        """Save ``bilm`` as ``name/`` in the run directory, replacing the previous one."""
+        with tempfile.TemporaryDirectory() as staging:
+            save_bilm(bilm, staging)
+            self.put_directory(Path(staging), name)
+        return self.join(name)
+
+    def put_directory(self, local: Path, name: str) -> None:
+        target = f"{self.path}/{name}"
+        if self.local:
+            incoming = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=self.path))
+            shutil.copytree(local, incoming, dirs_exist_ok=True)
+            if Path(target).exists():
+                shutil.rmtree(target)
+            os.replace(incoming, target)
+        else:
+            self.fs.put(str(local), target, recursive=True)
