@@ -1,11 +1,12 @@
 import math
+from unittest import mock
 
 import numpy as np
 import pytest
 import torch
 
 from elmo_core.config import CharCNNConfig, LSTMConfig, ModelConfig
-from elmo_core.model.char_cnn import CharCNN
+from elmo_core.model.char_cnn import CharCNN, _trim_tail
 from elmo_core.presets import tiny
 from elmo_core.text.char_ids import batch_to_ids
 
@@ -92,3 +93,26 @@ def test_encoding_unique_types_equals_the_plain_path():
     encoder.encode_types(ids).sum().backward()
     for plain_grad, parameter in zip(plain_grads, encoder.parameters(), strict=True):
         torch.testing.assert_close(parameter.grad, plain_grad, rtol=0, atol=1e-10)
+
+
+def test_trimming_the_constant_tail_keeps_features_and_gradients():
+    """Short words use a few of the 50 slots; the pooled features must not see the cut."""
+    torch.manual_seed(0)
+    encoder = CharCNN(tiny()).double()
+    ids = batch_to_ids([["a", "rose", "is", "a"], ["x" * 60]]).reshape(-1, 50)  # pads, one long
+    for batch in (ids[:4], ids):  # a short-word batch is trimmed; the 48-byte token keeps all 50
+        trimmed = _trim_tail(batch, encoder.max_width)
+        longest = 6  # bow, r, o, s, e, eow; then the widest filter (3) of tail is kept
+        assert trimmed.shape[1] == (longest + 3 if batch is not ids else 50)
+        encoder.zero_grad()
+        fast = encoder(batch)
+        fast.sum().backward()
+        fast_grads = [p.grad.clone() for p in encoder.parameters()]
+
+        encoder.zero_grad()
+        with mock.patch("elmo_core.model.char_cnn._trim_tail", lambda char_ids, _: char_ids):
+            plain = encoder(batch)
+        plain.sum().backward()
+        torch.testing.assert_close(fast, plain, rtol=0, atol=1e-12)
+        for fast_grad, parameter in zip(fast_grads, encoder.parameters(), strict=True):
+            torch.testing.assert_close(fast_grad, parameter.grad, rtol=0, atol=1e-12)
