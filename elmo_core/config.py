@@ -77,6 +77,9 @@ class PrepareConfig(StrictModel):
     heldout_fraction: float = Field(0.01, ge=0.0, lt=1.0)
     heldout_files: list[str] = Field(default_factory=list)
     sentences_per_shard: int = Field(200_000, gt=0)
+    sentences_per_row_group: int = Field(
+        10_000, gt=0, description="Parquet row group size: the unit readers partition on"
+    )
     on_invalid_utf8: Literal["replace", "fail"] = "replace"
     max_tokens_per_line: int = Field(1000, gt=0)
     on_long_line: Literal["split", "drop"] = "split"

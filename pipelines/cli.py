@@ -11,6 +11,7 @@ import sys
 import typer
 
 from elmo_core.errors import ElmoError
+from pipelines.prepare import prepare_command
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
@@ -18,6 +19,9 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 @app.callback()
 def _root() -> None:
     """Pretrain and adapt ELMo: prepare → train → evaluate → register → adapt."""
+
+
+app.command("prepare")(prepare_command)
 
 
 def run_app(typer_app: typer.Typer, argv: list[str] | None = None) -> int:

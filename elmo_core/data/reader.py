@@ -1,0 +1,221 @@
+"""Stream a prepared dataset's split as token-id arrays, partitioned over workers.
+
+The one way later stages (training streams, evaluation) read shards::
+
+    manifest = load_manifest(url)
+    for batch in iter_sentences(url, "train", rank=rank, world_size=world_size):
+        batch.types, batch.targets, batch.offsets   # flat int32 ids, (S+1,) sentence offsets
+
+Each yielded :class:`SentenceBatch` is one Parquet row group. Partitioning is by shard
+(round-robin: shard i goes to rank i % world_size) when there are at least as many shards as
+workers, else by (shard, row group) pairs, so no worker reads the whole corpus and the union of all
+ranks is the whole split, each sentence once. Every shard's sha256 is checked against the
+manifest when it is opened; a mismatch is a :class:`DataError` naming the shard.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from elmo_core.data.manifest import Manifest, ShardInfo, join_url, load_manifest
+from elmo_core.data.shards import MAX_CHARS_PER_TOKEN, flat_lists
+from elmo_core.errors import DataError
+from elmo_core.text.vocab import Vocabulary, read_vocab, read_vocab_counts
+
+__all__ = [
+    "SentenceBatch",
+    "WordTypes",
+    "iter_sentences",
+    "load_manifest",
+    "load_vocab",
+    "load_word_types",
+    "partition_shards",
+    "select_shards",
+]
+
+
+@dataclass(frozen=True)
+class SentenceBatch:
+    """The sentences of one row group, flat: sentence i is ``types[offsets[i]:offsets[i+1]]``.
+
+    No sentence markers are included; ``<S>``/``</S>`` are type and vocabulary ids 0 and 1.
+    """
+
+    types: np.ndarray  # (N,) int32 word-type ids (rows of word_types.parquet)
+    targets: np.ndarray  # (N,) int32 vocabulary ids, OOV → 2 (<UNK>)
+    offsets: np.ndarray  # (S+1,) int64
+    shard: str  # shard path relative to the dataset root
+    row_group: int
+    source_files: list[str] | None = None  # heldout: (S,) input file of each sentence
+    lines: np.ndarray | None = None  # heldout: (S,) int64 1-based line in that file
+
+    @property
+    def num_sentences(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.offsets[-1])
+
+
+@dataclass(frozen=True)
+class WordTypes:
+    """``word_types.parquet`` as arrays; row = type id."""
+
+    tokens: pa.Array  # (Y,) string
+    counts: np.ndarray  # (Y,) int64 training occurrences
+    heldout_counts: np.ndarray  # (Y,) int64
+    vocab_ids: np.ndarray  # (Y,) int32 target id of each type (2 for OOV types)
+    char_ids: np.ndarray  # (Y, 50) int16, +1/262 convention
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+def load_vocab(dataset_url: str, manifest: Manifest | None = None) -> Vocabulary:
+    """The dataset's target vocabulary with its training counts."""
+    manifest = manifest or load_manifest(dataset_url)
+    vocab = read_vocab(join_url(dataset_url, manifest.vocab.path))
+    return read_vocab_counts(join_url(dataset_url, manifest.vocab.counts_path), vocab)
+
+
+def load_word_types(dataset_url: str, manifest: Manifest | None = None) -> WordTypes:
+    """Every word type of the dataset with its char ids (checksum verified)."""
+    manifest = manifest or load_manifest(dataset_url)
+    info = manifest.word_types
+    table = _open_verified(dataset_url, info.path, info.sha256).read()
+    char_ids = pc.list_flatten(table["char_ids"]).to_numpy().reshape(-1, MAX_CHARS_PER_TOKEN)
+    return WordTypes(
+        tokens=table["token"].combine_chunks(),
+        counts=table["count"].to_numpy(),
+        heldout_counts=table["heldout_count"].to_numpy(),
+        vocab_ids=table["vocab_id"].to_numpy(),
+        char_ids=char_ids,
+    )
+
+
+def select_shards(
+    manifest: Manifest, split: str, files: Sequence[str] | None = None
+) -> list[ShardInfo]:
+    """The split's shards, or only those from input files matching ``files`` (heldout).
+
+    Each pattern is an fnmatch pattern on the file's name; one without wildcards matches as a
+    substring, so ``"heldout-00000"`` selects ``news.en.heldout-00000-of-00050``.
+    """
+    shards = manifest.split(split).shards
+    if files is None:
+        return list(shards)
+    if any(not shard.source_files for shard in shards):
+        raise DataError(f"split {split!r} does not record source files; select files on heldout")
+    chosen = [s for s in shards if any(_matches(f, p) for f in s.source_files for p in files)]
+    if not chosen:
+        known = sorted({f for shard in shards for f in shard.source_files})
+        raise DataError(f"no {split} file matches {list(files)}; files: {known[:5]}...")
+    return chosen
+
+
+def _matches(name: str, pattern: str) -> bool:
+    if any(char in pattern for char in "*?["):
+        return fnmatch.fnmatch(name, pattern) or fnmatch.fnmatch(name.rsplit("/", 1)[-1], pattern)
+    return pattern in name
+
+
+def partition_shards(
+    shards: Sequence[ShardInfo], rank: int, world_size: int
+) -> list[tuple[ShardInfo, list[int]]]:
+    """This rank's (shard, row groups) work: whole shards round-robin, else row groups."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} outside world size {world_size}")
+    if len(shards) >= world_size:
+        return [(shard, list(range(shard.num_row_groups))) for shard in shards[rank::world_size]]
+    units = [(shard, group) for shard in shards for group in range(shard.num_row_groups)]
+    mine: dict[str, tuple[ShardInfo, list[int]]] = {}
+    for shard, group in units[rank::world_size]:
+        mine.setdefault(shard.path, (shard, []))[1].append(group)
+    return list(mine.values())
+
+
+def iter_sentences(
+    dataset_url: str,
+    split: str = "train",
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+    files: Sequence[str] | None = None,
+    manifest: Manifest | None = None,
+) -> Iterator[SentenceBatch]:
+    """Stream this rank's part of ``split`` as one :class:`SentenceBatch` per row group.
+
+    Order: the manifest's shard order, then row groups in order (the training split was shuffled
+    when prepared; shuffle shard order per epoch on top of this if wanted). Memory: one shard.
+    """
+    manifest = manifest or load_manifest(dataset_url)
+    shards = select_shards(manifest, split, files)
+    for shard, groups in partition_shards(shards, rank, world_size):
+        parquet = _open_verified(dataset_url, shard.path, shard.sha256)
+        for group in groups:
+            batch = _to_batch(parquet.read_row_group(group), shard.path, group)
+            if files is not None and batch.source_files is not None:
+                batch = _keep_files(batch, files)
+            if batch.num_sentences:
+                yield batch
+
+
+def _open_verified(dataset_url: str, relative: str, sha256: str) -> pq.ParquetFile:
+    url = join_url(dataset_url, relative)
+    try:
+        with fsspec.open(url, "rb") as handle:
+            data = handle.read()
+    except FileNotFoundError:
+        raise DataError("shard listed in the manifest is missing", path=url) from None
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise DataError("shard checksum does not match the manifest (corrupt or changed)", path=url)
+    return pq.ParquetFile(pa.BufferReader(data))
+
+
+def _to_batch(table: pa.Table, shard: str, group: int) -> SentenceBatch:
+    types, offsets = flat_lists(table["types"].combine_chunks())
+    targets, _ = flat_lists(table["targets"].combine_chunks())
+    source_files = lines = None
+    if "source_file" in table.column_names:
+        source_files = table["source_file"].to_pylist()
+        lines = table["line"].to_numpy()
+    return SentenceBatch(
+        types=types.to_numpy(),
+        targets=targets.to_numpy(),
+        offsets=offsets,
+        shard=shard,
+        row_group=group,
+        source_files=source_files,
+        lines=lines,
+    )
+
+
+def _keep_files(batch: SentenceBatch, files: Sequence[str]) -> SentenceBatch:
+    assert batch.source_files is not None and batch.lines is not None
+    keep = np.array([any(_matches(f, p) for p in files) for f in batch.source_files], dtype=bool)
+    if keep.all():
+        return batch
+    starts, ends = batch.offsets[:-1][keep], batch.offsets[1:][keep]
+    token_index = np.concatenate(
+        [np.arange(s, e) for s, e in zip(starts, ends, strict=True)] or [np.zeros(0, np.int64)]
+    )
+    offsets = np.concatenate([[0], np.cumsum(ends - starts)]).astype(np.int64)
+    return SentenceBatch(
+        types=batch.types[token_index],
+        targets=batch.targets[token_index],
+        offsets=offsets,
+        shard=batch.shard,
+        row_group=batch.row_group,
+        source_files=[f for f, k in zip(batch.source_files, keep, strict=True) if k],
+        lines=batch.lines[keep],
+    )

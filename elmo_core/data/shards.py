@@ -1,0 +1,328 @@
+"""The Parquet shard format of prepared datasets, and the vectorised kernels that fill it.
+
+Shard format ``elmo-shards`` version 1 (recorded in the manifest as ``shard_format``):
+
+- ``train/part-NNNNN.parquet``: one row per sentence, ``types: list<int32>`` (word-type ids, which
+  index ``word_types.parquet``) and ``targets: list<int32>`` (vocabulary ids, OOV → ``<UNK>`` = 2).
+  No sentence markers are stored; readers add ``<S>``/``</S>`` (type and vocabulary ids 0 and 1).
+- ``heldout/part-NNNNN.parquet``: the same plus ``source_file: dictionary<int32, string>`` (the
+  input file, relative to the corpus root) and ``line: int64`` (1-based line in that file).
+- ``word_types.parquet``: one row per word type seen anywhere (plus every vocabulary entry),
+  ``type_id: int32`` (= row), ``token: string``, ``count: int64`` (training occurrences),
+  ``heldout_count: int64``, ``vocab_id: int32`` (target id, ``<UNK>`` for OOV types),
+  ``char_ids: fixed_size_list<int16>[50]`` (+1/262 convention of :mod:`elmo_core.text.char_ids`).
+
+Type ids 0..V-1 are the vocabulary itself (type id = vocabulary id, specials included), then OOV
+types by descending count, so ``target = type if type < V else 2``; a consumer that only needs
+targets can derive them, and the char CNN reads every type, OOV or not (DESIGN.md §3).
+Everything here works on Arrow arrays and NumPy; nothing loops over tokens in Python.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from elmo_core.config import PrepareConfig
+from elmo_core.errors import DataError
+from elmo_core.text.char_ids import (
+    BOS_IDS,
+    BOS_TOKEN,
+    BOW_CHAR,
+    EOS_IDS,
+    EOS_TOKEN,
+    EOW_CHAR,
+    ID_OFFSET,
+    MAX_CHARS_PER_TOKEN,
+    MAX_TOKEN_BYTES,
+    PAD_CHAR,
+)
+from elmo_core.text.tokenize import Tokenizer
+from elmo_core.text.vocab import UNK_ID
+
+SHARD_FORMAT = "elmo-shards"
+SHARD_FORMAT_VERSION = 1
+CHUNK_BYTES = 16 << 20  # text read per block: amortises the per-block Arrow kernel overheads
+
+TRAIN_SCHEMA = pa.schema([("types", pa.list_(pa.int32())), ("targets", pa.list_(pa.int32()))])
+HELDOUT_SCHEMA = TRAIN_SCHEMA.append(
+    pa.field("source_file", pa.dictionary(pa.int32(), pa.string()))
+).append(pa.field("line", pa.int64()))
+WORD_TYPES_SCHEMA = pa.schema(
+    [
+        ("type_id", pa.int32()),
+        ("token", pa.string()),
+        ("count", pa.int64()),
+        ("heldout_count", pa.int64()),
+        ("vocab_id", pa.int32()),
+        ("char_ids", pa.list_(pa.int16(), MAX_CHARS_PER_TOKEN)),
+    ]
+)
+
+
+@dataclass
+class FileStats:
+    """What reading one input file skipped or repaired; summed into the manifest."""
+
+    lines: int = 0
+    blank_lines: int = 0
+    invalid_utf8_replacements: int = 0
+    long_lines_split: int = 0
+    long_lines_dropped: int = 0
+
+    def add(self, other: FileStats) -> None:
+        for item in fields(self):
+            setattr(self, item.name, getattr(self, item.name) + getattr(other, item.name))
+
+
+@dataclass(frozen=True)
+class SentenceChunk:
+    """A block of sentences of one file: tokens, the 1-based line and index of each sentence."""
+
+    sentences: pa.ListArray  # list<string>, never empty lists
+    lines: np.ndarray  # (n,) int64
+    index: np.ndarray  # (n,) int64, sentence index within the file, stable across passes
+
+
+def read_sentences(
+    path: Path, tokenizer: Tokenizer, cfg: PrepareConfig, stats: FileStats
+) -> Iterator[SentenceChunk]:
+    """Stream a text file as blocks of tokenized sentences, counting what was skipped in ``stats``.
+
+    Blank lines are skipped; invalid UTF-8 is replaced (counted) or a :class:`DataError` naming
+    file and line, by ``cfg.on_invalid_utf8``; sentences over ``cfg.max_tokens_per_line`` tokens
+    are split into pieces or dropped by ``cfg.on_long_line``. A missing file, or one without a
+    single sentence, is a :class:`DataError`.
+    """
+    if not path.is_file():
+        raise DataError("input file not found", path=path)
+    next_line, next_index = 1, 0
+    for block in _line_blocks(path):
+        lines = _decode_lines(block, path, next_line, cfg.on_invalid_utf8, stats)
+        numbers = np.arange(next_line, next_line + len(lines), dtype=np.int64)
+        next_line += len(lines)
+        blank = pc.equal(pc.binary_length(pc.utf8_trim_whitespace(lines)), 0)
+        keep = pc.invert(blank)
+        stats.lines += len(lines)
+        stats.blank_lines += len(lines) - pc.sum(keep.cast(pa.int64())).as_py()
+        sentences, origin = tokenizer.tokenize_lines(lines.filter(keep))
+        line_of = numbers[keep.to_numpy(zero_copy_only=False)][origin]
+        sentences, line_of = _limit_length(sentences, line_of, cfg, stats)
+        if len(sentences):
+            index = np.arange(next_index, next_index + len(sentences), dtype=np.int64)
+            yield SentenceChunk(sentences, line_of, index)
+            next_index += len(sentences)
+    if next_index == 0:
+        raise DataError("input file is empty (no non-blank line)", path=path)
+
+
+def _line_blocks(path: Path, block_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
+    """Blocks of whole lines (each ends with ``\\n`` except maybe the file's last)."""
+    carry = b""
+    with open(path, "rb") as handle:
+        while data := handle.read(block_bytes):
+            data = carry + data
+            cut = data.rfind(b"\n") + 1
+            carry = data[cut:]
+            if cut:
+                yield data[:cut]
+    if carry:
+        yield carry
+
+
+def _decode_lines(
+    block: bytes, path: Path, first_line: int, on_invalid: str, stats: FileStats
+) -> pa.StringArray:
+    try:
+        text = pa.array([block], type=pa.binary()).cast(pa.string())
+    except pa.ArrowInvalid:
+        return _decode_lines_slowly(block, path, first_line, on_invalid, stats)
+    lines = pc.split_pattern(text, "\n").values
+    return lines[:-1] if block.endswith(b"\n") else lines
+
+
+def _decode_lines_slowly(
+    block: bytes, path: Path, first_line: int, on_invalid: str, stats: FileStats
+) -> pa.StringArray:
+    """The rare path: find the bad lines, then replace (and count) or fail naming the line."""
+    raw_lines = block.split(b"\n")
+    if block.endswith(b"\n"):
+        raw_lines.pop()
+    decoded = []
+    for offset, raw in enumerate(raw_lines):
+        try:
+            decoded.append(raw.decode("utf-8"))
+        except UnicodeDecodeError as err:
+            if on_invalid == "fail":
+                where = f"invalid UTF-8 byte 0x{raw[err.start]:02x} at column {err.start + 1}"
+                raise DataError(where, path=path, line=first_line + offset) from None
+            text = raw.decode("utf-8", errors="replace")
+            stats.invalid_utf8_replacements += text.count("\ufffd") - raw.count(b"\xef\xbf\xbd")
+            decoded.append(text)
+    return pa.array(decoded, type=pa.string())
+
+
+def flat_lists(lists: pa.ListArray) -> tuple[pa.Array, np.ndarray]:
+    """(values, offsets from 0) of a possibly sliced list array."""
+    offsets = lists.offsets.to_numpy()
+    values = lists.values[offsets[0] : offsets[-1]]
+    return values, (offsets - offsets[0]).astype(np.int64)
+
+
+def _limit_length(
+    sentences: pa.ListArray, line_of: np.ndarray, cfg: PrepareConfig, stats: FileStats
+) -> tuple[pa.ListArray, np.ndarray]:
+    limit = cfg.max_tokens_per_line
+    lengths = pc.list_value_length(sentences).to_numpy(zero_copy_only=False)
+    long = lengths > limit
+    num_long = int(long.sum())
+    if not num_long:
+        return sentences, line_of
+    if cfg.on_long_line == "drop":
+        stats.long_lines_dropped += num_long
+        keep = ~long
+        return sentences.filter(pa.array(keep)), line_of[keep]
+    stats.long_lines_split += num_long
+    values, offsets = flat_lists(sentences)
+    pieces = np.maximum(1, -(-lengths // limit))  # ceil, at least one piece per sentence
+    row = np.repeat(np.arange(len(lengths)), pieces)
+    piece = np.arange(len(row)) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+    starts = offsets[:-1][row] + piece * limit
+    new_offsets = np.append(starts, offsets[-1]).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(new_offsets), values), line_of[row]
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64 finaliser: a fast, well-mixed 64-bit hash of each element."""
+    x = x.astype(np.uint64, copy=True)
+    x ^= x >> np.uint64(30)
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(27)
+    x *= np.uint64(0x94D049BB133111EB)
+    x ^= x >> np.uint64(31)
+    return x
+
+
+def sentence_hash(seed: int, salt: int, file_index: int, index: np.ndarray) -> np.ndarray:
+    """A seeded 64-bit hash of (file, sentence index): decisions independent of workers/blocks."""
+    base = (seed * 0x9E3779B97F4A7C15 + salt * 0xD1B54A32D192ED03 + (file_index << 40)) & _MASK64
+    return _mix64(index.astype(np.uint64) + np.uint64(base))
+
+
+def heldout_mask(seed: int, file_index: int, index: np.ndarray, fraction: float) -> np.ndarray:
+    """Which sentences a seeded ``fraction`` sends to heldout (text without heldout files)."""
+    uniform = (sentence_hash(seed, 1, file_index, index) >> np.uint64(11)) * 2.0**-53
+    return uniform < fraction
+
+
+def train_shard_of(seed: int, file_index: int, index: np.ndarray, num_shards: int) -> np.ndarray:
+    """The output training shard of each sentence: a seeded hash, so the shuffle streams."""
+    return (sentence_hash(seed, 2, file_index, index) % np.uint64(num_shards)).astype(np.int32)
+
+
+def shuffle_key(seed: int, file_index: int, index: np.ndarray) -> np.ndarray:
+    """The order of sentences within a training shard (sorting by it shuffles them)."""
+    return sentence_hash(seed, 3, file_index, index)
+
+
+def encode_tokens(
+    tokens: pa.Array, type_tokens: pa.Array, vocab_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(type ids, target ids) of a flat token array, both ``(n,)`` int32.
+
+    The block's own dictionary is probed against the type table, never the other way round, so
+    the cost is one hash table of the block's distinct tokens, not of all types.
+    """
+    encoded = pc.dictionary_encode(tokens)
+    position = pc.index_in(type_tokens, value_set=encoded.dictionary)
+    position = pc.fill_null(position, -1).to_numpy()
+    found = position >= 0
+    if int(found.sum()) != len(encoded.dictionary):
+        raise DataError("a token is missing from the word-type table: did an input change?")
+    local_to_type = np.empty(len(encoded.dictionary), dtype=np.int32)
+    local_to_type[position[found]] = np.flatnonzero(found)
+    types = local_to_type[encoded.indices.to_numpy(zero_copy_only=False)]
+    targets = np.where(types < vocab_size, types, np.int32(UNK_ID)).astype(np.int32)
+    return types, targets
+
+
+def sentence_table(
+    types: np.ndarray, targets: np.ndarray, offsets: np.ndarray
+) -> pa.Table:  # rows: sentences
+    """A training-schema table from flat ids and sentence offsets."""
+    offsets32 = pa.array(offsets.astype(np.int32))
+    return pa.Table.from_arrays(
+        [
+            pa.ListArray.from_arrays(offsets32, pa.array(types, type=pa.int32())),
+            pa.ListArray.from_arrays(offsets32, pa.array(targets, type=pa.int32())),
+        ],
+        schema=TRAIN_SCHEMA,
+    )
+
+
+def char_id_rows(tokens: pa.Array) -> np.ndarray:
+    """``(N, 50)`` int16 char ids of each token, vectorised over the UTF-8 bytes.
+
+    Identical to :func:`elmo_core.text.char_ids.token_to_ids` per token (48-byte cut included).
+    """
+    binary = pc.cast(tokens, pa.large_binary())
+    num = len(binary)
+    offsets = np.frombuffer(binary.buffers()[1], dtype=np.int64)[
+        binary.offset : binary.offset + num + 1
+    ]
+    data = np.frombuffer(binary.buffers()[2], dtype=np.uint8) if num else np.zeros(0, np.uint8)
+    lengths = np.minimum(np.diff(offsets), MAX_TOKEN_BYTES)
+    out = np.full((num, MAX_CHARS_PER_TOKEN), PAD_CHAR + ID_OFFSET, dtype=np.int16)
+    out[:, 0] = BOW_CHAR + ID_OFFSET
+    out[np.arange(num), lengths + 1] = EOW_CHAR + ID_OFFSET
+    rows = np.repeat(np.arange(num), lengths)
+    position = np.arange(len(rows)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    out[rows, position + 1] = data[offsets[:-1][rows] + position].astype(np.int16) + ID_OFFSET
+    token_list = tokens
+    for marker, ids in ((BOS_TOKEN, BOS_IDS), (EOS_TOKEN, EOS_IDS)):
+        out[pc.equal(token_list, marker).to_numpy(zero_copy_only=False)] = ids
+    return out
+
+
+def fixed_size_char_ids(rows: np.ndarray) -> pa.FixedSizeListArray:
+    """``(N, 50)`` ids as ``fixed_size_list<int16>[50]`` without a copy per row."""
+    return pa.FixedSizeListArray.from_arrays(pa.array(rows.reshape(-1)), MAX_CHARS_PER_TOKEN)
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 22):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_parquet(table: pa.Table, path: Path, rows_per_group: int) -> str:
+    """Write ``table`` to ``path`` atomically (temporary name, then rename); its sha256."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        pq.write_table(
+            table,
+            temporary,
+            row_group_size=rows_per_group,
+            compression="zstd",
+            compression_level=1,
+            use_dictionary=["source_file"] if "source_file" in table.column_names else False,
+        )
+        digest = sha256_file(temporary)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+    return digest

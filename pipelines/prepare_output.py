@@ -1,0 +1,148 @@
+"""Where prepare writes: a local directory or any fsspec URL, and the state record that resumes it.
+
+Every file is first written under ``local_root`` with a temporary name and renamed (atomic on one
+filesystem); for a remote output ``local_root`` is a staging directory under ``ELMO_HOME`` and each
+finished file is then uploaded whole (an object store never shows a partial object). The state
+record ``prepare_state.json`` lists the finished shards with their sha256; a re-run verifies each
+one and redoes what is missing or no longer matches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+from pydantic import BaseModel, ValidationError
+
+from elmo_core.data.manifest import ShardInfo
+from elmo_core.data.shards import sha256_file
+
+STATE_NAME = "prepare_state.json"
+WORK_NAME = ".prepare-work"
+
+
+class PrepareState(BaseModel):
+    """The resumption record: which run (fingerprint), its counting result, finished shards."""
+
+    fingerprint: str
+    count: dict[str, Any] | None = None  # pipelines.prepare.CountSummary as JSON
+    shards: dict[str, ShardInfo] = {}
+
+    def restart_with(self, count: BaseModel) -> None:
+        """A new counting result: shards built from another word-type table are void."""
+        previous = (self.count or {}).get("checksums", {}).get("word_types.parquet")
+        dumped = count.model_dump(mode="json")
+        if previous != dumped["checksums"]["word_types.parquet"]:
+            self.shards = {}
+        self.count = dumped
+
+
+class DatasetOutput:
+    """A dataset directory being written: local staging, publishing, verification, state."""
+
+    def __init__(self, url: str, fingerprint: str) -> None:
+        self.url = url
+        self.fingerprint = fingerprint
+        self.fs, self.root = fsspec.core.url_to_fs(url)
+        self.remote = not isinstance(self.fs, LocalFileSystem)
+        if self.remote:
+            from pipelines.settings import elmo_home
+
+            key = hashlib.sha256(url.encode()).hexdigest()[:16]
+            self.local_root = elmo_home() / "cache" / "prepare" / key
+        else:
+            self.local_root = Path(self.root)
+        self.work = self.local_root / WORK_NAME / fingerprint[:16]
+
+    def load_state(self) -> PrepareState:
+        """The previous run's record if it is the same run, with unverifiable shards dropped."""
+        fresh = PrepareState(fingerprint=self.fingerprint)
+        for stale in (self.local_root / WORK_NAME).glob("*"):
+            if stale != self.work:
+                shutil.rmtree(stale, ignore_errors=True)
+        self.work.mkdir(parents=True, exist_ok=True)
+        try:
+            text = self.fs.cat_file(self._remote_path(STATE_NAME)).decode("utf-8")
+            state = PrepareState.model_validate_json(text)
+        except (FileNotFoundError, ValidationError, UnicodeDecodeError):
+            return fresh
+        if state.fingerprint != self.fingerprint:
+            return fresh
+        state.shards = {
+            name: info for name, info in state.shards.items() if self.verify(name, info.sha256)
+        }
+        return state
+
+    def save_state(self, state: PrepareState) -> None:
+        self.write_text(STATE_NAME, state.model_dump_json(indent=1))
+
+    def record_shard(self, state: PrepareState, info: ShardInfo) -> None:
+        """Publish a shard written under ``local_root`` and record it as finished."""
+        self.publish(info.path)
+        if self.remote:
+            (self.local_root / info.path).unlink(missing_ok=True)
+        state.shards[info.path] = info
+        self.save_state(state)
+
+    def write_text(self, relative: str, text: str) -> str:
+        """Write a text file atomically and publish it; its sha256."""
+
+        def write(path: Path) -> str:
+            temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+            temporary.write_text(text, encoding="utf-8")
+            os.replace(temporary, path)
+            return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+        return self.write_local(relative, write)
+
+    def write_local(self, relative: str, write: Callable[[Path], str]) -> str:
+        """Run ``write(local_path) -> sha256`` (which must be atomic), then publish."""
+        path = self.local_root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        digest = write(path)
+        self.publish(relative)
+        return digest
+
+    def publish(self, relative: str) -> None:
+        if self.remote:
+            self.fs.put_file(str(self.local_root / relative), self._remote_path(relative))
+
+    def has_all(self, checksums: dict[str, str]) -> bool:
+        """True when each file is under ``local_root`` (fetched if remote) with its checksum."""
+        for relative, digest in checksums.items():
+            local = self.local_root / relative
+            if self.remote and not local.exists() and self.verify(relative, digest):
+                local.parent.mkdir(parents=True, exist_ok=True)
+                self.fs.get_file(self._remote_path(relative), str(local))
+            if not local.exists() or sha256_file(local) != digest:
+                return False
+        return True
+
+    def verify(self, relative: str, digest: str) -> bool:
+        """Does the published file exist with this sha256?"""
+        if not self.remote:
+            path = self.local_root / relative
+            return path.is_file() and sha256_file(path) == digest
+        try:
+            hasher = hashlib.sha256()
+            with self.fs.open(self._remote_path(relative), "rb") as handle:
+                while block := handle.read(1 << 22):
+                    hasher.update(block)
+        except FileNotFoundError:
+            return False
+        return hasher.hexdigest() == digest
+
+    def finish(self) -> None:
+        """Remove the work directory (and the staging copy of a remote output)."""
+        shutil.rmtree(self.local_root / WORK_NAME, ignore_errors=True)
+        if self.remote:
+            shutil.rmtree(self.local_root, ignore_errors=True)
+
+    def _remote_path(self, relative: str) -> str:
+        return f"{self.root.rstrip('/')}/{relative}"
