@@ -160,7 +160,9 @@ def read_options(options_file: str | Path) -> tuple[ModelConfig, int | None]:
         raise ConfigError("the options must be a JSON object", source=source)
     vocab_size = options.get("n_tokens_vocab")
     if vocab_size is not None and (not isinstance(vocab_size, int) or vocab_size < 2):
-        raise ConfigError(f"must be an integer ≥ 2, got {vocab_size!r}", key="n_tokens_vocab")
+        raise ConfigError(
+            f"must be an integer ≥ 2, got {vocab_size!r}", key="n_tokens_vocab", source=source
+        )
     return options_to_config(options, source), vocab_size
 
 
