@@ -1,0 +1,119 @@
+"""Fixtures of the adaptation tests: a tiny biLM and tiny synthetic tasks where context matters.
+
+* tagging: ``jordan`` is ``B-PER`` after ``mr`` and ``B-LOC`` after ``in`` (the word alone is
+  ambiguous);
+* classification: ``pos`` when ``good`` is not preceded by ``not``;
+* pair: ``same`` when premise and hypothesis start with the same word.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from elmo_core.model.bilm import BiLM
+from elmo_core.presets import tiny
+from elmo_core.tasks.activation_cache import ActivationCache
+from elmo_core.tasks.config import TaskConfig
+from elmo_core.tasks.dataset import (
+    ClassificationExample,
+    PairExample,
+    TaggingExample,
+    TaskDataset,
+)
+from elmo_core.tasks.task_model import example_sentences
+from elmo_core.tasks.trainer import TaskSplit
+
+FILLER = ["the", "a", "saw", "met", "with", "and", "today", "we"]
+SPLIT_SIZES = {"train": 64, "dev": 24, "test": 24}
+
+
+def _tagging(rng: random.Random) -> TaggingExample:
+    tokens: list[str] = []
+    tags: list[str] = []
+    for _ in range(rng.randint(2, 6)):
+        draw = rng.random()
+        if draw < 0.25:
+            tokens += ["mr", "jordan"]
+            tags += ["O", "B-PER"]
+        elif draw < 0.5:
+            tokens += ["in", "jordan"]
+            tags += ["O", "B-LOC"]
+        else:
+            tokens.append(rng.choice(FILLER))
+            tags.append("O")
+    return TaggingExample(tokens, tags)
+
+
+def _classification(rng: random.Random) -> ClassificationExample:
+    negated = rng.random() < 0.5
+    tokens = [rng.choice(FILLER) for _ in range(rng.randint(0, 3))]
+    tokens += ["not", "good"] if negated else ["good"]
+    tokens += [rng.choice(FILLER) for _ in range(rng.randint(0, 3))]
+    return ClassificationExample(tokens, "neg" if negated else "pos")
+
+
+def _pair(rng: random.Random) -> PairExample:
+    premise = [rng.choice(FILLER) for _ in range(rng.randint(1, 5))]
+    same = rng.random() < 0.5
+    first = premise[0] if same else rng.choice([w for w in FILLER if w != premise[0]])
+    hypothesis = [first] + [rng.choice(FILLER) for _ in range(rng.randint(0, 4))]
+    return PairExample(premise, hypothesis, "same" if same else "diff")
+
+
+MAKERS: dict[str, Callable[[random.Random], Any]] = {
+    "tagging": _tagging,
+    "classification": _classification,
+    "pair": _pair,
+}
+FORMATS = {"tagging": "conll2003", "classification": "label_text", "pair": "snli"}
+
+
+@pytest.fixture(scope="session")
+def tiny_bilm() -> BiLM:
+    torch.manual_seed(0)
+    return BiLM(tiny()).eval()
+
+
+def make_task(task_type: str, **head: Any) -> TaskConfig:
+    """A task config for the synthetic data (the paths are never read)."""
+    training = {"epochs": 3, "batch_size": 16, "lr": 0.02, "patience": 3}
+    training |= head.pop("training", {})
+    return TaskConfig(
+        name=f"toy-{task_type}",
+        type=task_type,  # type: ignore[arg-type]
+        format=FORMATS[task_type],  # type: ignore[arg-type]
+        train=Path("unused"),
+        reader={"tag_scheme": "iob2"},  # type: ignore[arg-type]
+        head={"hidden_dim": 8, "dropout": 0.1, **head},  # type: ignore[arg-type]
+        training=training,  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture(scope="session")
+def task_splits(
+    tiny_bilm: BiLM, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, dict[str, TaskSplit]]:
+    """``{task type: {split: TaskSplit}}`` with float32 caches of the tiny biLM."""
+    cache = ActivationCache(tmp_path_factory.mktemp("activations"), dtype="float32")
+    rng = random.Random(0)
+    splits: dict[str, dict[str, TaskSplit]] = {}
+    for task_type, maker in MAKERS.items():
+        splits[task_type] = {}
+        for name, size in SPLIT_SIZES.items():
+            dataset = TaskDataset(Path(name), [maker(rng) for _ in range(size)])
+            activations = cache.get_or_build(
+                tiny_bilm, example_sentences(dataset.examples), 32, False
+            )
+            splits[task_type][name] = TaskSplit(dataset, activations)
+    return splits
+
+
+@pytest.fixture(scope="session")
+def task_factory() -> Callable[..., TaskConfig]:
+    return make_task
