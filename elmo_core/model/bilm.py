@@ -103,7 +103,7 @@ class BiLM(nn.Module):
             state = self._carried_rows(batch_size, ids.device)
         forward_state, backward_state = state if state is not None else (None, None)
 
-        embedded = self.token_encoder(ids) * mask.unsqueeze(-1)  # (B, T+2, P)
+        embedded = self.token_encoder.encode_types(ids) * mask.unsqueeze(-1)  # (B, T+2, P)
         forward_outputs, forward_state = self.forward_lstm(embedded, mask, forward_state)
         reverse = _reversal_index(lengths, ids.shape[1])  # (B, T+2)
         backward_outputs, backward_state = self.backward_lstm(
@@ -138,11 +138,13 @@ class BiLM(nn.Module):
         if self.softmax is None:
             raise ConfigError("a BiLM built without vocab_size has no softmax", key="vocab_size")
         forward_state, backward_state = state if state is not None else (None, None)
+        char_ids = torch.stack([forward_inputs, backward_inputs]).long()  # (2, B, T, W)
+        embedded = self.token_encoder.encode_types(char_ids)  # (2, B, T, P): types of both, once
         forward_loss, num_tokens, forward_state = self._direction_loss(
-            self.forward_lstm, forward_inputs, forward_targets, forward_state
+            self.forward_lstm, char_ids[0], embedded[0], forward_targets, forward_state
         )
         backward_loss, _, backward_state = self._direction_loss(
-            self.backward_lstm, backward_inputs, backward_targets, backward_state
+            self.backward_lstm, char_ids[1], embedded[1], backward_targets, backward_state
         )
         return LossOutput(forward_loss, backward_loss, num_tokens), (forward_state, backward_state)
 
@@ -150,13 +152,12 @@ class BiLM(nn.Module):
         self,
         lstm: ProjectedLSTM,
         char_ids: torch.Tensor,
+        embedded: torch.Tensor,
         targets: torch.Tensor,
         state: LSTMState | None,
     ) -> tuple[torch.Tensor, torch.Tensor, LSTMState]:
         assert self.softmax is not None
-        char_ids = char_ids.long()
         mask = (char_ids != 0).any(dim=-1)  # (B, T)
-        embedded = self.token_encoder(char_ids)  # (B, T, P)
         outputs, state = lstm(embedded, mask, state)
         top = self.dropout(outputs[-1])  # (B, T, P)
         scored = (targets >= 0) & mask  # (B, T)

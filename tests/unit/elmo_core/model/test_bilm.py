@@ -42,7 +42,8 @@ def test_activations_have_one_layer_per_lstm_layer_plus_the_tokens():
 def test_sentence_markers_are_added_around_each_rows_real_tokens():
     model = _model()
     seen = []
-    model.token_encoder.register_forward_hook(lambda _m, args, _out: seen.append(args[0]))
+    encode_types = model.token_encoder.encode_types
+    model.token_encoder.encode_types = lambda ids: seen.append(ids) or encode_types(ids)
     ids = batch_to_ids([SENTENCE, SHORTER, []])
     out = model(ids)
     encoded = seen[0]  # (B, T + 2, W) what the token encoder was given
