@@ -11,6 +11,7 @@ import sys
 import typer
 
 from elmo_core.errors import ElmoError
+from pipelines.evaluate import evaluate_command
 from pipelines.prepare import prepare_command
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -22,6 +23,7 @@ def _root() -> None:
 
 
 app.command("prepare")(prepare_command)
+app.command("evaluate")(evaluate_command)
 
 
 def run_app(typer_app: typer.Typer, argv: list[str] | None = None) -> int:

@@ -1,0 +1,146 @@
+"""The evaluate stage end to end: checkpoint resolution, MLflow records, CLI, Ray tasks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlflow
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from elmo_core.config import PrepareConfig
+from elmo_core.data.reader import load_manifest
+from elmo_core.model.bilm import BiLM
+from elmo_core.model.serialization import load_bilm, save_bilm
+from elmo_core.perplexity import evaluate_perplexity
+from elmo_core.presets import tiny
+from pipelines import tracking
+from pipelines.corpus_sources import CorpusFiles
+from pipelines.evaluate import evaluate, find_model_dir, heldout_hash, main
+from pipelines.prepare import prepare_files
+
+pytestmark = pytest.mark.integration
+
+TRAIN = [f"w{i % 7} w{i % 5} the " + " ".join(["x"] * (i % 4)) for i in range(30)]
+HELDOUT = [f"w{i % 6} the zzz " + " ".join(["x"] * (i % 3)) for i in range(13)]
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> str:
+    """Heldout in row groups of 3 sentences, so two ranks both get data."""
+    root = tmp_path_factory.mktemp("evaluate")
+    (root / "train.txt").write_text("\n".join(TRAIN) + "\n")
+    (root / "held-a.txt").write_text("\n".join(HELDOUT[:7]) + "\n")
+    (root / "held-b.txt").write_text("\n".join(HELDOUT[7:]) + "\n")
+    corpus = CorpusFiles(
+        str(root), "text", [root / "train.txt"], [root / "held-a.txt", root / "held-b.txt"]
+    )
+    cfg = PrepareConfig(format="text", sentences_per_row_group=3)
+    prepare_files(cfg, corpus, str(root / "dataset"))
+    return str(root / "dataset")
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """A real SQLite tracking store under a fresh ELMO_HOME, shared by this module's tests."""
+    home = tmp_path_factory.mktemp("home")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ELMO_HOME", str(home))
+        patch.delenv("MLFLOW_TRACKING_URI", raising=False)
+        patch.delenv("RAY_ADDRESS", raising=False)
+        patch.delenv(tracking.PARENT_RUN_ENV, raising=False)
+        yield MlflowClient(tracking.use_tracking())
+
+
+def _model(dataset: str, seed: int) -> BiLM:
+    torch.manual_seed(seed)
+    config = tiny().model_copy(update={"num_samples": 4})
+    return BiLM(config, load_manifest(dataset).vocab.size)
+
+
+@pytest.fixture(scope="module")
+def model_dir(dataset, tmp_path_factory) -> Path:
+    return save_bilm(_model(dataset, 0), tmp_path_factory.mktemp("model") / "bilm")
+
+
+def _direct(model: Path, dataset: str, **kwargs):
+    return evaluate_perplexity(load_bilm(model), dataset, progress=False, **kwargs)
+
+
+def test_evaluate_a_model_directory_logs_metrics_and_params(store, dataset, model_dir):
+    result = evaluate(str(model_dir), dataset)
+    expected = _direct(model_dir, dataset)
+    assert result.perplexity == pytest.approx(expected.perplexity)
+    assert result.forward_perplexity == pytest.approx(expected.forward_perplexity)
+    assert result.num_tokens == expected.num_tokens > 0
+    assert result.heldout_hash == heldout_hash(dataset, "heldout", None)
+    run = store.get_run(result.run_id)
+    assert run.data.metrics["perplexity"] == pytest.approx(result.perplexity)
+    assert {"perplexity_forward", "perplexity_backward", "num_tokens"} <= set(run.data.metrics)
+    assert run.data.params["checkpoint"] == str(model_dir)
+    assert run.data.params["protocol"] == "batched"
+    assert run.data.tags[tracking.STAGE_TAG] == "evaluate"
+
+
+def test_selected_files_change_the_heldout_hash_and_the_count(store, dataset, model_dir):
+    some = evaluate(str(model_dir), dataset, files=["held-b"], protocol="original", batch_size=2)
+    everything = evaluate(str(model_dir), dataset)
+    assert some.heldout_hash != everything.heldout_hash
+    assert 0 < some.num_tokens < everything.num_tokens
+    assert some.files == ["held-b"] and some.protocol == "original"
+
+
+def test_a_run_directory_resolves_to_its_latest_checkpoint(store, dataset, tmp_path):
+    run_dir = tmp_path / "run"
+    early, late = _model(dataset, 1), _model(dataset, 2)
+    save_bilm(early, run_dir / "checkpoint_000002" / "model")
+    save_bilm(late, run_dir / "checkpoint_000010" / "model")
+    assert find_model_dir(run_dir) == run_dir / "checkpoint_000010" / "model"
+    result = evaluate(str(run_dir), dataset)
+    expected = _direct(run_dir / "checkpoint_000010" / "model", dataset)
+    assert result.perplexity == pytest.approx(expected.perplexity)
+    (run_dir / "LATEST").write_text("checkpoint_000002\n")
+    assert find_model_dir(run_dir) == run_dir / "checkpoint_000002" / "model"
+    assert find_model_dir(run_dir / "checkpoint_000010") == run_dir / "checkpoint_000010" / "model"
+
+
+def test_an_mlflow_run_uri_is_downloaded_and_evaluated(store, dataset, model_dir):
+    with tracking.stage_run("train", run_name="fake-train") as run:
+        mlflow.log_artifacts(str(model_dir), artifact_path="bilm")
+    result = evaluate(f"runs:/{run.info.run_id}", dataset)
+    assert result.perplexity == pytest.approx(_direct(model_dir, dataset).perplexity)
+
+
+def test_command_line_prints_the_perplexities(store, dataset, model_dir, capsys):
+    status = main(
+        [
+            "--checkpoint",
+            str(model_dir),
+            "--data",
+            dataset,
+            "--protocol",
+            "original",
+            "--batch-size",
+            "2",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert status == 0
+    assert "forward perplexity" in out and "backward" in out and "geometric mean" in out
+
+
+def test_command_line_reports_a_missing_checkpoint_in_one_line(store, dataset, tmp_path, capsys):
+    status = main(["--checkpoint", str(tmp_path / "nothing"), "--data", dataset])
+    assert status == 2
+    assert "no such checkpoint directory" in capsys.readouterr().err
+
+
+def test_two_ray_tasks_equal_the_in_process_ranks(ray_session, store, dataset, model_dir):
+    result = evaluate(str(model_dir), dataset, workers=2, batch_size=2)
+    parts = [_direct(model_dir, dataset, rank=r, world_size=2, batch_size=2) for r in range(2)]
+    assert parts[0].num_tokens > 0 and parts[1].num_tokens > 0
+    total = parts[0] + parts[1]
+    assert result.num_tokens == total.num_tokens
+    assert result.forward_perplexity == pytest.approx(total.forward_perplexity, rel=1e-6)
+    assert result.backward_perplexity == pytest.approx(total.backward_perplexity, rel=1e-6)
