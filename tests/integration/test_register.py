@@ -1,0 +1,226 @@
+"""register against a real MLflow SQLite store: versions, tags, HDF5 export, loading back."""
+
+import hashlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import mlflow
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from mlflow import MlflowClient
+
+from elmo_core.config import PrepareConfig
+from elmo_core.data.manifest import Manifest, SplitStats, VocabInfo, WordTypesInfo
+from elmo_core.errors import ConfigError, DataError
+from elmo_core.model.bilm import BiLM
+from elmo_core.model.serialization import save_bilm
+from elmo_core.presets import tiny
+from elmo_core.text.char_ids import batch_to_ids
+from elmo_core.text.tokenize import MosesTokenizer
+from pipelines import register as reg
+from pipelines import tracking
+
+pytestmark = pytest.mark.integration
+
+HAS_BILM_TF = importlib.util.find_spec("elmo_core.interop.bilm_tf") is not None
+VOCAB = "<S>\n</S>\n<UNK>\nthe\ncat\n"
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The fields of pipelines.evaluate.EvaluationResult that register reads."""
+
+    forward_perplexity: float
+    backward_perplexity: float
+    perplexity: float
+    num_tokens: int = 1234
+    split: str = "heldout"
+    files: tuple[str, ...] = ("heldout-00000",)
+    protocol: str = "full-softmax"
+    heldout_hash: str = "abc123"
+
+
+def _dataset(root: Path) -> Path:
+    root.mkdir(parents=True)
+    (root / "vocab.txt").write_text(VOCAB)
+    manifest = Manifest(
+        shard_format="parquet",
+        shard_format_version=1,
+        source="test",
+        format="text",
+        tokenizer=MosesTokenizer().describe(),
+        params=PrepareConfig(),
+        vocab=VocabInfo(size=5, sha256=hashlib.sha256(VOCAB.encode()).hexdigest()),
+        word_types=WordTypesInfo(num_types=0, sha256="-"),
+        splits={},
+        stats=SplitStats(),
+    )
+    (root / "manifest.json").write_text(manifest.to_json())
+    return root
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    """A fresh store with ``elmo-bilm`` registered twice (two evaluations of one tiny biLM)."""
+    root = tmp_path_factory.mktemp("register")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ELMO_HOME", str(root / "home"))
+        patch.delenv("MLFLOW_TRACKING_URI", raising=False)
+        patch.delenv(tracking.PARENT_RUN_ENV, raising=False)
+        patch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")  # no network at test time
+        patch.chdir(root)  # MLflow's default artifact root is ./mlruns
+        torch.manual_seed(0)
+        model_dir = save_bilm(BiLM(tiny(), 100), root / "bilm")
+        dataset = _dataset(root / "dataset")
+        evaluations = [Evaluation(40.5, 41.5, 41.0), Evaluation(30.25, 31.75, 31.0)]
+        results = [
+            reg.register(model_dir, str(dataset), evaluation=e, hdf5_export=HAS_BILM_TF)
+            for e in evaluations
+        ]
+        uri = tracking.use_tracking()
+        yield SimpleNamespace(
+            root=root,
+            uri=uri,
+            client=MlflowClient(uri),
+            model_dir=model_dir,
+            dataset=dataset,
+            evaluations=evaluations,
+            results=results,
+        )
+
+
+def test_registering_twice_creates_versions_tagged_with_their_evaluation(registry):
+    assert [(r.name, r.version, r.uri) for r in registry.results] == [
+        ("elmo-bilm", 1, "models:/elmo-bilm/1"),
+        ("elmo-bilm", 2, "models:/elmo-bilm/2"),
+    ]
+    assert [r.perplexity for r in registry.results] == [41.0, 31.0]
+    vocab_sha = hashlib.sha256(VOCAB.encode()).hexdigest()
+    manifest_sha = hashlib.sha256((registry.dataset / "manifest.json").read_bytes()).hexdigest()
+    for result, evaluation in zip(registry.results, registry.evaluations, strict=True):
+        version = registry.client.get_model_version("elmo-bilm", str(result.version))
+        assert version.run_id == result.run_id
+        assert version.tags[reg.FORWARD_PERPLEXITY_TAG] == str(evaluation.forward_perplexity)
+        assert version.tags[reg.BACKWARD_PERPLEXITY_TAG] == str(evaluation.backward_perplexity)
+        assert float(version.tags[reg.PERPLEXITY_TAG]) == evaluation.perplexity
+        assert version.tags[reg.HELDOUT_HASH_TAG] == "abc123"
+        assert version.tags[reg.VOCAB_HASH_TAG] == vocab_sha
+        assert version.tags[reg.MANIFEST_HASH_TAG] == manifest_sha
+        run = registry.client.get_run(result.run_id)
+        assert run.data.tags[tracking.STAGE_TAG] == "register"
+    assert registry.results[0].run_id != registry.results[1].run_id
+
+
+def test_registered_model_embeds_text_in_a_fresh_process(registry):
+    script = (
+        "import json, mlflow, pandas as pd\n"
+        "model = mlflow.pyfunc.load_model('models:/elmo-bilm/1')\n"
+        "out = model.predict(pd.DataFrame({'sentence': ['The cat sat on the mat.']}))\n"
+        "import numpy as np\n"
+        "print(json.dumps({'tokens': out['tokens'][0],\n"
+        "                  'shape': list(np.asarray(out['embeddings'][0]).shape)}))\n"
+    )
+    env = {**os.environ, "MLFLOW_TRACKING_URI": registry.uri, "MLFLOW_DISABLE_TELEMETRY": "true"}
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=env,
+        cwd=registry.root.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    printed = json.loads(done.stdout.strip().splitlines()[-1])
+    assert printed == {
+        "tokens": ["The", "cat", "sat", "on", "the", "mat", "."],
+        "shape": [3, 7, 32],
+    }
+
+
+def test_predict_through_mlflow_validates_params_and_reads_both_columns(registry):
+    model = mlflow.pyfunc.load_model("models:/elmo-bilm/2")
+    by_text = model.predict(pd.DataFrame({"sentence": ["The cat, again."]}))
+    tokens = by_text["tokens"][0]
+    by_tokens = model.predict(pd.DataFrame({"tokens": [tokens]}))
+    layers = np.asarray(by_text["embeddings"][0])
+    np.testing.assert_array_equal(layers, np.asarray(by_tokens["embeddings"][0]))
+    top = model.predict(pd.DataFrame({"tokens": [tokens]}), params={"output": "layer", "layer": 2})
+    np.testing.assert_array_equal(np.asarray(top["embeddings"][0]), layers[2])
+    mixed = model.predict(
+        pd.DataFrame({"tokens": [tokens]}),
+        params={"output": "mix", "weights": [0.5, 0.5, 0.0], "mean_pool": True},
+    )
+    expected = (0.5 * layers[0] + 0.5 * layers[1]).mean(axis=0)
+    np.testing.assert_allclose(np.asarray(mixed["embeddings"][0]), expected, atol=1e-6)
+    assert isinstance(model.unwrap_python_model().bilm, BiLM)
+
+
+def test_load_registered_bilm_returns_the_saved_weights(registry, tmp_path):
+    bilm, bilm_dir = reg.load_registered_bilm("models:/elmo-bilm/1", dst_path=tmp_path)
+    assert (bilm_dir / "model.pt").is_file() and bilm_dir.is_relative_to(tmp_path)
+    saved = torch.load(registry.model_dir / "model.pt", weights_only=True)
+    loaded = bilm.state_dict()
+    assert saved.keys() == loaded.keys()
+    assert all(torch.equal(saved[key], loaded[key]) for key in saved)
+
+
+@pytest.mark.skipif(not HAS_BILM_TF, reason="elmo_core.interop.bilm_tf not available")
+def test_hdf5_export_is_logged_in_the_run_and_named_by_a_tag(registry, tmp_path):
+    from elmo_core.interop.bilm_tf import load_bilm as load_bilm_tf
+
+    result = registry.results[0]
+    version = registry.client.get_model_version("elmo-bilm", "1")
+    assert version.tags[reg.BILM_TF_TAG] == f"runs:/{result.run_id}/bilm_tf"
+    local = Path(
+        mlflow.artifacts.download_artifacts(version.tags[reg.BILM_TF_TAG], dst_path=str(tmp_path))
+    )
+    assert sorted(path.name for path in local.iterdir()) == ["options.json", "weights.hdf5"]
+    exported = load_bilm_tf(local / "options.json", local / "weights.hdf5")
+    original, _ = reg.load_registered_bilm("models:/elmo-bilm/1")
+    char_ids = batch_to_ids([["The", "cat", "sat"]])
+    with torch.no_grad():
+        ours = original.eval()(char_ids)["activations"]
+        theirs = exported(char_ids)["activations"]
+    for layer, exported_layer in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(exported_layer, layer)
+
+
+def test_register_into_a_training_run_without_evaluation(registry):
+    with tracking.stage_run("train", run_name="train-for-register") as run:
+        train_run_id = run.info.run_id
+    result = reg.register(
+        registry.model_dir,
+        str(registry.dataset),
+        evaluation=None,
+        run_id=train_run_id,
+        name="elmo-bilm-imported",
+        hdf5_export=False,
+    )
+    assert (result.version, result.run_id, result.perplexity) == (1, train_run_id, None)
+    tags = registry.client.get_model_version("elmo-bilm-imported", "1").tags
+    assert reg.PERPLEXITY_TAG not in tags and reg.HELDOUT_HASH_TAG not in tags
+    assert tags[reg.VOCAB_HASH_TAG] == hashlib.sha256(VOCAB.encode()).hexdigest()
+    assert reg.BILM_TF_TAG not in tags
+
+
+def test_missing_hdf5_exporter_fails_before_anything_is_registered(registry, monkeypatch):
+    monkeypatch.setitem(sys.modules, "elmo_core.interop.bilm_tf", None)  # import now fails
+    with pytest.raises(ConfigError) as caught:
+        reg.register(registry.model_dir, str(registry.dataset), evaluation=None, name="no-hdf5")
+    assert caught.value.key == "hdf5_export"
+    assert registry.client.search_model_versions("name = 'no-hdf5'") == []
+
+
+def test_vocabulary_differing_from_the_manifest_is_a_data_error(registry, tmp_path):
+    dataset = _dataset(tmp_path / "dataset")
+    (dataset / "vocab.txt").write_text(VOCAB + "extra\n")
+    with pytest.raises(DataError, match="sha256"):
+        reg.register(registry.model_dir, str(dataset), evaluation=None, hdf5_export=False)
