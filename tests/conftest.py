@@ -7,12 +7,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from elmo_core.config import PrepareConfig
 from pipelines.corpus_sources import CorpusFiles
 from pipelines.prepare import prepare_files
 
 MakeDataset = Callable[..., str]
+
+# Tests use tiny tensors: one intra-op thread avoids oversubscribing CI's two cores (the Ray
+# workers and servers some tests start run beside the test process).
+torch.set_num_threads(1)
 
 
 @pytest.fixture
