@@ -252,7 +252,7 @@ def load_registered_bilm(uri: str, *, dst_path: str | Path | None = None) -> tup
 
 
 class EvaluationFile(BaseModel):
-    """An evaluation result saved as JSON (the fields of ``EvaluationResult`` register reads)."""
+    """``dataclasses.asdict(EvaluationResult)`` saved as JSON: the fields register reads."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
@@ -261,7 +261,7 @@ class EvaluationFile(BaseModel):
     perplexity: float
     num_tokens: int
     split: str
-    protocol: str | dict[str, object]
+    protocol: str
     heldout_hash: str
 
     @classmethod

@@ -6,7 +6,7 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -224,3 +224,16 @@ def test_vocabulary_differing_from_the_manifest_is_a_data_error(registry, tmp_pa
     (dataset / "vocab.txt").write_text(VOCAB + "extra\n")
     with pytest.raises(DataError, match="sha256"):
         reg.register(registry.model_dir, str(dataset), evaluation=None, hdf5_export=False)
+
+
+def test_command_line_registers_with_an_evaluation_file(registry, tmp_path, capsys):
+    evaluation = tmp_path / "evaluation.json"
+    evaluation.write_text(json.dumps({**asdict(Evaluation(12.5, 13.5, 13.0)), "run_id": None}))
+    args = [str(registry.model_dir), str(registry.dataset), "--no-hdf5", "--name", "elmo-cli"]
+    assert reg.main([*args, "--evaluation", str(evaluation)]) == 0
+    assert "models:/elmo-cli/1" in capsys.readouterr().out
+    tags = registry.client.get_model_version("elmo-cli", "1").tags
+    assert tags[reg.PERPLEXITY_TAG] == "13.0"
+    evaluation.write_text("{}")
+    assert reg.main([*args, "--evaluation", str(evaluation)]) == 2
+    assert "not an evaluation result" in capsys.readouterr().err
