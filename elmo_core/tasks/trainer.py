@@ -1,0 +1,304 @@
+"""Train a task model on cached biLM activations; evaluate it; predict on new sentences.
+
+The recipe of the paper's task experiments (Peters et al. 2018, §5 and supplement): Adam, dropout
+in the head and after the mix, ``λ = 0.001`` on the mix weights, the epoch with the best
+development score kept (early stopping after ``patience`` epochs without improvement). The score
+is CoNLL span F1 for tagging tasks with IOB tags (conlleval's counting, as the paper reports NER)
+and accuracy otherwise. ``use_elmo=False`` trains the same model without ELMo: the baseline every
+job reports the ELMo gain against.
+
+Seeded runs are reproducible: model initialisation, shuffling and dropout draw from generators
+seeded by ``seed`` inside a forked RNG, so training leaves the caller's global RNG untouched.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import cast
+
+import numpy as np
+import torch
+from torch import nn
+
+from elmo_core.tasks.activation_cache import CachedActivations
+from elmo_core.tasks.config import TaskConfig
+from elmo_core.tasks.metrics import accuracy, span_f1
+from elmo_core.tasks.readers import AnyDataset, task_labels
+from elmo_core.tasks.task_model import (
+    EncodedSplit,
+    Example,
+    MixPosition,
+    TaskInputs,
+    TaskModel,
+    build_word_vocab,
+    encode_split,
+    example_sentences,
+    live_inputs,
+)
+
+BASELINE = (
+    "same head over task-trained word embeddings (training vocabulary, words seen once → OOV), "
+    "no ELMo; the paper's baselines used pretrained GloVe vectors, unavailable offline"
+)
+ELMO = "task-trained word embeddings concatenated with a scalar mix of the frozen biLM's layers"
+EpochCallback = Callable[[int, dict[str, float]], None]
+Prediction = list[str] | str
+
+
+@dataclass(frozen=True)
+class TaskSplit:
+    """A split's examples and, for the ELMo model, the cached activations of their sentences.
+
+    The cache must have been built over :func:`~elmo_core.tasks.task_model.example_sentences`
+    of the same examples (pairs: all premises, then all hypotheses).
+    """
+
+    dataset: AnyDataset
+    activations: CachedActivations | None = None
+
+
+@dataclass
+class TaskResult:
+    """What one training run reports; ``model`` holds the best epoch's weights."""
+
+    task: str
+    use_elmo: bool
+    representation: str  # BASELINE or ELMO: which input the run used
+    metric: str  # "f1" or "accuracy": the dev score early stopping followed
+    best_epoch: int
+    dev_metrics: dict[str, float]
+    test_metrics: dict[str, float]
+    history: list[dict[str, float]]
+    model: TaskModel
+    mix_weights: list[float] | None = None
+    gamma: float | None = None
+    output_mix_weights: list[float] | None = None
+    output_gamma: float | None = None
+
+
+def main_metric(task: TaskConfig) -> str:
+    """``f1`` for tagging with IOB tags (CoNLL-2003 read as iob1/iob2), else ``accuracy``."""
+    if task.type == "tagging" and task.format == "conll2003" and task.reader.tag_scheme != "none":
+        return "f1"
+    return "accuracy"
+
+
+def train_task(
+    task: TaskConfig,
+    train: TaskSplit,
+    dev: TaskSplit | None,
+    test: TaskSplit | None,
+    use_elmo: bool,
+    seed: int | None = None,
+    epoch_callback: EpochCallback | None = None,
+    device: str | torch.device = "cpu",
+) -> TaskResult:
+    """Train ``task``'s model (``use_elmo`` or the baseline) and evaluate its best epoch.
+
+    Without ``dev`` every epoch runs and the last is kept. ``epoch_callback(epoch, metrics)``
+    gets ``train_loss``, ``dev_*`` scores and the mix weights after each epoch (from 1).
+    """
+    seed = task.training.seed if seed is None else seed
+    device = torch.device(device)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        model, splits = _build(task, train, dev, test, use_elmo)
+        model.to(device)
+        history, best_epoch = _fit(task, model, splits, seed, epoch_callback, device)
+    dev_metrics = evaluate(model, splits["dev"], task, device) if dev is not None else {}
+    test_metrics = evaluate(model, splits["test"], task, device) if test is not None else {}
+    result = TaskResult(
+        task.name,
+        use_elmo,
+        ELMO if use_elmo else BASELINE,
+        main_metric(task),
+        best_epoch,
+        dev_metrics,
+        test_metrics,
+        history,
+        model,
+    )
+    if model.has_mix("input"):
+        result.mix_weights, result.gamma = model.mix_weights(), model.gamma()
+    if model.has_mix("output"):
+        result.output_mix_weights = model.mix_weights("output")
+        result.output_gamma = model.gamma("output")
+    return result
+
+
+def _build(
+    task: TaskConfig,
+    train: TaskSplit,
+    dev: TaskSplit | None,
+    test: TaskSplit | None,
+    use_elmo: bool,
+) -> tuple[TaskModel, dict[str, EncodedSplit]]:
+    """The model over train's vocabulary and labels, and every split encoded for batching."""
+    labels = task_labels(task, train.dataset)
+    label_ids = {label: i for i, label in enumerate(labels)}
+    examples: list[Example] = list(train.dataset.examples)
+    vocab = build_word_vocab(example_sentences(examples))
+    if use_elmo and train.activations is None:
+        raise ValueError("the ELMo model needs the cached activations of the training split")
+    cache = train.activations
+    num_layers, layer_dim = (cache.num_layers, cache.layer_dim) if cache is not None else (0, 0)
+    model = TaskModel(task, num_layers, layer_dim, vocab, labels, use_elmo)
+    splits = {}
+    for name, split in (("train", train), ("dev", dev), ("test", test)):
+        if split is not None:
+            activations = split.activations if use_elmo else None
+            if use_elmo and activations is None:
+                raise ValueError(f"the ELMo model needs the cached activations of {name}")
+            splits[name] = encode_split(list(split.dataset.examples), vocab, label_ids, activations)
+    return model, splits
+
+
+def _fit(
+    task: TaskConfig,
+    model: TaskModel,
+    splits: dict[str, EncodedSplit],
+    seed: int,
+    epoch_callback: EpochCallback | None,
+    device: torch.device,
+) -> tuple[list[dict[str, float]], int]:
+    """Epochs of Adam with early stopping on the dev score; leaves the best weights in ``model``."""
+    settings = task.training
+    optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr)
+    shuffler = np.random.default_rng(seed)
+    metric = main_metric(task)
+    history: list[dict[str, float]] = []
+    best_score, best_epoch, best_state = -math.inf, 0, copy.deepcopy(model.state_dict())
+    for epoch in range(1, settings.epochs + 1):
+        order = shuffler.permutation(splits["train"].num_examples)
+        metrics = {
+            "train_loss": _train_epoch(
+                model, optimizer, splits["train"], order, settings.batch_size
+            )
+        }
+        if "dev" in splits:
+            dev_scores = evaluate(model, splits["dev"], task, device)
+            metrics |= {f"dev_{name}": value for name, value in dev_scores.items()}
+        metrics |= _mix_metrics(model)
+        history.append({"epoch": float(epoch), **metrics})
+        if epoch_callback is not None:
+            epoch_callback(epoch, metrics)
+        score = metrics.get(f"dev_{metric}", float(epoch))  # no dev: the last epoch is best
+        if score > best_score:
+            best_score, best_epoch, best_state = score, epoch, copy.deepcopy(model.state_dict())
+        elif settings.patience is not None and epoch - best_epoch >= settings.patience:
+            break
+    model.load_state_dict(best_state)
+    return history, best_epoch
+
+
+def _train_epoch(
+    model: TaskModel,
+    optimizer: torch.optim.Optimizer,
+    split: EncodedSplit,
+    order: np.ndarray,
+    batch_size: int,
+) -> float:
+    """One pass over ``split`` in ``order``; returns the mean batch loss."""
+    device = next(model.parameters()).device
+    model.train()
+    losses = []
+    for start in range(0, len(order), batch_size):
+        sides, targets = split.batch(order[start : start + batch_size])
+        sides = [_to(side, device) for side in sides]
+        loss = model.loss(model(sides), targets.to(device), sides)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    return float(np.mean(losses))
+
+
+def evaluate(
+    model: TaskModel, split: EncodedSplit, task: TaskConfig, device: torch.device
+) -> dict[str, float]:
+    """Scores of ``model`` on an encoded split: span P/R/F1 (per type too) and/or accuracy."""
+    gold: list[Prediction] = []
+    predicted: list[Prediction] = []
+    indices = np.arange(split.num_examples)
+    batch_size = task.training.batch_size
+    for start in range(0, split.num_examples, batch_size):
+        rows = indices[start : start + batch_size]
+        sides, targets = split.batch(rows)
+        predicted += _predict_batch(model, [_to(side, device) for side in sides])
+        gold += _label_strings(model, targets, sides[0].mask if split.tagging else None)
+    scheme = task.reader.tag_scheme
+    if main_metric(task) == "f1" and scheme != "none":
+        tagged = [list(tags) for tags in gold]
+        scores = span_f1(tagged, [list(tags) for tags in predicted], scheme)
+        return scores.to_metrics() | {"accuracy": accuracy(tagged, predicted)}
+    return {"accuracy": accuracy(gold, predicted)}
+
+
+def predict(
+    model: TaskModel,
+    sentences: Sequence[list[str]] | Sequence[tuple[list[str], list[str]]],
+    bilm: nn.Module | None = None,
+    batch_size: int = 64,
+) -> list[Prediction]:
+    """Labels (tag lists for tagging) of raw token lists, or of (premise, hypothesis) pairs.
+
+    The ELMo model takes its layers from a live pass of ``bilm`` (the one its cache came from);
+    :func:`~elmo_core.tasks.activation_cache.live_activations` also built that cache, so the
+    inputs are those training saw (up to the cache's float16 rounding).
+    """
+    device = next(model.parameters()).device
+    predictions: list[Prediction] = []
+    for start in range(0, len(sentences), batch_size):
+        chunk = sentences[start : start + batch_size]
+        sides = [live_inputs(model, tokens, bilm) for tokens in _sides(model, chunk)]
+        predictions += _predict_batch(model, [_to(side, device) for side in sides])
+    return predictions
+
+
+def _sides(
+    model: TaskModel, chunk: Sequence[list[str]] | Sequence[tuple[list[str], list[str]]]
+) -> list[list[list[str]]]:
+    """The token lists of each side: pairs split into premises and hypotheses."""
+    if model.task.type != "pair":
+        return [[list(cast(list[str], tokens)) for tokens in chunk]]
+    pairs = cast(Sequence[tuple[list[str], list[str]]], chunk)
+    return [[list(a) for a, _ in pairs], [list(b) for _, b in pairs]]
+
+
+def _predict_batch(model: TaskModel, sides: list[TaskInputs]) -> list[Prediction]:
+    model.eval()
+    with torch.no_grad():
+        decoded = model.decode(model(sides), sides).cpu()
+    return _label_strings(model, decoded, sides[0].mask.cpu() if decoded.dim() == 2 else None)
+
+
+def _label_strings(
+    model: TaskModel, ids: torch.Tensor, mask: torch.Tensor | None
+) -> list[Prediction]:
+    """Label ids → strings: per example (B,), or per real token of each row (B, T)."""
+    if mask is None:
+        return [model.labels[i] for i in ids.tolist()]
+    lengths = mask.sum(dim=1).tolist()
+    return [
+        [model.labels[i] for i in row[:n]] for row, n in zip(ids.tolist(), lengths, strict=True)
+    ]
+
+
+def _mix_metrics(model: TaskModel) -> dict[str, float]:
+    """``mix_weight_j``, ``gamma`` (and ``output_*``) for per-epoch logging."""
+    metrics: dict[str, float] = {}
+    positions: tuple[tuple[MixPosition, str], ...] = (("input", ""), ("output", "output_"))
+    for position, prefix in positions:
+        if model.has_mix(position):
+            weights = model.mix_weights(position)
+            metrics |= {f"{prefix}mix_weight_{j}": w for j, w in enumerate(weights)}
+            metrics[f"{prefix}gamma"] = model.gamma(position)
+    return metrics
+
+
+def _to(side: TaskInputs, device: torch.device) -> TaskInputs:
+    layers = side.layers.to(device) if side.layers is not None else None
+    return TaskInputs(side.word_ids.to(device), side.mask.to(device), layers)

@@ -1,0 +1,141 @@
+"""train_task: ELMo and baseline both train and report; mixes learn; seeded runs repeat."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from elmo_core.model.bilm import BiLM
+from elmo_core.tasks.config import TaskConfig
+from elmo_core.tasks.trainer import (
+    BASELINE,
+    ELMO,
+    TaskResult,
+    TaskSplit,
+    main_metric,
+    predict,
+    train_task,
+)
+
+Splits = dict[str, dict[str, TaskSplit]]
+TaskFactory = Callable[..., TaskConfig]
+
+
+def _train(splits: dict[str, TaskSplit], task: TaskConfig, use_elmo: bool, **kw) -> TaskResult:  # type: ignore[no-untyped-def]
+    return train_task(task, splits["train"], splits["dev"], splits["test"], use_elmo, **kw)
+
+
+def test_tagging_elmo_and_baseline_both_train_and_report(
+    task_splits: Splits, task_factory: TaskFactory
+) -> None:
+    task = task_factory("tagging", crf=True, elmo_at_output=True)
+    seen: list[tuple[int, dict[str, float]]] = []
+    elmo = _train(
+        task_splits["tagging"], task, True, epoch_callback=lambda e, m: seen.append((e, m))
+    )
+    baseline = _train(task_splits["tagging"], task, False)
+    for result in (elmo, baseline):
+        assert result.metric == "f1" and 1 <= result.best_epoch <= len(result.history)
+        assert {"f1", "precision", "recall", "accuracy"} <= result.dev_metrics.keys()
+        assert 0.0 <= result.test_metrics["f1"] <= 1.0
+        assert result.history[0]["train_loss"] > result.history[-1]["train_loss"]
+    assert elmo.representation == ELMO and baseline.representation == BASELINE
+    assert "GloVe" in baseline.representation
+    assert baseline.mix_weights is None and baseline.gamma is None
+    assert [epoch for epoch, _ in seen] == [1, 2, 3]
+    assert {"train_loss", "dev_f1", "mix_weight_0", "gamma", "output_gamma"} <= seen[-1][1].keys()
+
+
+def test_learned_mix_weights_move_away_from_uniform(
+    task_splits: Splits, task_factory: TaskFactory
+) -> None:
+    task = task_factory("tagging", training={"epochs": 4, "batch_size": 4, "patience": None})
+    result = _train(task_splits["tagging"], task, True)
+    assert result.mix_weights is not None and result.gamma is not None
+    assert sum(result.mix_weights) == pytest.approx(1.0)
+    assert max(abs(w - 1 / 3) for w in result.mix_weights) > 0.01
+    assert result.gamma != 1.0
+
+
+@pytest.mark.parametrize(
+    ("task_type", "head"),
+    [
+        ("classification", {"pooling": "mean"}),
+        ("pair", {"pair_head": "esim"}),
+        ("pair", {"pair_head": "match"}),
+    ],
+)
+def test_sentence_tasks_train_and_report_accuracy(
+    task_type: str, head: dict, task_splits: Splits, task_factory: TaskFactory
+) -> None:
+    task = task_factory(task_type, **head, training={"epochs": 2})
+    for use_elmo in (True, False):
+        result = _train(task_splits[task_type], task, use_elmo)
+        assert result.metric == "accuracy" and main_metric(task) == "accuracy"
+        assert 0.0 <= result.dev_metrics["accuracy"] <= 1.0
+        assert set(result.test_metrics) == {"accuracy"}
+
+
+def test_same_seed_repeats_and_leaves_the_global_rng_alone(
+    task_splits: Splits, task_factory: TaskFactory
+) -> None:
+    task = task_factory("classification", training={"epochs": 2})
+    state = torch.random.get_rng_state()
+    first = _train(task_splits["classification"], task, True, seed=7)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    second = _train(task_splits["classification"], task, True, seed=7)
+    other = _train(task_splits["classification"], task, True, seed=8)
+    assert first.history == second.history and first.mix_weights == second.mix_weights
+    assert first.history != other.history
+
+
+def test_early_stopping_keeps_the_best_epoch(
+    task_splits: Splits, task_factory: TaskFactory
+) -> None:
+    task = task_factory("classification", training={"epochs": 6, "patience": 2, "lr": 1e-9})
+    result = _train(task_splits["classification"], task, False)
+    assert result.best_epoch == 1 and len(result.history) == 3  # no dev gain after epoch 1
+
+
+def test_without_dev_every_epoch_runs_and_the_last_is_kept(
+    task_splits: Splits, task_factory: TaskFactory
+) -> None:
+    splits = task_splits["classification"]
+    task = task_factory("classification", training={"epochs": 2, "patience": 1})
+    result = train_task(task, splits["train"], None, None, use_elmo=True)
+    assert result.best_epoch == 2 and result.dev_metrics == {} and result.test_metrics == {}
+
+
+def test_elmo_needs_cached_activations(task_splits: Splits, task_factory: TaskFactory) -> None:
+    splits = task_splits["classification"]
+    bare = TaskSplit(splits["train"].dataset)
+    with pytest.raises(ValueError, match="cached activations"):
+        train_task(task_factory("classification"), bare, None, None, use_elmo=True)
+    result = train_task(
+        task_factory("classification", training={"epochs": 1}), bare, None, None, False
+    )
+    assert result.best_epoch == 1
+
+
+def test_predict_labels_raw_sentences_from_a_live_bilm(
+    task_splits: Splits, task_factory: TaskFactory, tiny_bilm: BiLM
+) -> None:
+    tagger = _train(task_splits["tagging"], task_factory("tagging", crf=True), True).model
+    tags = predict(tagger, [["mr", "jordan"], ["in", "jordan", "today", "unseen-word"]], tiny_bilm)
+    assert [len(t) for t in tags] == [2, 4]
+    assert all(tag in tagger.labels for row in tags for tag in row)
+    dev = task_splits["tagging"]["dev"].dataset.examples
+    cached_run = _train(task_splits["tagging"], task_factory("tagging", crf=True), True)
+    live = predict(cached_run.model, [example.tokens for example in dev], tiny_bilm, batch_size=5)
+    gold = [example.tags for example in dev]
+    pairs = [(g, p) for gs, ps in zip(gold, live, strict=True) for g, p in zip(gs, ps, strict=True)]
+    live_accuracy = sum(g == p for g, p in pairs) / len(pairs)
+    assert live_accuracy == pytest.approx(cached_run.dev_metrics["accuracy"])
+    pair_model = _train(
+        task_splits["pair"], task_factory("pair", training={"epochs": 1}), False
+    ).model
+    assert predict(pair_model, [(["the"], ["the", "cat"])])[0] in ("same", "diff")
+    with pytest.raises(ValueError, match="needs the biLM"):
+        predict(tagger, [["mr", "jordan"]])
