@@ -13,6 +13,7 @@ import typer
 from elmo_core.errors import ElmoError
 from pipelines.evaluate import evaluate_command
 from pipelines.prepare import prepare_command
+from pipelines.register import register_command
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
@@ -24,6 +25,7 @@ def _root() -> None:
 
 app.command("prepare")(prepare_command)
 app.command("evaluate")(evaluate_command)
+app.command("register")(register_command)
 
 
 def run_app(typer_app: typer.Typer, argv: list[str] | None = None) -> int:

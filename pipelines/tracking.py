@@ -19,7 +19,7 @@ import mlflow
 from mlflow.entities import Run
 from pydantic import BaseModel
 
-from pipelines.settings import mlflow_tracking_uri
+from pipelines.settings import elmo_home, mlflow_tracking_uri
 
 EXPERIMENT = os.environ.get("ELMO_MLFLOW_EXPERIMENT", "elmo")
 PARENT_RUN_ENV = "ELMO_MLFLOW_PARENT_RUN_ID"
@@ -49,7 +49,7 @@ def stage_run(
     with its stage name so the flow's summary can find its children.
     """
     use_tracking()
-    mlflow.set_experiment(EXPERIMENT)
+    _ensure_experiment()
     parent = parent_run_id or os.environ.get(PARENT_RUN_ENV) or None
     all_tags = {STAGE_TAG: stage, **(tags or {})}
     if run_id is not None:
@@ -58,6 +58,22 @@ def stage_run(
         return
     with mlflow.start_run(run_name=run_name, parent_run_id=parent, tags=all_tags) as run:
         yield run
+
+
+def _ensure_experiment() -> None:
+    """Select the experiment, creating it with its artifacts under ``ELMO_HOME`` when the store is
+    the embedded SQLite file (MLflow's default would be ``./mlruns`` of whatever directory a
+    command happens to run in)."""
+    if mlflow.get_experiment_by_name(EXPERIMENT) is None and mlflow_tracking_uri().startswith(
+        "sqlite:"
+    ):
+        try:
+            mlflow.create_experiment(
+                EXPERIMENT, artifact_location=(elmo_home() / "artifacts").as_uri()
+            )
+        except mlflow.exceptions.MlflowException:
+            pass  # another process created it first
+    mlflow.set_experiment(EXPERIMENT)
 
 
 def find_run(run_name: str, stage: str) -> Run | None:

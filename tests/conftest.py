@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
+# MLflow 3 starts a telemetry client on import; tests never reach the network.
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any

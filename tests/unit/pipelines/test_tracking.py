@@ -67,3 +67,11 @@ def test_log_curves_writes_a_figure(store, tmp_path):
 def test_git_commit_is_a_sha_or_none():
     commit = tracking.git_commit()
     assert commit is None or len(commit) == 40
+
+
+def test_embedded_store_keeps_artifacts_under_elmo_home(store):
+    with tracking.stage_run("train", run_name="where"):
+        pass
+    experiment = store.get_experiment_by_name(tracking.EXPERIMENT)
+    home = tracking.elmo_home()
+    assert experiment.artifact_location == (home / "artifacts").as_uri()
