@@ -1,0 +1,133 @@
+"""The projected LSTM stack run by PyTorch's fused LSTM kernel (cuDNN on GPU), for unclipped models.
+
+``nn.LSTM(proj_size=P)`` computes exactly the cell of :mod:`elmo_core.model.lstm` without the two
+clips (DESIGN.md §4: "offer the cuDNN path when clipping is turned off"): the same gate order
+(i, f, g, o), ``h = (σ(o)·tanh(c))·W_projectionᵀ``. Our parameters map onto it one to one, so this
+variant keeps :class:`~elmo_core.model.lstm.ProjectedLSTM`'s parameters, state dict, dropout and
+residual placement, and only replaces the per-step Python loop of each layer by one kernel call:
+
+* ``weight_ih_l0 = input_weight (4H, I)``, ``weight_hh_l0 = recurrent_weight (4H, P)``,
+* ``bias_ih_l0 = bias (4H)`` (the effective bias, forget +1 included), ``bias_hh_l0 = 0``,
+* ``weight_hr_l0 = projection_weight (P, H)``.
+
+Masking: the kernel has no per-step mask, so right-padded rows (a mask that is a prefix of each
+row, as :class:`~elmo_core.model.bilm.BiLM` and the stream batches make) are packed by length;
+any other mask falls back to the reference loop, which gives the same result.
+
+Shape legend: B rows, T window, P projection, H cell, L layers, I layer input width.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import cast
+
+import torch
+from torch import nn
+from torch.func import functional_call
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from elmo_core.config import LSTMConfig
+from elmo_core.errors import ConfigError
+from elmo_core.model.lstm import LSTMState, ProjectedLSTM, ProjectedLSTMLayer
+
+# Our weights are separate parameters, not one flattened buffer, and the CPU kernel has no oneDNN
+# path with projections; both are expected here and only cost a copy or a slower CPU kernel.
+_EXPECTED_WARNINGS = ("RNN module weights are not part", "LSTM with projections is not supported")
+
+
+class CudnnProjectedLSTM(ProjectedLSTM):
+    """:class:`ProjectedLSTM` with each layer run by one fused ``nn.LSTM`` call; no clipping."""
+
+    def __init__(self, config: LSTMConfig, input_dim: int, dropout: float = 0.0) -> None:
+        if config.cell_clip is not None or config.proj_clip is not None:
+            raise ConfigError(
+                "the cuDNN LSTM cannot clip: set model.lstm.cell_clip and model.lstm.proj_clip "
+                "to null, or choose the reference implementation",
+                key="model.lstm_impl",
+            )
+        super().__init__(config, input_dim, dropout)
+        # Shape-only modules on the meta device, kept in a plain list so that they are neither
+        # parameters nor moved by .to(): each call substitutes the layer's own tensors.
+        self._kernels = [
+            nn.LSTM(
+                input_dim if index == 0 else config.projection_dim,
+                config.cell_dim,
+                proj_size=config.projection_dim,
+                batch_first=True,
+                device="meta",
+            )
+            for index in range(config.num_layers)
+        ]
+
+    def forward(
+        self, inputs: torch.Tensor, mask: torch.Tensor, state: LSTMState | None = None
+    ) -> tuple[list[torch.Tensor], LSTMState]:
+        """``inputs (B, T, I)``, ``mask (B, T)`` bool -> ``[(B, T, P)] * L`` and the new state."""
+        lengths = mask.sum(dim=1)  # (B,)
+        steps = torch.arange(mask.shape[1], device=mask.device)  # (T,)
+        if not torch.equal(mask, steps < lengths.unsqueeze(1)):
+            return super().forward(inputs, mask, state)  # holes in a row: the masked loop
+        if state is None:
+            state = self.zero_state(inputs.shape[0], inputs.device, inputs.dtype)
+        outputs, final_h, final_c = [], [], []
+        layer_input = inputs  # (B, T, I)
+        for index, (layer, kernel) in enumerate(zip(self.layers, self._kernels, strict=True)):
+            dropped = self.dropout(layer_input)  # (B, T, I)
+            output, h, c = _run_layer(
+                kernel,
+                cast(ProjectedLSTMLayer, layer),
+                dropped,
+                mask,
+                lengths,
+                state.h[index],
+                state.c[index],
+            )
+            if index > 0 and self.config.use_skip_connections:
+                output = output + dropped  # as the reference: the residual is added after
+            outputs.append(output)
+            final_h.append(h)
+            final_c.append(c)
+            layer_input = output
+        return outputs, LSTMState(torch.stack(final_h), torch.stack(final_c))
+
+
+def _run_layer(
+    kernel: nn.LSTM,
+    layer: ProjectedLSTMLayer,
+    inputs: torch.Tensor,
+    mask: torch.Tensor,
+    lengths: torch.Tensor,
+    h: torch.Tensor,
+    c: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One layer over right-padded rows: outputs ``(B, T, P)`` zero where masked, ``h``, ``c``."""
+    weights = {
+        "weight_ih_l0": layer.input_weight,
+        "weight_hh_l0": layer.recurrent_weight,
+        "bias_ih_l0": layer.bias,
+        "bias_hh_l0": torch.zeros_like(layer.bias),
+        "weight_hr_l0": layer.projection_weight,
+    }
+    initial = (h.unsqueeze(0).contiguous(), c.unsqueeze(0).contiguous())  # (1, B, P), (1, B, H)
+    full = bool(mask.all())
+    sequence = (
+        inputs
+        if full
+        else pack_padded_sequence(  # an empty row runs one step, undone below
+            inputs, lengths.clamp(min=1).cpu(), batch_first=True, enforce_sorted=False
+        )
+    )
+    with warnings.catch_warnings():
+        for message in _EXPECTED_WARNINGS:
+            warnings.filterwarnings("ignore", message=message)
+        result, (new_h, new_c) = functional_call(kernel, weights, (sequence, initial))
+    if full:  # batch-first output is a transposed view; dropout draws follow memory order
+        return result.contiguous(), new_h[0], new_c[0]
+    output, _ = pad_packed_sequence(result, batch_first=True, total_length=inputs.shape[1])
+    has_tokens = (lengths > 0).unsqueeze(1)  # (B, 1)
+    return (
+        output * mask.unsqueeze(-1),  # (B, T, P)
+        torch.where(has_tokens, new_h[0], h),  # (B, P)
+        torch.where(has_tokens, new_c[0], c),  # (B, H)
+    )
