@@ -47,6 +47,7 @@ from elmo_core.data.manifest import (
     WordTypesInfo,
 )
 from elmo_core.data.shards import SHARD_FORMAT, SHARD_FORMAT_VERSION, FileStats, write_parquet
+from elmo_core.errors import DataError
 from elmo_core.text.tokenize import Tokenizer
 from elmo_core.text.vocab import build_vocab, read_vocab, vocab_counts_text, vocab_text, with_counts
 from pipelines.prepare_output import DatasetOutput, PrepareState
@@ -148,9 +149,10 @@ def plan_inputs(train: Sequence[Path], heldout: Sequence[Path]) -> list[InputFil
     """Number the inputs (train then heldout) and name them relative to their common root."""
     paths = [Path(path) for path in (*train, *heldout)]
     if not train:
-        from elmo_core.errors import DataError
-
         raise DataError("the corpus has no training files")
+    for path in paths:
+        if not path.is_file():
+            raise DataError("input file not found", path=path)
     root = os.path.commonpath([str(path.parent.absolute()) for path in paths])
     return [
         InputFile(

@@ -1,0 +1,93 @@
+"""Reader: partitioning over ranks, heldout file selection, manifest errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from elmo_core.config import PrepareConfig
+from elmo_core.data.manifest import ShardInfo, load_manifest
+from elmo_core.data.reader import iter_sentences, partition_shards, select_shards
+from elmo_core.errors import DataError
+from pipelines.prepare import prepare_files
+
+
+class _Corpus:
+    def __init__(self, root: Path) -> None:
+        self.source = str(root)
+        self.train, self.heldout = [], []
+        rng = np.random.default_rng(0)
+        for split, count, lines in (("train", 2, 130), ("heldout", 3, 25)):
+            for number in range(count):
+                path = root / f"news.en.{split}-{number:05d}-of-0000{count}"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                rows = [
+                    " ".join(f"w{k}" for k in rng.integers(0, 50, rng.integers(1, 9)))
+                    for _ in range(lines)
+                ]
+                path.write_text("\n".join(rows) + "\n")
+                getattr(self, split).append(path)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> str:
+    root = tmp_path_factory.mktemp("reader")
+    cfg = PrepareConfig(format="1b-benchmark", sentences_per_shard=100, sentences_per_row_group=20)
+    prepare_files(cfg, _Corpus(root / "corpus"), str(root / "out"))
+    return str(root / "out")
+
+
+def _sentences(dataset: str, split: str, **options) -> list[tuple[str, int, int]]:
+    """(shard, row group, sentence index) of every sentence a call yields."""
+    return [
+        (batch.shard, batch.row_group, i)
+        for batch in iter_sentences(dataset, split, **options)
+        for i in range(batch.num_sentences)
+    ]
+
+
+@pytest.mark.parametrize("split", ["train", "heldout"])
+@pytest.mark.parametrize("world_size", [1, 2, 3, 5])
+def test_ranks_are_disjoint_and_together_are_the_whole_split(dataset, split, world_size):
+    whole = _sentences(dataset, split)
+    parts = [_sentences(dataset, split, rank=r, world_size=world_size) for r in range(world_size)]
+    assert sorted(s for part in parts for s in part) == sorted(whole)
+    assert sum(map(len, parts)) == len(whole) == load_manifest(dataset).splits[split].num_sentences
+
+
+def test_fewer_shards_than_workers_partitions_row_groups():
+    shards = [
+        ShardInfo(path=f"p{i}", sha256="", num_sentences=1, num_tokens=1, num_row_groups=3)
+        for i in range(2)
+    ]
+    plans = [partition_shards(shards, rank, 4) for rank in range(4)]
+    units = [(s.path, g) for plan in plans for s, groups in plan for g in groups]
+    assert sorted(units) == [(f"p{i}", g) for i in range(2) for g in range(3)]
+    assert all(plans)
+    with pytest.raises(ValueError):
+        partition_shards(shards, 4, 4)
+
+
+def test_heldout_files_are_selected_by_name(dataset):
+    manifest = load_manifest(dataset)
+    chosen = select_shards(manifest, "heldout", ["heldout-00000"])
+    assert [s.source_files for s in chosen] == [["news.en.heldout-00000-of-00003"]]
+    batches = list(iter_sentences(dataset, "heldout", files=["heldout-00000"]))
+    assert {f for b in batches for f in b.source_files} == {"news.en.heldout-00000-of-00003"}
+    assert sum(b.num_sentences for b in batches) == 25
+    assert batches[0].lines[:3].tolist() == [1, 2, 3]
+    others = list(iter_sentences(dataset, "heldout", files=["*heldout-0000[12]*"]))
+    assert sum(b.num_sentences for b in others) == 50
+    with pytest.raises(DataError, match="no heldout file matches"):
+        select_shards(manifest, "heldout", ["heldout-00042"])
+    with pytest.raises(DataError, match="does not record source files"):
+        select_shards(manifest, "train", ["train-00000"])
+
+
+def test_missing_manifest_and_unknown_split_are_data_errors(dataset, tmp_path):
+    with pytest.raises(DataError, match="no manifest.json"):
+        load_manifest(str(tmp_path))
+    with pytest.raises(DataError, match="no split 'valid'"):
+        list(iter_sentences(dataset, "valid"))

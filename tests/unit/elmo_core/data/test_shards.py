@@ -1,0 +1,93 @@
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from elmo_core.config import PrepareConfig
+from elmo_core.data.shards import (
+    FileStats,
+    char_id_rows,
+    encode_tokens,
+    heldout_mask,
+    read_sentences,
+    shuffle_key,
+    train_shard_of,
+)
+from elmo_core.errors import DataError
+from elmo_core.text.char_ids import token_to_ids
+from elmo_core.text.tokenize import WhitespaceTokenizer
+
+
+def _read(path, **options):
+    stats = FileStats()
+    chunks = list(read_sentences(path, WhitespaceTokenizer(), PrepareConfig(**options), stats))
+    sentences = [s for chunk in chunks for s in chunk.sentences.to_pylist()]
+    lines = [n for chunk in chunks for n in chunk.lines.tolist()]
+    return sentences, lines, stats
+
+
+def test_char_id_rows_match_the_per_token_scheme():
+    tokens = ["a", "<S>", "</S>", "<UNK>", "é" * 30, "x" * 60, "日本語"]
+    expected = np.stack([token_to_ids(token) for token in tokens])
+    np.testing.assert_array_equal(char_id_rows(pa.array(tokens)), expected)
+
+
+def test_reading_skips_blank_lines_and_keeps_line_numbers(tmp_path):
+    path = tmp_path / "in.txt"
+    path.write_bytes(b"a b\n\n   \nc  d e\nlast")
+    sentences, lines, stats = _read(path)
+    assert sentences == [["a", "b"], ["c", "d", "e"], ["last"]]
+    assert lines == [1, 4, 5]
+    assert (stats.lines, stats.blank_lines) == (5, 2)
+
+
+def test_invalid_utf8_is_replaced_and_counted_or_fails_naming_file_and_line(tmp_path):
+    path = tmp_path / "bad.txt"
+    path.write_bytes("ok \ufffd\n".encode() + b"fine\nx \xff\xfe y\n")
+    sentences, _, stats = _read(path)
+    assert sentences[2] == ["x", "\ufffd\ufffd", "y"]
+    assert stats.invalid_utf8_replacements == 2  # the valid U+FFFD on line 1 is not counted
+    with pytest.raises(DataError, match=r"bad.txt:3: invalid UTF-8 byte 0xff at column 3"):
+        _read(path, on_invalid_utf8="fail")
+
+
+def test_long_lines_are_split_or_dropped_and_counted(tmp_path):
+    path = tmp_path / "long.txt"
+    path.write_text("a b c d e f g\nshort\n", encoding="utf-8")
+    sentences, lines, stats = _read(path, max_tokens_per_line=3)
+    assert sentences == [["a", "b", "c"], ["d", "e", "f"], ["g"], ["short"]]
+    assert lines == [1, 1, 1, 2] and stats.long_lines_split == 1
+    sentences, _, stats = _read(path, max_tokens_per_line=3, on_long_line="drop")
+    assert sentences == [["short"]] and stats.long_lines_dropped == 1
+
+
+@pytest.mark.parametrize("content", [b"", b"\n  \n\n"])
+def test_empty_or_blank_input_is_a_data_error(tmp_path, content):
+    path = tmp_path / "empty.txt"
+    path.write_bytes(content)
+    with pytest.raises(DataError, match="empty.txt: input file is empty"):
+        _read(path)
+
+
+def test_missing_input_is_a_data_error(tmp_path):
+    with pytest.raises(DataError, match="nowhere.txt: input file not found"):
+        _read(tmp_path / "nowhere.txt")
+
+
+def test_encode_tokens_maps_types_and_sends_oov_targets_to_unk():
+    type_tokens = pa.array(["<S>", "</S>", "<UNK>", "the", "cat", "zyzzyva"])
+    types, targets = encode_tokens(pa.array(["cat", "zyzzyva", "the", "cat"]), type_tokens, 5)
+    assert types.tolist() == [4, 5, 3, 4]
+    assert targets.tolist() == [4, 2, 3, 4]
+    with pytest.raises(DataError, match="missing from the word-type table"):
+        encode_tokens(pa.array(["dog"]), type_tokens, 5)
+
+
+def test_seeded_hash_decisions_are_reproducible_and_roughly_uniform():
+    index = np.arange(20_000)
+    mask = heldout_mask(7, 3, index, 0.1)
+    assert np.array_equal(mask, heldout_mask(7, 3, index, 0.1))
+    assert 0.08 < mask.mean() < 0.12
+    assert not np.array_equal(mask, heldout_mask(8, 3, index, 0.1))
+    shards = train_shard_of(7, 3, index, 4)
+    assert np.bincount(shards, minlength=4).min() > 4_500
+    assert len(np.unique(shuffle_key(7, 3, index))) == len(index)

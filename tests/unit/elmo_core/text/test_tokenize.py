@@ -1,0 +1,53 @@
+import pyarrow as pa
+import pytest
+
+from elmo_core.errors import DataError
+from elmo_core.text.tokenize import (
+    MosesTokenizer,
+    Tokenizer,
+    WhitespaceTokenizer,
+    split_whitespace,
+)
+
+
+def test_split_whitespace_equals_python_split():
+    lines = ["  a  b\tc ", "", "   ", "x", "é\u00a0ü  z\r"]
+    assert split_whitespace(pa.array(lines)).to_pylist() == [line.split() for line in lines]
+
+
+def test_whitespace_tokenizer_keeps_case_and_one_sentence_per_line():
+    tokenizer = WhitespaceTokenizer()
+    sentences, origin = tokenizer.tokenize_lines(pa.array(["The U.S. , said", "Hi ."]))
+    assert sentences.to_pylist() == [["The", "U.S.", ",", "said"], ["Hi", "."]]
+    assert origin.tolist() == [0, 1]
+    assert tokenizer.tokenize("Hello  World") == [["Hello", "World"]]
+
+
+def test_moses_splits_sentences_but_not_abbreviations():
+    tokenizer = MosesTokenizer()
+    text = 'Mr. Smith went to Washington. He said "Hi!" Then he left.'
+    assert tokenizer.tokenize(text) == [
+        ["Mr.", "Smith", "went", "to", "Washington", "."],
+        ["He", "said", '"', "Hi", "!", '"'],
+        ["Then", "he", "left", "."],
+    ]
+
+
+def test_moses_tokenize_lines_records_the_line_of_each_sentence():
+    sentences, origin = MosesTokenizer().tokenize_lines(pa.array(["One. Two.", "Three"]))
+    assert sentences.to_pylist() == [["One", "."], ["Two", "."], ["Three"]]
+    assert origin.tolist() == [0, 0, 1]
+
+
+@pytest.mark.parametrize("tokenizer", [WhitespaceTokenizer(), MosesTokenizer(lang="en")])
+def test_describe_and_from_manifest_round_trip(tokenizer):
+    rebuilt = Tokenizer.from_manifest(tokenizer.describe())
+    assert type(rebuilt) is type(tokenizer)
+    assert rebuilt.describe() == tokenizer.describe()
+    text = "It costs $5.00, isn't it? Yes."
+    assert rebuilt.tokenize(text) == tokenizer.tokenize(text)
+
+
+def test_unknown_tokenizer_in_a_manifest_is_a_data_error():
+    with pytest.raises(DataError, match="unknown tokenizer 'bpe'"):
+        Tokenizer.from_manifest({"name": "bpe"})
