@@ -63,6 +63,11 @@ class ModelConfig(StrictModel):
     lstm: LSTMConfig = Field(default_factory=LSTMConfig)
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
     num_samples: int = Field(8192, gt=0, description="sampled-softmax candidates per step")
+    lstm_impl: Literal["auto", "reference", "cudnn"] = Field(
+        "auto",
+        description="LSTM kernel: 'cudnn' (fused nn.LSTM) needs both clips null; 'auto' takes it "
+        "then, else 'reference'; the parameters are the same either way",
+    )
 
 
 class PrepareConfig(StrictModel):

@@ -26,6 +26,7 @@ from elmo_core.config import ModelConfig
 from elmo_core.errors import ConfigError
 from elmo_core.model.char_cnn import CharCNN
 from elmo_core.model.lstm import LSTMState, ProjectedLSTM
+from elmo_core.model.lstm_cudnn import CudnnProjectedLSTM
 from elmo_core.model.softmax import SampledSoftmax
 from elmo_core.text.char_ids import BOS_IDS, EOS_IDS
 
@@ -63,8 +64,8 @@ class BiLM(nn.Module):
         self.stateful = stateful
         projection_dim = config.lstm.projection_dim
         self.token_encoder = CharCNN(config)
-        self.forward_lstm = ProjectedLSTM(config.lstm, projection_dim, config.dropout)
-        self.backward_lstm = ProjectedLSTM(config.lstm, projection_dim, config.dropout)
+        self.forward_lstm = _build_lstm(config, projection_dim)
+        self.backward_lstm = _build_lstm(config, projection_dim)
         self.dropout = nn.Dropout(config.dropout)  # on the top output, before the softmax
         self.softmax = (
             SampledSoftmax(vocab_size, projection_dim, config.num_samples)
@@ -214,6 +215,14 @@ class BiLM(nn.Module):
                 )
             stored.append(new)
         self._carried = (stored[0], stored[1])
+
+
+def _build_lstm(config: ModelConfig, input_dim: int) -> ProjectedLSTM:
+    """One direction's stack in the implementation ``config.lstm_impl`` names (same parameters)."""
+    unclipped = config.lstm.cell_clip is None and config.lstm.proj_clip is None
+    if config.lstm_impl == "cudnn" or (config.lstm_impl == "auto" and unclipped):
+        return CudnnProjectedLSTM(config.lstm, input_dim, config.dropout)
+    return ProjectedLSTM(config.lstm, input_dim, config.dropout)
 
 
 def _reversal_index(lengths: torch.Tensor, num_positions: int) -> torch.Tensor:
