@@ -1,0 +1,491 @@
+"""Start, check and stop the local stack: Prefect server + process worker, MLflow server, Ray head.
+
+Everything binds to 127.0.0.1 and keeps its state, logs and pid files under ``ELMO_HOME``
+(``$ELMO_HOME/stack/{logs,pids}``), so several stacks (a user's, a test's) can live side by side
+on one machine when their ports differ. Each service starts in its own session (``setsid``); the pid
+file holds the session id, and stopping signals every process of that session. That is stricter
+than a process group: ``mlflow server`` leaves helper consumers behind its main process, and Ray's
+workers each take a process group of their own, but all of them stay in the session. ``ray stop``
+is not used because it ends every Ray process of the user on the machine, not only this head's.
+
+Ray 2.60 turns token authentication on for a head whenever ``~/.ray/auth_token`` exists, and then
+refuses clients that lack ``RAY_AUTH_MODE=token``. The stack therefore always runs its head with
+token auth and a token of its own (``$ELMO_HOME/stack/ray_auth_token``, mode 0600), and prints the
+two variables clients need. Disabling auth is not an option worth having: the GCS listens on every
+interface whatever ``--node-ip-address`` says.
+
+Usage: ``python infra/local/stack.py start|status|stop [--services prefect,worker,mlflow,ray]``.
+Progress goes to stderr; ``start`` and ``status`` print ``export ...`` lines on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipelines.settings import elmo_home
+
+SERVICE_ORDER = ("mlflow", "prefect", "ray", "worker")
+WORKER_NAME = "elmo-local"
+LOG_TAIL_LINES = 40
+STOP_GRACE_S = 8.0
+# Ray puts Unix sockets under its temp dir; their paths must stay under 107 bytes.
+MAX_RAY_TEMP_DIR_CHARS = 40
+
+
+class StackError(RuntimeError):
+    """A service did not start or stop; the message says which and shows its log tail."""
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    """Ports and paths of one local stack, read from ``ELMO_*`` environment variables."""
+
+    home: Path
+    prefect_port: int = 4200
+    mlflow_port: int = 5000
+    ray_port: int = 6379
+    ray_dashboard_port: int = 8265
+    ray_client_port: int = 10001
+    ray_agent_port: int = 52365
+    ray_num_cpus: int | None = None
+    # One uvicorn process: no supervisor that kills a child slow to boot on a busy machine.
+    mlflow_workers: int = 1
+    work_pool: str = "elmo-process"
+    timeout_s: float = 120.0
+    host: str = "127.0.0.1"
+
+    @classmethod
+    def from_env(cls) -> StackConfig:
+        """Defaults overridden by ``ELMO_*`` variables; ``ELMO_HOME`` as the project reads it."""
+        environ = os.environ
+
+        def number(key: str, default: int) -> int:
+            return int(environ.get(key, default))
+
+        cpus = environ.get("ELMO_RAY_NUM_CPUS")
+        return cls(
+            home=elmo_home(),
+            prefect_port=number("ELMO_PREFECT_PORT", cls.prefect_port),
+            mlflow_port=number("ELMO_MLFLOW_PORT", cls.mlflow_port),
+            ray_port=number("ELMO_RAY_PORT", cls.ray_port),
+            ray_dashboard_port=number("ELMO_RAY_DASHBOARD_PORT", cls.ray_dashboard_port),
+            ray_client_port=number("ELMO_RAY_CLIENT_PORT", cls.ray_client_port),
+            ray_agent_port=number("ELMO_RAY_AGENT_PORT", cls.ray_agent_port),
+            ray_num_cpus=int(cpus) if cpus else None,
+            mlflow_workers=number("ELMO_MLFLOW_WORKERS", cls.mlflow_workers),
+            work_pool=environ.get("ELMO_WORK_POOL", cls.work_pool),
+            timeout_s=float(environ.get("ELMO_STACK_TIMEOUT_S", cls.timeout_s)),
+        )
+
+    @property
+    def state_dir(self) -> Path:
+        return self.home / "stack"
+
+    @property
+    def prefect_api_url(self) -> str:
+        return f"http://{self.host}:{self.prefect_port}/api"
+
+    @property
+    def mlflow_url(self) -> str:
+        return f"http://{self.host}:{self.mlflow_port}"
+
+    @property
+    def ray_dashboard_url(self) -> str:
+        return f"http://{self.host}:{self.ray_dashboard_port}"
+
+    @property
+    def ray_token_path(self) -> Path:
+        return self.state_dir / "ray_auth_token"
+
+    @property
+    def ray_temp_dir(self) -> Path:
+        return ray_temp_dir(self.home)
+
+    def client_env(self) -> dict[str, str]:
+        """What a client exports to use this stack (and what every service of it inherits)."""
+        return {
+            "PREFECT_API_URL": self.prefect_api_url,
+            "MLFLOW_TRACKING_URI": self.mlflow_url,
+            "RAY_ADDRESS": f"{self.host}:{self.ray_port}",
+            "RAY_API_SERVER_ADDRESS": self.ray_dashboard_url,
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": str(self.ray_token_path),
+        }
+
+
+def ray_temp_dir(home: Path) -> Path:
+    """Under ELMO_HOME when the path is short enough, else a /tmp name unique to ELMO_HOME."""
+    preferred = home / "stack" / "ray"
+    if len(str(preferred)) <= MAX_RAY_TEMP_DIR_CHARS:
+        return preferred
+    digest = hashlib.sha1(str(home).encode()).hexdigest()[:8]
+    return Path(f"/tmp/ray-elmo-{os.getuid()}-{digest}")
+
+
+@dataclass(frozen=True)
+class Service:
+    """How to launch one service, which ports it takes, and how to tell it is serving."""
+
+    name: str
+    command: Callable[[StackConfig], list[str]]
+    healthy: Callable[[StackConfig], bool]
+    ports: Callable[[StackConfig], dict[str, int]]
+    needs: tuple[str, ...] = ()
+    # `ray start` forks its daemons and exits 0; the others must keep running.
+    daemonizes: bool = False
+
+
+def _bin(name: str) -> str:
+    """The tool from this interpreter's environment, so services run the project's versions."""
+    return str(Path(sys.executable).parent / name)
+
+
+def _http_ok(
+    url: str, headers: Mapping[str, str] | None = None, body: bytes | None = None
+) -> bytes:
+    """GET (or POST ``body``) without any proxy; the response body, or b"" when not 200."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    request = urllib.request.Request(url, data=body, headers=dict(headers or {}))
+    try:
+        with opener.open(request, timeout=3) as response:
+            return response.read() if response.status == 200 else b""
+    except (OSError, ValueError):
+        return b""
+
+
+def _prefect_healthy(cfg: StackConfig) -> bool:
+    return _http_ok(f"{cfg.prefect_api_url}/health").strip() == b"true"
+
+
+def _mlflow_healthy(cfg: StackConfig) -> bool:
+    return _http_ok(f"{cfg.mlflow_url}/health").strip() == b"OK"
+
+
+def _ray_healthy(cfg: StackConfig) -> bool:
+    if not cfg.ray_token_path.exists():
+        return False
+    token = cfg.ray_token_path.read_text().strip()
+    auth = {"Authorization": f"Bearer {token}"}
+    return b"ray_version" in _http_ok(f"{cfg.ray_dashboard_url}/api/version", auth)
+
+
+def _worker_healthy(cfg: StackConfig) -> bool:
+    """The worker counts as up once the server lists it ONLINE in the pool (it heartbeats)."""
+    url = f"{cfg.prefect_api_url}/work_pools/{cfg.work_pool}/workers/filter"
+    body = _http_ok(url, {"Content-Type": "application/json"}, b"{}")
+    workers = json.loads(body) if body else []
+    return any(w.get("name") == WORKER_NAME and w.get("status") == "ONLINE" for w in workers)
+
+
+def _mlflow_command(cfg: StackConfig) -> list[str]:
+    return [
+        _bin("mlflow"), "server",
+        "--backend-store-uri", f"sqlite:///{cfg.home / 'mlflow.db'}",
+        "--serve-artifacts",
+        "--artifacts-destination", (cfg.home / "mlartifacts").as_uri(),
+        "--host", cfg.host,
+        "--port", str(cfg.mlflow_port),
+        "--workers", str(cfg.mlflow_workers),
+    ]  # fmt: skip
+
+
+def _prefect_command(cfg: StackConfig) -> list[str]:
+    return [_bin("prefect"), "server", "start", "--host", cfg.host, "--port", str(cfg.prefect_port)]
+
+
+def _worker_command(cfg: StackConfig) -> list[str]:
+    return [
+        _bin("prefect"), "worker", "start",
+        "--pool", cfg.work_pool, "--type", "process", "--name", WORKER_NAME,
+        "--create-pool-if-not-found",
+    ]  # fmt: skip
+
+
+def _ray_command(cfg: StackConfig) -> list[str]:
+    command = [
+        _bin("ray"), "start", "--head",
+        "--port", str(cfg.ray_port),
+        "--dashboard-host", cfg.host,
+        "--dashboard-port", str(cfg.ray_dashboard_port),
+        "--ray-client-server-port", str(cfg.ray_client_port),
+        "--dashboard-agent-listen-port", str(cfg.ray_agent_port),
+        "--temp-dir", str(cfg.ray_temp_dir),
+        "--include-dashboard", "true",
+        "--disable-usage-stats",
+    ]  # fmt: skip
+    if cfg.ray_num_cpus is not None:
+        command += ["--num-cpus", str(cfg.ray_num_cpus)]
+    return command
+
+
+SERVICES: dict[str, Service] = {
+    "mlflow": Service(
+        "mlflow", _mlflow_command, _mlflow_healthy, lambda c: {"ELMO_MLFLOW_PORT": c.mlflow_port}
+    ),
+    "prefect": Service(
+        "prefect",
+        _prefect_command,
+        _prefect_healthy,
+        lambda c: {"ELMO_PREFECT_PORT": c.prefect_port},
+    ),
+    "ray": Service(
+        "ray",
+        _ray_command,
+        _ray_healthy,
+        lambda c: {"ELMO_RAY_PORT": c.ray_port, "ELMO_RAY_DASHBOARD_PORT": c.ray_dashboard_port},
+        daemonizes=True,
+    ),
+    "worker": Service("worker", _worker_command, _worker_healthy, lambda c: {}, needs=("prefect",)),
+}
+
+
+def session_processes(session_id: int) -> list[int]:
+    """Live (non-zombie) processes whose session is ``session_id``, from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # Fields after the parenthesised command name: state ppid pgrp session ...
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if fields[0] != "Z" and int(fields[3]) == session_id:
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def _pid_file(cfg: StackConfig, name: str) -> Path:
+    return cfg.state_dir / "pids" / f"{name}.pid"
+
+
+def _log_file(cfg: StackConfig, name: str) -> Path:
+    return cfg.state_dir / "logs" / f"{name}.log"
+
+
+def recorded_session(cfg: StackConfig, name: str) -> int | None:
+    path = _pid_file(cfg, name)
+    return int(path.read_text()) if path.exists() else None
+
+
+def _log_tail(cfg: StackConfig, name: str) -> str:
+    lines = _log_file(cfg, name).read_text(errors="replace").splitlines()
+    return "\n".join(lines[-LOG_TAIL_LINES:])
+
+
+def _ensure_ray_token(cfg: StackConfig) -> None:
+    path = cfg.ray_token_path
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(secrets.token_hex(32))
+    partial.replace(path)
+
+
+def _service_env(cfg: StackConfig) -> dict[str, str]:
+    """The caller's environment, this venv first on PATH, the stack's client variables, and
+    Prefect's own state under ELMO_HOME."""
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env.update(cfg.client_env())
+    env["PREFECT_HOME"] = str(cfg.state_dir / "prefect")
+    env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    return env
+
+
+def _port_taken(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        return probe.connect_ex((host, port)) == 0
+
+
+def _spawn(cfg: StackConfig, service: Service) -> subprocess.Popen[bytes]:
+    """Launch ``service`` in a new session, its output appended to its log; record the session."""
+    for variable, port in service.ports(cfg).items():
+        if _port_taken(cfg.host, port):
+            raise StackError(
+                f"{service.name}: port {port} is in use by another program; set {variable}"
+            )
+    log_path = _log_file(cfg, service.name)
+    with log_path.open("ab") as log:
+        log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting {service.name}\n".encode())
+        log.flush()
+        process = subprocess.Popen(
+            service.command(cfg),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=_service_env(cfg),
+            cwd=cfg.home,
+            start_new_session=True,
+        )
+    _pid_file(cfg, service.name).write_text(str(process.pid))
+    return process
+
+
+def _wait_healthy(cfg: StackConfig, service: Service, process: subprocess.Popen[bytes]) -> None:
+    """Return once ``service`` answers its health check; on failure stop it and show its log."""
+    deadline = time.monotonic() + cfg.timeout_s
+    while time.monotonic() < deadline:
+        code = process.poll()
+        # A daemonizing launcher counts only once it exited cleanly: Ray's dashboard may answer
+        # while `ray start` is still failing on the raylet.
+        if (code == 0 or not service.daemonizes) and service.healthy(cfg):
+            return
+        if code is not None and (code != 0 or not service.daemonizes):
+            stop_services(cfg, [service.name])
+            raise StackError(
+                f"{service.name} exited with code {code}; log tail:\n{_log_tail(cfg, service.name)}"
+            )
+        time.sleep(0.5)
+    stop_services(cfg, [service.name])
+    raise StackError(
+        f"{service.name} not healthy after {cfg.timeout_s:.0f} s; "
+        f"log tail:\n{_log_tail(cfg, service.name)}"
+    )
+
+
+def start(cfg: StackConfig, names: list[str]) -> dict[str, float]:
+    """Start the services in ``names`` that are not already healthy; seconds each took.
+
+    Services without prerequisites start side by side; the worker follows once Prefect is up.
+    A service whose session is alive but unhealthy is stopped and started again.
+    """
+    for sub in ("logs", "pids"):
+        (cfg.state_dir / sub).mkdir(parents=True, exist_ok=True)
+    _ensure_ray_token(cfg)
+    timings: dict[str, float] = {}
+    for wave in (
+        [n for n in names if not SERVICES[n].needs],
+        [n for n in names if SERVICES[n].needs],
+    ):
+        launched = {}
+        for name in wave:
+            service = SERVICES[name]
+            for need in service.needs:
+                if not SERVICES[need].healthy(cfg):
+                    raise StackError(f"{name} needs {need}, which is not running")
+            if service.healthy(cfg) and _is_ours(cfg, name):
+                _say(f"{name}: already running")
+                continue
+            stop_services(cfg, [name])
+            launched[name] = (time.monotonic(), _spawn(cfg, service))
+        for name, (spawned, process) in launched.items():
+            _wait_healthy(cfg, SERVICES[name], process)
+            timings[name] = time.monotonic() - spawned
+            _say(f"{name}: healthy {timings[name]:.1f} s after launch")
+    _write_env_file(cfg)
+    return timings
+
+
+def _is_ours(cfg: StackConfig, name: str) -> bool:
+    session = recorded_session(cfg, name)
+    return session is not None and bool(session_processes(session))
+
+
+def stop_services(cfg: StackConfig, names: list[str]) -> None:
+    """End every process of the services' sessions: SIGTERM, a grace period, then SIGKILL.
+
+    All sessions are signalled together so their grace periods overlap.
+    """
+    sessions = {name: recorded_session(cfg, name) for name in names}
+    live = {name: session for name, session in sessions.items() if session is not None}
+
+    def remaining() -> list[int]:
+        return [pid for session in live.values() for pid in session_processes(session)]
+
+    for sig, wait_s in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, 5.0)):
+        for pid in remaining():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait_s
+        while remaining() and time.monotonic() < deadline:
+            time.sleep(0.2)
+    left = remaining()
+    if left:
+        raise StackError(f"processes {left} of {sorted(live)} survived SIGKILL")
+    for name in live:
+        _pid_file(cfg, name).unlink()
+
+
+def stop(cfg: StackConfig, names: list[str]) -> None:
+    """Stop the services; every process of their sessions is gone when this returns."""
+    stop_services(cfg, names)
+    for name in names:
+        _say(f"{name}: stopped")
+
+
+def status(cfg: StackConfig, names: list[str]) -> bool:
+    """Print one line per service; True when all of them are healthy."""
+    all_healthy = True
+    for name in names:
+        session = recorded_session(cfg, name)
+        processes = session_processes(session) if session is not None else []
+        healthy = SERVICES[name].healthy(cfg)
+        all_healthy &= healthy
+        state = "healthy" if healthy else ("unhealthy" if processes else "stopped")
+        _say(f"{name:8} {state:9} session={session} processes={len(processes)}")
+    return all_healthy
+
+
+def _exports(cfg: StackConfig) -> str:
+    return "".join(f"export {key}={value}\n" for key, value in cfg.client_env().items())
+
+
+def _write_env_file(cfg: StackConfig) -> None:
+    (cfg.state_dir / "env.sh").write_text(_exports(cfg))
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _parse_services(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = sorted(set(names) - set(SERVICES))
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown services {unknown}; choose from {SERVICE_ORDER}")
+    return [name for name in SERVICE_ORDER if name in names]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("action", choices=("start", "status", "stop"))
+    parser.add_argument("--services", type=_parse_services, default=list(SERVICE_ORDER))
+    args = parser.parse_args(argv)
+    cfg = StackConfig.from_env()
+    try:
+        if args.action == "start":
+            start(cfg, args.services)
+        elif args.action == "stop":
+            stop(cfg, args.services)
+            return 0
+        elif not status(cfg, args.services):
+            return 1
+    except StackError as error:
+        _say(f"error: {error}")
+        return 1
+    print(_exports(cfg), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
