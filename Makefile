@@ -26,3 +26,15 @@ lint: setup
 
 bench: setup
 	for script in benchmarks/bench_*.py; do $(PY) $$script || exit 1; done
+
+# Local stack (infra/local): Prefect server + worker, MLflow server, Ray head on 127.0.0.1.
+.PHONY: stack-up stack-status stack-down
+
+stack-up: setup
+	ELMO_PYTHON=$(PY) infra/local/start.sh
+
+stack-status: setup
+	ELMO_PYTHON=$(PY) infra/local/status.sh
+
+stack-down: setup
+	ELMO_PYTHON=$(PY) infra/local/stop.sh
