@@ -11,6 +11,7 @@ import sys
 import typer
 
 from elmo_core.errors import ElmoError
+from pipelines.adapt import adapt_command
 from pipelines.evaluate import evaluate_command
 from pipelines.prepare import prepare_command
 from pipelines.register import register_command
@@ -26,6 +27,7 @@ def _root() -> None:
 app.command("prepare")(prepare_command)
 app.command("evaluate")(evaluate_command)
 app.command("register")(register_command)
+app.command("adapt")(adapt_command)
 
 
 def run_app(typer_app: typer.Typer, argv: list[str] | None = None) -> int:
