@@ -28,6 +28,11 @@ import pyarrow.compute as pc
 
 from elmo_core.errors import DataError
 
+# UTF-8 of the characters Python's str.split() treats as whitespace beyond " \t\n\v\f\r".
+_NON_ASCII_SPACE = re.compile(
+    rb"[\x1c-\x1f]|\xc2[\x85\xa0]|\xe1\x9a\x80|\xe2\x80[\x80-\x8a\xa8\xa9\xaf]|\xe2\x81\x9f|\xe3\x80\x80"
+)
+
 
 def split_whitespace(lines: pa.Array) -> pa.ListArray:
     """``list<string>`` of each line's whitespace-separated tokens (empty list for a blank line).
@@ -35,7 +40,10 @@ def split_whitespace(lines: pa.Array) -> pa.ListArray:
     Arrow's ``utf8_split_whitespace`` keeps empty strings between repeated separators (like
     ``str.split(" ")``); they are removed here so the result equals Python's ``line.split()``.
     """
-    split = pc.utf8_split_whitespace(lines)
+    data = lines.buffers()[2]
+    unicode_space = data is not None and _NON_ASCII_SPACE.search(memoryview(data)) is not None
+    # The ASCII kernel is ~2.5x faster; it is exact unless the block holds other Unicode spaces.
+    split = pc.utf8_split_whitespace(lines) if unicode_space else pc.ascii_split_whitespace(lines)
     flat = pc.list_flatten(split)
     parents = pc.list_parent_indices(split)
     keep = pc.greater(pc.binary_length(flat), 0)

@@ -10,8 +10,14 @@ from elmo_core.text.tokenize import (
 )
 
 
-def test_split_whitespace_equals_python_split():
-    lines = ["  a  b\tc ", "", "   ", "x", "é\u00a0ü  z\r"]
+@pytest.mark.parametrize(
+    "lines",
+    [
+        ["  a  b\tc ", "", "   ", "x", "ü\v z\f\r"],  # ASCII whitespace only: the fast kernel
+        ["a\u00a0b", "c\u3000d e", "f\x1cg", "h\u2009i", "é ü"],  # other Unicode spaces
+    ],
+)
+def test_split_whitespace_equals_python_split(lines):
     assert split_whitespace(pa.array(lines)).to_pylist() == [line.split() for line in lines]
 
 
