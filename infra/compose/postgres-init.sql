@@ -1,0 +1,2 @@
+-- The Postgres image creates the `prefect` database (POSTGRES_DB); MLflow gets its own.
+CREATE DATABASE mlflow;
