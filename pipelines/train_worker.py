@@ -66,6 +66,8 @@ from pipelines.train_config import TrainJobConfig
 
 log = logging.getLogger(__name__)
 
+FAULT_DELAY_S = 6.0  # three of Ray Train's 2 s controller polls
+
 
 class WorkerConfig(StrictModel):
     """Everything a worker needs, resolved on the driver (typed at the Ray boundary)."""
@@ -278,12 +280,17 @@ class Worker:
             ray.train.report(metrics, checkpoint=checkpoint)  # [ray] a barrier on all ranks
 
     def _maybe_fail(self) -> None:
-        """Test hook: rank R kills its own process once at step S (proves the restart path)."""
+        """Test hook: rank R kills its own process once at step S (proves the restart path).
+
+        It first waits a few of the controller's polling intervals, so the last reported
+        checkpoint has been registered, as it has in any run that fails long after it.
+        """
         if self.cfg.fail_once is None:
             return
         rank, step, marker = self.cfg.fail_once.split(":", 2)
         if int(rank) == self.rank and int(step) == self.shared.step and not Path(marker).exists():
             Path(marker).touch()
+            time.sleep(FAULT_DELAY_S)
             os.kill(os.getpid(), signal.SIGKILL)
 
 

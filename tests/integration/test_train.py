@@ -1,0 +1,167 @@
+"""The train stage on a real local Ray (2 CPUs): DDP workers, a killed worker, exact resumption.
+
+Two runs keep the whole module near two minutes: a 2-worker run in which rank 1 kills its own
+process once (Ray Train restarts the group from the last checkpoint), checked for its curves, its
+MLflow record and its outputs; and a 1-worker run stopped by a kill and started again with the
+same command, checked against a straight run weight for weight.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from elmo_core.config import PrepareConfig
+from elmo_core.model.serialization import load_bilm
+from pipelines import tracking
+from pipelines.checkpoints import FINISHED_FILE
+from pipelines.corpus_sources import CorpusFiles
+from pipelines.prepare import prepare_files
+from pipelines.train import FAIL_ONCE_ENV, train
+from pipelines.train_config import resolve_train_config
+
+pytestmark = pytest.mark.integration
+
+NUM_WORDS = 150  # a vocabulary above the tiny preset's 64 sampled candidates
+SMALL_RUN = [
+    "train.batch_size=4",
+    "train.unroll_steps=5",
+    "train.log_every=4",
+    "train.validation_sentences=20",
+]
+
+
+def _sentences(rng: random.Random, count: int) -> list[str]:
+    """Learnable text: each sentence walks the word list in steps of 3 from a random start."""
+    lines = []
+    for _ in range(count):
+        start, length = rng.randrange(NUM_WORDS), rng.randint(3, 10)
+        lines.append(" ".join(f"w{(start + 3 * k) % NUM_WORDS}" for k in range(length)))
+    return lines
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> str:
+    """4 training shards and small heldout row groups, so both ranks get data of each split."""
+    root = tmp_path_factory.mktemp("train-corpus")
+    rng = random.Random(0)
+    (root / "train.txt").write_text("\n".join(_sentences(rng, 400)) + "\n")
+    (root / "heldout.txt").write_text("\n".join(_sentences(rng, 40)) + "\n")
+    corpus = CorpusFiles(str(root), "text", [root / "train.txt"], [root / "heldout.txt"])
+    cfg = PrepareConfig(format="text", sentences_per_shard=100, sentences_per_row_group=10)
+    prepare_files(cfg, corpus, str(root / "dataset"))
+    return str(root / "dataset")
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """A real SQLite tracking store under a fresh ELMO_HOME, shared by this module's tests."""
+    home = tmp_path_factory.mktemp("home")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ELMO_HOME", str(home))
+        patch.delenv("MLFLOW_TRACKING_URI", raising=False)
+        patch.delenv("RAY_ADDRESS", raising=False)
+        patch.delenv(tracking.PARENT_RUN_ENV, raising=False)
+        yield MlflowClient(tracking.use_tracking())
+
+
+def test_two_workers_survive_a_killed_worker_and_record_the_run(
+    ray_session, store, dataset, tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setenv(FAIL_ONCE_ENV, f"1:12:{tmp_path / 'killed'}")
+    cfg = resolve_train_config(
+        "tiny",
+        None,
+        [
+            *SMALL_RUN,
+            "train.max_steps=24",
+            "train.checkpoint_every=8",
+            "train.validate_every=8",
+            "run.num_workers=2",
+            "run.max_failures=1",
+            f"run.storage_path={tmp_path / 'runs'}",
+        ],
+    )
+    with tracking.stage_run("pretrain", run_name="flow") as parent:
+        parent_id = parent.info.run_id
+    result = train(cfg, dataset, parent_run_id=parent_id, tags={"elmo.flow": "test"})
+
+    assert (tmp_path / "killed").exists()  # rank 1 did die once
+    assert result.resumed_from_step == 8 and result.steps == result.total_steps == 24
+    run_dir = Path(result.run_dir)
+    assert json.loads((run_dir / FINISHED_FILE).read_text())["steps"] == 24
+    assert load_bilm(result.model_dir).vocab_size > NUM_WORDS
+    assert result.best_model_dir is not None and load_bilm(result.best_model_dir)
+
+    validation = store.get_metric_history(result.mlflow_run_id, "val/perplexity")
+    by_step = {m.step: m.value for m in validation}
+    assert sorted(by_step) == [8, 16, 24] and by_step[24] < by_step[8]  # the loss falls
+    assert result.best_perplexity == pytest.approx(min(by_step.values()))
+
+    run = store.get_run(result.mlflow_run_id)
+    assert run.info.run_name == result.run_name
+    assert run.data.tags["mlflow.parentRunId"] == parent_id
+    assert run.data.tags[tracking.STAGE_TAG] == "train" and run.data.tags["elmo.flow"] == "test"
+    assert run.data.params["train.max_steps"] == "24"
+    assert run.data.params["run.num_workers"] == "2"
+    assert len(run.data.params["dataset.manifest_sha256"]) == 64
+    assert "git_commit" in run.data.params
+    assert {
+        "train/sampled_loss",
+        "train/sampled_loss_forward",
+        "train/sampled_loss_backward",
+        "tokens_per_s",
+        "lr",
+        "grad_norm",
+        "val/perplexity_forward",
+        "val/perplexity_backward",
+    } <= set(run.data.metrics)
+    artifacts = {a.path for a in store.list_artifacts(result.mlflow_run_id)}
+    artifacts |= {a.path for a in store.list_artifacts(result.mlflow_run_id, "curves")}
+    assert {
+        "config.json",
+        "train_result.json",
+        "curves/train_sampled_loss.png",
+        "curves/val_perplexity.png",
+    } <= artifacts
+
+    again = train(cfg, dataset)  # the same command again: recognised, not retrained
+    assert again.already_finished and again.model_dir == result.model_dir
+
+
+def test_a_stopped_run_resumed_by_the_same_command_equals_a_straight_run(
+    ray_session, store, dataset, tmp_path, monkeypatch
+) -> None:
+    def config(name: str):
+        return resolve_train_config(
+            "tiny",
+            None,
+            [
+                *SMALL_RUN,
+                "train.max_steps=12",
+                "train.checkpoint_every=4",
+                "train.validate_every=6",
+                "run.max_failures=0",
+                f"run.name={name}",
+                f"run.storage_path={tmp_path / 'runs'}",
+            ],
+        )
+
+    straight = train(config("straight"), dataset)
+    monkeypatch.setenv(FAIL_ONCE_ENV, f"0:6:{tmp_path / 'stopped'}")
+    with pytest.raises(Exception):  # noqa: B017 - Ray's TrainingFailedError: the run stopped
+        train(config("resumed"), dataset)
+    assert not (tmp_path / "runs" / "resumed" / FINISHED_FILE).exists()
+    monkeypatch.delenv(FAIL_ONCE_ENV)
+    resumed = train(config("resumed"), dataset)
+
+    assert resumed.resumed_from_step == 4 and resumed.steps == straight.steps == 12
+    assert resumed.best_perplexity == straight.best_perplexity
+    expected = load_bilm(straight.model_dir).state_dict()
+    for name, tensor in load_bilm(resumed.model_dir).state_dict().items():
+        assert torch.equal(tensor, expected[name]), name
