@@ -19,6 +19,7 @@ Shapes: B rows, T tokens, L layers (LSTM layers + 1), D layer width (2P), N toke
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -70,7 +71,8 @@ class CachedActivations:
 
     def batch(self, indices: Sequence[int] | np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """Sentences ``indices`` → float32 ``layers (L, B, T, D)`` (zero padding), ``mask``."""
-        padded, mask = pad_ragged(self.activations, self.offsets, np.asarray(indices))
+        rows = np.asarray(indices, dtype=np.int64)  # (B,)
+        padded, mask = pad_ragged(self.activations, self.offsets, rows)
         layers = torch.from_numpy(padded).float().permute(2, 0, 1, 3).contiguous()  # (L, B, T, D)
         return layers, torch.from_numpy(mask)
 
@@ -177,7 +179,7 @@ class ActivationCache:
         staging = self.cache_dir / f".tmp-{key}-{uuid.uuid4().hex}"
         try:
             self._write(staging, key, bilm, sentences, batch_size, progress)
-            _publish(staging, directory)
+            _publish(staging, directory, key)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         return open_entry(directory, key)
@@ -238,15 +240,16 @@ def open_entry(directory: Path, key: str) -> CachedActivations:
     return CachedActivations(directory, key, activations, offsets)
 
 
-def _publish(staging: Path, directory: Path) -> None:
-    """Rename ``staging`` to ``directory``, replacing a bad entry; a concurrent writer may win."""
+def _publish(staging: Path, directory: Path, key: str) -> None:
+    """Rename ``staging`` to ``directory``; a good entry another job published meanwhile wins."""
     if directory.exists():
-        stale = directory.with_name(f".stale-{directory.name}-{uuid.uuid4().hex}")
         try:
-            os.rename(directory, stale)
-        except FileNotFoundError:
-            pass  # another job replaced it first
-        else:
+            open_entry(directory, key)
+            return
+        except (OSError, ValueError, KeyError):
+            stale = directory.with_name(f".stale-{directory.name}-{uuid.uuid4().hex}")
+            with contextlib.suppress(FileNotFoundError):  # another job moved it first
+                os.rename(directory, stale)
             shutil.rmtree(stale, ignore_errors=True)
     try:
         os.rename(staging, directory)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ from elmo_core.tasks.activation_cache import (
     ACTIVATIONS_FILE,
     META_FILE,
     ActivationCache,
+    _publish,
     data_fingerprint,
     flat_positions,
     live_activations,
@@ -146,3 +148,22 @@ def test_pad_ragged_matches_a_per_row_loop() -> None:
         np.testing.assert_array_equal(padded[row, :n], flat[offsets[index] : offsets[index + 1]])
         assert not padded[row, n:].any() and mask[row].sum() == n
     assert flat_positions(np.array([5, 0]), np.array([2, 3])).tolist() == [5, 6, 0, 1, 2]
+
+
+def test_a_good_entry_published_meanwhile_is_kept(bilm: CountingBiLM, tmp_path: Path) -> None:
+    cache = ActivationCache(tmp_path / "cache", dtype="float32")
+    entry = cache.get_or_build(bilm, SENTENCES, 8, False)
+    staging = tmp_path / "staging"
+    shutil.copytree(entry.directory, staging)
+    (staging / ACTIVATIONS_FILE).write_bytes(b"from a slower job")
+    calls = bilm.calls
+    _publish(staging, entry.directory, entry.key)
+    reopened = cache.get_or_build(bilm, SENTENCES, 8, False)
+    assert bilm.calls == calls  # the first entry was kept, not replaced and rebuilt
+    np.testing.assert_array_equal(reopened.activations, entry.activations)
+
+
+def test_an_empty_split_gives_an_empty_entry(bilm: CountingBiLM, tmp_path: Path) -> None:
+    cached = ActivationCache(tmp_path).get_or_build(bilm, [], 8, False)
+    assert len(cached) == 0 and cached.activations.shape == (0, 3, 32)
+    assert bilm.calls == 0
