@@ -15,6 +15,7 @@ from pipelines.adapt import adapt_command
 from pipelines.evaluate import evaluate_command
 from pipelines.prepare import prepare_command
 from pipelines.register import register_command
+from pipelines.train import train_command
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
@@ -25,6 +26,7 @@ def _root() -> None:
 
 
 app.command("prepare")(prepare_command)
+app.command("train")(train_command)
 app.command("evaluate")(evaluate_command)
 app.command("register")(register_command)
 app.command("adapt")(adapt_command)

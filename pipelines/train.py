@@ -11,13 +11,12 @@ The driver joins the cluster named by ``RAY_ADDRESS`` (or starts a local Ray), n
 :func:`pipelines.train_worker.train_loop_per_worker` to a TorchTrainer. The run lives in
 ``storage_path/name``: Ray Train keeps the checkpoints there, so running the same command again
 resumes a stopped run from its latest checkpoint, and a run with ``FINISHED.json`` is not trained
-again. ``main`` then evaluates the final model on the heldout split and, when the register stage
-exists, registers it (``--no-register`` skips both).
+again. ``main`` then evaluates the final model on the heldout split and registers it as a new
+version of the MLflow model (``--no-register`` skips both).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import math
 import os
@@ -281,14 +280,16 @@ def _evaluate_and_register(result: TrainResult, data: str, parent_run_id: str | 
         f"heldout perplexity {scores.perplexity:.2f} (forward {scores.forward_perplexity:.2f}, "
         f"backward {scores.backward_perplexity:.2f}) on {scores.num_tokens} tokens"
     )
-    if importlib.util.find_spec("pipelines.register") is None:
-        return
     from pipelines.register import register
 
     registered = register(
-        result.model_dir, scores, train_run_id=result.mlflow_run_id, parent_run_id=parent_run_id
+        result.model_dir,
+        data,
+        evaluation=scores,
+        run_id=result.mlflow_run_id,  # the version is logged into the training run
+        parent_run_id=parent_run_id,
     )
-    typer.echo(f"registered: {registered}")
+    typer.echo(f"registered {registered.uri}")
 
 
 def main(argv: list[str] | None = None) -> int:
