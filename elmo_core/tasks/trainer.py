@@ -26,7 +26,7 @@ from torch import nn
 from elmo_core.tasks.activation_cache import CachedActivations
 from elmo_core.tasks.config import TaskConfig
 from elmo_core.tasks.metrics import accuracy, span_f1
-from elmo_core.tasks.readers import AnyDataset, task_labels
+from elmo_core.tasks.readers import AnyDataset, check_labels, task_labels
 from elmo_core.tasks.task_model import (
     EncodedSplit,
     Example,
@@ -149,6 +149,7 @@ def _build(
     splits = {}
     for name, split in (("train", train), ("dev", dev), ("test", test)):
         if split is not None:
+            check_labels(split.dataset, labels)  # a dev tag unseen in train names its file
             activations = split.activations if use_elmo else None
             if use_elmo and activations is None:
                 raise ValueError(f"the ELMo model needs the cached activations of {name}")

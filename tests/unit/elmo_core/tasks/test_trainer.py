@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
 
+from elmo_core.errors import DataError
 from elmo_core.model.bilm import BiLM
 from elmo_core.tasks.config import TaskConfig
+from elmo_core.tasks.dataset import ClassificationExample, TaskDataset
 from elmo_core.tasks.trainer import (
     BASELINE,
     ELMO,
@@ -139,3 +142,12 @@ def test_predict_labels_raw_sentences_from_a_live_bilm(
     assert predict(pair_model, [(["the"], ["the", "cat"])])[0] in ("same", "diff")
     with pytest.raises(ValueError, match="needs the biLM"):
         predict(tagger, [["mr", "jordan"]])
+
+
+def test_a_dev_label_unseen_in_train_is_a_data_error(
+    task_splits: Splits, task_factory: TaskFactory
+) -> None:
+    splits = task_splits["classification"]
+    odd = TaskDataset(Path("dev.txt"), [ClassificationExample(["meh"], "neutral")])
+    with pytest.raises(DataError, match="neutral"):
+        train_task(task_factory("classification"), splits["train"], TaskSplit(odd), None, False)
