@@ -22,7 +22,7 @@ from pipelines import tracking
 from pipelines.checkpoints import FINISHED_FILE
 from pipelines.corpus_sources import CorpusFiles
 from pipelines.prepare import prepare_files
-from pipelines.train import FAIL_ONCE_ENV, train
+from pipelines.train import FAIL_ONCE_ENV, main, train
 from pipelines.train_config import resolve_train_config
 
 pytestmark = pytest.mark.integration
@@ -71,22 +71,19 @@ def store(tmp_path_factory):
 
 
 def test_two_workers_survive_a_killed_worker_and_record_the_run(
-    ray_session, store, dataset, tmp_path, monkeypatch
+    ray_session, store, dataset, tmp_path, monkeypatch, capsys
 ) -> None:
     monkeypatch.setenv(FAIL_ONCE_ENV, f"1:12:{tmp_path / 'killed'}")
-    cfg = resolve_train_config(
-        "tiny",
-        None,
-        [
-            *SMALL_RUN,
-            "train.max_steps=24",
-            "train.checkpoint_every=8",
-            "train.validate_every=8",
-            "run.num_workers=2",
-            "run.max_failures=1",
-            f"run.storage_path={tmp_path / 'runs'}",
-        ],
-    )
+    overrides = [
+        *SMALL_RUN,
+        "train.max_steps=24",
+        "train.checkpoint_every=8",
+        "train.validate_every=8",
+        "run.num_workers=2",
+        "run.max_failures=1",
+        f"run.storage_path={tmp_path / 'runs'}",
+    ]
+    cfg = resolve_train_config("tiny", None, overrides)
     with tracking.stage_run("pretrain", run_name="flow") as parent:
         parent_id = parent.info.run_id
     result = train(cfg, dataset, parent_run_id=parent_id, tags={"elmo.flow": "test"})
@@ -130,8 +127,15 @@ def test_two_workers_survive_a_killed_worker_and_record_the_run(
         "curves/val_perplexity.png",
     } <= artifacts
 
-    again = train(cfg, dataset)  # the same command again: recognised, not retrained
-    assert again.already_finished and again.model_dir == result.model_dir
+    # The same command again from the CLI: recognised as finished, then evaluated and registered.
+    args = ["--data", dataset, "--model", "tiny"]
+    for override in overrides:
+        args += ["--set", override]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert f"{result.run_name} already finished" in printed and "registered models:/" in printed
+    versions = store.search_model_versions("name = 'elmo-bilm'")
+    assert [v.run_id for v in versions] == [result.mlflow_run_id]
 
 
 def test_a_stopped_run_resumed_by_the_same_command_equals_a_straight_run(
