@@ -91,8 +91,10 @@ class ProjectedLSTMLayer(nn.Module):
         ).view(inputs.shape[0], inputs.shape[1], -1)  # (B, T, 4H): one GEMM for all steps
         step_mask = mask.unsqueeze(-1)  # (B, T, 1)
         outputs = []
-        for t in range(inputs.shape[1]):
-            new_h, new_c = self.step(input_gates[:, t], h, c)  # (B, P), (B, H)
+        # unbind, not input_gates[:, t]: its backward stacks the T step gradients once, where
+        # indexing would add a zero-filled (B, T, 4H) gradient per step.
+        for t, step_gates in enumerate(input_gates.unbind(1)):
+            new_h, new_c = self.step(step_gates, h, c)  # (B, P), (B, H)
             keep = step_mask[:, t]  # (B, 1)
             h = torch.where(keep, new_h, h)  # (B, P)
             c = torch.where(keep, new_c, c)  # (B, H)
