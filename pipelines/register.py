@@ -5,7 +5,12 @@ our biLM directory, the dataset's ``vocab.txt`` and ``manifest.json`` (the token
 inference). Its tags carry what a promotion policy compares (heldout perplexities) and what makes
 two numbers comparable at all (the heldout, vocabulary and manifest hashes). A bilm-tf HDF5 export
 (``options.json`` + ``weights.hdf5``, DESIGN.md §3) is logged next to it in the run, for tools
-that read the original format. Promotion (the ``champion`` alias) is decided elsewhere.
+that read the original format. After registering, :mod:`pipelines.registry_policy` decides
+whether the version takes the ``champion`` or the ``challenger`` alias (``apply_policy=False``
+skips that).
+
+Released bilm-tf weights come in through :func:`register_bilm` with files of their own (no
+dataset; maybe no vocabulary): see :mod:`pipelines.import_weights`.
 
 Loading back: ``mlflow.pyfunc.load_model("models:/elmo-bilm/3")`` embeds text;
 :func:`load_registered_bilm` gives the :class:`~elmo_core.model.bilm.BiLM` itself.
@@ -82,16 +87,20 @@ class RegisteredBiLM:
     uri: str  # models:/<name>/<version>
     run_id: str
     perplexity: float | None
+    alias: str | None = None  # the alias the registry policy gave it, if it ran
 
 
 @dataclass(frozen=True)
 class DatasetFiles:
-    """Local copies of the dataset files the model carries, with their hashes."""
+    """Local copies of the dataset files the model carries, with their hashes.
+
+    ``vocab`` is None for imported weights without a vocabulary (then there is no softmax).
+    """
 
     url: str
-    vocab: Path
+    vocab: Path | None
     manifest: Path
-    vocab_sha256: str
+    vocab_sha256: str | None
     manifest_sha256: str
 
 
@@ -105,15 +114,43 @@ def register(
     hdf5_export: bool = True,
     parent_run_id: str | None = None,
     tags: Mapping[str, str] | None = None,
+    apply_policy: bool = True,
 ) -> RegisteredBiLM:
     """Log ``model_dir`` as a pyfunc model into ``run_id`` (or a new register run) and register it.
 
     ``dataset_url`` is the prepared dataset the biLM was trained on (local or fsspec URL).
     """
+    with tempfile.TemporaryDirectory(prefix="elmo-register-dataset-") as scratch:
+        dataset = fetch_dataset_files(dataset_url, Path(scratch))
+        return register_bilm(
+            model_dir,
+            dataset,
+            evaluation=evaluation,
+            run_id=run_id,
+            name=name,
+            hdf5_export=hdf5_export,
+            parent_run_id=parent_run_id,
+            tags=tags,
+            apply_policy=apply_policy,
+        )
+
+
+def register_bilm(
+    model_dir: str | Path,
+    dataset: DatasetFiles,
+    *,
+    evaluation: Evaluation | None,
+    run_id: str | None = None,
+    name: str = DEFAULT_NAME,
+    hdf5_export: bool = True,
+    parent_run_id: str | None = None,
+    tags: Mapping[str, str] | None = None,
+    apply_policy: bool = True,
+) -> RegisteredBiLM:
+    """:func:`register` with the files the model carries already at hand (local copies)."""
     bilm = load_bilm(model_dir)  # a broken directory fails before anything is logged
     exporter = _bilm_tf_exporter() if hdf5_export else None
     with tempfile.TemporaryDirectory(prefix="elmo-register-") as scratch:
-        dataset = fetch_dataset_files(dataset_url, Path(scratch) / "dataset")
         version_tags = model_version_tags(evaluation, dataset)
         with stage_run(
             "register",
@@ -129,12 +166,18 @@ def register(
                 version_tags[BILM_TF_TAG] = f"runs:/{run.info.run_id}/{BILM_TF_ARTIFACTS}"
             info = log_bilm_model(Path(model_dir), dataset)
             registered = mlflow.register_model(info.model_uri, name, tags=version_tags)
+    alias = None
+    if apply_policy:
+        from pipelines.registry_policy import apply_champion_policy  # it reads our tag names
+
+        alias = apply_champion_policy(name, int(registered.version)).alias
     return RegisteredBiLM(
         name=name,
         version=int(registered.version),
         uri=f"models:/{name}/{registered.version}",
         run_id=run.info.run_id,
         perplexity=None if evaluation is None else float(evaluation.perplexity),
+        alias=alias,
     )
 
 
@@ -144,16 +187,18 @@ def log_bilm_model(model_dir: Path, dataset: DatasetFiles) -> mlflow.models.mode
     Explicit requirements skip MLflow's inference, which imports the model in a subprocess. No
     input example: validating it would load the whole biLM a second time while logging.
     """
+    artifacts = {
+        bilm_pyfunc.BILM_ARTIFACT: str(model_dir),
+        bilm_pyfunc.MANIFEST_ARTIFACT: str(dataset.manifest),
+    }
+    if dataset.vocab is not None:
+        artifacts[bilm_pyfunc.VOCAB_ARTIFACT] = str(dataset.vocab)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*input example was not provided")
         return mlflow.pyfunc.log_model(
             name=MODEL_ARTIFACT,
             python_model=bilm_pyfunc.__file__,
-            artifacts={
-                bilm_pyfunc.BILM_ARTIFACT: str(model_dir),
-                bilm_pyfunc.VOCAB_ARTIFACT: str(dataset.vocab),
-                bilm_pyfunc.MANIFEST_ARTIFACT: str(dataset.manifest),
-            },
+            artifacts=artifacts,
             signature=bilm_pyfunc.model_signature(),
             pip_requirements=[
                 f"elmo-platform=={package_version('elmo-platform')}",
@@ -191,12 +236,11 @@ def fetch_dataset_files(dataset_url: str, target: Path) -> DatasetFiles:
 
 
 def model_version_tags(evaluation: Evaluation | None, dataset: DatasetFiles) -> dict[str, str]:
-    """Tags of the new version; the perplexity tags are absent without an evaluation."""
-    tags = {
-        DATASET_TAG: dataset.url,
-        VOCAB_HASH_TAG: dataset.vocab_sha256,
-        MANIFEST_HASH_TAG: dataset.manifest_sha256,
-    }
+    """Tags of the new version; the perplexity tags are absent without an evaluation, the
+    vocabulary's without a vocabulary."""
+    tags = {DATASET_TAG: dataset.url, MANIFEST_HASH_TAG: dataset.manifest_sha256}
+    if dataset.vocab_sha256 is not None:
+        tags[VOCAB_HASH_TAG] = dataset.vocab_sha256
     if evaluation is not None:
         tags.update(
             {
@@ -294,7 +338,9 @@ def register_command(
         hdf5_export=hdf5,
     )
     perplexity = "no evaluation" if result.perplexity is None else f"{result.perplexity:.2f}"
-    typer.echo(f"{result.uri} (run {result.run_id}, heldout perplexity {perplexity})")
+    typer.echo(
+        f"{result.uri} (run {result.run_id}, heldout perplexity {perplexity}, alias {result.alias})"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
