@@ -1,0 +1,186 @@
+"""biLM training throughput and model FLOP utilisation on one accelerator (an H200 in mind).
+
+One process, only ``elmo_core`` and ``torch``: builds the ``original`` model with the 793,471-word
+softmax, feeds synthetic Zipf-distributed words (so the per-type char CNN sees a realistic number of
+distinct words), and times full training steps (forward + backward + Adagrad, grad-norm clip 10,
+bf16 autocast on GPU) of our BiLM next to the straightforward implementation of
+``bench_bilm.py``. Model FLOPs are counted from the config (DESIGN.md §4: ≈0.8 GFLOP per position
+for ``original``), as if the char CNN ran at every position, so the per-type saving shows up as
+utilisation; the peak is a bf16 matmul rate measured on the same machine.
+
+    python benchmarks/gpu_bilm.py                # original, 128 × 20, on CUDA
+    python benchmarks/gpu_bilm.py --smoke        # tiny sizes, any device (tested in CI)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_bilm import StraightforwardBiLM  # noqa: E402
+
+from elmo_core.config import ModelConfig  # noqa: E402
+from elmo_core.model.bilm import BiLM  # noqa: E402
+from elmo_core.model.softmax import LogUniformSampler  # noqa: E402
+from elmo_core.presets import model_preset  # noqa: E402
+
+
+def training_flops_per_position(config: ModelConfig) -> float:
+    """Model FLOPs of one training position, both directions: 3 × forward (forward + backward)."""
+    cnn, lstm = config.char_cnn, config.lstm
+    width, filters = cnn.max_chars_per_token, cnn.num_filters
+    char_cnn = sum(n * w * cnn.embedding_dim * (width - w + 1) for w, n in cnn.filters)
+    char_cnn += 2 * cnn.num_highway * filters**2 + filters * lstm.projection_dim
+    recurrent = sum(
+        4 * lstm.cell_dim * (2 * lstm.projection_dim) + lstm.cell_dim * lstm.projection_dim
+        for _ in range(lstm.num_layers)
+    )
+    softmax = (config.num_samples + 1) * lstm.projection_dim
+    forward_macs = 2 * (char_cnn + recurrent + softmax)  # two streams, one per direction
+    return 3 * 2 * forward_macs
+
+
+def synthetic_windows(
+    batch: int, window: int, vocab: int, num_types: int, width: int, device: torch.device
+) -> dict[str, torch.Tensor]:
+    """Both streams: Zipf word ids (targets) and the char ids of random lowercase words."""
+    generator = torch.Generator().manual_seed(0)
+    lengths = torch.randint(1, 13, (num_types,), generator=generator)  # (U,)
+    letters = torch.randint(98, 124, (num_types, width), generator=generator)  # 'a'.. +1 ids
+    slots = torch.arange(width)  # (W,)
+    table = torch.where(slots <= lengths.unsqueeze(1), letters, 261)  # pad char, +1 convention
+    table[:, 0] = 259  # begin-of-word
+    table[torch.arange(num_types), lengths + 1] = 260  # end-of-word
+    sampler = LogUniformSampler(vocab)
+    windows = {}
+    for name in ("forward", "backward"):
+        words = sampler.draw(batch * (window + 1), generator).view(batch, window + 1)  # (B, T+1)
+        windows[f"{name}_inputs"] = table[words[:, :-1] % num_types].to(device)  # (B, T, W)
+        windows[f"{name}_targets"] = words[:, 1:].to(device)  # (B, T)
+    return windows
+
+
+def seconds_per_call(
+    run: Callable[[], object], steps: int, warmup: int, device: torch.device
+) -> float:
+    def synchronize() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    for _ in range(warmup):
+        run()
+    times = []
+    for _ in range(steps):
+        synchronize()
+        start = time.perf_counter()
+        run()
+        synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def matmul_flops_per_second(device: torch.device, size: int, dtype: torch.dtype) -> float:
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    return 2 * size**3 / seconds_per_call(lambda: a @ b, 10, 3, device)
+
+
+def training_step(model: BiLM, loss: Callable[[], torch.Tensor], bf16: bool) -> Callable[[], None]:
+    optimizer = torch.optim.Adagrad(model.parameters(), lr=0.2, initial_accumulator_value=1.0)
+    device_type = next(model.parameters()).device.type
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        autocast = (
+            torch.autocast(device_type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+        )
+        with autocast:
+            value = loss()
+        value.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
+        optimizer.step()
+
+    return step
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--preset", default="original")
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--window", type=int, default=20)
+    parser.add_argument("--vocab", type=int, default=793_471)
+    parser.add_argument("--types", type=int, default=50_000, help="distinct synthetic words")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps after warm-up")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--lstm-impl", default="reference", choices=["reference", "cudnn"])
+    parser.add_argument("--no-bf16", action="store_true")
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny sizes: a CPU check of the script"
+    )
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.preset, args.batch, args.window, args.vocab, args.types = "tiny", 4, 5, 200, 50
+        args.steps, args.warmup = 1, 1
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    bf16 = device.type == "cuda" and not args.no_bf16
+    config = model_preset(args.preset)
+    if args.lstm_impl == "cudnn":
+        lstm = config.lstm.model_copy(update={"cell_clip": None, "proj_clip": None})
+        config = config.model_copy(update={"lstm": lstm})
+    config = config.model_copy(update={"lstm_impl": args.lstm_impl})
+    torch.manual_seed(0)
+    model = BiLM(config, args.vocab).to(device).train()
+    baseline = StraightforwardBiLM(model)
+    windows = synthetic_windows(
+        args.batch, args.window, args.vocab, args.types, config.char_cnn.max_chars_per_token, device
+    )
+    positions = args.batch * args.window
+    seconds = {
+        "ours": seconds_per_call(
+            training_step(model, lambda: model.training_loss(**windows)[0].loss, bf16),
+            args.steps,
+            args.warmup,
+            device,
+        ),
+        "straightforward": seconds_per_call(
+            training_step(model, lambda: baseline.training_loss(windows), bf16),
+            args.steps,
+            args.warmup,
+            device,
+        ),
+    }
+    peak = matmul_flops_per_second(
+        device, 256 if args.smoke else 8192, torch.bfloat16 if bf16 else torch.float32
+    )
+    flops = training_flops_per_position(config) * positions
+    print(f"{device} {torch.cuda.get_device_name() if device.type == 'cuda' else ''}".strip())
+    print(
+        f"preset {args.preset}, batch {args.batch} x {args.window}, vocab {args.vocab}, bf16 {bf16}"
+    )
+    print(
+        f"matmul peak {peak / 1e12:.1f} TFLOP/s; model {flops / positions / 1e9:.3f} GFLOP/position"
+    )
+    print(f"{'implementation':16} {'s/step':>8} {'positions/s':>12} {'MFU':>7}")
+    summary: dict[str, object] = {"device": device.type, "preset": args.preset, "bf16": bf16}
+    for name, value in seconds.items():
+        utilisation = flops / value / peak
+        print(f"{name:16} {value:8.3f} {positions / value:12.0f} {utilisation:7.2%}")
+        summary[f"{name}_positions_per_s"] = round(positions / value, 1)
+        summary[f"{name}_mfu"] = round(utilisation, 4)
+    summary["ratio"] = round(seconds["straightforward"] / seconds["ours"], 3)
+    summary["matmul_tflops"] = round(peak / 1e12, 2)
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

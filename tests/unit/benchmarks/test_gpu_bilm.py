@@ -1,0 +1,35 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from elmo_core.presets import model_preset
+
+SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "gpu_bilm.py"
+
+
+@pytest.fixture
+def gpu_bilm(monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    import gpu_bilm
+
+    return gpu_bilm
+
+
+def test_counts_the_design_notes_flops_for_the_original_model(gpu_bilm):
+    # DESIGN.md §4: ≈ 274 MFLOP forward, ≈ 0.8 GFLOP per training position (both directions)
+    flops = gpu_bilm.training_flops_per_position(model_preset("original"))
+    assert 0.80e9 < flops < 0.84e9
+
+
+def test_smoke_run_times_both_implementations_and_ends_with_json():
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--smoke"], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["preset"] == "tiny"
+    assert summary["ours_positions_per_s"] > 0 and summary["straightforward_positions_per_s"] > 0
+    assert summary["ratio"] > 0 and summary["ours_mfu"] > 0
