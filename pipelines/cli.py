@@ -13,8 +13,10 @@ import typer
 from elmo_core.errors import ElmoError
 from pipelines.adapt import adapt_command
 from pipelines.evaluate import evaluate_command
+from pipelines.import_weights import import_weights_command
 from pipelines.prepare import prepare_command
 from pipelines.register import register_command
+from pipelines.registry_policy import promote_command
 from pipelines.train import train_command
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -29,6 +31,8 @@ app.command("prepare")(prepare_command)
 app.command("train")(train_command)
 app.command("evaluate")(evaluate_command)
 app.command("register")(register_command)
+app.command("promote")(promote_command)
+app.command("import-weights")(import_weights_command)
 app.command("adapt")(adapt_command)
 
 

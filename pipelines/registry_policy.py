@@ -203,7 +203,7 @@ def promote_command(
     name: Annotated[str, typer.Option(help="registered model name")] = DEFAULT_NAME,
     alias: Annotated[str, typer.Option(help="alias to set")] = CHAMPION,
 ) -> None:
-    """Set an alias (default ``champion``) on a model version by hand."""
+    """Set an alias (default champion) on a model version by hand."""
     previous = promote(name, version, alias)
     replaced = "" if previous in (None, version) else f" (was version {previous})"
     typer.echo(f"models:/{name}@{alias} → version {version}{replaced}")
