@@ -1,0 +1,518 @@
+"""Throughput and peak memory of ``elmo prepare`` against a naive pure-Python preparer.
+
+    python benchmarks/bench_prepare.py [--data-root ../shared/data] [--size-mb 200] [--quick]
+        [--repeats 3] [--workers-list 1,2] [--max-vocab 100000] [--keep-corpus]
+
+Corpus: PTB (already tokenized) and the plain-text books (a cheap regex split of punctuation,
+sentences cut at ``.``/``!``/``?``) copied until ``--size-mb`` of whitespace-tokenized text, in the
+1B Word Benchmark layout (``training-monolingual.tokenized.shuffled/news.en-000NN-of-00100``,
+``heldout-monolingual.tokenized.shuffled/news.en.heldout-000NN-of-00050``). Copy k shuffles the
+sentences and respells a fraction ``MUTATE_FRACTION / sqrt(k)`` of the tokens of rarer types as
+``word_k``, so the type count keeps growing, sub-linearly, as a real corpus's does. Corpora are
+cached under ``--cache-dir`` keyed by their parameters (removed at the end unless
+``--keep-corpus``); a corpus of twice the size checks that peak memory stays flat.
+
+Baseline: :func:`naive_prepare` — ``line.split()``, a ``Counter``, vocabulary by descending count,
+Python lists of target ids per sentence written to Parquet by pyarrow, one file per input file.
+Candidate: ``python -m pipelines.prepare --format 1b-benchmark --workers N`` (Arrow kernels, one
+Arrow thread per worker). Both run as subprocesses; their results are checked to agree (same
+vocabulary in the same order, same counts, token and sentence totals, OOV counts and sum of target
+ids per split) before anything is timed — that first run of each is the warm-up. Time: wall clock
+of the whole command (interpreter start and imports included). Memory, sampled from ``/proc``
+every 0.1 s: the main process's peak RSS (its high-water mark), the largest peak RSS of any child
+(the worker processes), and the peak of the whole process tree's summed PSS (shared pages counted
+once). Last line: one JSON object with ``ratio = baseline_seconds / candidate_seconds`` (one
+worker) and the scaling and memory figures. Skips cleanly (exit 0) when the data root is absent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+REPO = Path(__file__).resolve().parents[1]
+TRAIN_DIR = "training-monolingual.tokenized.shuffled"
+HELDOUT_DIR = "heldout-monolingual.tokenized.shuffled"
+SPECIALS = ("<S>", "</S>", "<UNK>")  # bilm-tf's vocabulary head, as elmo_core.text.vocab
+CORPUS_VERSION = 1  # bump when the generator changes: part of the cache key
+MUTATE_FRACTION = 0.05  # copy k respells this / sqrt(k) of the rare types' tokens
+COMMON_TYPES = 1000  # the most frequent base types are never respelled
+MAX_SENTENCE_TOKENS = 100
+HELDOUT_FRACTION = 0.01
+_WORD = re.compile(r"\w+(?:['’]\w+)*|[^\w\s]")
+_VERSE = re.compile(r"^[A-Za-z]+\d+:\d+\s+", re.MULTILINE)  # kjv.txt's "Ge1:1 " prefixes
+_PARAGRAPH = re.compile(r"\n\s*\n")
+_CLOSING = frozenset("\"'”’)]")
+
+
+# --- corpus --------------------------------------------------------------------------------------
+
+
+def source_files(data_root: Path) -> tuple[list[Path], list[Path]]:
+    """(tokenized PTB files, raw book files) under ``data_root``; empty when absent."""
+    tokenized = sorted((data_root / "ptb").glob("*.txt")) if (data_root / "ptb").is_dir() else []
+    raw = sorted((data_root / "text").rglob("*.txt")) if (data_root / "text").is_dir() else []
+    return tokenized, raw
+
+
+def book_sentences(text: str) -> Iterator[list[str]]:
+    """Raw running text → sentences: words and punctuation split by regex, cut at end marks."""
+    for paragraph in _PARAGRAPH.split(_VERSE.sub("", text)):
+        sentence: list[str] = []
+        ended = False  # an end mark was seen: the sentence ends before the next non-quote
+        for token in _WORD.findall(paragraph):
+            if (ended and token not in _CLOSING) or len(sentence) >= MAX_SENTENCE_TOKENS:
+                yield sentence
+                sentence, ended = [], False
+            sentence.append(token)
+            ended = ended or token in ".!?"
+        if sentence:
+            yield sentence
+
+
+@dataclass(frozen=True)
+class BaseCorpus:
+    """The source sentences once, dictionary-encoded: copies are made from these arrays."""
+
+    types: pa.Array  # (Y,) string
+    ids: np.ndarray  # (N,) int32 type of each token
+    offsets: np.ndarray  # (S+1,) int32 sentence bounds
+    rare: np.ndarray  # (Y,) bool: outside the COMMON_TYPES most frequent types
+
+
+def read_base(tokenized: list[Path], raw: list[Path]) -> BaseCorpus:
+    sentences = [
+        tokens
+        for path in tokenized
+        for line in path.read_text(encoding="utf-8").splitlines()
+        if (tokens := line.split())
+    ]
+    for path in raw:
+        sentences.extend(book_sentences(path.read_text(encoding="utf-8", errors="replace")))
+    lengths = np.fromiter((len(s) for s in sentences), dtype=np.int32, count=len(sentences))
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    encoded = pc.dictionary_encode(pa.array([t for s in sentences for t in s], pa.string()))
+    ids = encoded.indices.to_numpy().astype(np.int32)
+    counts = np.bincount(ids, minlength=len(encoded.dictionary))
+    rare = np.ones(len(counts), dtype=bool)
+    rare[np.argsort(-counts, kind="stable")[:COMMON_TYPES]] = False
+    return BaseCorpus(encoded.dictionary, ids, offsets, rare)
+
+
+def corpus_copy(base: BaseCorpus, k: int, seed: int) -> pa.Array:
+    """Copy ``k`` as lines ending in ``\\n``: sentences shuffled, some rare tokens respelled."""
+    rng = np.random.default_rng([seed, k])
+    tokens = base.types.take(pa.array(base.ids))
+    if k:
+        chosen = rng.random(len(base.ids)) < MUTATE_FRACTION / math.sqrt(k)
+        mutate = pa.array(base.rare[base.ids] & chosen)
+        tokens = pc.if_else(mutate, pc.binary_join_element_wise(tokens, f"_{k}", ""), tokens)
+    sentences = pa.ListArray.from_arrays(pa.array(base.offsets), tokens)
+    sentences = sentences.take(pa.array(rng.permutation(len(sentences))))
+    return pc.binary_join_element_wise(pc.binary_join(sentences, " "), "", "\n")
+
+
+def _write_lines(lines: pa.Array, handles: list[BinaryIO], start: int, stop: int) -> None:
+    """Write lines ``start:stop`` spread evenly over ``handles`` (one contiguous run each)."""
+    offsets = np.frombuffer(lines.buffers()[1], np.int32)[lines.offset :]
+    data = memoryview(lines.buffers()[2])
+    bounds = np.linspace(start, stop, len(handles) + 1).astype(np.int64)
+    for handle, a, b in zip(handles, bounds[:-1], bounds[1:], strict=True):
+        handle.write(data[offsets[a] : offsets[b]])
+
+
+def build_corpus(
+    data_root: Path,
+    size_bytes: int,
+    cache_dir: Path,
+    *,
+    train_files: int = 20,
+    heldout_files: int = 2,
+    seed: int = 0,
+) -> Path:
+    """The 1B-layout corpus of at least ``size_bytes`` training text, built once per parameters."""
+    tokenized, raw = source_files(data_root)
+    key = json.dumps(
+        [CORPUS_VERSION, size_bytes, train_files, heldout_files, seed]
+        + [[str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns] for p in tokenized + raw]
+    )
+    target = cache_dir / f"1b-{size_bytes}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+    if target.is_dir():
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".building-", dir=cache_dir))
+    (staging / TRAIN_DIR).mkdir()
+    (staging / HELDOUT_DIR).mkdir()
+    names = [f"{TRAIN_DIR}/news.en-{i + 1:05d}-of-00100" for i in range(train_files)]
+    names += [f"{HELDOUT_DIR}/news.en.heldout-{i:05d}-of-00050" for i in range(heldout_files)]
+    with ExitStack() as stack:
+        handles = [stack.enter_context(open(staging / n, "wb", buffering=1 << 22)) for n in names]
+        write_copies(read_base(tokenized, raw), handles, heldout_files, size_bytes, seed)
+    staging.rename(target)
+    return target
+
+
+def write_copies(
+    base: BaseCorpus, handles: list[BinaryIO], num_heldout_files: int, size_bytes: int, seed: int
+) -> None:
+    """Copies 0, 1, ... until ``size_bytes`` of training lines: 1% of each to the heldout files."""
+    train, heldout = handles[:-num_heldout_files], handles[-num_heldout_files:]
+    written, k = 0, 0
+    while written < size_bytes:
+        lines = corpus_copy(base, k, seed)
+        num_heldout = max(num_heldout_files, round(HELDOUT_FRACTION * len(lines)))
+        _write_lines(lines, heldout, 0, num_heldout)
+        line_ends = np.cumsum(pc.binary_length(lines).to_numpy()[num_heldout:])
+        num_train = int(np.searchsorted(line_ends, size_bytes - written)) + 1
+        num_train = min(len(line_ends), max(len(train), num_train))  # no file left empty
+        _write_lines(lines, train, num_heldout, num_heldout + num_train)
+        written += int(line_ends[num_train - 1])
+        k += 1
+
+
+def corpus_files(corpus: Path) -> tuple[list[Path], list[Path]]:
+    """(training, heldout) files of a 1B-layout corpus, sorted."""
+    return sorted((corpus / TRAIN_DIR).iterdir()), sorted((corpus / HELDOUT_DIR).iterdir())
+
+
+# --- the two implementations and what they produce -----------------------------------------------
+
+
+@dataclass
+class Summary:
+    """What both implementations must agree on."""
+
+    vocab: list[str]  # id order, specials first
+    counts: list[int]  # training count of vocab[3:]
+    num_tokens: dict[str, int]
+    num_sentences: dict[str, int]
+    num_oov: dict[str, int]
+    target_sum: dict[str, int]  # sum of every target id per split: the ids themselves agree
+
+
+def naive_prepare(corpus: Path, out: Path, max_vocab: int | None) -> Summary:
+    """The baseline: split() per line, a Counter, Python lists of ids written by pyarrow."""
+    train, heldout = corpus_files(corpus)
+    counter: Counter[str] = Counter()
+    for path in train:
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                counter.update(line.split())
+    for special in SPECIALS:
+        counter.pop(special, None)
+    ranked = sorted(counter.items(), key=lambda item: (-item[1], item[0]))  # code point = UTF-8
+    ranked = ranked[: max_vocab - len(SPECIALS)] if max_vocab else ranked
+    vocab = [*SPECIALS, *(token for token, _ in ranked)]
+    ids = {token: i for i, token in enumerate(vocab)}
+    summary = Summary(vocab, [c for _, c in ranked], {}, {}, {}, {})
+    for split, paths in (("train", train), ("heldout", heldout)):
+        sentences = tokens = oov = total = 0
+        for path in paths:
+            rows = []
+            with open(path, encoding="utf-8") as handle:
+                for line in handle:
+                    if words := line.split():
+                        rows.append([ids.get(word, 2) for word in words])
+            targets = pa.array(rows, pa.list_(pa.int32()))
+            pq.write_table(pa.table({"targets": targets}), out / f"{split}-{path.name}.parquet")
+            flat = pc.list_flatten(targets)  # the check's figures, not part of the naive work
+            sentences, tokens = sentences + len(rows), tokens + len(flat)
+            oov += int(pc.sum(pc.equal(flat, 2).cast(pa.int64())).as_py() or 0)
+            total += int(pc.sum(flat.cast(pa.int64())).as_py() or 0)
+        summary.num_sentences[split], summary.num_tokens[split] = sentences, tokens
+        summary.num_oov[split], summary.target_sum[split] = oov, total
+    (out / "summary.json").write_text(json.dumps(asdict(summary)), encoding="utf-8")
+    return summary
+
+
+def read_naive(out: Path) -> Summary:
+    return Summary(**json.loads((out / "summary.json").read_text(encoding="utf-8")))
+
+
+def read_prepared(out: Path) -> Summary:
+    """The same figures from a prepared dataset (vocab files, manifest, shards)."""
+    vocab = (out / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    rows = (out / "vocab_counts.tsv").read_text(encoding="utf-8").splitlines()
+    splits = json.loads((out / "manifest.json").read_text(encoding="utf-8"))["splits"]
+    target_sum = {}
+    for split in splits:
+        targets = pq.read_table(out / split, columns=["targets"])["targets"]
+        target_sum[split] = int(pc.sum(pc.list_flatten(targets)).as_py() or 0)
+    return Summary(
+        vocab=vocab,
+        counts=[int(row.rsplit("\t", 1)[1]) for row in rows[len(SPECIALS) :]],
+        num_tokens={s: info["num_tokens"] for s, info in splits.items()},
+        num_sentences={s: info["num_sentences"] for s, info in splits.items()},
+        num_oov={s: info["num_oov_tokens"] for s, info in splits.items()},
+        target_sum=target_sum,
+    )
+
+
+def check_agree(baseline: Summary, candidate: Summary) -> None:
+    """Raise naming the first field on which the two implementations differ."""
+    for name, expected in asdict(baseline).items():
+        got = getattr(candidate, name)
+        if got != expected:
+            if isinstance(expected, list):
+                first = next(
+                    (i for i, (a, b) in enumerate(zip(expected, got, strict=False)) if a != b), None
+                )
+                detail = f"lengths {len(expected)} / {len(got)}, first difference at {first}"
+            else:
+                detail = f"{expected} / {got}"
+            raise AssertionError(f"baseline and candidate disagree on {name}: {detail}")
+
+
+# --- running and measuring -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Run:
+    seconds: float
+    main_peak_mb: float | None  # the command's own process: its RSS high-water mark
+    child_peak_mb: float | None  # the largest high-water mark among its descendants
+    tree_peak_mb: float | None  # the peak of the whole tree's summed PSS
+
+
+def _descendants(pid: int) -> list[int]:
+    found, stack = [], [pid]
+    while stack:
+        parent = stack.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            try:
+                children = [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            found.extend(children)
+            stack.extend(children)
+    return found
+
+
+def _memory_kb(pid: int, field: str, name: str) -> int | None:
+    """A ``kB`` field of ``/proc/PID/{name}`` (None once the process is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/{name}").read_text().splitlines():
+            if line.startswith(field):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def measure(command: list[str], env: dict[str, str], interval: float = 0.1) -> Run:
+    """Run ``command``; its wall time and peak memory (see the module doc), sampled."""
+    main = child = tree = 0
+    with tempfile.TemporaryFile() as log:
+        started = time.perf_counter()
+        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=log)
+        while process.poll() is None:
+            main = max(main, _memory_kb(process.pid, "VmHWM", "status") or 0)
+            pss = _memory_kb(process.pid, "Pss:", "smaps_rollup") or 0
+            for pid in _descendants(process.pid):
+                child = max(child, _memory_kb(pid, "VmHWM", "status") or 0)
+                pss += _memory_kb(pid, "Pss:", "smaps_rollup") or 0
+            tree = max(tree, pss)
+            time.sleep(interval)
+        seconds = time.perf_counter() - started
+        if process.returncode:
+            log.seek(0)
+            tail = log.read().decode(errors="replace")[-3000:]
+            raise RuntimeError(f"{' '.join(command)} failed ({process.returncode}):\n{tail}")
+    return Run(seconds, *(kb / 1024 if kb else None for kb in (main, child, tree)))
+
+
+def naive_command(corpus: Path, out: Path, max_vocab: int | None) -> list[str]:
+    vocab = ["--max-vocab", str(max_vocab)] if max_vocab else []
+    return [sys.executable, __file__, "--run-naive", str(corpus), str(out), *vocab]
+
+
+def prepare_command(corpus: Path, out: Path, max_vocab: int | None, workers: int) -> list[str]:
+    vocab = ["--max-vocab", str(max_vocab)] if max_vocab else []
+    return [
+        *(sys.executable, "-m", "pipelines.prepare", "--corpus", str(corpus), "--out", str(out)),
+        *("--format", "1b-benchmark", "--workers", str(workers), *vocab),
+    ]
+
+
+def fresh(out: Path) -> Path:
+    """An empty output directory (prepare would otherwise resume the previous run)."""
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    return out
+
+
+# --- the benchmark -------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-root", type=Path, default=REPO.parent / "shared" / "data")
+    parser.add_argument("--size-mb", type=int, default=200, help="training text of the corpus")
+    parser.add_argument("--quick", action="store_true", help="a 20 MB sanity run")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--workers-list", default="1,2", help="candidate worker counts to time")
+    parser.add_argument("--max-vocab", type=int, default=100_000, help="fixed for every run")
+    parser.add_argument("--train-files", type=int, default=20)
+    parser.add_argument(
+        "--cache-dir", type=Path, default=Path(tempfile.gettempdir()) / "elmo-bench-prepare"
+    )
+    parser.add_argument("--keep-corpus", action="store_true", help="keep the cached corpora")
+    parser.add_argument(
+        "--run-naive", nargs=2, type=Path, metavar=("CORPUS", "OUT"), help="internal: the baseline"
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.size_mb = 20
+    args.workers = [int(n) for n in args.workers_list.split(",")]
+    return args
+
+
+def timed(label: str, command: list[str], out: Path, env: dict[str, str], repeats: int) -> Run:
+    """The median time of ``repeats`` runs (fresh output each), with the worst memory seen."""
+    runs = []
+    for _ in range(repeats):
+        fresh(out)
+        runs.append(measure(command, env))
+        print(f"  {label}: {runs[-1].seconds:.2f}s", file=sys.stderr)
+    worst = {
+        name: max((getattr(r, name) for r in runs if getattr(r, name)), default=None)
+        for name in ("main_peak_mb", "child_peak_mb", "tree_peak_mb")
+    }
+    return Run(statistics.median(r.seconds for r in runs), **worst)
+
+
+def print_table(rows: list[tuple[str, int, Run]]) -> None:
+    def mb(value: float | None) -> str:
+        return f"{value:,.0f}" if value else "-"
+
+    print(f"{'implementation':<24}{'tokens':>12}{'seconds':>10}{'M tok/s':>9}"
+          f"{'main MB':>9}{'child MB':>10}{'tree MB':>9}")  # fmt: skip
+    for label, tokens, run in rows:
+        rate = tokens / run.seconds / 1e6
+        memory = f"{mb(run.main_peak_mb):>9}{mb(run.child_peak_mb):>10}{mb(run.tree_peak_mb):>9}"
+        print(f"{label:<24}{tokens:>12,}{run.seconds:>10.2f}{rate:>9.2f}{memory}")
+
+
+def peak(run: Run) -> float:
+    """The tree's peak (PSS) where sampled, else the main process's."""
+    return run.tree_peak_mb or run.main_peak_mb or float("nan")
+
+
+def run_all(
+    args: argparse.Namespace, corpora: list[Path], work: Path
+) -> tuple[list[tuple[str, int, Run]], list[int]]:
+    """Check agreement (the warm-up), then time baseline, each worker count, and the x2 corpus."""
+    env = {**os.environ, "ELMO_HOME": str(work / "home")}
+    base_out, cand_out = fresh(work / "naive"), fresh(work / "prepared")
+    naive = naive_command(corpora[0], base_out, args.max_vocab)
+    measure(naive, env)
+    measure(prepare_command(corpora[0], cand_out, args.max_vocab, 1), env)
+    baseline = read_naive(base_out)
+    check_agree(baseline, read_prepared(cand_out))
+    print("baseline and candidate agree", file=sys.stderr)
+    num_types = [_num_types(cand_out)]
+    tokens = sum(baseline.num_tokens.values())
+    rows = [("naive", tokens, timed("naive", naive, base_out, env, args.repeats))]
+    for n in args.workers:
+        command = prepare_command(corpora[0], cand_out, args.max_vocab, n)
+        rows.append((f"prepare w{n}", tokens, timed(f"w{n}", command, cand_out, env, args.repeats)))
+    command = prepare_command(corpora[1], cand_out, args.max_vocab, 1)
+    double = timed("w1 x2", command, cand_out, env, 1)
+    rows.append(("prepare w1, corpus x2", sum(read_prepared(cand_out).num_tokens.values()), double))
+    num_types.append(_num_types(cand_out))
+    return rows, num_types
+
+
+def _num_types(dataset: Path) -> int:
+    manifest = json.loads((dataset / "manifest.json").read_text(encoding="utf-8"))
+    return int(manifest["word_types"]["num_types"])
+
+
+def report(
+    args: argparse.Namespace, rows: list[tuple[str, int, Run]], num_types: list[int]
+) -> None:
+    """The goals of issue 2 as PASS/MISS lines, then the JSON last line."""
+    tokens, naive, w1 = rows[0][1], rows[0][2], rows[1][2]
+    by_workers = {n: row[2].seconds for n, row in zip(args.workers, rows[1:], strict=False)}
+    scaling = by_workers[1] / by_workers[2] if {1, 2} <= by_workers.keys() else None
+    growth = peak(rows[-1][2]) / peak(w1)
+    goals = {
+        "ratio >= 6 (one worker)": naive.seconds / w1.seconds >= 6,
+        "peak memory flat at x2 (<= 1.15x)": growth <= 1.15,
+        "1 -> 2 workers >= 1.7x": scaling is not None and scaling >= 1.7,
+    }
+    for goal, met in goals.items():
+        print(f"{'PASS' if met else 'MISS'}  {goal}")
+    print(f"word types: {num_types[0]:,} (x1), {num_types[1]:,} (x2); "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")  # fmt: skip
+    result = {
+        "benchmark": "prepare",
+        "size_mb": args.size_mb,
+        "tokens": tokens,
+        "max_vocab": args.max_vocab,
+        "baseline_seconds": round(naive.seconds, 3),
+        "candidate_seconds": round(w1.seconds, 3),
+        "ratio": round(naive.seconds / w1.seconds, 2),
+        "baseline_mtok_per_s": round(tokens / naive.seconds / 1e6, 3),
+        "candidate_mtok_per_s": round(tokens / w1.seconds / 1e6, 3),
+        "seconds_by_workers": {n: round(t, 3) for n, t in by_workers.items()},
+        "scaling_1_to_2": scaling and round(scaling, 2),
+        "baseline_peak_mb": round(peak(naive)),
+        "peak_mb_x1": round(peak(w1)),
+        "peak_mb_x2": round(peak(rows[-1][2])),
+        "peak_growth_x2": round(growth, 3),
+        "num_types": num_types,
+        "load_average": round(os.getloadavg()[0], 1),
+        "goals_met": all(goals.values()),
+    }
+    print(json.dumps(result))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.run_naive:
+        naive_prepare(*args.run_naive, args.max_vocab)
+        return 0
+    if not any(source_files(args.data_root)):
+        print(f"skipping: no ptb/ or text/ under {args.data_root} (pass --data-root)")
+        return 0
+    started = time.perf_counter()
+    sizes = (args.size_mb << 20, args.size_mb << 21)
+    corpora = [build_corpus(args.data_root, n, args.cache_dir, train_files=args.train_files)
+               for n in sizes]  # fmt: skip
+    print(f"corpora ready in {time.perf_counter() - started:.1f}s: {corpora}", file=sys.stderr)
+    work = Path(tempfile.mkdtemp(prefix="bench-prepare-"))
+    try:
+        rows, num_types = run_all(args, corpora, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        for corpus in [] if args.keep_corpus else corpora:
+            shutil.rmtree(corpus, ignore_errors=True)
+    print_table(rows)
+    report(args, rows, num_types)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
