@@ -77,14 +77,14 @@ def apply_champion_policy(
     client = client or MlflowClient(use_tracking())
     candidate = client.get_model_version(name, str(version))
     champion = current_champion(name, client)
-    if champion is not None and champion.version == candidate.version:
-        return PromotionDecision(CHAMPION, "already champion", int(champion.version))
+    if champion is not None and int(champion.version) == version:
+        return PromotionDecision(CHAMPION, "already champion", version)
     decision = decide(candidate, champion)
     if decision.alias == CHAMPION:
-        _crown(client, name, candidate.version, champion, decision.reason)
+        _crown(client, name, version, champion, decision.reason)
     else:
-        client.set_model_version_tag(name, candidate.version, REASON_TAG, decision.reason)
-        client.set_registered_model_alias(name, CHALLENGER, candidate.version)
+        client.set_model_version_tag(name, str(version), REASON_TAG, decision.reason)
+        client.set_registered_model_alias(name, CHALLENGER, str(version))
     return decision
 
 
@@ -99,15 +99,15 @@ def promote(
     """
     client = client or MlflowClient(use_tracking())
     try:
-        candidate = client.get_model_version(name, str(version))
+        client.get_model_version(name, str(version))
     except MlflowException as err:
         raise ConfigError(f"cannot promote: {err.message}", key="version") from None
     holder = _alias_holder(client, name, alias)
     if alias == CHAMPION:
-        _crown(client, name, candidate.version, holder, "promoted explicitly")
+        _crown(client, name, version, holder, "promoted explicitly")
     else:
         try:
-            client.set_registered_model_alias(name, alias, candidate.version)
+            client.set_registered_model_alias(name, alias, str(version))
         except MlflowException as err:
             raise ConfigError(err.message, key="alias") from None
     return None if holder is None else int(holder.version)
@@ -168,17 +168,19 @@ def _perplexity(version: ModelVersion) -> float | None:
 
 
 def _crown(
-    client: MlflowClient, name: str, version: str, champion: ModelVersion | None, reason: str
+    client: MlflowClient, name: str, version: int, champion: ModelVersion | None, reason: str
 ) -> None:
     """Make ``version`` champion: reason first (an alias never lacks its why), the old champion
-    marked superseded, and ``challenger`` dropped if this version held it (one is not both)."""
-    client.set_model_version_tag(name, version, REASON_TAG, reason)
-    if champion is not None and champion.version != version:
-        client.set_model_version_tag(name, champion.version, SUPERSEDED_BY_TAG, version)
+    marked superseded, and ``challenger`` dropped if this version held it (one is not both).
+
+    Version numbers are compared as ints: stores return them as ints or strings."""
+    client.set_model_version_tag(name, str(version), REASON_TAG, reason)
+    if champion is not None and int(champion.version) != version:
+        client.set_model_version_tag(name, str(champion.version), SUPERSEDED_BY_TAG, str(version))
     challenger = _alias_holder(client, name, CHALLENGER)
-    if challenger is not None and challenger.version == version:
+    if challenger is not None and int(challenger.version) == version:
         client.delete_registered_model_alias(name, CHALLENGER)
-    client.set_registered_model_alias(name, CHAMPION, version)
+    client.set_registered_model_alias(name, CHAMPION, str(version))
 
 
 def _alias_holder(client: MlflowClient, name: str, alias: str) -> ModelVersion | None:
