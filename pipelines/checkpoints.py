@@ -116,7 +116,10 @@ def read_checkpoint(
     """This rank's view of a checkpoint; its ``rank`` part is None if the world size changed."""
     trainer = torch.load(directory / TRAINER_FILE, map_location=device, weights_only=True)
     shared = SharedState(**trainer["shared"])
-    shared.curves = {name: [tuple(p) for p in points] for name, points in shared.curves.items()}
+    shared.curves = {
+        name: [(int(step), float(value)) for step, value in points]
+        for name, points in shared.curves.items()
+    }
     rank_state = None
     path = directory / rank_file(rank)
     if shared.world_size == world_size:
@@ -198,10 +201,16 @@ def _tensors_for_arrays(value: Any) -> Any:
 
 def capture_rng() -> dict[str, Any]:
     """torch, NumPy and Python RNG states (dropout and candidate sampling draw from torch's)."""
-    kind, keys, position, has_gauss, cached = np.random.get_state()
+    kind, keys, position, has_gauss, cached = np.random.get_state(legacy=True)
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
-        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, cached),
+        "numpy": (
+            kind,
+            torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            position,
+            has_gauss,
+            cached,
+        ),
         "python": random.getstate(),
     }
     if torch.cuda.is_available():

@@ -95,9 +95,16 @@ class LossModule(nn.Module):
         self.bilm = bilm
 
     def forward(
-        self, *windows: torch.Tensor, state: BiLMState | None
+        self,
+        forward_inputs: torch.Tensor,
+        forward_targets: torch.Tensor,
+        backward_inputs: torch.Tensor,
+        backward_targets: torch.Tensor,
+        state: BiLMState | None,
     ) -> tuple[LossOutput, BiLMState]:
-        return self.bilm.training_loss(*windows, state=state)
+        return self.bilm.training_loss(
+            forward_inputs, forward_targets, backward_inputs, backward_targets, state
+        )
 
 
 def train_loop_per_worker(config: dict) -> None:
