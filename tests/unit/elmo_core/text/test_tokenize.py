@@ -21,6 +21,13 @@ def test_split_whitespace_equals_python_split(lines):
     assert split_whitespace(pa.array(lines)).to_pylist() == [line.split() for line in lines]
 
 
+def test_split_whitespace_finds_each_non_ascii_space_alone_in_a_block():
+    spaces = [chr(c) for c in range(0x110000) if f"a{chr(c)}b".split() == ["a", "b"]]
+    for space in spaces:
+        lines = ["plain ascii line", f"a{space}b"]
+        assert split_whitespace(pa.array(lines)).to_pylist() == [line.split() for line in lines]
+
+
 def test_whitespace_tokenizer_keeps_case_and_one_sentence_per_line():
     tokenizer = WhitespaceTokenizer()
     sentences, origin = tokenizer.tokenize_lines(pa.array(["The U.S. , said", "Hi ."]))
