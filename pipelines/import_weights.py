@@ -39,7 +39,7 @@ from elmo_core.model.serialization import save_bilm
 from elmo_core.text.tokenize import Tokenizer
 from elmo_core.text.vocab import read_vocab, vocab_text
 from pipelines.register import DEFAULT_NAME, DatasetFiles, RegisteredBiLM, register_bilm
-from pipelines.registry_policy import promote
+from pipelines.registry_policy import apply_champion_policy, promote
 from pipelines.tracking import STAGE_TAG
 
 STAGE = "import-weights"
@@ -64,7 +64,8 @@ def import_weights(
     """Register a bilm-tf release as a new version of ``name``.
 
     Without ``alias`` the registry policy decides (``challenger``: no perplexity); with one the
-    version is promoted to it explicitly. Bad files fail before anything is logged.
+    version is promoted to it explicitly. Bad files fail before anything is logged; an alias name
+    MLflow refuses fails after registering, with the version left as the policy placed it.
     """
     if softmax_file is not None and vocab_file is None:
         raise ConfigError("a softmax needs its vocabulary (--vocab)", key="vocab_file")
@@ -92,7 +93,11 @@ def import_weights(
         )
     if alias is None:
         return registered
-    promote(name, registered.version, alias)
+    try:
+        promote(name, registered.version, alias)
+    except ConfigError:  # MLflow refused the alias name: the version gets the rule's alias
+        apply_champion_policy(name, registered.version)
+        raise
     return dataclasses.replace(registered, alias=alias)
 
 

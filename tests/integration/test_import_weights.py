@@ -129,3 +129,12 @@ def test_bad_inputs_fail_before_anything_is_registered(release, tmp_path, capsys
     assert cli.main([*argv, "--weights", str(files.weights), "--name", "bad"]) == 2
     assert "options file not found" in capsys.readouterr().err
     assert release.client.search_model_versions("name = 'bad'") == []
+
+
+def test_refused_alias_leaves_the_version_where_the_policy_puts_it(release, capsys):
+    files = release.files
+    argv = ["import-weights", "--options", str(files.options), "--weights", str(files.weights)]
+    assert cli.main([*argv, "--name", "refused", "--alias", "v1"]) == 2
+    assert "reserved" in capsys.readouterr().err
+    version = release.client.get_model_version_by_alias("refused", "challenger")
+    assert int(version.version) == 1
