@@ -127,7 +127,7 @@ def decide(candidate: ModelVersion, champion: ModelVersion | None) -> PromotionD
         return PromotionDecision(CHALLENGER, reason, previous)
     if champion is None:
         return PromotionDecision(
-            CHAMPION, f"first champion: heldout perplexity {perplexity:.4g}", None
+            CHAMPION, f"first champion: heldout perplexity {perplexity:.6g}", None
         )
     mismatch = _incomparable(candidate, champion)
     if mismatch is not None:
@@ -135,10 +135,10 @@ def decide(candidate: ModelVersion, champion: ModelVersion | None) -> PromotionD
     best = _perplexity(champion)
     assert best is not None  # _incomparable checked it
     if perplexity < best:
-        reason = f"heldout perplexity {perplexity:.4g} beats champion v{previous}'s {best:.4g}"
+        reason = f"heldout perplexity {perplexity:.6g} beats champion v{previous}'s {best:.6g}"
         return PromotionDecision(CHAMPION, reason, previous)
     relation = "ties" if perplexity == best else "does not beat"
-    reason = f"heldout perplexity {perplexity:.4g} {relation} champion v{previous}'s {best:.4g}"
+    reason = f"heldout perplexity {perplexity:.6g} {relation} champion v{previous}'s {best:.6g}"
     return PromotionDecision(CHALLENGER, reason, previous)
 
 
