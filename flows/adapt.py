@@ -1,0 +1,31 @@
+"""The ``adapt`` flow: an existing biLM (default ``models:/elmo-bilm@champion``) → task models.
+
+    prefect deployment run adapt/smoke --watch
+
+One MLflow parent run per flow run; each task's ``adapt`` run is its child and registers
+``elmo-<task>``.
+"""
+
+from __future__ import annotations
+
+from prefect import flow
+from prefect.runtime import flow_run
+
+from flows import tasks
+from flows.artifacts import adapt_markdown, publish, task_rows
+from flows.params import AdaptParams
+from flows.services import check_services
+from flows.tracking import parent_run
+
+
+@flow(name="adapt")
+def adapt(params: AdaptParams) -> list[str]:
+    """Adapt ``params.bilm`` to every task; returns the registered task model URIs."""
+    check_services("local")
+    tasks.check_tasks(params.tasks)
+    with parent_run("adapt", flow_run.get_name(), flow_run.get_id(), params) as parent:
+        results = tasks.adapt(params.bilm, params.tasks, parent, params.bilm_options)
+        run_ids = {"flow (parent)": parent, **{f"adapt {r.task}": r.run_id for r in results}}
+        summary = adapt_markdown(params.bilm, results, run_ids)
+        publish("adapt", {"tasks": task_rows(results)}, summary)
+    return [result.model_uri for result in results]

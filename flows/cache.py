@@ -1,0 +1,86 @@
+"""The prepare step's cache: a key from its inputs and the version of the code that prepares.
+
+Prefect's ``INPUTS + TASK_SOURCE`` would see only the task's own few lines; what decides the
+bytes of a dataset is the tokenizer, vocabulary and shard code in ``elmo_core`` and the prepare
+modules of ``pipelines``. The key therefore hashes the source of those files
+(:func:`code_version`), so a change to the tokenizer re-prepares while a change to the flow does
+not.
+
+Whether the output still exists is checked at call time (:func:`dataset_exists`): when the
+dataset's ``manifest.json`` is gone the step runs again and overwrites the cache record under the
+same key. Putting existence into the key instead would miss on the first re-run (the record of the
+run that built the dataset sits under the "missing" key) and would hit a stale "missing" record
+after a second deletion.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import fsspec
+from prefect.cache_policies import CachePolicy
+from prefect.context import TaskRunContext
+
+import elmo_core
+import pipelines
+from elmo_core.data.manifest import MANIFEST_NAME, join_url
+from flows.params import DataParams
+
+# Modules of `pipelines` whose code decides a prepared dataset's content; all of elmo_core does.
+PREPARE_MODULES = ("prepare*.py", "corpus_sources.py", "download.py", "sample_corpus.py")
+
+
+def code_files() -> list[Path]:
+    """The source files a prepared dataset depends on, in a stable order."""
+    core = Path(elmo_core.__file__).parent
+    stages = Path(pipelines.__file__).parent
+    files = set(core.rglob("*.py"))
+    for pattern in PREPARE_MODULES:
+        files.update(stages.glob(pattern))
+    return sorted(files)
+
+
+def code_version(files: list[Path] | None = None, root: Path | None = None) -> str:
+    """sha256 over the names (relative to ``root``) and contents of ``files`` (default: the
+    prepare code, relative to the directory holding the packages)."""
+    base = root or Path(elmo_core.__file__).parent.parent
+    digest = hashlib.sha256()
+    for path in code_files() if files is None else files:
+        digest.update(f"{path.relative_to(base)}\0".encode() + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def prepare_cache_key(data: DataParams, version: str | None = None) -> str:
+    """The key of preparing ``data``: corpus, resolved config, output and code version."""
+    identity: dict[str, Any] = {
+        "corpus": data.corpus,
+        "config": data.prepare_config().model_dump(mode="json"),
+        "out": data.dataset_dir(),
+        "code": version or code_version(),
+    }
+    return "prepare-" + hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
+def dataset_exists(dataset: str) -> bool:
+    """A dataset is complete once its manifest exists (prepare writes it last)."""
+    url = join_url(dataset, MANIFEST_NAME)
+    fs, path = fsspec.core.url_to_fs(url)
+    return bool(fs.exists(path))
+
+
+@dataclass
+class PrepareCachePolicy(CachePolicy):
+    """Prefect cache policy of the prepare task (its ``data: DataParams`` argument)."""
+
+    def compute_key(
+        self,
+        task_ctx: TaskRunContext,
+        inputs: dict[str, Any],
+        flow_parameters: dict[str, Any],
+        **kwargs: Any,
+    ) -> str | None:
+        return prepare_cache_key(DataParams.model_validate(inputs["data"]))

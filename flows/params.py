@@ -1,0 +1,128 @@
+"""Typed flow parameters: what a deployment may be given, checked before anything runs.
+
+The models forbid unknown keys and type every field, so the deployment's parameter schema (which
+Prefect builds from them) makes the server refuse ``num_workerz`` or ``num_workers: "four"`` with
+the field's path, and closed choices (model preset, training mode) show up as enums in the UI.
+Overrides use the CLI's ``section.key=value`` form and are resolved when the parameters are
+validated, so a misspelt override fails at the start of the flow run, not hours into it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from elmo_core.config import PrepareConfig, resolve_config
+from elmo_core.errors import ConfigError
+from pipelines.settings import elmo_home
+from pipelines.train_config import TrainJobConfig, resolve_train_config
+
+Preset = Literal["tiny", "small", "medium", "original"]
+Mode = Literal["local", "ray-job"]
+RAY_JOBS_ENV = "RAY_API_SERVER_ADDRESS"
+DEFAULT_BILM = "models:/elmo-bilm@champion"
+
+
+class Params(BaseModel):
+    """Base of the flow parameters: unknown keys are errors, values are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DataParams(Params):
+    """Which corpus to prepare, how, and where the dataset goes."""
+
+    corpus: str = Field(
+        description="'python-docs' (bundled sample), a path, an http(s)/s3 URL or a tarball"
+    )
+    format: Literal["1b-benchmark", "text"] = "text"
+    prepare: list[str] = Field(
+        default_factory=list, description="PrepareConfig overrides, e.g. 'max_vocab=50000'"
+    )
+    out: str | None = Field(None, description="dataset dir or URL; default ELMO_HOME/datasets/...")
+
+    @model_validator(mode="after")
+    def _overrides_resolve(self) -> DataParams:
+        self.prepare_config()
+        return self
+
+    def prepare_config(self) -> PrepareConfig:
+        """The resolved prepare config: format, then the overrides."""
+        try:
+            return resolve_config(PrepareConfig, {"format": self.format}, None, self.prepare)
+        except ConfigError as err:
+            raise ValueError(f"data.prepare: {err}") from None
+
+    def dataset_dir(self) -> str:
+        """``out``, or a directory under ``ELMO_HOME/datasets`` named by corpus and config, so a
+        different corpus or config never overwrites another dataset."""
+        if self.out is not None:
+            return self.out
+        identity = {"corpus": self.corpus, "config": self.prepare_config().model_dump(mode="json")}
+        digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
+        stem = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(self.corpus.rstrip("/")).name).strip("-")
+        return str(elmo_home() / "datasets" / f"{stem or 'corpus'}-{digest}")
+
+
+class TrainingParams(Params):
+    """The biLM to train and where: a preset, ``--set``-style overrides, Ray Train scaling."""
+
+    model: Preset = "original"
+    overrides: list[str] = Field(
+        default_factory=list, description="train config overrides, e.g. 'train.max_steps=300'"
+    )
+    num_workers: int = Field(1, gt=0, description="Ray Train workers (one DDP rank each)")
+    use_gpu: bool = False
+    mode: Mode | None = Field(
+        None,
+        description="'ray-job': submit `python -m pipelines.train` to RAY_API_SERVER_ADDRESS; "
+        "'local': train in the flow's process on RAY_ADDRESS or a local Ray; "
+        "default: ray-job when RAY_API_SERVER_ADDRESS is set",
+    )
+
+    @model_validator(mode="after")
+    def _overrides_resolve(self) -> TrainingParams:
+        self.job_config()
+        return self
+
+    def train_overrides(self) -> list[str]:
+        """The overrides with the scaling fields last, as ``pipelines.train`` receives them."""
+        gpu = "true" if self.use_gpu else "false"
+        return [*self.overrides, f"run.num_workers={self.num_workers}", f"run.use_gpu={gpu}"]
+
+    def job_config(self) -> TrainJobConfig:
+        """The resolved training config (what the run is named after)."""
+        try:
+            return resolve_train_config(self.model, None, self.train_overrides())
+        except ConfigError as err:
+            raise ValueError(f"training.overrides: {err}") from None
+
+    def resolved_mode(self) -> Mode:
+        if self.mode is not None:
+            return self.mode
+        return "ray-job" if os.environ.get(RAY_JOBS_ENV) else "local"
+
+
+class PretrainParams(Params):
+    """The whole pipeline: corpus → biLM → registered model → task models."""
+
+    data: DataParams
+    training: TrainingParams = Field(default_factory=TrainingParams)
+    tasks: list[str] = Field(
+        default_factory=list, description="task config YAML paths (relative: to the repository)"
+    )
+    model_name: str = Field("elmo-bilm", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class AdaptParams(Params):
+    """Adapt an already registered (or local) biLM to tasks."""
+
+    tasks: list[str] = Field(min_length=1, description="task config YAML paths")
+    bilm: str = Field(DEFAULT_BILM, description="models:/ URI, model/run directory or HDF5")
+    bilm_options: str | None = Field(None, description="options.json of an HDF5 biLM")

@@ -1,0 +1,45 @@
+"""The ``pretrain`` flow: corpus → dataset → biLM → perplexity → registered model → task models.
+
+    prefect deployment run pretrain/smoke --watch      # a deployment of prefect.yaml
+    python -m flows.run_local                          # the same flow, embedded, one command
+
+Every flow run owns one MLflow parent run (tagged ``prefect.flow_run_id``); each stage's run is its
+child. Re-running reuses what is done: the cached dataset, a finished training run (a stopped one
+resumes from its last checkpoint), the model version registered from that run.
+"""
+
+from __future__ import annotations
+
+from prefect import flow
+from prefect.runtime import flow_run
+
+from flows.artifacts import PretrainSummary
+from flows.params import PretrainParams
+from flows.services import check_services
+from flows.tasks import adapt, check_tasks, evaluate, prepare, register, summarize, train
+from flows.tracking import parent_run
+
+
+@flow(name="pretrain")
+def pretrain(params: PretrainParams) -> PretrainSummary:
+    """Pretrain a biLM on a corpus, register it, and adapt it to the configured tasks."""
+    check_services(params.training.resolved_mode())
+    check_tasks(params.tasks)
+    with parent_run("pretrain", flow_run.get_name(), flow_run.get_id(), params) as parent:
+        dataset = prepare(params.data)
+        run = train(dataset, params.training, parent)
+        perplexity = evaluate(run, dataset, parent)
+        model = register(run, dataset, perplexity, params.model_name, parent)
+        results = adapt(model.uri, params.tasks, parent)
+        summarize(dataset, run, perplexity, model, results, parent)
+    return PretrainSummary(
+        dataset=dataset,
+        train_run=run.run_name,
+        model_dir=run.model_dir,
+        already_trained=run.already_finished,
+        perplexity=perplexity.perplexity,
+        model_uri=model.uri,
+        champion=model.champion,
+        task_models=[result.model_uri for result in results],
+        parent_run_id=parent,
+    )

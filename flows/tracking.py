@@ -1,0 +1,86 @@
+"""One MLflow parent run per flow run; every stage's run is its child.
+
+The parent is created with the tracking client rather than ``mlflow.start_run``: an active fluent
+run in the flow's thread would make each stage's own ``start_run(parent_run_id=...)`` fail, and
+the Ray job and Ray tasks that train and adapt run in other processes anyway. Stages receive the
+parent's id explicitly (``parent_run_id=``); the Ray job gets it in its environment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from urllib.parse import urlparse
+
+import mlflow
+from mlflow.entities import Param, RunStatus
+from mlflow.tracking import MlflowClient
+from pydantic import BaseModel
+
+from pipelines.tracking import (
+    EXPERIMENT,
+    STAGE_TAG,
+    _ensure_experiment,
+    flatten_params,
+    use_tracking,
+)
+
+FLOW_RUN_TAG = "prefect.flow_run_id"
+MAX_PARAMS_PER_BATCH = 100
+
+
+@contextmanager
+def parent_run(
+    flow: str, run_name: str, flow_run_id: str, params: BaseModel, tags: Mapping[str, str] = {}
+) -> Iterator[str]:
+    """Open the flow run's parent run (tagged with the Prefect flow run id); yields its id.
+
+    The run ends FINISHED when the block completes and FAILED when it raises.
+    """
+    use_tracking()
+    _ensure_experiment()
+    client = MlflowClient()
+    experiment = client.get_experiment_by_name(EXPERIMENT)
+    assert experiment is not None  # _ensure_experiment created it
+    run = client.create_run(
+        experiment.experiment_id,
+        run_name=run_name,
+        tags={STAGE_TAG: flow, FLOW_RUN_TAG: flow_run_id, **tags},
+    )
+    run_id = run.info.run_id
+    flat = [Param(key, value) for key, value in flatten_params(params).items()]
+    for start in range(0, len(flat), MAX_PARAMS_PER_BATCH):
+        client.log_batch(run_id, params=flat[start : start + MAX_PARAMS_PER_BATCH])
+    try:
+        yield run_id
+    except BaseException:
+        client.set_terminated(run_id, RunStatus.to_string(RunStatus.FAILED))
+        raise
+    client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))
+
+
+def child_runs(parent_run_id: str) -> list[mlflow.entities.Run]:
+    """The stage and task runs nested under ``parent_run_id``, oldest first."""
+    client = MlflowClient()
+    parent = client.get_run(parent_run_id)
+    return client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}'",
+        order_by=["attributes.start_time ASC"],
+    )
+
+
+def run_links(run_ids: Mapping[str, str]) -> list[str]:
+    """Markdown lines pointing at each run: UI links for an http tracking server, otherwise the
+    run ids and the command that opens the UI on the local store."""
+    uri = mlflow.get_tracking_uri()
+    client = MlflowClient()
+    if urlparse(uri).scheme in ("http", "https"):
+        base = uri.rstrip("/")
+        lines = []
+        for label, run_id in run_ids.items():
+            experiment = client.get_run(run_id).info.experiment_id
+            lines.append(f"- {label}: [{run_id}]({base}/#/experiments/{experiment}/runs/{run_id})")
+        return lines
+    lines = [f"- {label}: `{run_id}`" for label, run_id in run_ids.items()]
+    return [*lines, "", f"Open the MLflow UI: `mlflow ui --backend-store-uri {uri}`"]
