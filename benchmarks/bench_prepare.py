@@ -7,9 +7,9 @@ Corpus: PTB (already tokenized) and the plain-text books (a cheap regex split of
 sentences cut at ``.``/``!``/``?``) copied until ``--size-mb`` of whitespace-tokenized text, in the
 1B Word Benchmark layout (``training-monolingual.tokenized.shuffled/news.en-000NN-of-00100``,
 ``heldout-monolingual.tokenized.shuffled/news.en.heldout-000NN-of-00050``). Copy k shuffles the
-sentences and respells a fraction ``MUTATE_FRACTION / sqrt(k)`` of the tokens of rarer types as
-``word_k``, so the type count keeps growing, sub-linearly, as a real corpus's does. Corpora are
-cached under ``--cache-dir`` keyed by their parameters (removed at the end unless
+sentences and respells a fraction ``MUTATE_FRACTION / k**0.45`` of the tokens of rarer types
+as ``word_<k><letter>``, so the type count keeps growing, sub-linearly, as a real corpus's
+does. Corpora are cached under ``--cache-dir`` keyed by their parameters (removed at the end unless
 ``--keep-corpus``); a corpus of twice the size checks that peak memory stays flat.
 
 Baseline: :func:`naive_prepare` — ``line.split()``, a ``Counter``, vocabulary by descending count,
@@ -30,11 +30,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import os
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -55,9 +53,10 @@ REPO = Path(__file__).resolve().parents[1]
 TRAIN_DIR = "training-monolingual.tokenized.shuffled"
 HELDOUT_DIR = "heldout-monolingual.tokenized.shuffled"
 SPECIALS = ("<S>", "</S>", "<UNK>")  # bilm-tf's vocabulary head, as elmo_core.text.vocab
-CORPUS_VERSION = 1  # bump when the generator changes: part of the cache key
-MUTATE_FRACTION = 0.05  # copy k respells this / sqrt(k) of the rare types' tokens
-COMMON_TYPES = 1000  # the most frequent base types are never respelled
+CORPUS_VERSION = 2  # bump when the generator changes: part of the cache key
+MUTATE_FRACTION = 0.1  # copy k respells this / k**0.45 of the rare types' tokens
+SPELLINGS = 16  # respellings of a type per copy
+COMMON_TYPES = 1000  # the most frequent base types (at most a tenth) are never respelled
 MAX_SENTENCE_TOKENS = 100
 HELDOUT_FRACTION = 0.01
 _WORD = re.compile(r"\w+(?:['’]\w+)*|[^\w\s]")
@@ -98,7 +97,7 @@ class BaseCorpus:
     types: pa.Array  # (Y,) string
     ids: np.ndarray  # (N,) int32 type of each token
     offsets: np.ndarray  # (S+1,) int32 sentence bounds
-    rare: np.ndarray  # (Y,) bool: outside the COMMON_TYPES most frequent types
+    rare: np.ndarray  # (Y,) bool: not among the most frequent types
 
 
 def read_base(tokenized: list[Path], raw: list[Path]) -> BaseCorpus:
@@ -116,18 +115,25 @@ def read_base(tokenized: list[Path], raw: list[Path]) -> BaseCorpus:
     ids = encoded.indices.to_numpy().astype(np.int32)
     counts = np.bincount(ids, minlength=len(encoded.dictionary))
     rare = np.ones(len(counts), dtype=bool)
-    rare[np.argsort(-counts, kind="stable")[:COMMON_TYPES]] = False
+    rare[np.argsort(-counts, kind="stable")[: min(COMMON_TYPES, len(counts) // 10)]] = False
     return BaseCorpus(encoded.dictionary, ids, offsets, rare)
 
 
 def corpus_copy(base: BaseCorpus, k: int, seed: int) -> pa.Array:
-    """Copy ``k`` as lines ending in ``\\n``: sentences shuffled, some rare tokens respelled."""
+    """Copy ``k`` as lines ending in ``\\n``: sentences shuffled, some rare tokens respelled.
+
+    A respelled token becomes ``word_<k><letter>``, one of ``SPELLINGS`` letters drawn per token,
+    so most respellings are new, rare types (as a real corpus's new types are); with the rate
+    falling as ``k ** -0.45`` the type count grows roughly as Heaps' law, ~1.6x when doubling.
+    """
     rng = np.random.default_rng([seed, k])
     tokens = base.types.take(pa.array(base.ids))
     if k:
-        chosen = rng.random(len(base.ids)) < MUTATE_FRACTION / math.sqrt(k)
+        chosen = rng.random(len(base.ids)) < MUTATE_FRACTION / k**0.45
         mutate = pa.array(base.rare[base.ids] & chosen)
-        tokens = pc.if_else(mutate, pc.binary_join_element_wise(tokens, f"_{k}", ""), tokens)
+        suffixes = pa.array([f"_{k}{chr(ord('a') + i)}" for i in range(SPELLINGS)])
+        suffix = suffixes.take(pa.array(rng.integers(0, SPELLINGS, len(base.ids))))
+        tokens = pc.if_else(mutate, pc.binary_join_element_wise(tokens, suffix, ""), tokens)
     sentences = pa.ListArray.from_arrays(pa.array(base.offsets), tokens)
     sentences = sentences.take(pa.array(rng.permutation(len(sentences))))
     return pc.binary_join_element_wise(pc.binary_join(sentences, " "), "", "\n")
@@ -290,6 +296,7 @@ def check_agree(baseline: Summary, candidate: Summary) -> None:
 @dataclass(frozen=True)
 class Run:
     seconds: float
+    cpu_seconds: float  # user + system of the whole tree (children by their last sample)
     main_peak_mb: float | None  # the command's own process: its RSS high-water mark
     child_peak_mb: float | None  # the largest high-water mark among its descendants
     tree_peak_mb: float | None  # the peak of the whole tree's summed PSS
@@ -320,26 +327,43 @@ def _memory_kb(pid: int, field: str, name: str) -> int | None:
     return None
 
 
+def _cpu_seconds(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
 def measure(command: list[str], env: dict[str, str], interval: float = 0.1) -> Run:
-    """Run ``command``; its wall time and peak memory (see the module doc), sampled."""
+    """Run ``command``; its wall and CPU time and peak memory (see the module doc), sampled."""
     main = child = tree = 0
+    cpu_seen: dict[int, float] = {}
     with tempfile.TemporaryFile() as log:
         started = time.perf_counter()
         process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=log)
-        while process.poll() is None:
+        while not (done := os.wait4(process.pid, os.WNOHANG))[0]:
             main = max(main, _memory_kb(process.pid, "VmHWM", "status") or 0)
-            pss = _memory_kb(process.pid, "Pss:", "smaps_rollup") or 0
-            for pid in _descendants(process.pid):
-                child = max(child, _memory_kb(pid, "VmHWM", "status") or 0)
+            pss = 0
+            for pid in [process.pid, *_descendants(process.pid)]:
+                if pid != process.pid:
+                    child = max(child, _memory_kb(pid, "VmHWM", "status") or 0)
                 pss += _memory_kb(pid, "Pss:", "smaps_rollup") or 0
+                cpu_seen[pid] = max(cpu_seen.get(pid, 0.0), _cpu_seconds(pid))
             tree = max(tree, pss)
             time.sleep(interval)
         seconds = time.perf_counter() - started
+        _, status, usage = done
+        process.returncode = os.waitstatus_to_exitcode(status)
         if process.returncode:
             log.seek(0)
             tail = log.read().decode(errors="replace")[-3000:]
             raise RuntimeError(f"{' '.join(command)} failed ({process.returncode}):\n{tail}")
-    return Run(seconds, *(kb / 1024 if kb else None for kb in (main, child, tree)))
+    # wait4 counts the command and the children it reaped (all of them, or only some: the
+    # forkserver's workers may be left to it); the samples count everyone up to the last poll
+    cpu = max(usage.ru_utime + usage.ru_stime, sum(cpu_seen.values()))
+    memory = (kb / 1024 if kb else None for kb in (main, child, tree))
+    return Run(seconds, cpu, *memory)
 
 
 def naive_command(corpus: Path, out: Path, max_vocab: int | None) -> list[str]:
@@ -389,7 +413,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def timed(label: str, command: list[str], out: Path, env: dict[str, str], repeats: int) -> Run:
-    """The median time of ``repeats`` runs (fresh output each), with the worst memory seen."""
+    """The median run of ``repeats`` (fresh output each; low median), with the worst memory."""
     runs = []
     for _ in range(repeats):
         fresh(out)
@@ -399,19 +423,21 @@ def timed(label: str, command: list[str], out: Path, env: dict[str, str], repeat
         name: max((getattr(r, name) for r in runs if getattr(r, name)), default=None)
         for name in ("main_peak_mb", "child_peak_mb", "tree_peak_mb")
     }
-    return Run(statistics.median(r.seconds for r in runs), **worst)
+    median = sorted(runs, key=lambda run: run.seconds)[(len(runs) - 1) // 2]
+    return Run(median.seconds, median.cpu_seconds, **worst)
 
 
 def print_table(rows: list[tuple[str, int, Run]]) -> None:
     def mb(value: float | None) -> str:
         return f"{value:,.0f}" if value else "-"
 
-    print(f"{'implementation':<24}{'tokens':>12}{'seconds':>10}{'M tok/s':>9}"
-          f"{'main MB':>9}{'child MB':>10}{'tree MB':>9}")  # fmt: skip
+    head = f"{'implementation':<24}{'tokens':>12}{'seconds':>10}{'M tok/s':>9}{'CPU s':>8}"
+    print(f"{head}{'main MB':>9}{'child MB':>10}{'tree MB':>9}")
     for label, tokens, run in rows:
         rate = tokens / run.seconds / 1e6
         memory = f"{mb(run.main_peak_mb):>9}{mb(run.child_peak_mb):>10}{mb(run.tree_peak_mb):>9}"
-        print(f"{label:<24}{tokens:>12,}{run.seconds:>10.2f}{rate:>9.2f}{memory}")
+        cpu = f"{run.cpu_seconds:>8.2f}"
+        print(f"{label:<24}{tokens:>12,}{run.seconds:>10.2f}{rate:>9.2f}{cpu}{memory}")
 
 
 def peak(run: Run) -> float:
@@ -474,6 +500,7 @@ def report(
         "baseline_seconds": round(naive.seconds, 3),
         "candidate_seconds": round(w1.seconds, 3),
         "ratio": round(naive.seconds / w1.seconds, 2),
+        "cpu_ratio": round(naive.cpu_seconds / w1.cpu_seconds, 2),  # less sensitive to load
         "baseline_mtok_per_s": round(tokens / naive.seconds / 1e6, 3),
         "candidate_mtok_per_s": round(tokens / w1.seconds / 1e6, 3),
         "seconds_by_workers": {n: round(t, 3) for n, t in by_workers.items()},

@@ -1,0 +1,62 @@
+"""benchmarks/bench_prepare.py on a few kB of its own text: the script cannot rot unnoticed."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_prepare.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_prepare", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their module
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[spec.name]
+
+
+@pytest.fixture(scope="module")
+def corpus(bench, tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
+    (root / "ptb").mkdir()
+    words = [f"w{i}" for i in range(300)]
+    lines = [" ".join(words[(7 * n + j * j) % 300] for j in range(3 + n % 9)) for n in range(400)]
+    (root / "ptb" / "ptb.train.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (root / "text").mkdir()
+    book = 'Ge1:1 "Call me Ishmael!" Some years ago, never mind how long.\n\nIt was cold. ' * 40
+    (root / "text" / "book.txt").write_text(book, encoding="utf-8")
+    return bench.build_corpus(root, 40_000, root / "cache", train_files=3, heldout_files=2)
+
+
+def test_corpus_has_the_1b_layout_its_size_and_growing_types(bench, corpus):
+    train, heldout = bench.corpus_files(corpus)
+    assert [p.name for p in train] == [f"news.en-0000{i}-of-00100" for i in (1, 2, 3)]
+    assert [p.name for p in heldout] == [f"news.en.heldout-0000{i}-of-00050" for i in (0, 1)]
+    assert sum(p.stat().st_size for p in train) >= 40_000
+    assert all(p.stat().st_size > 0 for p in train + heldout)
+    text = " ".join(p.read_text(encoding="utf-8") for p in train)
+    assert "_1" in text and "Ge1:1" not in text and "Ishmael" in text
+
+
+def test_corpus_is_cached_by_its_parameters(bench, corpus):
+    root = corpus.parent.parent
+    assert bench.build_corpus(root, 40_000, root / "cache", train_files=3) == corpus
+    assert bench.build_corpus(root, 40_001, root / "cache", train_files=3) != corpus
+
+
+def test_naive_and_prepare_agree_when_run_as_the_benchmark_runs_them(bench, corpus, tmp_path):
+    env = {**bench.os.environ, "ELMO_HOME": str(tmp_path / "home")}
+    naive_out, prepared = bench.fresh(tmp_path / "naive"), bench.fresh(tmp_path / "prepared")
+    naive = bench.measure(bench.naive_command(corpus, naive_out, 200), env)
+    bench.measure(bench.prepare_command(corpus, prepared, 200, 1), env)
+    baseline, candidate = bench.read_naive(naive_out), bench.read_prepared(prepared)
+    bench.check_agree(baseline, candidate)
+    assert len(baseline.vocab) == 200 and baseline.num_oov["train"] > 0
+    assert naive.seconds > 0 and naive.cpu_seconds > 0 and naive.main_peak_mb > 0
+    candidate.counts[5] += 1
+    with pytest.raises(AssertionError, match="counts"):
+        bench.check_agree(baseline, candidate)
