@@ -476,7 +476,7 @@ def prepare_command(
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m pipelines.prepare``: the same command as ``elmo prepare``."""
-    from pipelines.cli import run_app
+    from pipelines.cli_runner import run_app
 
     app = typer.Typer(add_completion=False)
     app.command()(prepare_command)
