@@ -274,7 +274,7 @@ def evaluate_command(
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m pipelines.evaluate``: the same command as ``elmo evaluate``."""
-    from pipelines.cli import run_app
+    from pipelines.cli_runner import run_app
 
     app = typer.Typer(add_completion=False)
     app.command()(evaluate_command)
