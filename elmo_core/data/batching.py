@@ -30,7 +30,7 @@ import numpy as np
 
 from elmo_core.config import TrainConfig
 from elmo_core.data.manifest import Manifest, ShardInfo, load_manifest
-from elmo_core.data.reader import SentenceBatch, iter_sentences, partition_shards, select_shards
+from elmo_core.data.reader import SentenceBatch, partition_shards, read_row_group, select_shards
 from elmo_core.errors import DataError
 
 __all__ = ["TokenStream", "Window", "training_steps", "window_char_ids"]
@@ -77,8 +77,6 @@ class _SentenceSource:
     def __init__(
         self,
         dataset_url: str,
-        split: str,
-        manifest: Manifest,
         units: list[tuple[ShardInfo, int]],
         files: Sequence[str] | None,
         *,
@@ -86,7 +84,7 @@ class _SentenceSource:
         shuffle: bool,
         repeat: bool,
     ) -> None:
-        self._url, self._split, self._manifest, self._files = dataset_url, split, manifest, files
+        self._url, self._files = dataset_url, files
         self._units, self._seed, self._shuffle, self._repeat = units, seed, shuffle, repeat
         self.epoch, self.unit, self.sentence = 0, 0, 0
         self._batch: SentenceBatch | None = None
@@ -121,49 +119,13 @@ class _SentenceSource:
             unit_order = np.random.default_rng([self._seed, self.epoch]).permutation(unit_order)
         position = int(unit_order[self.unit])
         shard, group = self._units[position]
-        self._batch = _read_row_group(
-            self._url, self._split, self._manifest, shard, group, self._files
-        )
+        self._batch = read_row_group(self._url, shard, group, self._files)
         count = self._batch.num_sentences
         if self._shuffle:
             rng = np.random.default_rng([self._seed, self.epoch, position])
             self._order = rng.permutation(count)
         else:
             self._order = np.arange(count)
-
-
-def _read_row_group(
-    dataset_url: str,
-    split: str,
-    manifest: Manifest,
-    shard: ShardInfo,
-    group: int,
-    files: Sequence[str] | None,
-) -> SentenceBatch:
-    """One row group, read through :func:`iter_sentences` (so checksums are verified).
-
-    A manifest narrowed to the one shard, read as rank ``group`` of ``num_row_groups``, makes the
-    reader's row-group partitioning hand back exactly that group.
-    """
-    info = manifest.split(split)
-    narrowed = manifest.model_copy(
-        update={"splits": {**manifest.splits, split: info.model_copy(update={"shards": [shard]})}}
-    )
-    batches = list(
-        iter_sentences(
-            dataset_url,
-            split,
-            rank=group,
-            world_size=shard.num_row_groups,
-            files=files,
-            manifest=narrowed,
-        )
-    )
-    if not batches:  # every sentence of the group filtered out by ``files``
-        return SentenceBatch(
-            np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(1, np.int64), shard.path, group
-        )
-    return batches[0]
 
 
 class TokenStream:
@@ -218,7 +180,7 @@ class TokenStream:
             "files": list(files) if files else None,
         }
         self._source = _SentenceSource(
-            dataset_url, split, manifest, units, files, seed=seed, shuffle=shuffle, repeat=repeat
+            dataset_url, units, files, seed=seed, shuffle=shuffle, repeat=repeat
         )
         empty = np.zeros(0, np.int64)
         self._inputs: list[np.ndarray] = [empty] * batch_size  # unconsumed tokens of each row

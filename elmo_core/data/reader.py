@@ -39,6 +39,7 @@ __all__ = [
     "load_vocab",
     "load_word_types",
     "partition_shards",
+    "read_row_group",
     "select_shards",
 ]
 
@@ -92,7 +93,10 @@ def load_word_types(dataset_url: str, manifest: Manifest | None = None) -> WordT
     """Every word type of the dataset with its char ids (checksum verified)."""
     manifest = manifest or load_manifest(dataset_url)
     info = manifest.word_types
-    table = _open_verified(dataset_url, info.path, info.sha256).read()
+    url = join_url(dataset_url, info.path)
+    _verify_shard(url, info.sha256)
+    with fsspec.open(url, "rb") as handle:
+        table = pq.read_table(handle)
     char_ids = pc.list_flatten(table["char_ids"]).to_numpy().reshape(-1, MAX_CHARS_PER_TOKEN)
     return WordTypes(
         tokens=table["token"].combine_chunks(),
@@ -161,25 +165,52 @@ def iter_sentences(
     manifest = manifest or load_manifest(dataset_url)
     shards = select_shards(manifest, split, files)
     for shard, groups in partition_shards(shards, rank, world_size):
-        parquet = _open_verified(dataset_url, shard.path, shard.sha256)
         for group in groups:
-            batch = _to_batch(parquet.read_row_group(group), shard.path, group)
-            if files is not None and batch.source_files is not None:
-                batch = _keep_files(batch, files)
+            batch = read_row_group(dataset_url, shard, group, files)
             if batch.num_sentences:
                 yield batch
 
 
-def _open_verified(dataset_url: str, relative: str, sha256: str) -> pq.ParquetFile:
-    url = join_url(dataset_url, relative)
+def read_row_group(
+    dataset_url: str, shard: ShardInfo, group: int, files: Sequence[str] | None = None
+) -> SentenceBatch:
+    """One row group of a shard (only its bytes are read once the shard has been verified).
+
+    The shard's sha256 is checked the first time this process opens it, and again whenever its
+    size or modification time changes, so a training stream that visits row groups in shuffled
+    order does not re-hash whole shards for every group.
+    """
+    url = join_url(dataset_url, shard.path)
+    _verify_shard(url, shard.sha256)
+    with fsspec.open(url, "rb") as handle:
+        table = pq.ParquetFile(handle).read_row_group(group)
+    batch = _to_batch(table, shard.path, group)
+    if files is not None and batch.source_files is not None:
+        batch = _keep_files(batch, files)
+    return batch
+
+
+_VERIFIED: set[tuple[str, str, str]] = set()
+
+
+def _verify_shard(url: str, sha256: str) -> None:
     try:
-        with fsspec.open(url, "rb") as handle:
-            data = handle.read()
+        fs, path = fsspec.core.url_to_fs(url)
+        info = fs.info(path)
     except FileNotFoundError:
         raise DataError("shard listed in the manifest is missing", path=url) from None
-    if hashlib.sha256(data).hexdigest() != sha256:
+    version = (
+        f"{info.get('size')}:{info.get('mtime') or info.get('LastModified') or info.get('ETag')}"
+    )
+    if (url, sha256, version) in _VERIFIED:
+        return
+    digest = hashlib.sha256()
+    with fs.open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(chunk)
+    if digest.hexdigest() != sha256:
         raise DataError("shard checksum does not match the manifest (corrupt or changed)", path=url)
-    return pq.ParquetFile(pa.BufferReader(data))
+    _VERIFIED.add((url, sha256, version))
 
 
 def _to_batch(table: pa.Table, shard: str, group: int) -> SentenceBatch:
