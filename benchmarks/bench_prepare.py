@@ -519,7 +519,8 @@ def report(
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.run_naive:
-        naive_prepare(*args.run_naive, args.max_vocab)
+        corpus, out = args.run_naive
+        naive_prepare(corpus, out, args.max_vocab)
         return 0
     if not any(source_files(args.data_root)):
         print(f"skipping: no ptb/ or text/ under {args.data_root} (pass --data-root)")
