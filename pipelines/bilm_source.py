@@ -27,9 +27,9 @@ from mlflow.models import Model
 
 from elmo_core.errors import WeightsError
 from elmo_core.model.bilm import BiLM
-from elmo_core.model.serialization import load_bilm, save_bilm
+from elmo_core.model.serialization import find_model_dir, load_bilm, save_bilm
 from pipelines import bilm_pyfunc
-from pipelines.evaluate import MLFLOW_SCHEMES, find_model_dir, load_checkpoint
+from pipelines.evaluate import MLFLOW_SCHEMES, load_checkpoint
 from pipelines.register import load_registered_bilm
 from pipelines.tracking import use_tracking
 

@@ -32,13 +32,10 @@ from elmo_core.data.manifest import load_manifest
 from elmo_core.data.reader import select_shards
 from elmo_core.errors import DataError, WeightsError
 from elmo_core.model.bilm import BiLM
-from elmo_core.model.serialization import CONFIG_FILE, load_bilm
+from elmo_core.model.serialization import CONFIG_FILE, find_model_dir, load_bilm
 from elmo_core.perplexity import PerplexitySums, Protocol, evaluate_perplexity
 from pipelines.tracking import stage_run
 
-MODEL_DIR = "model"
-LATEST_FILE = "LATEST"
-CHECKPOINT_PREFIX = "checkpoint_"
 BILM_ARTIFACT = "bilm"
 MLFLOW_SCHEMES = ("models:/", "runs:/", "mlflow-artifacts:/")
 
@@ -163,33 +160,6 @@ def load_checkpoint(checkpoint: str, tracking_uri: str | None = None) -> BiLM:
             )
             return load_bilm(_model_dir_inside(Path(downloaded), checkpoint))
     return load_bilm(find_model_dir(Path(checkpoint)))
-
-
-def find_model_dir(path: Path) -> Path:
-    """Our model directory in a model, checkpoint or run directory (its latest checkpoint)."""
-    if (path / CONFIG_FILE).is_file():
-        return path
-    if (path / MODEL_DIR / CONFIG_FILE).is_file():
-        return path / MODEL_DIR
-    if not path.is_dir():
-        raise WeightsError("no such checkpoint directory", path=path)
-    latest = path / LATEST_FILE
-    if latest.is_file():
-        named = Path(latest.read_text(encoding="utf-8").strip())
-        return find_model_dir(named if named.is_absolute() else path / named)
-    checkpoints = [p for p in path.iterdir() if p.is_dir() and p.name.startswith(CHECKPOINT_PREFIX)]
-    if not checkpoints:
-        raise WeightsError(
-            f"not a model, checkpoint or run directory (no {CONFIG_FILE}, "
-            f"{MODEL_DIR}/ or {CHECKPOINT_PREFIX}* inside)",
-            path=path,
-        )
-    return find_model_dir(max(checkpoints, key=_checkpoint_order))
-
-
-def _checkpoint_order(path: Path) -> tuple[int, ...]:
-    """``checkpoint_000012`` → (12,); a timestamped name sorts by its numbers in order."""
-    return tuple(int(number) for number in re.findall(r"\d+", path.name))
 
 
 def _model_dir_inside(root: Path, uri: str) -> Path:

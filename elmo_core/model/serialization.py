@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +24,10 @@ from elmo_core.model.bilm import BiLM
 CONFIG_FILE = "model_config.json"
 WEIGHTS_FILE = "model.pt"
 FORMAT_VERSION = 1
+# How training lays out a run: run_dir/checkpoint_*/model/ (and LATEST naming the newest).
+MODEL_DIR = "model"
+LATEST_FILE = "LATEST"
+CHECKPOINT_PREFIX = "checkpoint_"
 
 
 def save_bilm(bilm: BiLM, directory: str | Path) -> Path:
@@ -77,6 +82,33 @@ def load_bilm(
             path=weights_path,
         )
     return bilm
+
+
+def find_model_dir(path: Path) -> Path:
+    """Our model directory in a model, checkpoint or run directory (its latest checkpoint)."""
+    if (path / CONFIG_FILE).is_file():
+        return path
+    if (path / MODEL_DIR / CONFIG_FILE).is_file():
+        return path / MODEL_DIR
+    if not path.is_dir():
+        raise WeightsError("no such checkpoint directory", path=path)
+    latest = path / LATEST_FILE
+    if latest.is_file():
+        named = Path(latest.read_text(encoding="utf-8").strip())
+        return find_model_dir(named if named.is_absolute() else path / named)
+    checkpoints = [p for p in path.iterdir() if p.is_dir() and p.name.startswith(CHECKPOINT_PREFIX)]
+    if not checkpoints:
+        raise WeightsError(
+            f"not a model, checkpoint or run directory (no {CONFIG_FILE}, "
+            f"{MODEL_DIR}/ or {CHECKPOINT_PREFIX}* inside)",
+            path=path,
+        )
+    return find_model_dir(max(checkpoints, key=_checkpoint_order))
+
+
+def _checkpoint_order(path: Path) -> tuple[int, ...]:
+    """``checkpoint_000012`` → (12,); a timestamped name sorts by its numbers in order."""
+    return tuple(int(number) for number in re.findall(r"\d+", path.name))
 
 
 def _atomic_write(path: Path, write: Callable[[Path], object]) -> None:

@@ -12,12 +12,12 @@ from mlflow.tracking import MlflowClient
 from elmo_core.config import PrepareConfig
 from elmo_core.data.reader import load_manifest
 from elmo_core.model.bilm import BiLM
-from elmo_core.model.serialization import load_bilm, save_bilm
+from elmo_core.model.serialization import find_model_dir, load_bilm, save_bilm
 from elmo_core.perplexity import evaluate_perplexity
 from elmo_core.presets import tiny
 from pipelines import tracking
 from pipelines.corpus_sources import CorpusFiles
-from pipelines.evaluate import evaluate, find_model_dir, heldout_hash, main
+from pipelines.evaluate import evaluate, heldout_hash, main
 from pipelines.prepare import prepare_files
 
 pytestmark = pytest.mark.integration

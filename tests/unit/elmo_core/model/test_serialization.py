@@ -39,3 +39,20 @@ def test_missing_files_and_mismatched_weights_are_clear_errors(tmp_path):
     (tmp_path / "m" / CONFIG_FILE).write_text(text)
     with pytest.raises(WeightsError, match=r"do not match.*input_weight \(128, 16\) in the file, \(32, 16\) by the config"):
         load_bilm(tmp_path / "m")
+
+
+def test_elmo_is_built_from_a_training_run_directory(tmp_path):
+    from elmo_core.model.elmo import Elmo
+    from elmo_core.model.serialization import find_model_dir
+
+    torch.manual_seed(0)
+    bilm = BiLM(tiny(), vocab_size=100).eval()
+    for step in (2, 10):
+        save_bilm(bilm, tmp_path / "run" / f"checkpoint_{step:06d}" / "model")
+    assert find_model_dir(tmp_path / "run") == tmp_path / "run" / "checkpoint_000010" / "model"
+    elmo = Elmo.from_checkpoint(tmp_path / "run", num_output_representations=2, dropout=0.0).eval()
+    out = elmo(batch_to_ids([["The", "cat"], ["Hi"]]))
+    assert len(out["elmo_representations"]) == 2
+    assert out["elmo_representations"][0].shape == (2, 2, 2 * tiny().lstm.projection_dim)
+    with pytest.raises(WeightsError, match="not a model, checkpoint or run directory"):
+        Elmo.from_checkpoint(tmp_path, num_output_representations=1)
