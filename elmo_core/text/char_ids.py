@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from elmo_core.errors import DataError
+
+if TYPE_CHECKING:  # torch is imported where a tensor is made, so data tools stay light
+    import torch
 
 MAX_CHARS_PER_TOKEN = 50
 MAX_TOKEN_BYTES = MAX_CHARS_PER_TOKEN - 2
@@ -75,10 +78,12 @@ def tokens_to_ids(tokens: Sequence[str]) -> np.ndarray:
 
 
 def batch_to_ids(sentences: list[list[str]]) -> torch.Tensor:
-    """``(B, T, 50)`` long ids for tokenized sentences, 0-padded to the longest; no sentence markers.
+    """``(B, T, 50)`` long ids of tokenized sentences, 0-padded to the longest; no sentence markers.
 
     Rows of empty sentences are all padding. The biLM adds ``<S>``/``</S>`` itself.
     """
+    import torch
+
     if not isinstance(sentences, list | tuple):
         raise DataError("batch_to_ids expects a list of token lists")
     longest = max((len(sentence) for sentence in sentences), default=0)
