@@ -46,6 +46,7 @@ from pipelines.adapt_tracking import (
     prefixed_logger,
 )
 from pipelines.bilm_source import BiLMReference, load_bilm_source, resolve_bilm
+from pipelines.cli_runner import run_command
 from pipelines.settings import elmo_home, mlflow_tracking_uri
 from pipelines.tracking import EXPERIMENT, PARENT_RUN_ENV, log_config, stage_run, use_tracking
 
@@ -298,11 +299,7 @@ def _result_line(result: AdaptResult) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m pipelines.adapt``: the same command as ``elmo adapt``."""
-    from pipelines.cli import run_app
-
-    app = typer.Typer(add_completion=False)
-    app.command()(adapt_command)
-    return run_app(app, argv)
+    return run_command(adapt_command, argv)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,11 @@ from pipelines.register import register_command
 from pipelines.registry_policy import promote_command
 from pipelines.train import train_command
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Pretrain and adapt ELMo: prepare → train → evaluate → register → adapt.",
+)
 
 
 @app.callback()

@@ -8,6 +8,8 @@ seconds and ~150 MB before ``prepare`` reads a byte).
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import typer
 
@@ -33,3 +35,10 @@ def run_app(typer_app: typer.Typer, argv: list[str] | None = None) -> int:
             return err.exit_code
         raise
     return 0
+
+
+def run_command(command: Callable[..., Any], argv: list[str] | None = None) -> int:
+    """A stage's ``main``: run its one typer command as ``python -m pipelines.<stage>`` does."""
+    app = typer.Typer(add_completion=False)
+    app.command()(command)
+    return run_app(app, argv)

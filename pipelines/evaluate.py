@@ -34,6 +34,7 @@ from elmo_core.errors import DataError, WeightsError
 from elmo_core.model.bilm import BiLM
 from elmo_core.model.serialization import CONFIG_FILE, find_model_dir, load_bilm
 from elmo_core.perplexity import PerplexitySums, Protocol, evaluate_perplexity
+from pipelines.cli_runner import run_command
 from pipelines.tracking import stage_run
 
 BILM_ARTIFACT = "bilm"
@@ -244,11 +245,7 @@ def evaluate_command(
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m pipelines.evaluate``: the same command as ``elmo evaluate``."""
-    from pipelines.cli_runner import run_app
-
-    app = typer.Typer(add_completion=False)
-    app.command()(evaluate_command)
-    return run_app(app, argv)
+    return run_command(evaluate_command, argv)
 
 
 if __name__ == "__main__":

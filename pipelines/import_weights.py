@@ -38,6 +38,7 @@ from elmo_core.interop.bilm_tf import load_bilm as load_bilm_tf
 from elmo_core.model.serialization import save_bilm
 from elmo_core.text.tokenize import Tokenizer
 from elmo_core.text.vocab import read_vocab, vocab_text
+from pipelines.cli_runner import run_command
 from pipelines.register import DEFAULT_NAME, DatasetFiles, RegisteredBiLM, register_bilm
 from pipelines.registry_policy import apply_champion_policy, promote
 from pipelines.tracking import STAGE_TAG
@@ -176,11 +177,7 @@ def import_weights_command(
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m pipelines.import_weights`` (the same command as ``elmo import-weights``)."""
-    from pipelines.cli import run_app
-
-    app = typer.Typer(add_completion=False)
-    app.command()(import_weights_command)
-    return run_app(app, argv)
+    return run_command(import_weights_command, argv)
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ from elmo_core.data.shards import SHARD_FORMAT, SHARD_FORMAT_VERSION, FileStats,
 from elmo_core.errors import DataError
 from elmo_core.text.tokenize import Tokenizer
 from elmo_core.text.vocab import build_vocab, read_vocab, vocab_counts_text, vocab_text, with_counts
+from pipelines.cli_runner import run_command
 from pipelines.prepare_output import DatasetOutput, PrepareState
 from pipelines.prepare_passes import (
     EncodeTask,
@@ -476,11 +477,7 @@ def prepare_command(
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m pipelines.prepare``: the same command as ``elmo prepare``."""
-    from pipelines.cli_runner import run_app
-
-    app = typer.Typer(add_completion=False)
-    app.command()(prepare_command)
-    return run_app(app, argv)
+    return run_command(prepare_command, argv)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ from elmo_core.errors import ConfigError, DataError, WeightsError
 from elmo_core.model.bilm import BiLM
 from elmo_core.model.serialization import load_bilm
 from pipelines import bilm_pyfunc
+from pipelines.cli_runner import run_command
 from pipelines.tracking import stage_run, use_tracking
 
 DEFAULT_NAME = "elmo-bilm"
@@ -345,11 +346,7 @@ def register_command(
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m pipelines.register``."""
-    from pipelines.cli import run_app
-
-    app = typer.Typer(add_completion=False)
-    app.command()(register_command)
-    return run_app(app, argv)
+    return run_command(register_command, argv)
 
 
 if __name__ == "__main__":

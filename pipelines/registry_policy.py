@@ -39,6 +39,7 @@ from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 
 from elmo_core.errors import ConfigError
+from pipelines.cli_runner import run_command
 from pipelines.register import (
     DEFAULT_NAME,
     HELDOUT_HASH_TAG,
@@ -213,11 +214,7 @@ def promote_command(
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m pipelines.registry_policy`` (the same command as ``elmo promote``)."""
-    from pipelines.cli import run_app
-
-    app = typer.Typer(add_completion=False)
-    app.command()(promote_command)
-    return run_app(app, argv)
+    return run_command(promote_command, argv)
 
 
 if __name__ == "__main__":

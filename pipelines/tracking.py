@@ -8,6 +8,7 @@ figures next to the metrics.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 from collections.abc import Iterator, Mapping, Sequence
@@ -67,12 +68,10 @@ def _ensure_experiment() -> None:
     if mlflow.get_experiment_by_name(EXPERIMENT) is None and mlflow_tracking_uri().startswith(
         "sqlite:"
     ):
-        try:
+        with contextlib.suppress(mlflow.exceptions.MlflowException):  # created meanwhile
             mlflow.create_experiment(
                 EXPERIMENT, artifact_location=(elmo_home() / "artifacts").as_uri()
             )
-        except mlflow.exceptions.MlflowException:
-            pass  # another process created it first
     mlflow.set_experiment(EXPERIMENT)
 
 
@@ -93,7 +92,7 @@ def find_run(run_name: str, stage: str) -> Run | None:
 
 
 def flatten_params(config: BaseModel | Mapping[str, Any], prefix: str = "") -> dict[str, str]:
-    """Dotted ``section.key`` → string value, as MLflow params (long values are cut, not refused)."""
+    """Dotted ``section.key`` → string value as MLflow params (long values cut, not refused)."""
     data = config.model_dump(mode="json") if isinstance(config, BaseModel) else dict(config)
     flat: dict[str, str] = {}
     for key, value in data.items():

@@ -33,6 +33,7 @@ from ray.train.torch import TorchTrainer
 from elmo_core.data.reader import load_manifest
 from elmo_core.errors import ConfigError
 from pipelines.checkpoints import BEST_DIR, FINISHED_FILE, MODEL_DIR, RUN_ID_FILE, RunDirectory
+from pipelines.cli_runner import run_command
 from pipelines.ray_cluster import connect_ray
 from pipelines.settings import mlflow_tracking_uri
 from pipelines.tracking import find_run, git_commit, log_config, stage_run
@@ -294,11 +295,7 @@ def _evaluate_and_register(result: TrainResult, data: str, parent_run_id: str | 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m pipelines.train``: the same command as ``elmo train``."""
-    from pipelines.cli import run_app
-
-    app = typer.Typer(add_completion=False)
-    app.command()(train_command)
-    return run_app(app, argv)
+    return run_command(train_command, argv)
 
 
 if __name__ == "__main__":

@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import mlflow
 import pytest
 from mlflow import MlflowClient
@@ -49,7 +51,7 @@ def test_log_config_flattens_to_dotted_params_and_keeps_json(store, tmp_path):
     assert data.params["lstm.cell_dim"] == "32"
     assert data.params["char_cnn.embedding_dim"] == "4"
     local = store.download_artifacts(run.info.run_id, "config.json", str(tmp_path))
-    assert '"projection_dim": 16' in open(local).read()
+    assert '"projection_dim": 16' in Path(local).read_text()
 
 
 def test_log_curves_writes_a_figure(store, tmp_path):
