@@ -34,10 +34,10 @@ from elmo_core.errors import DataError, WeightsError
 from elmo_core.model.bilm import BiLM
 from elmo_core.model.serialization import CONFIG_FILE, find_model_dir, load_bilm
 from elmo_core.perplexity import PerplexitySums, Protocol, evaluate_perplexity
+from pipelines.bilm_pyfunc import BILM_ARTIFACT
 from pipelines.cli_runner import run_command
 from pipelines.tracking import stage_run
 
-BILM_ARTIFACT = "bilm"
 MLFLOW_SCHEMES = ("models:/", "runs:/", "mlflow-artifacts:/")
 
 

@@ -36,8 +36,8 @@ from elmo_core.tasks.config import TaskConfig, TaskType
 from elmo_core.tasks.task_model import TaskModel
 from elmo_core.tasks.trainer import predict
 from elmo_core.text.tokenize import MosesTokenizer, Tokenizer
+from pipelines.bilm_pyfunc import BILM_ARTIFACT
 
-BILM_ARTIFACT = "bilm"
 TASK_ARTIFACT = "task_model"
 WEIGHTS_FILE = "model.pt"
 DESCRIPTION_FILE = "task_model.json"
