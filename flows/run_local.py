@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PREFECT_HOME", str(elmo_home() / "prefect"))
     # Its first start creates that database; 20 s (Prefect's default) is short on a busy laptop.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from flows.params import PretrainParams
     from flows.pretrain import pretrain
 

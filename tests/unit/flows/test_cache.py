@@ -1,0 +1,67 @@
+"""The prepare cache key: inputs, output location and the version of the prepare code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import elmo_core
+from flows.cache import code_files, code_version, dataset_exists, prepare_cache_key
+from flows.params import DataParams
+
+
+@pytest.fixture(autouse=True)
+def _home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("ELMO_HOME", str(tmp_path / "home"))
+
+
+def test_code_files_cover_elmo_core_and_the_prepare_modules_only() -> None:
+    names = {path.name for path in code_files()}
+    core = {p.name for p in Path(elmo_core.__file__).parent.rglob("*.py")}
+
+    assert core <= names
+    assert {"prepare.py", "prepare_passes.py", "prepare_output.py", "corpus_sources.py"} <= names
+    assert {"download.py", "sample_corpus.py"} <= names
+    assert not {"train.py", "adapt.py", "register.py"} & names
+
+
+def test_a_source_change_gives_a_new_code_version_and_a_new_key(tmp_path: Path) -> None:
+    source = tmp_path / "pkg" / "tokenize.py"
+    source.parent.mkdir()
+    source.write_text("SPLIT = ' '\n")
+    before = code_version([source], root=tmp_path)
+    source.write_text("SPLIT = '\\t'\n")
+    after = code_version([source], root=tmp_path)
+    data = DataParams(corpus="python-docs")
+
+    assert before != after
+    assert prepare_cache_key(data, before) != prepare_cache_key(data, after)
+    assert prepare_cache_key(data, before) == prepare_cache_key(data, before)
+
+
+def test_the_installed_code_version_is_stable_between_calls() -> None:
+    assert code_version() == code_version()
+
+
+def test_the_key_follows_corpus_config_and_output() -> None:
+    version = "v"
+    base = DataParams(corpus="a")
+    keys = {
+        prepare_cache_key(base, version),
+        prepare_cache_key(DataParams(corpus="b"), version),
+        prepare_cache_key(DataParams(corpus="a", prepare=["min_count=2"]), version),
+        prepare_cache_key(DataParams(corpus="a", out="/elsewhere"), version),
+    }
+
+    assert len(keys) == 4
+    assert prepare_cache_key(DataParams(corpus="a"), version) == prepare_cache_key(base, version)
+
+
+def test_a_dataset_exists_only_while_its_manifest_does(tmp_path: Path) -> None:
+    dataset = tmp_path / "ds"
+    dataset.mkdir()
+    assert not dataset_exists(str(dataset))
+    (dataset / "manifest.json").write_text("{}")
+    assert dataset_exists(str(dataset))
+    assert dataset_exists(dataset.as_uri())

@@ -1,0 +1,69 @@
+"""prefect.yaml: every deployment's entrypoint exists and its parameters validate; the one-command
+demo runs the smoke deployment's parameters."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import pytest
+import yaml
+
+from flows.params import AdaptParams, PretrainParams
+from flows.run_local import REPO, smoke_parameters
+
+PARAMS_OF = {"pretrain": PretrainParams, "adapt": AdaptParams}
+ONE_BILLION_WORD = "https://www.statmt.org/lm-benchmark/1-billion-word-language-modeling-benchmark-r13output.tar.gz"
+
+
+def _deployments() -> dict[str, dict[str, Any]]:
+    config = yaml.safe_load((REPO / "prefect.yaml").read_text())
+    named = {}
+    for deployment in config["deployments"]:
+        path, function = deployment["entrypoint"].split(":")
+        module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
+        flow = getattr(module, function)
+        named[f"{flow.name}/{deployment['name']}"] = deployment
+    return named
+
+
+def test_the_documented_deployments_exist_on_the_process_pool() -> None:
+    deployments = _deployments()
+
+    assert set(deployments) == {"pretrain/full", "pretrain/smoke", "adapt/smoke"}
+    assert {d["work_pool"]["name"] for d in deployments.values()} == {"elmo-process"}
+
+
+@pytest.mark.parametrize("name", ["pretrain/full", "pretrain/smoke", "adapt/smoke"])
+def test_deployment_parameters_validate_against_the_flow_params(name: str) -> None:
+    deployment = _deployments()[name]
+    PARAMS_OF[name.split("/")[0]].model_validate(deployment["parameters"]["params"])
+    for path in deployment["parameters"]["params"].get("tasks", []):
+        assert (REPO / path).is_file()
+
+
+def test_full_trains_the_original_model_on_the_1b_word_benchmark_on_gpus() -> None:
+    params = PretrainParams.model_validate(_deployments()["pretrain/full"]["parameters"]["params"])
+
+    assert params.data.corpus == ONE_BILLION_WORD
+    assert params.data.format == "1b-benchmark"
+    assert (params.training.model, params.training.mode) == ("original", "ray-job")
+    assert params.training.use_gpu and params.training.num_workers == 4
+
+
+def test_the_local_demo_runs_the_smoke_deployments_parameters() -> None:
+    smoke = _deployments()["pretrain/smoke"]["parameters"]["params"]
+    smoke = {**smoke, "tasks": [str(REPO / path) for path in smoke["tasks"]]}
+
+    assert PretrainParams.model_validate(smoke) == PretrainParams.model_validate(smoke_parameters())
+    params = PretrainParams.model_validate(smoke)
+    assert params.training.model == "tiny"
+    assert params.training.job_config().train.max_steps <= 500
+
+
+def test_the_working_directory_comes_from_elmo_repo() -> None:
+    config = yaml.safe_load((REPO / "prefect.yaml").read_text())
+    (step,) = config["pull"]
+    assert step == {
+        "prefect.deployments.steps.set_working_directory": {"directory": "{{ $ELMO_REPO }}"}
+    }

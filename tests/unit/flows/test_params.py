@@ -1,0 +1,91 @@
+"""Flow parameters: typed, closed, resolved early; the deployment schema derived from them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from prefect.utilities.callables import parameter_schema
+from pydantic import ValidationError
+
+from flows.params import AdaptParams, DataParams, PretrainParams, TrainingParams
+from flows.pretrain import pretrain
+
+
+def test_unknown_keys_are_rejected_with_their_path() -> None:
+    with pytest.raises(ValidationError) as raised:
+        PretrainParams.model_validate({"data": {"corpus": "c"}, "training": {"num_workerz": 2}})
+
+    assert "training.num_workerz" in str(raised.value)
+    assert "Extra inputs are not permitted" in str(raised.value)
+
+
+def test_ill_typed_and_unknown_preset_values_are_rejected() -> None:
+    with pytest.raises(ValidationError, match="training.num_workers"):
+        PretrainParams.model_validate({"data": {"corpus": "c"}, "training": {"num_workers": "x"}})
+    with pytest.raises(ValidationError, match="training.model"):
+        PretrainParams.model_validate({"data": {"corpus": "c"}, "training": {"model": "huge"}})
+
+
+def test_a_misspelt_override_fails_at_validation_naming_its_key() -> None:
+    with pytest.raises(ValidationError, match=r"training.overrides: .*train.max_stepz"):
+        TrainingParams(model="tiny", overrides=["train.max_stepz=3"])
+    with pytest.raises(ValidationError, match=r"data.prepare: .*key 'max_vocab'"):
+        DataParams(corpus="c", prepare=["max_vocab=lots"])
+
+
+def test_scaling_fields_reach_the_resolved_train_config() -> None:
+    training = TrainingParams(
+        model="tiny", overrides=["train.max_steps=7"], num_workers=3, use_gpu=True
+    )
+
+    cfg = training.job_config()
+
+    assert (cfg.run.num_workers, cfg.run.use_gpu, cfg.train.max_steps) == (3, True, 7)
+    assert cfg.model.lstm.cell_dim == 32  # the tiny preset
+    assert training.train_overrides()[-2:] == ["run.num_workers=3", "run.use_gpu=true"]
+
+
+def test_mode_defaults_to_ray_job_only_when_a_jobs_api_is_configured(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("RAY_API_SERVER_ADDRESS", raising=False)
+    assert TrainingParams().resolved_mode() == "local"
+    monkeypatch.setenv("RAY_API_SERVER_ADDRESS", "http://127.0.0.1:8265")
+    assert TrainingParams().resolved_mode() == "ray-job"
+    assert TrainingParams(mode="local").resolved_mode() == "local"
+
+
+def test_default_dataset_dir_is_under_elmo_home_and_differs_by_corpus_and_config(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("ELMO_HOME", str(tmp_path))
+    base = DataParams(corpus="/data/my corpus/")
+
+    assert Path(base.dataset_dir()).parent == tmp_path / "datasets"
+    assert Path(base.dataset_dir()).name.startswith("my-corpus-")
+    assert base.dataset_dir() == DataParams(corpus="/data/my corpus/").dataset_dir()
+    assert base.dataset_dir() != DataParams(corpus="/data/other").dataset_dir()
+    assert base.dataset_dir() != DataParams(corpus=base.corpus, prepare=["seed=1"]).dataset_dir()
+    assert DataParams(corpus="c", out="s3://b/d").dataset_dir() == "s3://b/d"
+
+
+def test_the_flow_schema_forbids_extra_keys_and_lists_the_presets() -> None:
+    schema = parameter_schema(pretrain.fn).model_dump()
+    definitions = schema["definitions"]
+
+    assert schema["required"] == ["params"]
+    assert all(d.get("additionalProperties") is False for d in definitions.values())
+    assert definitions["TrainingParams"]["properties"]["model"]["enum"] == [
+        "tiny",
+        "small",
+        "medium",
+        "original",
+    ]
+    assert definitions["PretrainParams"]["required"] == ["data"]
+
+
+def test_adapt_needs_at_least_one_task_and_defaults_to_the_champion() -> None:
+    with pytest.raises(ValidationError, match="tasks"):
+        AdaptParams(tasks=[])
+    assert AdaptParams(tasks=["t.yaml"]).bilm == "models:/elmo-bilm@champion"
