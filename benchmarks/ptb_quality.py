@@ -1,0 +1,180 @@
+"""Language-model quality on Penn Treebank: train a named config, report heldout perplexity.
+
+    python benchmarks/ptb_quality.py [--data-root ../shared/data] [--config configs/ptb-small.yaml]
+        [--minutes 35 | --max-steps N] [--work DIR] [--set section.key=value ...]
+
+Prepares PTB with the 1B Word Benchmark's whitespace tokenizer (PTB is already tokenized, so
+``<unk>`` and ``N`` stay tokens): ``ptb.train.txt`` → training shards, ``ptb.valid.txt`` and
+``ptb.test.txt`` → heldout shards, selectable by file name. The run length is ``--max-steps``, or
+the steps that fit in ``--minutes`` at the speed of a short in-process timing run with the same
+model, recipe and threads. Training is the real train stage (Ray Train, MLflow, checkpoints under
+``ELMO_HOME/runs``); the final model (not the best-on-validation one: validation uses the heldout
+split) is evaluated with the evaluate stage's default protocol on test and on valid.
+
+Kim et al. 2016's small char-CNN LSTM reaches 92.3 test perplexity (forward only, ~25 epochs,
+dropout 0.5): context for the forward column, not a like-for-like target for a run of a few epochs.
+Last line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from elmo_core.config import PrepareConfig
+from elmo_core.data.batching import TokenStream, window_char_ids
+from elmo_core.data.manifest import MANIFEST_NAME
+from elmo_core.data.reader import load_manifest, load_word_types
+from pipelines.checkpoints import initial_bilm
+from pipelines.corpus_sources import CorpusFiles
+from pipelines.evaluate import EvaluationResult, evaluate
+from pipelines.gradient_exchange import clip_global_norm
+from pipelines.prepare import prepare_files
+from pipelines.settings import elmo_home
+from pipelines.train import TrainResult, train
+from pipelines.train_config import TrainJobConfig, resolve_train_config
+
+REPO = Path(__file__).resolve().parents[1]
+KIM_SMALL_TEST = 92.3
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-root", type=Path, default=REPO.parent / "shared" / "data")
+    parser.add_argument("--config", type=Path, default=REPO / "configs" / "ptb-small.yaml")
+    length = parser.add_mutually_exclusive_group()
+    length.add_argument("--minutes", type=float, default=35.0, help="training time budget")
+    length.add_argument("--max-steps", type=int, help="a fixed run length instead")
+    parser.add_argument("--timing-steps", type=int, default=8)
+    parser.add_argument("--work", type=Path, default=elmo_home() / "bench" / "ptb_quality")
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    return parser.parse_args()
+
+
+def prepare_ptb(ptb: Path, out: Path) -> str:
+    """PTB as train + two heldout files, whitespace-tokenized; reused when already prepared."""
+    if not (out / MANIFEST_NAME).is_file():
+        corpus = CorpusFiles(
+            str(ptb),
+            "1b-benchmark",
+            [ptb / "ptb.train.txt"],
+            [ptb / "ptb.valid.txt", ptb / "ptb.test.txt"],
+        )
+        prepare_files(PrepareConfig(format="1b-benchmark"), corpus, str(out))
+    return str(out)
+
+
+def seconds_per_step(cfg: TrainJobConfig, data: str, steps: int) -> float:
+    """Median seconds of one training step (both streams, backward, clip, Adagrad), in-process.
+
+    Same work as a single Ray Train worker's step, with the threads Ray gives that worker.
+    """
+    torch.set_num_threads(cfg.run.cpus_per_worker)
+    manifest = load_manifest(data)
+    table = load_word_types(data, manifest).char_ids
+    bilm = initial_bilm(cfg.model, manifest.vocab.size, None, None).train()
+    assert bilm.softmax is not None
+    bilm.softmax.sparse = cfg.run.grad_exchange == "sparse"
+    optimizer = torch.optim.Adagrad(
+        bilm.parameters(), lr=cfg.train.lr, initial_accumulator_value=cfg.train.initial_accumulator
+    )
+    rows, unroll = cfg.train.batch_size, cfg.train.unroll_steps
+    streams = [
+        TokenStream(data, batch_size=rows, unroll_steps=unroll, reverse=reverse, seed=seed)
+        for reverse, seed in ((False, 1), (True, 2))
+    ]
+    times = []
+    for step in range(steps + 2):  # two warm-up steps
+        started = time.perf_counter()
+        tensors = []
+        for stream in streams:
+            window = stream.next_window()
+            assert window is not None
+            tensors += [
+                torch.from_numpy(window_char_ids(window.inputs, table)),  # (B, T, W)
+                torch.from_numpy(window.targets),  # (B, T)
+            ]
+        output, _ = bilm.training_loss(*tensors, None)
+        (output.loss * unroll).backward()
+        clip_global_norm(bilm.parameters(), cfg.train.clip_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if step >= 2:
+            times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def run_length(args: argparse.Namespace, cfg: TrainJobConfig, data: str) -> tuple[int, float]:
+    """(max_steps, measured seconds per step or NaN when ``--max-steps`` was given)."""
+    if args.max_steps:
+        return args.max_steps, float("nan")
+    per_step = seconds_per_step(cfg, data, args.timing_steps)
+    return max(1, int(args.minutes * 60 / per_step)), per_step
+
+
+def report(
+    cfg: TrainJobConfig,
+    trained: TrainResult,
+    scores: dict[str, EvaluationResult],
+    per_step: float,
+    train_positions: int,
+) -> dict[str, object]:
+    positions = trained.steps * cfg.train.batch_size * cfg.train.unroll_steps
+    epochs = positions / train_positions  # a sentence of n tokens fills n + 1
+    print(
+        f"\n{trained.run_name}: {trained.steps} steps ({epochs:.2f} epochs), "
+        f"{trained.seconds / 60:.1f} min, model → {trained.model_dir}"
+    )
+    print("\n| heldout | tokens | fwd ppl | bwd ppl | geo-mean ppl |")
+    print("|---|---:|---:|---:|---:|")
+    for name, score in scores.items():
+        print(
+            f"| {name} | {score.num_tokens} | {score.forward_perplexity:.2f} | "
+            f"{score.backward_perplexity:.2f} | {score.perplexity:.2f} |"
+        )
+    print(f"\ncontext: Kim et al. 2016 small char-CNN, forward, ~25 epochs: {KIM_SMALL_TEST}")
+    summary: dict[str, object] = {
+        "benchmark": "ptb_quality",
+        "model_dir": trained.model_dir,
+        "steps": trained.steps,
+        "epochs": round(epochs, 3),
+        "train_seconds": round(trained.seconds, 1),
+        "seconds_per_step_timed": round(per_step, 4),
+    }
+    for name, score in scores.items():
+        summary[f"{name}_forward"] = round(score.forward_perplexity, 3)
+        summary[f"{name}_backward"] = round(score.backward_perplexity, 3)
+        summary[f"{name}_perplexity"] = round(score.perplexity, 3)
+    return summary
+
+
+def main() -> int:
+    args = parse_args()
+    ptb = args.data_root / "ptb"
+    if not (ptb / "ptb.train.txt").is_file():
+        print(f"skipped: no PTB under {args.data_root} (see ../shared/data/README.md)")
+        return 0
+    data = prepare_ptb(ptb, args.work / "dataset")
+    cfg = resolve_train_config(None, args.config, args.overrides)
+    max_steps, per_step = run_length(args, cfg, data)
+    print(f"{per_step:.3f} s/step timed → train.max_steps={max_steps}", flush=True)
+    cfg = resolve_train_config(None, args.config, [*args.overrides, f"train.max_steps={max_steps}"])
+    trained = train(cfg, data)
+    scores = {
+        split: evaluate(trained.model_dir, data, files=[f"ptb.{split}"])
+        for split in ("test", "valid")
+    }
+    split = load_manifest(data).split("train")
+    summary = report(cfg, trained, scores, per_step, split.num_tokens + split.num_sentences)
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
