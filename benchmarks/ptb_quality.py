@@ -159,6 +159,7 @@ def main() -> int:
     ptb = args.data_root / "ptb"
     if not (ptb / "ptb.train.txt").is_file():
         print(f"skipped: no PTB under {args.data_root} (see ../shared/data/README.md)")
+        print(json.dumps({"benchmark": "ptb_quality", "skipped": True}))
         return 0
     data = prepare_ptb(ptb, args.work / "dataset")
     cfg = resolve_train_config(None, args.config, args.overrides)
