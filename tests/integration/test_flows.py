@@ -1,0 +1,250 @@
+"""The flows against a real Prefect API (a temporary server), a real SQLite MLflow and a real Ray.
+
+One module-wide ELMo home and Prefect server; the pretrain flow runs twice on a tiny corpus of
+its own (the second run must reuse the cached dataset, the finished training and the registered
+version), the prepare task alone shows the cache and its invalidation, and bad input fails early
+with messages that name the field or the address.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import pytest
+from mlflow.tracking import MlflowClient
+from prefect import flow
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+from prefect.testing.utilities import prefect_test_harness
+
+from flows.artifacts import PretrainSummary
+from flows.params import DataParams, PretrainParams
+from flows.pretrain import pretrain
+from flows.run_local import REPO
+from flows.services import ServiceUnreachable
+from flows.tasks import prepare
+from pipelines.settings import mlflow_tracking_uri
+
+pytestmark = pytest.mark.integration
+
+# More word types than the tiny preset's 64 sampled-softmax candidates.
+WORDS = [f"word{index}" for index in range(120)]
+TRAINING = {
+    "model": "tiny",
+    "mode": "local",
+    "overrides": [
+        "train.max_steps=8",
+        "train.batch_size=4",
+        "train.log_every=4",
+        "train.checkpoint_every=4",
+        "train.validate_every=4",
+        "train.validation_sentences=10",
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def home(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """ELMO_HOME, the embedded MLflow store and a temporary Prefect server for the module."""
+    root = tmp_path_factory.mktemp("flows")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ELMO_HOME", str(root / "home"))
+        for name in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"):
+            patch.delenv(name, raising=False)
+        with prefect_test_harness(server_startup_timeout=180):
+            yield root / "home"
+
+
+@pytest.fixture(scope="module")
+def corpus(home: Path) -> str:
+    rng = random.Random(0)
+    path = home.parent / "corpus.txt"
+    lines = (" ".join(rng.choices(WORDS, k=rng.randint(4, 12))) for _ in range(400))
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def _data(corpus: str) -> dict[str, Any]:
+    return {"corpus": corpus, "prepare": ["heldout_fraction=0.1"]}
+
+
+def _task_states(flow_run_id: UUID) -> dict[str, str]:
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+        )
+    return {run.name.rsplit("-", 1)[0]: run.state.name for run in runs if run.state}
+
+
+@flow
+def prepare_only(data: DataParams) -> str:
+    return prepare(data)
+
+
+def test_prepare_is_cached_across_runs_and_runs_again_once_its_dataset_is_gone(
+    home: Path, corpus: str
+) -> None:
+    data = DataParams(corpus=corpus, prepare=["heldout_fraction=0.1", "seed=7"])
+
+    states = []
+    for _ in range(2):
+        state = prepare_only(data, return_state=True)
+        states.append(_task_states(state.state_details.flow_run_id)["prepare"])
+    dataset = state.result()
+    shutil.rmtree(dataset)
+    state = prepare_only(data, return_state=True)
+    states.append(_task_states(state.state_details.flow_run_id)["prepare"])
+    again = prepare_only(data, return_state=True)
+    states.append(_task_states(again.state_details.flow_run_id)["prepare"])
+
+    assert states == ["Completed", "Cached", "Completed", "Cached"]
+    assert (Path(dataset) / "manifest.json").is_file()
+    assert Path(dataset).parent == home / "datasets"
+
+
+@pytest.fixture(scope="module")
+def two_runs(home: Path, corpus: str) -> list[tuple[PretrainSummary, UUID]]:
+    params = PretrainParams.model_validate(
+        {
+            "data": _data(corpus),
+            "training": TRAINING,
+            "tasks": [str(REPO / "examples/tasks/ner.yaml")],
+        }
+    )
+    runs = []
+    for _ in range(2):
+        state = pretrain(params, return_state=True)
+        runs.append((state.result(), state.state_details.flow_run_id))
+    return runs
+
+
+def test_pretrain_runs_every_stage_and_registers_the_champion_and_a_task_model(
+    two_runs: list[tuple[PretrainSummary, UUID]],
+) -> None:
+    summary, flow_run_id = two_runs[0]
+    client = MlflowClient(mlflow_tracking_uri())
+
+    assert _task_states(flow_run_id) == {
+        name: "Completed"
+        for name in ("prepare", "train", "evaluate", "register", "adapt", "summarize")
+    }
+    assert not summary.already_trained and summary.champion
+    assert int(client.get_model_version_by_alias("elmo-bilm", "champion").version) == 1
+    assert summary.model_uri == "models:/elmo-bilm/1"
+    assert summary.task_models == ["models:/elmo-ner/1"]
+
+
+def test_each_flow_run_has_one_parent_mlflow_run_with_every_stage_as_its_child(
+    two_runs: list[tuple[PretrainSummary, UUID]],
+) -> None:
+    summary, flow_run_id = two_runs[0]
+    client = MlflowClient(mlflow_tracking_uri())
+    parent = client.get_run(summary.parent_run_id)
+    children = client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{summary.parent_run_id}'",
+    )
+
+    assert parent.data.tags["prefect.flow_run_id"] == str(flow_run_id)
+    assert parent.info.status == "FINISHED"
+    assert parent.data.params["training.model"] == "tiny"
+    assert sorted(run.data.tags["elmo.stage"] for run in children) == ["adapt", "evaluate", "train"]
+    assert all(
+        run.data.tags.get("prefect.flow_run_id") in (None, str(flow_run_id)) for run in children
+    )
+
+
+def test_a_rerun_reuses_the_cached_dataset_the_finished_training_and_its_version(
+    two_runs: list[tuple[PretrainSummary, UUID]],
+) -> None:
+    (first, _), (second, flow_run_id) = two_runs
+
+    states = _task_states(flow_run_id)
+    assert states["prepare"] == "Cached"
+    assert second.already_trained
+    assert (second.dataset, second.train_run, second.model_uri) == (
+        first.dataset,
+        first.train_run,
+        first.model_uri,
+    )
+    assert second.parent_run_id != first.parent_run_id
+
+
+def test_the_run_publishes_tables_and_a_summary_linking_to_mlflow(
+    two_runs: list[tuple[PretrainSummary, UUID]],
+) -> None:
+    summary, flow_run_id = two_runs[0]
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+        )
+    by_key = {artifact.key: artifact for artifact in artifacts}
+
+    assert set(by_key) == {
+        "pretrain-dataset",
+        "pretrain-perplexity",
+        "pretrain-tasks",
+        "pretrain-summary",
+    }
+    assert {artifact.type for artifact in artifacts} == {"table", "markdown"}
+    markdown = str(by_key["pretrain-summary"].data)
+    assert summary.parent_run_id in markdown
+    assert "mlflow ui --backend-store-uri sqlite:///" in markdown
+    assert "heldout perplexity" in markdown and "elmo-ner" in markdown
+
+
+def test_ill_typed_and_unknown_parameters_are_refused_with_the_field(home: Path) -> None:
+    deployment_id = pretrain.to_deployment(name="params-check").apply()
+    from prefect.deployments import run_deployment
+
+    with pytest.raises(Exception, match=r"params.training.num_workers.*'four' is not of type"):
+        run_deployment(
+            deployment_id,
+            parameters={"params": {"data": {"corpus": "c"}, "training": {"num_workers": "four"}}},
+            timeout=0,
+        )
+    with pytest.raises(Exception, match=r"'num_workerz' was unexpected"):
+        run_deployment(
+            deployment_id,
+            parameters={"params": {"data": {"corpus": "c"}, "training": {"num_workerz": 2}}},
+            timeout=0,
+        )
+    state = pretrain(
+        params={"data": {"corpus": "c"}, "training": {"overrides": ["train.max_stepz=1"]}},
+        return_state=True,
+    )
+    assert state.is_failed()
+    assert "train.max_stepz" in state.message
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "mode"),
+    [
+        ("MLFLOW_TRACKING_URI", "http://127.0.0.1:{port}", "local"),
+        ("RAY_API_SERVER_ADDRESS", "http://127.0.0.1:{port}", "ray-job"),
+        ("RAY_ADDRESS", "127.0.0.1:{port}", "local"),
+    ],
+)
+def test_an_unreachable_server_fails_the_run_before_any_stage_naming_it(
+    home: Path, corpus: str, monkeypatch: pytest.MonkeyPatch, variable: str, value: str, mode: str
+) -> None:
+    address = value.format(port=_closed_port())
+    monkeypatch.setenv(variable, address)
+    params = PretrainParams.model_validate(
+        {"data": _data(corpus), "training": {**TRAINING, "mode": mode}}
+    )
+
+    with pytest.raises(ServiceUnreachable, match=f"{variable}={address}"):
+        pretrain(params)
