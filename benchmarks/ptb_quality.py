@@ -25,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+import ray
 import torch
 
 from elmo_core.config import PrepareConfig
@@ -36,6 +37,7 @@ from pipelines.corpus_sources import CorpusFiles
 from pipelines.evaluate import EvaluationResult, evaluate
 from pipelines.gradient_exchange import clip_global_norm
 from pipelines.prepare import prepare_files
+from pipelines.ray_cluster import connect_ray
 from pipelines.settings import elmo_home
 from pipelines.train import TrainResult, train
 from pipelines.train_config import TrainJobConfig, resolve_train_config
@@ -51,7 +53,7 @@ def parse_args() -> argparse.Namespace:
     length = parser.add_mutually_exclusive_group()
     length.add_argument("--minutes", type=float, default=35.0, help="training time budget")
     length.add_argument("--max-steps", type=int, help="a fixed run length instead")
-    parser.add_argument("--timing-steps", type=int, default=8)
+    parser.add_argument("--timing-steps", type=int, default=20)
     parser.add_argument("--work", type=Path, default=elmo_home() / "bench" / "ptb_quality")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     return parser.parse_args()
@@ -71,11 +73,11 @@ def prepare_ptb(ptb: Path, out: Path) -> str:
 
 
 def seconds_per_step(cfg: TrainJobConfig, data: str, steps: int) -> float:
-    """Median seconds of one training step (both streams, backward, clip, Adagrad), in-process.
+    """Median seconds of one training step (both streams, backward, clip, Adagrad).
 
-    Same work as a single Ray Train worker's step, with the threads Ray gives that worker.
+    The same work as a single Ray Train worker's step; :func:`run_length` runs it as a Ray task
+    with the worker's CPUs, so it also gets the worker's threads (``OMP_NUM_THREADS``).
     """
-    torch.set_num_threads(cfg.run.cpus_per_worker)
     manifest = load_manifest(data)
     table = load_word_types(data, manifest).char_ids
     bilm = initial_bilm(cfg.model, manifest.vocab.size, None, None).train()
@@ -90,7 +92,7 @@ def seconds_per_step(cfg: TrainJobConfig, data: str, steps: int) -> float:
         for reverse, seed in ((False, 1), (True, 2))
     ]
     times = []
-    for step in range(steps + 2):  # two warm-up steps
+    for step in range(steps + 3):  # three warm-up steps
         started = time.perf_counter()
         tensors = []
         for stream in streams:
@@ -105,7 +107,7 @@ def seconds_per_step(cfg: TrainJobConfig, data: str, steps: int) -> float:
         clip_global_norm(bilm.parameters(), cfg.train.clip_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        if step >= 2:
+        if step >= 3:
             times.append(time.perf_counter() - started)
     return statistics.median(times)
 
@@ -114,7 +116,9 @@ def run_length(args: argparse.Namespace, cfg: TrainJobConfig, data: str) -> tupl
     """(max_steps, measured seconds per step or NaN when ``--max-steps`` was given)."""
     if args.max_steps:
         return args.max_steps, float("nan")
-    per_step = seconds_per_step(cfg, data, args.timing_steps)
+    connect_ray()
+    timer = ray.remote(num_cpus=cfg.run.cpus_per_worker)(seconds_per_step)  # [ray] worker's CPUs
+    per_step = float(ray.get(timer.remote(cfg, data, args.timing_steps)))
     return max(1, int(args.minutes * 60 / per_step)), per_step
 
 
@@ -163,6 +167,9 @@ def main() -> int:
         return 0
     data = prepare_ptb(ptb, args.work / "dataset")
     cfg = resolve_train_config(None, args.config, args.overrides)
+    # the timing and evaluate run here with the threads Ray gives the training worker: on a
+    # shared 2-core machine two threads per process oversubscribe it (see configs/ptb-small.yaml)
+    torch.set_num_threads(cfg.run.cpus_per_worker)
     max_steps, per_step = run_length(args, cfg, data)
     print(f"{per_step:.3f} s/step timed → train.max_steps={max_steps}", flush=True)
     cfg = resolve_train_config(None, args.config, [*args.overrides, f"train.max_steps={max_steps}"])
