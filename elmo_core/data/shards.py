@@ -45,7 +45,7 @@ from elmo_core.text.char_ids import (
     MAX_TOKEN_BYTES,
     PAD_CHAR,
 )
-from elmo_core.text.tokenize import Tokenizer
+from elmo_core.text.tokenize import BlockTokens, Tokenizer
 from elmo_core.text.vocab import UNK_ID
 
 SHARD_FORMAT = "elmo-shards"
@@ -106,15 +106,14 @@ def read_sentences(
         raise DataError("input file not found", path=path)
     next_line, next_index = 1, 0
     for block in _line_blocks(path):
-        lines = _decode_lines(block, path, next_line, cfg.on_invalid_utf8, stats)
-        numbers = np.arange(next_line, next_line + len(lines), dtype=np.int64)
-        next_line += len(lines)
-        blank = pc.equal(pc.binary_length(pc.utf8_trim_whitespace(lines)), 0)
-        keep = pc.invert(blank)
-        stats.lines += len(lines)
-        stats.blank_lines += len(lines) - pc.sum(keep.cast(pa.int64())).as_py()
-        sentences, origin = tokenizer.tokenize_lines(lines.filter(keep))
-        line_of = numbers[keep.to_numpy(zero_copy_only=False)][origin]
+        fast = tokenizer.tokenize_block(block)
+        if fast is not None:
+            sentences, line_of, num_lines = _block_sentences(fast, next_line, stats)
+        else:
+            sentences, line_of, num_lines = _line_sentences(
+                block, path, next_line, tokenizer, cfg, stats
+            )
+        next_line += num_lines
         sentences, line_of = _limit_length(sentences, line_of, cfg, stats)
         if len(sentences):
             index = np.arange(next_index, next_index + len(sentences), dtype=np.int64)
@@ -122,6 +121,38 @@ def read_sentences(
             next_index += len(sentences)
     if next_index == 0:
         raise DataError("input file is empty (no non-blank line)", path=path)
+
+
+def _block_sentences(
+    block: BlockTokens, first_line: int, stats: FileStats
+) -> tuple[pa.ListArray, np.ndarray, int]:
+    """One sentence per non-blank line of a block split whole: (sentences, line numbers, lines)."""
+    num_lines = len(block.line_offsets) - 1
+    keep = np.diff(block.line_offsets) > 0
+    stats.lines += num_lines
+    stats.blank_lines += num_lines - int(keep.sum())
+    offsets = np.append(block.line_offsets[:-1][keep], block.line_offsets[-1]).astype(np.int32)
+    line_of = np.flatnonzero(keep).astype(np.int64) + first_line
+    return pa.ListArray.from_arrays(pa.array(offsets), block.tokens), line_of, num_lines
+
+
+def _line_sentences(
+    block: bytes,
+    path: Path,
+    first_line: int,
+    tokenizer: Tokenizer,
+    cfg: PrepareConfig,
+    stats: FileStats,
+) -> tuple[pa.ListArray, np.ndarray, int]:
+    """Decode a block's lines, drop blank ones, tokenize the rest: (sentences, lines, lines)."""
+    lines = _decode_lines(block, path, first_line, cfg.on_invalid_utf8, stats)
+    numbers = np.arange(first_line, first_line + len(lines), dtype=np.int64)
+    blank = pc.equal(pc.binary_length(pc.utf8_trim_whitespace(lines)), 0)
+    keep = pc.invert(blank)
+    stats.lines += len(lines)
+    stats.blank_lines += len(lines) - pc.sum(keep.cast(pa.int64())).as_py()
+    sentences, origin = tokenizer.tokenize_lines(lines.filter(keep))
+    return sentences, numbers[keep.to_numpy(zero_copy_only=False)][origin], len(lines)
 
 
 def _line_blocks(path: Path, block_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
