@@ -173,15 +173,19 @@ class StraightforwardBiLM(nn.Module):
 # ----------------------------------------------------------------------------- timing
 
 
-def median_seconds(run: Callable[[], object], repeats: int) -> float:
-    """Median wall time of ``repeats`` calls after one warm-up call."""
-    run()
-    times = []
+def median_seconds(
+    slow: Callable[[], object], fast: Callable[[], object], repeats: int
+) -> tuple[float, float]:
+    """Median wall times of ``repeats`` calls each after a warm-up, the two alternating so that
+    load from other work on the machine falls on both alike."""
+    slow(), fast()
+    times: tuple[list[float], list[float]] = ([], [])
     for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for run, into in ((slow, times[0]), (fast, times[1])):
+            start = time.perf_counter()
+            run()
+            into.append(time.perf_counter() - start)
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def backward_of(compute: Callable[[], torch.Tensor]) -> Callable[[], None]:
@@ -257,17 +261,15 @@ def bench_preset(
     }
     results = {}
     for case, (slow, fast) in cases.items():
-        results[case] = (median_seconds(slow, repeats), median_seconds(fast, repeats))
+        results[case] = median_seconds(slow, fast, repeats)
     model.eval()
     with torch.no_grad():
         ids, marker_mask, _ = model._add_sentence_markers(inference.long())
-        results["inference"] = (
-            median_seconds(lambda: baseline(inference), repeats),
-            median_seconds(lambda: model(inference), repeats),
+        results["inference"] = median_seconds(
+            lambda: baseline(inference), lambda: model(inference), repeats
         )
-        results["inference.char_cnn"] = (
-            median_seconds(lambda: baseline.char_cnn(ids), repeats),
-            median_seconds(lambda: model.token_encoder.encode_types(ids), repeats),
+        results["inference.char_cnn"] = median_seconds(
+            lambda: baseline.char_cnn(ids), lambda: model.token_encoder.encode_types(ids), repeats
         )
     return {case: value for case, value in results.items()}
 
@@ -331,7 +333,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--softmax-vocab", type=int, default=793_471)
     parser.add_argument("--softmax-positions", type=int, default=256)
     parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads (1 on a machine shared with others)",
+    )
     args = parser.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     corpus = args.data_root / "ptb" / "ptb.train.txt"
     if not corpus.is_file():
         print(f"skipped: {corpus} not found (pass --data-root)")
