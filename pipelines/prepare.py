@@ -58,16 +58,14 @@ from pipelines.prepare_passes import (
     EncodeTask,
     FileCounts,
     FileTask,
-    GatherTask,
     InputFile,
     build_word_types,
     count_file,
     encode_file,
-    gather_shard,
     merge_counts,
-    train_shard_name,
     vocab_with_marker_counts,
 )
+from pipelines.prepare_shuffle import GatherTask, gather_shard, train_shard_name
 
 SPLITS = ("train", "heldout")
 
@@ -129,8 +127,12 @@ def prepare_files(cfg: PrepareConfig, corpus: CorpusInputs, out: str) -> Prepare
     inputs = plan_inputs(corpus.train, corpus.heldout)
     tokenizer = Tokenizer.for_format(cfg.format).describe()
     by_fraction = cfg.format == "text" and not corpus.heldout and cfg.heldout_fraction > 0
-    tasks = [FileTask(item, cfg, tokenizer, by_fraction) for item in inputs]
     output = DatasetOutput(out, fingerprint(cfg, corpus.source, tokenizer, inputs))
+    spills = output.work / "tokens"
+    tasks = [
+        FileTask(item, cfg, tokenizer, by_fraction, spills / f"file-{item.index:05d}.arrow")
+        for item in inputs
+    ]
     state = output.load_state()
     num_skipped = len(state.shards)
     with WorkerPool(cfg.workers) as pool:
@@ -314,7 +316,9 @@ def encode_corpus(
     ):
         for info in written:
             output.record_shard(state, info)
-    gather = [GatherTask(s, spill_dirs, output.local_root, cfg) for s in missing_train]
+    gather = [
+        GatherTask(s, spill_dirs, output.local_root, cfg, count.vocab_size) for s in missing_train
+    ]
     for info in tqdm(
         pool.imap(gather_shard, gather),
         total=len(gather),

@@ -1,25 +1,29 @@
 """The work of the prepare stage: picklable tasks run in worker processes (a file or shard each).
 
-Pass 1, :func:`count_file`: tokenize one input file block by block and count its word types per
-split with Arrow's ``value_counts``. The parent merges the counts (:func:`merge_counts`), builds the
-vocabulary and the word-type table (:func:`build_word_types`).
+Pass 1, :func:`count_file`: tokenize one input file block by block, dictionary-encode each block
+(one hash of every token), count its word types per split from the dictionary indices, and spill
+the encoded block (:class:`EncodedChunk`, an Arrow IPC stream per file) for pass 2. The parent
+merges the counts (:func:`merge_counts`), builds the vocabulary and the word-type table
+(:func:`build_word_types`).
 
-Pass 2, :func:`encode_file`: tokenize the file again and map tokens to ids with
-:func:`elmo_core.data.shards.encode_tokens`; heldout rows go, in source order, to the file's heldout
-parts; training rows are scattered to per-shard spill files by a seeded hash of the sentence.
-:func:`gather_shard` then sorts one shard's rows by a second seeded hash (the shuffle) and writes
-it. Neither pass holds more than a block of text, one shard, and the type table in memory.
+Pass 2, :func:`encode_file`: read the file's spill (or, when a resumed run has none, tokenize
+the file again) and map each block's dictionary to type ids, a lookup of its distinct tokens
+only; heldout rows go, in source order, to the file's heldout parts; training rows are scattered
+to per-shard spill files and shuffled by :mod:`pipelines.prepare_shuffle`. Neither pass holds
+more than a block of text, one shard, and the type table in memory.
 
-All outputs are written under a temporary name and renamed; a spill directory is renamed into
-place only when complete, so a crash never leaves a file that looks finished.
+All outputs are written under a temporary name and renamed; a spill is renamed into place only
+when complete, so a crash never leaves a file that looks finished.
 """
 
 from __future__ import annotations
 
-import shutil
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from types import TracebackType
 from typing import Any, Literal
 
 import numpy as np
@@ -35,24 +39,25 @@ from elmo_core.data.shards import (
     FileStats,
     SentenceChunk,
     char_id_rows,
-    encode_tokens,
+    dictionary_type_ids,
     fixed_size_char_ids,
     flat_lists,
     heldout_mask,
     read_sentences,
     sentence_table,
     shuffle_key,
+    target_ids,
     train_shard_of,
-    write_parquet,
 )
 from elmo_core.text.char_ids import MAX_TOKEN_BYTES
 from elmo_core.text.tokenize import Tokenizer
 from elmo_core.text.vocab import BOS_ID, EOS_ID, UNK_ID, Vocabulary
+from pipelines.prepare_shuffle import ShardSpill, write_shard
 
-SPILL_SCHEMA = pa.schema(
-    [("types", pa.list_(pa.int32())), ("targets", pa.list_(pa.int32())), ("key", pa.uint64())]
-)
 COUNT_SCHEMA = pa.schema([("token", pa.string()), ("count", pa.int64())])
+TOKENS_SCHEMA = pa.schema(
+    [("tokens", pa.list_(pa.dictionary(pa.int32(), pa.string()))), ("line", pa.int64())]
+)
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,51 @@ class InputFile:
 
 
 @dataclass(frozen=True)
+class EncodedChunk:
+    """A block of sentences with its tokens dictionary-encoded: what pass 1 spills for pass 2."""
+
+    offsets: np.ndarray  # (n+1,) int32 sentence bounds in ``ids``
+    ids: np.ndarray  # (N,) int32 each token's entry in ``dictionary``
+    dictionary: pa.StringArray  # (D,) the block's distinct tokens
+    lines: np.ndarray  # (n,) int64 1-based line of each sentence
+    index: np.ndarray  # (n,) int64 sentence index within the file
+
+    @staticmethod
+    def encode(chunk: SentenceChunk) -> EncodedChunk:
+        values, offsets = flat_lists(chunk.sentences)
+        encoded = pc.dictionary_encode(values)
+        ids = encoded.indices.to_numpy(zero_copy_only=False)
+        return EncodedChunk(
+            offsets.astype(np.int32), ids, encoded.dictionary, chunk.lines, chunk.index
+        )
+
+    def to_batch(self) -> pa.RecordBatch:
+        tokens = pa.DictionaryArray.from_arrays(pa.array(self.ids), self.dictionary)
+        sentences = pa.ListArray.from_arrays(pa.array(self.offsets), tokens)
+        return pa.record_batch([sentences, pa.array(self.lines)], schema=TOKENS_SCHEMA)
+
+    @staticmethod
+    def from_batch(batch: pa.RecordBatch, first_index: int) -> EncodedChunk:
+        tokens, offsets = flat_lists(batch.column(0))
+        lines = batch.column(1).to_numpy()
+        return EncodedChunk(
+            offsets.astype(np.int32),
+            tokens.indices.to_numpy(),
+            tokens.dictionary,
+            lines,
+            np.arange(first_index, first_index + len(lines), dtype=np.int64),
+        )
+
+    def counts(self, rows: np.ndarray) -> pa.Table:
+        """(token, count) of the tokens of sentences ``rows`` (a bool mask)."""
+        ids = self.ids if rows.all() else self.ids[np.repeat(rows, np.diff(self.offsets))]
+        counts = np.bincount(ids, minlength=len(self.dictionary))
+        seen = np.flatnonzero(counts)
+        tokens = self.dictionary if len(seen) == len(counts) else self.dictionary.take(seen)
+        return pa.Table.from_arrays([tokens, pa.array(counts[seen])], schema=COUNT_SCHEMA)
+
+
+@dataclass(frozen=True)
 class FileTask:
     """What a worker needs to read one file the same way in both passes."""
 
@@ -73,18 +123,63 @@ class FileTask:
     cfg: PrepareConfig
     tokenizer: dict[str, Any]
     heldout_by_fraction: bool  # text corpora without heldout files: a seeded fraction of sentences
+    tokens: Path  # pass 1's spill of the encoded sentences, read by pass 2
 
-    def heldout_rows(self, chunk: SentenceChunk) -> np.ndarray:
-        """(n,) bool: which of the chunk's sentences belong to the heldout split."""
+    def heldout_rows(self, index: np.ndarray) -> np.ndarray:
+        """(n,) bool: which of the sentences ``index`` belong to the heldout split."""
         if self.file.role == "heldout":
-            return np.ones(len(chunk.sentences), dtype=bool)
+            return np.ones(len(index), dtype=bool)
         if not self.heldout_by_fraction:
-            return np.zeros(len(chunk.sentences), dtype=bool)
-        return heldout_mask(self.cfg.seed, self.file.index, chunk.index, self.cfg.heldout_fraction)
+            return np.zeros(len(index), dtype=bool)
+        return heldout_mask(self.cfg.seed, self.file.index, index, self.cfg.heldout_fraction)
 
-    def read(self, stats: FileStats) -> Any:
+    def read(self, stats: FileStats) -> Iterator[EncodedChunk]:
+        """Tokenize and encode the input file, block by block."""
         tokenizer = Tokenizer.from_manifest(self.tokenizer)
-        return read_sentences(self.file.path, tokenizer, self.cfg, stats)
+        for chunk in read_sentences(self.file.path, tokenizer, self.cfg, stats):
+            yield EncodedChunk.encode(chunk)
+
+    def reread(self) -> Iterator[EncodedChunk]:
+        """Pass 1's spill if it is there, else the input file read again."""
+        if not self.tokens.is_file():
+            yield from self.read(FileStats())
+            return
+        next_index = 0
+        with pa.OSFile(str(self.tokens)) as source:
+            for batch in pa.ipc.open_stream(source):
+                chunk = EncodedChunk.from_batch(batch, next_index)
+                next_index += len(chunk.lines)
+                yield chunk
+
+
+class _TokenSpill:
+    """Writes a file's encoded blocks under a temporary name, renamed into place when complete."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.sink = pa.OSFile(str(self.temporary), "wb")
+        self.writer = pa.ipc.new_stream(self.sink, TOKENS_SCHEMA)
+
+    def __enter__(self) -> _TokenSpill:
+        return self
+
+    def write(self, chunk: EncodedChunk) -> None:
+        self.writer.write_batch(chunk.to_batch())
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.writer.close()
+        self.sink.close()
+        if kind is None:
+            os.replace(self.temporary, self.path)
+        else:
+            self.temporary.unlink(missing_ok=True)
 
 
 @dataclass
@@ -98,26 +193,21 @@ class FileCounts:
 
 
 def count_file(task: FileTask) -> FileCounts:
-    """Pass 1 on one file: word-type counts per split (vectorised ``value_counts``)."""
+    """Pass 1 on one file: word-type counts per split, and the spill of its encoded sentences."""
     stats = FileStats()
     parts: dict[str, list[pa.Table]] = {"train": [], "heldout": []}
     sentences = {"train": 0, "heldout": 0}
-    for chunk in task.read(stats):
-        heldout = task.heldout_rows(chunk)
-        for split, mask in (("train", ~heldout), ("heldout", heldout)):
-            if not mask.any():
-                continue
-            chosen = chunk.sentences if mask.all() else chunk.sentences.filter(pa.array(mask))
-            values, _ = flat_lists(chosen)
-            counted = pc.value_counts(values)
-            parts[split].append(
-                pa.Table.from_arrays(
-                    [counted.field("values"), counted.field("counts")], schema=COUNT_SCHEMA
-                )
-            )
-            sentences[split] += len(chosen)
-            if len(parts[split]) >= 8:
-                parts[split] = [merge_counts(parts[split])]
+    with _TokenSpill(task.tokens) as spill:
+        for chunk in task.read(stats):
+            spill.write(chunk)
+            heldout = task.heldout_rows(chunk.index)
+            for split, rows in (("train", ~heldout), ("heldout", heldout)):
+                if not rows.any():
+                    continue
+                parts[split].append(chunk.counts(rows))
+                sentences[split] += int(rows.sum())
+                if len(parts[split]) >= 8:
+                    parts[split] = [merge_counts(parts[split])]
     counts = {split: merge_counts(tables) for split, tables in parts.items()}
     return FileCounts(task.file, stats, counts, sentences)
 
@@ -247,30 +337,34 @@ class EncodeTask:
 
 def encode_file(task: EncodeTask) -> list[ShardInfo]:
     """Encode one file; return the heldout parts written (training rows go to the spill)."""
-    cfg = task.read.cfg
+    cfg, file_index = task.read.cfg, task.read.file.index
     type_tokens = _type_tokens(str(task.word_types))
     parts = _HeldoutParts(task.root, task.heldout_parts, task.read.file.name, cfg)
-    spill = _Spill(task.spill_dir, task.num_train_shards) if task.spill_dir else None
+    spill = ShardSpill(task.spill_dir) if task.spill_dir else None
     try:
-        for chunk in task.read.read(FileStats()):
-            values, offsets = flat_lists(chunk.sentences)
-            types, targets = encode_tokens(values, type_tokens, task.vocab_size)
-            table = sentence_table(types, targets, offsets)
-            heldout = task.read.heldout_rows(chunk)
+        for chunk in task.read.reread():
+            types = dictionary_type_ids(chunk.dictionary, type_tokens)[chunk.ids]
+            heldout = task.read.heldout_rows(chunk.index)
             if task.heldout_parts and heldout.any():
-                parts.write(table.filter(pa.array(heldout)), chunk.lines[heldout])
+                table = sentence_table(types, target_ids(types, task.vocab_size), chunk.offsets)
+                parts.write(
+                    table if heldout.all() else table.filter(pa.array(heldout)),
+                    chunk.lines[heldout],
+                )
             if spill is not None and not heldout.all():
-                keep = ~heldout
-                index = chunk.index[keep]
-                file_index = task.read.file.index
+                rows = np.flatnonzero(~heldout)
+                index = chunk.index[rows]
                 spill.write(
-                    table.filter(pa.array(keep)) if not keep.all() else table,
+                    chunk.offsets,
+                    types,
+                    rows,
                     train_shard_of(cfg.seed, file_index, index, task.num_train_shards),
                     shuffle_key(cfg.seed, file_index, index),
                 )
         written = parts.close()
         if spill is not None:
             spill.close()
+        task.read.tokens.unlink(missing_ok=True)
         return written
     finally:
         parts.abort()
@@ -317,85 +411,3 @@ class _HeldoutParts:
 
     def abort(self) -> None:
         self.pending = []
-
-
-def write_shard(
-    table: pa.Table, root: Path, name: str, cfg: PrepareConfig, sources: list[str] | None = None
-) -> ShardInfo:
-    """Write one final shard atomically and describe it for the manifest."""
-    digest = write_parquet(table, root / name, cfg.sentences_per_row_group)
-    num_groups = pq.ParquetFile(root / name).metadata.num_row_groups
-    num_tokens = _sum(pc.list_value_length(table["types"])) if len(table) else 0
-    return ShardInfo(
-        path=name,
-        sha256=digest,
-        num_sentences=len(table),
-        num_tokens=num_tokens,
-        num_row_groups=num_groups,
-        source_files=sources or [],
-    )
-
-
-class _Spill:
-    """Per-shard Arrow IPC files of one input file's training rows; renamed into place on close."""
-
-    def __init__(self, final_dir: Path, num_shards: int) -> None:
-        self.final_dir = final_dir
-        self.temporary = final_dir.with_name(final_dir.name + ".tmp")
-        shutil.rmtree(self.temporary, ignore_errors=True)
-        self.temporary.mkdir(parents=True)
-        self.writers: dict[int, pa.ipc.RecordBatchFileWriter] = {}
-
-    def write(self, table: pa.Table, shards: np.ndarray, keys: np.ndarray) -> None:
-        order = np.argsort(shards, kind="stable")
-        table = table.take(pa.array(order)).append_column("key", pa.array(keys[order], pa.uint64()))
-        bounds = np.searchsorted(shards[order], np.arange(shards.max() + 2))
-        for shard in np.flatnonzero(np.diff(bounds)):
-            writer = self.writers.get(int(shard))
-            if writer is None:
-                path = self.temporary / f"shard-{shard:05d}.arrow"
-                writer = self.writers[int(shard)] = pa.ipc.new_file(path, SPILL_SCHEMA)
-            writer.write_table(table.slice(bounds[shard], bounds[shard + 1] - bounds[shard]))
-
-    def close(self) -> None:
-        for writer in self.writers.values():
-            writer.close()
-        self.writers = {}
-        shutil.rmtree(self.final_dir, ignore_errors=True)
-        self.temporary.rename(self.final_dir)
-
-    def abort(self) -> None:
-        for writer in self.writers.values():
-            writer.close()
-        shutil.rmtree(self.temporary, ignore_errors=True)
-
-
-@dataclass(frozen=True)
-class GatherTask:
-    """Collect one training shard from every file's spill, shuffle it, write it."""
-
-    shard: int
-    spill_dirs: list[Path]  # in file order
-    root: Path
-    cfg: PrepareConfig
-
-    @property
-    def name(self) -> str:
-        return train_shard_name(self.shard)
-
-
-def train_shard_name(shard: int) -> str:
-    return f"train/part-{shard:05d}.parquet"
-
-
-def gather_shard(task: GatherTask) -> ShardInfo:
-    """Read the shard's spilled rows, sort them by their seeded key (the shuffle), write."""
-    pieces = []
-    for spill_dir in task.spill_dirs:
-        path = spill_dir / f"shard-{task.shard:05d}.arrow"
-        if path.exists():
-            with pa.OSFile(str(path)) as source:
-                pieces.append(pa.ipc.open_file(source).read_all())
-    table = pa.concat_tables(pieces) if pieces else SPILL_SCHEMA.empty_table()
-    table = table.take(pc.sort_indices(table["key"])).drop_columns(["key"])
-    return write_shard(table.combine_chunks(), task.root, task.name, task.cfg)

@@ -270,22 +270,32 @@ def shuffle_key(seed: int, file_index: int, index: np.ndarray) -> np.ndarray:
 def encode_tokens(
     tokens: pa.Array, type_tokens: pa.Array, vocab_size: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(type ids, target ids) of a flat token array, both ``(n,)`` int32.
+    """(type ids, target ids) of a flat token array, both ``(n,)`` int32."""
+    encoded = pc.dictionary_encode(tokens)
+    local_to_type = dictionary_type_ids(encoded.dictionary, type_tokens)
+    types = local_to_type[encoded.indices.to_numpy(zero_copy_only=False)]
+    return types, target_ids(types, vocab_size)
 
-    The block's own dictionary is probed against the type table, never the other way round, so
+
+def dictionary_type_ids(dictionary: pa.Array, type_tokens: pa.Array) -> np.ndarray:
+    """``(D,)`` int32: the type id of each entry of a block's dictionary of distinct tokens.
+
+    The block's dictionary is probed against the type table, never the other way round, so
     the cost is one hash table of the block's distinct tokens, not of all types.
     """
-    encoded = pc.dictionary_encode(tokens)
-    position = pc.index_in(type_tokens, value_set=encoded.dictionary)
+    position = pc.index_in(type_tokens, value_set=dictionary)
     position = pc.fill_null(position, -1).to_numpy()
     found = position >= 0
-    if int(found.sum()) != len(encoded.dictionary):
+    if int(found.sum()) != len(dictionary):
         raise DataError("a token is missing from the word-type table: did an input change?")
-    local_to_type = np.empty(len(encoded.dictionary), dtype=np.int32)
+    local_to_type = np.empty(len(dictionary), dtype=np.int32)
     local_to_type[position[found]] = np.flatnonzero(found)
-    types = local_to_type[encoded.indices.to_numpy(zero_copy_only=False)]
-    targets = np.where(types < vocab_size, types, np.int32(UNK_ID)).astype(np.int32)
-    return types, targets
+    return local_to_type
+
+
+def target_ids(types: np.ndarray, vocab_size: int) -> np.ndarray:
+    """``(n,)`` int32 vocabulary ids of type ids: the vocabulary itself, else ``<UNK>``."""
+    return np.where(types < vocab_size, types, np.int32(UNK_ID)).astype(np.int32)
 
 
 def sentence_table(

@@ -1,0 +1,138 @@
+"""The training-set shuffle of the prepare stage: scatter rows to shard spills, gather each shard.
+
+Pass 2 sends each training sentence to the output shard a seeded hash picks
+(:func:`elmo_core.data.shards.train_shard_of`), appending it to that shard's spill file of the
+input file (:class:`ShardSpill`); :func:`gather_shard` then reads one shard's rows from every
+file's spill, sorts them by a second seeded hash (:func:`elmo_core.data.shards.shuffle_key`)
+and writes the shard. Rows are moved as flat NumPy arrays plus offsets (:func:`permute_rows`):
+Arrow's ``take`` on list columns cost several times as much. Only type ids are spilled; the
+targets are derived from them when the shard is written.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from elmo_core.config import PrepareConfig
+from elmo_core.data.manifest import ShardInfo
+from elmo_core.data.shards import flat_lists, sentence_table, target_ids, write_parquet
+
+SPILL_SCHEMA = pa.schema([("types", pa.list_(pa.int32())), ("key", pa.uint64())])
+
+
+def permute_rows(
+    offsets: np.ndarray, values: np.ndarray, order: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rows ``order`` of a list column held flat: (offsets ``(n+1,)`` int64, values)."""
+    lengths = np.diff(offsets)[order]
+    new_offsets = np.zeros(len(order) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=new_offsets[1:])
+    shift = np.repeat(offsets[:-1][order] - new_offsets[:-1], lengths)
+    return new_offsets, values[shift + np.arange(new_offsets[-1])]
+
+
+def write_shard(
+    table: pa.Table, root: Path, name: str, cfg: PrepareConfig, sources: list[str] | None = None
+) -> ShardInfo:
+    """Write one final shard atomically and describe it for the manifest."""
+    digest = write_parquet(table, root / name, cfg.sentences_per_row_group)
+    num_groups = pq.ParquetFile(root / name).metadata.num_row_groups
+    num_tokens = int(pc.sum(pc.list_value_length(table["types"])).as_py() or 0) if len(table) else 0
+    return ShardInfo(
+        path=name,
+        sha256=digest,
+        num_sentences=len(table),
+        num_tokens=num_tokens,
+        num_row_groups=num_groups,
+        source_files=sources or [],
+    )
+
+
+class ShardSpill:
+    """Per-shard Arrow IPC files of one input file's training rows; renamed into place on close."""
+
+    def __init__(self, final_dir: Path) -> None:
+        self.final_dir = final_dir
+        self.temporary = final_dir.with_name(final_dir.name + ".tmp")
+        shutil.rmtree(self.temporary, ignore_errors=True)
+        self.temporary.mkdir(parents=True)
+        self.writers: dict[int, pa.ipc.RecordBatchFileWriter] = {}
+
+    def write(
+        self, offsets: np.ndarray, types: np.ndarray, rows: np.ndarray, shards: np.ndarray,
+        keys: np.ndarray,
+    ) -> None:  # fmt: skip
+        """Append sentences ``rows`` (of flat ``types`` cut at ``offsets``) to their shards."""
+        by_shard = np.argsort(shards, kind="stable")
+        new_offsets, values = permute_rows(offsets, types, rows[by_shard])
+        shards, keys = shards[by_shard], keys[by_shard]
+        bounds = np.searchsorted(shards, np.arange(shards.max() + 2))
+        for shard in np.flatnonzero(np.diff(bounds)):
+            start, stop = bounds[shard], bounds[shard + 1]
+            piece = new_offsets[start : stop + 1]
+            lists = pa.ListArray.from_arrays(
+                pa.array((piece - piece[0]).astype(np.int32)), values[piece[0] : piece[-1]]
+            )
+            batch = pa.record_batch([lists, pa.array(keys[start:stop])], schema=SPILL_SCHEMA)
+            self._writer(int(shard)).write_batch(batch)
+
+    def _writer(self, shard: int) -> pa.ipc.RecordBatchFileWriter:
+        writer = self.writers.get(shard)
+        if writer is None:
+            path = self.temporary / f"shard-{shard:05d}.arrow"
+            writer = self.writers[shard] = pa.ipc.new_file(path, SPILL_SCHEMA)
+        return writer
+
+    def close(self) -> None:
+        for writer in self.writers.values():
+            writer.close()
+        self.writers = {}
+        shutil.rmtree(self.final_dir, ignore_errors=True)
+        self.temporary.rename(self.final_dir)
+
+    def abort(self) -> None:
+        for writer in self.writers.values():
+            writer.close()
+        shutil.rmtree(self.temporary, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class GatherTask:
+    """Collect one training shard from every file's spill, shuffle it, write it."""
+
+    shard: int
+    spill_dirs: list[Path]  # in file order
+    root: Path
+    cfg: PrepareConfig
+    vocab_size: int
+
+    @property
+    def name(self) -> str:
+        return train_shard_name(self.shard)
+
+
+def train_shard_name(shard: int) -> str:
+    return f"train/part-{shard:05d}.parquet"
+
+
+def gather_shard(task: GatherTask) -> ShardInfo:
+    """Read the shard's spilled rows, sort them by their seeded key (the shuffle), write."""
+    pieces = []
+    for spill_dir in task.spill_dirs:
+        path = spill_dir / f"shard-{task.shard:05d}.arrow"
+        if path.exists():
+            with pa.OSFile(str(path)) as source:
+                pieces.append(pa.ipc.open_file(source).read_all())
+    table = pa.concat_tables(pieces) if pieces else SPILL_SCHEMA.empty_table()
+    values, offsets = flat_lists(table["types"].combine_chunks())
+    keys = table["key"].to_numpy()
+    offsets, types = permute_rows(offsets, values.to_numpy(), np.argsort(keys, kind="stable"))
+    table = sentence_table(types, target_ids(types, task.vocab_size), offsets)
+    return write_shard(table, task.root, task.name, task.cfg)
