@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         utilisation = flops / value / peak
         print(f"{name:16} {value:8.3f} {positions / value:12.0f} {utilisation:7.2%}")
         summary[f"{name}_positions_per_s"] = round(positions / value, 1)
-        summary[f"{name}_mfu"] = round(utilisation, 4)
+        summary[f"{name}_mfu"] = float(f"{utilisation:.3g}")
     summary["ratio"] = round(seconds["straightforward"] / seconds["ours"], 3)
     summary["matmul_tflops"] = round(peak / 1e12, 2)
     print(json.dumps(summary))
