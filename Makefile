@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup test test-integration bench lint demo
+.PHONY: setup test test-integration bench lint demo run deploy e2e
 
 setup: $(VENV)/.installed
 
@@ -23,6 +23,17 @@ test-integration: setup
 lint: setup
 	$(VENV)/bin/ruff check elmo_core pipelines flows tests benchmarks
 	$(VENV)/bin/ruff format --check elmo_core pipelines flows tests benchmarks
+
+# The whole pipeline on this machine: embedded Prefect, local Ray, SQLite MLflow under ELMO_HOME.
+run demo: setup
+	$(PY) -m flows.run_local
+
+# prefect.yaml's deployments on PREFECT_API_URL; their flow runs start in this checkout.
+deploy: setup
+	ELMO_REPO=$(CURDIR) $(VENV)/bin/prefect --no-prompt deploy --all
+
+e2e: setup
+	$(PY) -m pytest -q tests/integration/test_end_to_end.py
 
 bench: setup
 	for script in benchmarks/bench_*.py; do $(PY) $$script || exit 1; done

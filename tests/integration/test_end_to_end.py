@@ -1,0 +1,164 @@
+"""The front door, end to end: local stack → `prefect deploy` → `prefect deployment run
+pretrain/smoke --watch` → registered models that embed text in a fresh process.
+
+Everything runs as a user would run it: the stack script on free ports with ELMO_HOME under
+tmp_path, the Prefect CLI as subprocesses with the stack's exports, the stack's process worker
+running the flow, training submitted as a Ray Job to the stack's token-auth Ray head, MLflow
+served over HTTP. Afterwards the stack is stopped.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+ROOT = Path(__file__).resolve().parents[2]
+STACK = ROOT / "infra" / "local" / "stack.py"
+PORT_VARIABLES = (
+    "ELMO_PREFECT_PORT",
+    "ELMO_MLFLOW_PORT",
+    "ELMO_RAY_PORT",
+    "ELMO_RAY_DASHBOARD_PORT",
+    "ELMO_RAY_CLIENT_PORT",
+    "ELMO_RAY_AGENT_PORT",
+)
+# A fresh interpreter that knows only the tracking URI, as a user's notebook would.
+EMBED_SCRIPT = """
+import json, mlflow, pandas as pd
+model = mlflow.pyfunc.load_model("models:/elmo-bilm@champion")
+out = model.predict(pd.DataFrame({"sentence": [
+    "She went to the bank to withdraw money.", "They sat on the bank of the river."]}))
+banks = []
+for tokens, layers in zip(out["tokens"], out["embeddings"]):
+    index = list(tokens).index("bank")
+    banks.append([[float(x) for x in layer[index]] for layer in layers])
+print(json.dumps(banks))
+"""
+
+# Ray reads RAY_AUTH_MODE when it is imported: the client runs in a process started with it.
+FAILING_JOB_SCRIPT = """
+import os
+from ray.job_submission import JobSubmissionClient
+from flows.jobs import TrainJobFailed, wait_for_job
+address = os.environ["RAY_API_SERVER_ADDRESS"]
+job = JobSubmissionClient(address).submit_job(
+    entrypoint="python -m pipelines.train --data /nonexistent/dataset --model tiny")
+try:
+    wait_for_job(address, job, poll_s=0.5)
+except TrainJobFailed as failed:
+    print(failed)
+"""
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for sock in sockets:
+        sock.bind(("127.0.0.1", 0))
+    ports = [sock.getsockname()[1] for sock in sockets]
+    for sock in sockets:
+        sock.close()
+    return ports
+
+
+def _run(args: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        args, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def _exports(stdout: str) -> dict[str, str]:
+    pairs = (line.removeprefix("export ").split("=", 1) for line in stdout.splitlines())
+    return {key: value for key, value in pairs}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The started local stack; yields the environment a user's shell has after sourcing it."""
+    tmp_path = tmp_path_factory.mktemp("e2e")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "RAY_"))}
+    env.update(dict(zip(PORT_VARIABLES, map(str, _free_ports(len(PORT_VARIABLES))), strict=True)))
+    env.update(
+        ELMO_HOME=str(tmp_path / "elmo"),
+        ELMO_RAY_NUM_CPUS="2",
+        ELMO_STACK_TIMEOUT_S="240",
+        ELMO_REPO=str(ROOT),
+        MLFLOW_DISABLE_TELEMETRY="true",
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+    )
+    try:
+        started = _run([sys.executable, str(STACK), "start"], env, timeout=600)
+        assert started.returncode == 0, started.stderr
+        client_env = {**env, **_exports(started.stdout), "PREFECT_HOME": str(tmp_path / "cli")}
+        yield client_env
+    finally:
+        stopped = _run([sys.executable, str(STACK), "stop"], env, timeout=120)
+        shutil.rmtree(_stack_module().ray_temp_dir(tmp_path / "elmo"), ignore_errors=True)
+        assert stopped.returncode == 0, stopped.stderr
+
+
+def _stack_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("elmo_local_stack", STACK)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the file runs
+    spec.loader.exec_module(module)
+    return module
+
+
+def _bank_vectors(env: dict[str, str]) -> list[list[list[float]]]:
+    embedded = _run([sys.executable, "-c", EMBED_SCRIPT], env, timeout=300)
+    assert embedded.returncode == 0, embedded.stderr[-3000:]
+    return json.loads(embedded.stdout.strip().splitlines()[-1])
+
+
+def test_smoke_deployment_runs_the_pipeline_and_registers_models_that_embed(
+    stack: dict[str, str],
+) -> None:
+    began = time.monotonic()
+    prefect = str(Path(sys.executable).parent / "prefect")
+
+    deployed = _run([prefect, "--no-prompt", "deploy", "--name", "pretrain/smoke"], stack, 300)
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    watched = _run(
+        [prefect, "deployment", "run", "pretrain/smoke", "--watch", "--watch-timeout", "600"],
+        stack,
+        timeout=660,
+    )
+    print(watched.stdout[-4000:], f"\nflow run finished after {time.monotonic() - began:.0f} s")
+
+    assert watched.returncode == 0, watched.stdout[-4000:] + watched.stderr[-2000:]
+    assert "Flow run finished successfully in 'Completed'" in watched.stdout
+    client = MlflowClient(stack["MLFLOW_TRACKING_URI"])
+    champion = client.get_model_version_by_alias("elmo-bilm", "champion")
+    assert champion.tags["elmo.perplexity"]
+    assert client.search_model_versions("name = 'elmo-ner'")
+    first, second = _bank_vectors(stack)
+    # Layer 0 is the context-free token layer: the same word, the same vector.
+    assert first[0] == pytest.approx(second[0], abs=1e-6)
+    # The LSTM layers see the context: "bank" of money vs "bank" of a river.
+    for layer in (1, 2):
+        difference = max(abs(a - b) for a, b in zip(first[layer], second[layer], strict=True))
+        assert difference > 1e-4, f"layer {layer}"
+
+
+def test_a_failed_training_job_raises_with_its_log_tail(stack: dict[str, str]) -> None:
+    failed = _run([sys.executable, "-c", FAILING_JOB_SCRIPT], stack, timeout=300)
+
+    assert failed.returncode == 0, failed.stderr[-3000:]
+    message = failed.stdout
+    assert f"at {stack['RAY_API_SERVER_ADDRESS']} ended FAILED" in message
+    assert "no manifest.json" in message  # the job's own error, from its log tail
