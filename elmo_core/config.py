@@ -1,7 +1,7 @@
 """Typed configuration: pydantic models that reject unknown keys, and their one resolution path.
 
-Every entry point (CLI, flows, tests) resolves a config the same way, in this order:
-preset (a plain dict from :mod:`elmo_core.presets`) → YAML file → ``--set dotted.key=value`` overrides.
+Every entry point (CLI, flows, tests) resolves a config the same way, in this order: preset
+(a plain dict from :mod:`elmo_core.presets`) → YAML file → ``--set dotted.key=value`` overrides.
 A misspelt or ill-typed key fails with a :class:`~elmo_core.errors.ConfigError` naming its dotted
 path and where the value came from (the preset, the YAML file, or the override).
 """
@@ -18,6 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from elmo_core.errors import ConfigError
 
+# The released models' char CNN: widths 1..7 with 2048 feature maps in all (DESIGN.md §3).
+RELEASED_FILTERS = [(1, 32), (2, 32), (3, 64), (4, 128), (5, 256), (6, 512), (7, 1024)]
+
 
 class StrictModel(BaseModel):
     """Base of every config section: unknown keys are errors, not silently ignored."""
@@ -30,7 +33,15 @@ class CharCNNConfig(StrictModel):
 
     embedding_dim: int = Field(16, gt=0)
     filters: list[tuple[int, int]] = Field(
-        default_factory=lambda: [(1, 32), (2, 32), (3, 64), (4, 128), (5, 256), (6, 512), (7, 1024)],
+        default_factory=lambda: [
+            (1, 32),
+            (2, 32),
+            (3, 64),
+            (4, 128),
+            (5, 256),
+            (6, 512),
+            (7, 1024),
+        ],
         min_length=1,
         description="(width, number of feature maps) per convolution",
     )
@@ -148,7 +159,7 @@ def resolve_config(
 
 
 def parse_override(text: str) -> tuple[str, Any]:
-    """Split ``a.b=value``; the value is read as YAML so ``3``, ``true``, ``[1, 2]`` get their types."""
+    """Split ``a.b=value``; the value is read as YAML, so ``3``, ``true``, ``[1, 2]`` keep types."""
     key, sep, raw = text.partition("=")
     key = key.strip()
     if not sep or not key or any(not part for part in key.split(".")):

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from elmo_core.config import CharCNNConfig, LSTMConfig, ModelConfig
+from elmo_core.config import RELEASED_FILTERS, CharCNNConfig, LSTMConfig, ModelConfig
 from elmo_core.errors import ConfigError
-
-RELEASED_FILTERS = [(1, 32), (2, 32), (3, 64), (4, 128), (5, 256), (6, 512), (7, 1024)]
 
 
 def tiny() -> ModelConfig:

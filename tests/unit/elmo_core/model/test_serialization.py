@@ -37,7 +37,10 @@ def test_missing_files_and_mismatched_weights_are_clear_errors(tmp_path):
     save_bilm(BiLM(tiny(), vocab_size=100), tmp_path / "m")
     text = (tmp_path / "m" / CONFIG_FILE).read_text().replace('"cell_dim": 32', '"cell_dim": 8')
     (tmp_path / "m" / CONFIG_FILE).write_text(text)
-    with pytest.raises(WeightsError, match=r"do not match.*input_weight \(128, 16\) in the file, \(32, 16\) by the config"):
+    with pytest.raises(
+        WeightsError,
+        match=r"do not match.*input_weight \(128, 16\) in the file, \(32, 16\) by the config",
+    ):
         load_bilm(tmp_path / "m")
 
 
