@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from pipelines.tracking import (
     EXPERIMENT,
     STAGE_TAG,
-    _ensure_experiment,
+    ensure_experiment,
     flatten_params,
     use_tracking,
 )
@@ -38,10 +38,10 @@ def parent_run(
     The run ends FINISHED when the block completes and FAILED when it raises.
     """
     use_tracking()
-    _ensure_experiment()
+    ensure_experiment()
     client = MlflowClient()
     experiment = client.get_experiment_by_name(EXPERIMENT)
-    assert experiment is not None  # _ensure_experiment created it
+    assert experiment is not None  # ensure_experiment created it
     run = client.create_run(
         experiment.experiment_id,
         run_name=run_name,

@@ -50,7 +50,7 @@ def stage_run(
     with its stage name so the flow's summary can find its children.
     """
     use_tracking()
-    _ensure_experiment()
+    ensure_experiment()
     parent = parent_run_id or os.environ.get(PARENT_RUN_ENV) or None
     all_tags = {STAGE_TAG: stage, **(tags or {})}
     if run_id is not None:
@@ -61,7 +61,7 @@ def stage_run(
         yield run
 
 
-def _ensure_experiment() -> None:
+def ensure_experiment() -> None:
     """Select the experiment, creating it with its artifacts under ``ELMO_HOME`` when the store is
     the embedded SQLite file (MLflow's default would be ``./mlruns`` of whatever directory a
     command happens to run in)."""
