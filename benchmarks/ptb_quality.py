@@ -112,10 +112,12 @@ def seconds_per_step(cfg: TrainJobConfig, data: str, steps: int) -> float:
     return statistics.median(times)
 
 
-def run_length(args: argparse.Namespace, cfg: TrainJobConfig, data: str) -> tuple[int, float]:
-    """(max_steps, measured seconds per step or NaN when ``--max-steps`` was given)."""
+def run_length(
+    args: argparse.Namespace, cfg: TrainJobConfig, data: str
+) -> tuple[int, float | None]:
+    """(max_steps, measured seconds per step; None when ``--max-steps`` was given)."""
     if args.max_steps:
-        return args.max_steps, float("nan")
+        return args.max_steps, None
     connect_ray()
     timer = ray.remote(num_cpus=cfg.run.cpus_per_worker)(seconds_per_step)  # [ray] worker's CPUs
     per_step = float(ray.get(timer.remote(cfg, data, args.timing_steps)))
@@ -126,7 +128,7 @@ def report(
     cfg: TrainJobConfig,
     trained: TrainResult,
     scores: dict[str, EvaluationResult],
-    per_step: float,
+    per_step: float | None,
     train_positions: int,
 ) -> dict[str, object]:
     positions = trained.steps * cfg.train.batch_size * cfg.train.unroll_steps
@@ -149,7 +151,7 @@ def report(
         "steps": trained.steps,
         "epochs": round(epochs, 3),
         "train_seconds": round(trained.seconds, 1),
-        "seconds_per_step_timed": round(per_step, 4),
+        "seconds_per_step_timed": None if per_step is None else round(per_step, 4),
     }
     for name, score in scores.items():
         summary[f"{name}_forward"] = round(score.forward_perplexity, 3)
@@ -171,7 +173,8 @@ def main() -> int:
     # shared 2-core machine two threads per process oversubscribe it (see configs/ptb-small.yaml)
     torch.set_num_threads(cfg.run.cpus_per_worker)
     max_steps, per_step = run_length(args, cfg, data)
-    print(f"{per_step:.3f} s/step timed → train.max_steps={max_steps}", flush=True)
+    if per_step is not None:
+        print(f"{per_step:.3f} s/step timed → train.max_steps={max_steps}", flush=True)
     cfg = resolve_train_config(None, args.config, [*args.overrides, f"train.max_steps={max_steps}"])
     trained = train(cfg, data)
     scores = {
