@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -38,7 +40,23 @@ def _entry(rank: int, port: int, body: Callable[[int], None]) -> None:
 
 
 def _run_on_two_ranks(body: Callable[[int], None]) -> None:
-    """Run ``body(rank)`` in 2 forked gloo processes; an assertion in either fails the test."""
+    """Run ``body(rank)`` in 2 gloo processes; an assertion in either fails the test.
+
+    The ranks are forked from a fresh interpreter running this file, not from the pytest process:
+    by this point of a full run that process holds Ray, Prefect and MLflow threads, and a fork of
+    it is not safe.
+    """
+    result = subprocess.run(
+        [sys.executable, __file__, body.__name__],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _fork_ranks(body: Callable[[int], None]) -> None:
     mp.start_processes(
         _entry, args=(_free_port(), body), nprocs=WORLD_SIZE, start_method="fork", join=True
     )
@@ -137,3 +155,7 @@ def test_global_norm_clip_counts_sparse_rows_like_their_dense_form(max_norm: flo
     torch.testing.assert_close(sparse.weight.grad.to_dense(), dense.weight.grad)
     clipped = torch.cat([p.grad.to_dense().flatten() for p in sparse.parameters()])  # type: ignore[union-attr]
     assert float(clipped.norm()) == pytest.approx(min(max_norm, dense_norm), rel=1e-5)
+
+
+if __name__ == "__main__":
+    _fork_ranks(globals()[sys.argv[1]])
