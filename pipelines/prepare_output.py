@@ -10,7 +10,6 @@ one and redoes what is missing or no longer matches.
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +20,7 @@ from fsspec.implementations.local import LocalFileSystem
 from pydantic import BaseModel, ValidationError
 
 from elmo_core.data.manifest import ShardInfo
-from elmo_core.data.shards import sha256_file
+from elmo_core.files import atomic_write, sha256_file
 
 STATE_NAME = "prepare_state.json"
 WORK_NAME = ".prepare-work"
@@ -94,9 +93,7 @@ class DatasetOutput:
         """Write a text file atomically and publish it; its sha256."""
 
         def write(path: Path) -> str:
-            temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-            temporary.write_text(text, encoding="utf-8")
-            os.replace(temporary, path)
+            atomic_write(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
             return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
         return self.write_local(relative, write)

@@ -20,8 +20,6 @@ Everything here works on Arrow arrays and NumPy; nothing loops over tokens in Py
 
 from __future__ import annotations
 
-import hashlib
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -33,6 +31,7 @@ import pyarrow.parquet as pq
 
 from elmo_core.config import PrepareConfig
 from elmo_core.errors import DataError
+from elmo_core.files import atomic_write, sha256_file
 from elmo_core.text.char_ids import (
     BOS_IDS,
     BOS_TOKEN,
@@ -341,19 +340,10 @@ def fixed_size_char_ids(rows: np.ndarray) -> pa.FixedSizeListArray:
     return pa.FixedSizeListArray.from_arrays(pa.array(rows.reshape(-1)), MAX_CHARS_PER_TOKEN)
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 22):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def write_parquet(table: pa.Table, path: Path, rows_per_group: int) -> str:
     """Write ``table`` to ``path`` atomically (temporary name, then rename); its sha256."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
+
+    def write(temporary: Path) -> str:
         pq.write_table(
             table,
             temporary,
@@ -362,8 +352,6 @@ def write_parquet(table: pa.Table, path: Path, rows_per_group: int) -> str:
             compression_level=1,
             use_dictionary=["source_file"] if "source_file" in table.column_names else False,
         )
-        digest = sha256_file(temporary)
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
-    return digest
+        return sha256_file(temporary)
+
+    return atomic_write(path, write)

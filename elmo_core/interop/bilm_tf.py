@@ -41,9 +41,9 @@ from pydantic import ValidationError
 
 from elmo_core.config import ModelConfig
 from elmo_core.errors import ConfigError, WeightsError
+from elmo_core.files import atomic_write
 from elmo_core.model.bilm import BiLM
 from elmo_core.model.lstm import ProjectedLSTM, ProjectedLSTMLayer
-from elmo_core.model.serialization import _atomic_write
 from elmo_core.text.char_ids import MAX_CHARS_PER_TOKEN, NUM_CHARACTERS
 
 # bilm-tf option (dotted) → our ModelConfig field (dotted); one table for both directions.
@@ -136,15 +136,15 @@ def save_bilm(
             Path(path).parent.mkdir(parents=True, exist_ok=True)
     options = config_to_options(bilm.config, bilm.vocab_size)
     arrays = {dataset.name: dataset.export() for dataset in _datasets(bilm)}
-    _atomic_write(Path(weight_file), lambda path: _write_hdf5(path, arrays))
+    atomic_write(Path(weight_file), lambda path: _write_hdf5(path, arrays))
     if softmax_file is not None and bilm.softmax is not None:
         softmax = {
             SOFTMAX_WEIGHT: _numpy(bilm.softmax.weight),
             SOFTMAX_BIAS: _numpy(bilm.softmax.bias),
         }
-        _atomic_write(Path(softmax_file), lambda path: _write_hdf5(path, softmax))
+        atomic_write(Path(softmax_file), lambda path: _write_hdf5(path, softmax))
     text = json.dumps(options, indent=2)
-    _atomic_write(Path(options_file), lambda path: path.write_text(text))
+    atomic_write(Path(options_file), lambda path: path.write_text(text))
 
 
 def read_options(options_file: str | Path) -> tuple[ModelConfig, int | None]:

@@ -9,16 +9,14 @@ the bilm-tf HDF5 layout lives in :mod:`elmo_core.interop.bilm_tf`.
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from elmo_core.config import ModelConfig
 from elmo_core.errors import WeightsError
+from elmo_core.files import atomic_write
 from elmo_core.model.bilm import BiLM
 
 CONFIG_FILE = "model_config.json"
@@ -40,8 +38,8 @@ def save_bilm(bilm: BiLM, directory: str | Path) -> Path:
         "model": bilm.config.model_dump(mode="json"),
     }
     state = {name: tensor.detach().cpu() for name, tensor in bilm.state_dict().items()}
-    _atomic_write(target / WEIGHTS_FILE, lambda path: torch.save(state, path))
-    _atomic_write(
+    atomic_write(target / WEIGHTS_FILE, lambda path: torch.save(state, path))
+    atomic_write(
         target / CONFIG_FILE, lambda path: path.write_text(json.dumps(description, indent=2))
     )
     return target
@@ -109,14 +107,3 @@ def find_model_dir(path: Path) -> Path:
 def _checkpoint_order(path: Path) -> tuple[int, ...]:
     """``checkpoint_000012`` → (12,); a timestamped name sorts by its numbers in order."""
     return tuple(int(number) for number in re.findall(r"\d+", path.name))
-
-
-def _atomic_write(path: Path, write: Callable[[Path], object]) -> None:
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(descriptor)
-    try:
-        write(Path(temporary))
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise

@@ -1,0 +1,40 @@
+"""Files that appear whole or not at all.
+
+Every writer of a dataset shard, a model file or a manifest goes through :func:`atomic_write`: the
+content is written under a temporary name in the same directory and renamed into place, so a
+crash leaves either the old file or the new one, never half of one (DESIGN.md §5).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+ResultT = TypeVar("ResultT")
+
+
+def atomic_write(path: Path, write: Callable[[Path], ResultT]) -> ResultT:
+    """``write(temporary)``, then rename ``temporary`` to ``path``; returns what it returned."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(descriptor)
+    try:
+        result = write(Path(temporary))
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return result
+
+
+def sha256_file(path: Path) -> str:
+    """The hex sha256 of a file, read in 4 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 22):
+            digest.update(block)
+    return digest.hexdigest()
