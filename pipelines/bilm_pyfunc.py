@@ -120,6 +120,27 @@ def model_signature() -> ModelSignature:
     return ModelSignature(inputs=inputs, outputs=outputs, params=params)
 
 
+def token_lists(
+    frame: pd.DataFrame, tokens_column: str, text_column: str, tokenizer: Tokenizer
+) -> list[list[str]]:
+    """One token list per row: the tokens column when complete, else the text tokenized.
+
+    A row's text is one sequence: when the tokenizer finds several sentences in it, their tokens
+    are concatenated (the biLM sees them as one sentence).
+    """
+    if tokens_column in frame.columns and frame[tokens_column].notna().all():
+        return [[str(token) for token in tokens] for tokens in frame[tokens_column]]
+    if text_column in frame.columns and frame[text_column].notna().all():
+        return [
+            [token for sentence in tokenizer.tokenize(str(text)) for token in sentence]
+            for text in frame[text_column]
+        ]
+    raise DataError(
+        f"input needs a '{text_column}' (text) or '{tokens_column}' (list of strings) column "
+        f"with a value in every row; got columns {list(frame.columns)}"
+    )
+
+
 class BiLMEmbedder(PythonModel):
     """Tokenizes as the training data was, runs the frozen biLM, returns its layers per token."""
 
@@ -169,22 +190,8 @@ class BiLMEmbedder(PythonModel):
         )
 
     def sentences_of(self, frame: pd.DataFrame) -> list[list[str]]:
-        """Token lists from the ``tokens`` column, else from tokenizing ``sentence``.
-
-        A row's text is one sequence: when the tokenizer finds several sentences in it, their
-        tokens are concatenated (the biLM sees them as one sentence).
-        """
-        if TOKENS_COLUMN in frame.columns and frame[TOKENS_COLUMN].notna().all():
-            return [[str(token) for token in tokens] for tokens in frame[TOKENS_COLUMN]]
-        if SENTENCE_COLUMN in frame.columns and frame[SENTENCE_COLUMN].notna().all():
-            return [
-                [token for sentence in self.tokenizer.tokenize(str(text)) for token in sentence]
-                for text in frame[SENTENCE_COLUMN]
-            ]
-        raise DataError(
-            f"input needs a '{SENTENCE_COLUMN}' (text) or '{TOKENS_COLUMN}' (list of strings) "
-            f"column with a value in every row; got columns {list(frame.columns)}"
-        )
+        """Token lists from the ``tokens`` column, else from tokenizing ``sentence``."""
+        return token_lists(frame, TOKENS_COLUMN, SENTENCE_COLUMN, self.tokenizer)
 
     def embed(self, sentences: list[list[str]], options: EmbedOptions) -> list[np.ndarray]:
         """Per sentence, the selected layers of its tokens, in input order.

@@ -29,14 +29,14 @@ from mlflow.models import ModelSignature
 from mlflow.pyfunc import PythonModel, PythonModelContext
 from mlflow.types.schema import Array, ColSpec, Schema, TensorSpec
 
-from elmo_core.errors import DataError, WeightsError
+from elmo_core.errors import WeightsError
 from elmo_core.model.bilm import BiLM
 from elmo_core.model.serialization import load_bilm
 from elmo_core.tasks.config import TaskConfig, TaskType
 from elmo_core.tasks.task_model import TaskModel
 from elmo_core.tasks.trainer import predict
 from elmo_core.text.tokenize import MosesTokenizer, Tokenizer
-from pipelines.bilm_pyfunc import BILM_ARTIFACT
+from pipelines.bilm_pyfunc import BILM_ARTIFACT, token_lists
 
 TASK_ARTIFACT = "task_model"
 WEIGHTS_FILE = "model.pt"
@@ -160,18 +160,7 @@ class TaskPredictor(PythonModel):
     def _column(self, frame: pd.DataFrame, side: str | None) -> list[list[str]]:
         """Token lists of one input: its tokens column if complete, else its text tokenized."""
         tokens = f"{side}_{TOKENS}" if side else TOKENS
-        text = side or SENTENCE
-        if tokens in frame.columns and frame[tokens].notna().all():
-            return [[str(token) for token in row] for row in frame[tokens]]
-        if text in frame.columns and frame[text].notna().all():
-            return [
-                [token for sentence in self._tokenizer.tokenize(str(value)) for token in sentence]
-                for value in frame[text]
-            ]
-        raise DataError(
-            f"input needs a '{text}' (text) or '{tokens}' (list of strings) column with a value "
-            f"in every row; got columns {list(frame.columns)}"
-        )
+        return token_lists(frame, tokens, side or SENTENCE, self._tokenizer)
 
 
 if __name__ != "pipelines.task_pyfunc":
