@@ -20,14 +20,12 @@ manifest is written last, so its presence means the dataset is complete.
 from __future__ import annotations
 
 import hashlib
-import importlib.abc
 import json
 import math
 import os
 import shutil
-import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Protocol, TypeVar
@@ -62,9 +60,11 @@ from pipelines.prepare_passes import (
     build_word_types,
     count_file,
     encode_file,
+    fold_counts,
     merge_counts,
     vocab_with_marker_counts,
 )
+from pipelines.prepare_pool import WorkerPool, tune_process
 from pipelines.prepare_shuffle import GatherTask, gather_shard, train_shard_name
 
 SPLITS = ("train", "heldout")
@@ -259,8 +259,7 @@ def _add_file_counts(
     for split in SPLITS:
         sentences[split] += result.num_sentences[split]
         merged[split].append(result.counts[split])
-        if len(merged[split]) >= 16:  # bound memory: fold in as results arrive
-            merged[split] = [merge_counts(merged[split])]
+        merged[split] = fold_counts(merged[split])
 
 
 def heldout_part_names(
@@ -385,80 +384,7 @@ def build_manifest(
     )
 
 
-T = TypeVar("T")
 R = TypeVar("R")
-
-
-def _limit_arrow_threads() -> None:
-    """One Arrow compute and one I/O thread per worker: the parallelism is over files."""
-    pa.set_cpu_count(1)
-    pa.set_io_thread_count(1)
-
-
-def _start_worker() -> None:
-    _limit_arrow_threads()
-    _keep_pandas_out()
-
-
-def _keep_pandas_out() -> None:
-    """Spare a process that only prepares the import of pandas (~0.4 CPU s, ~60 MB).
-
-    pyarrow imports pandas on its first ``pa.array`` call merely to ask whether the input is a
-    pandas object; prepare never passes one. Failing the import for that one call makes pyarrow
-    record "no pandas"; pandas stays importable afterwards (pyarrow retries when it needs it).
-    """
-    if "pandas" in sys.modules:
-        return
-    blocker = _ImportBlocker("pandas")
-    sys.meta_path.insert(0, blocker)
-    try:
-        pa.array([0])
-    finally:
-        sys.meta_path.remove(blocker)
-
-
-class _ImportBlocker(importlib.abc.MetaPathFinder):
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> None:
-        if fullname == self.name:
-            raise ModuleNotFoundError(f"{fullname} is not imported here", name=fullname)
-
-
-class WorkerPool:
-    """``workers`` spawned processes (created on first use), or in-process when ``workers == 1``."""
-
-    def __init__(self, workers: int) -> None:
-        self.workers = workers
-        self._pool: Any = None
-        self._saved = (pa.cpu_count(), pa.io_thread_count())
-
-    def __enter__(self) -> WorkerPool:
-        if self.workers == 1:
-            _limit_arrow_threads()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._pool is not None:
-            self._pool.terminate()
-            self._pool.join()
-        pa.set_cpu_count(self._saved[0])
-        pa.set_io_thread_count(self._saved[1])
-
-    def imap(self, function: Callable[[T], R], tasks: Sequence[T]) -> Iterator[R]:
-        """Results as they finish (any order)."""
-        if self.workers == 1 or len(tasks) <= 1:
-            return map(function, tasks)
-        if self._pool is None:
-            import multiprocessing
-
-            # forkserver: safe with the parent's threads, and the imports (torch comes with
-            # elmo_core) are paid once by the server rather than by every worker.
-            context = multiprocessing.get_context("forkserver")
-            context.set_forkserver_preload(["pipelines.prepare_passes"])
-            self._pool = context.Pool(self.workers, initializer=_start_worker)
-        return self._pool.imap_unordered(function, tasks)
 
 
 def _progress(results: Iterable[R], tasks: Sequence[FileTask], desc: str) -> Iterator[R]:
@@ -514,7 +440,7 @@ def prepare_command(
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m pipelines.prepare``: the same command as ``elmo prepare``."""
-    _keep_pandas_out()
+    tune_process()
     return run_command(prepare_command, argv)
 
 

@@ -38,9 +38,8 @@ from elmo_core.data.shards import (
     WORD_TYPES_SCHEMA,
     FileStats,
     SentenceChunk,
-    char_id_rows,
+    char_id_column,
     dictionary_type_ids,
-    fixed_size_char_ids,
     flat_lists,
     heldout_mask,
     read_sentences,
@@ -54,6 +53,7 @@ from elmo_core.text.tokenize import Tokenizer
 from elmo_core.text.vocab import BOS_ID, EOS_ID, UNK_ID, Vocabulary
 from pipelines.prepare_shuffle import ShardSpill, write_shard
 
+FOLD_ROWS = 1 << 19  # (token, count) rows held before they are merged: ~10 MB
 COUNT_SCHEMA = pa.schema([("token", pa.string()), ("count", pa.int64())])
 TOKENS_SCHEMA = pa.schema(
     [("tokens", pa.list_(pa.dictionary(pa.int32(), pa.string()))), ("line", pa.int64())]
@@ -206,10 +206,22 @@ def count_file(task: FileTask) -> FileCounts:
                     continue
                 parts[split].append(chunk.counts(rows))
                 sentences[split] += int(rows.sum())
-                if len(parts[split]) >= 8:
-                    parts[split] = [merge_counts(parts[split])]
+                parts[split] = fold_counts(parts[split])
     counts = {split: merge_counts(tables) for split, tables in parts.items()}
     return FileCounts(task.file, stats, counts, sentences)
+
+
+def fold_counts(tables: list[pa.Table]) -> list[pa.Table]:
+    """``tables`` (the merged total first, then new ones) folded into one when that pays.
+
+    New rows are merged once they outnumber ``FOLD_ROWS`` and the total merged so far: memory
+    stays within a small multiple of the number of types, whatever the corpus length, and each
+    fold's re-hashing of the total is paid for by as many new rows.
+    """
+    pending = sum(len(table) for table in tables[1:])
+    if len(tables) < 2 or pending < max(FOLD_ROWS, len(tables[0])):
+        return tables
+    return [merge_counts(tables)]
 
 
 def merge_counts(tables: list[pa.Table]) -> pa.Table:
@@ -238,49 +250,30 @@ def build_word_types(
 
     OOV types are ordered by descending total count, ties by UTF-8 bytes (deterministic).
     """
-    num_train, num_heldout = len(train), len(heldout)
-    both = pa.concat_tables(
-        [
-            pa.table(
-                {
-                    "token": train["token"],
-                    "count": train["count"],
-                    "heldout": pa.nulls(num_train, pa.int64()),
-                }
-            ),
-            pa.table(
-                {
-                    "token": heldout["token"],
-                    "count": pa.nulls(num_heldout, pa.int64()),
-                    "heldout": heldout["count"],
-                }
-            ),
-        ]
-    )
-    seen = both.group_by("token").aggregate([("count", "sum"), ("heldout", "sum")])
-    seen = pa.table(
-        {
-            "token": seen["token"],
-            "count": pc.fill_null(seen["count_sum"], 0),
-            "heldout_count": pc.fill_null(seen["heldout_sum"], 0),
-        }
-    )
+    seen = _join_counts(train, heldout)
     vocab_tokens = vocab.as_arrow()
-    oov = seen.filter(pc.invert(pc.is_in(seen["token"], value_set=vocab_tokens)))
+    vocab_id = pc.index_in(seen["token"], value_set=vocab_tokens)  # (S,) null: OOV
+    in_vocab = pc.is_valid(vocab_id).to_numpy(zero_copy_only=False)
+    row_of_vocab = np.full(len(vocab), len(seen), dtype=np.int64)  # unseen → the 0 appended
+    row_of_vocab[pc.drop_null(vocab_id).to_numpy()] = np.flatnonzero(in_vocab)
+    oov = seen.filter(pa.array(~in_vocab))
     oov = oov.append_column("total", pc.add(oov["count"], oov["heldout_count"]))
     oov = oov.take(pc.sort_indices(oov, [("total", "descending"), ("token", "ascending")]))
-    where = pc.index_in(vocab_tokens, value_set=seen["token"])
     tokens = pa.concat_arrays([vocab_tokens, _array(oov["token"])])
     num_types = len(tokens)
     type_ids = np.arange(num_types, dtype=np.int32)
+    counts = {
+        name: np.append(seen[name].to_numpy(), 0)[row_of_vocab]
+        for name in ("count", "heldout_count")
+    }
     table = pa.Table.from_arrays(
         [
             pa.array(type_ids),
             tokens,
-            _concat(pc.fill_null(pc.take(seen["count"], where), 0), oov["count"]),
-            _concat(pc.fill_null(pc.take(seen["heldout_count"], where), 0), oov["heldout_count"]),
+            _concat(counts["count"], oov["count"]),
+            _concat(counts["heldout_count"], oov["heldout_count"]),
             pa.array(np.where(type_ids < len(vocab), type_ids, np.int32(UNK_ID))),
-            fixed_size_char_ids(char_id_rows(tokens)),
+            char_id_column(tokens),
         ],
         schema=WORD_TYPES_SCHEMA,
     )
@@ -296,12 +289,35 @@ def build_word_types(
     return table, summary
 
 
+def _join_counts(train: pa.Table, heldout: pa.Table) -> pa.Table:
+    """(token, count, heldout_count) of every type seen in either split, 0 where unseen.
+
+    Each input holds a token once, so this is a join rather than an aggregation: the heldout
+    tokens (the small side) are hashed once and the training tokens probe them.
+    """
+    heldout_tokens = _array(heldout["token"])
+    position = pc.index_in(train["token"], value_set=heldout_tokens)
+    in_train = np.zeros(len(heldout_tokens), dtype=bool)
+    in_train[pc.drop_null(position).to_numpy()] = True
+    heldout_only = heldout.filter(pa.array(~in_train))
+    heldout_of_train = pc.fill_null(pc.take(heldout["count"], position), 0)
+    return pa.table(
+        {
+            "token": pa.concat_arrays([_array(train["token"]), _array(heldout_only["token"])]),
+            "count": _concat(train["count"], np.zeros(len(heldout_only), np.int64)),
+            "heldout_count": _concat(heldout_of_train, heldout_only["count"]),
+        }
+    )
+
+
 def _array(column: pa.ChunkedArray | pa.Array) -> pa.Array:
     return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
 
 
-def _concat(*columns: pa.ChunkedArray | pa.Array) -> pa.Array:
-    return pa.concat_arrays([_array(column).cast(pa.int64()) for column in columns])
+def _concat(*columns: pa.ChunkedArray | pa.Array | np.ndarray) -> pa.Array:
+    return pa.concat_arrays(
+        [_array(pa.array(c) if isinstance(c, np.ndarray) else c).cast(pa.int64()) for c in columns]
+    )
 
 
 def _sum(column: pa.ChunkedArray | pa.Array) -> int:

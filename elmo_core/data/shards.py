@@ -51,6 +51,7 @@ SHARD_FORMAT = "elmo-shards"
 SHARD_FORMAT_VERSION = 1
 CHUNK_BYTES = 16 << 20  # text read per block: amortises the per-block Arrow kernel overheads
 
+ID_LIST_COLUMNS = ("types", "targets")
 TRAIN_SCHEMA = pa.schema([("types", pa.list_(pa.int32())), ("targets", pa.list_(pa.int32()))])
 HELDOUT_SCHEMA = TRAIN_SCHEMA.append(
     pa.field("source_file", pa.dictionary(pa.int32(), pa.string()))
@@ -340,8 +341,30 @@ def fixed_size_char_ids(rows: np.ndarray) -> pa.FixedSizeListArray:
     return pa.FixedSizeListArray.from_arrays(pa.array(rows.reshape(-1)), MAX_CHARS_PER_TOKEN)
 
 
+def char_id_column(tokens: pa.Array, rows_per_chunk: int = 1 << 16) -> pa.ChunkedArray:
+    """The char ids of every token, a chunk of tokens at a time.
+
+    :func:`char_id_rows` makes several int64 temporaries per byte of text; chunking keeps them
+    a few MB whatever the number of word types, so they never set the peak memory of prepare.
+    """
+    return pa.chunked_array(
+        [
+            fixed_size_char_ids(char_id_rows(tokens.slice(start, rows_per_chunk)))
+            for start in range(0, len(tokens), rows_per_chunk)
+        ],
+        type=pa.list_(pa.int16(), MAX_CHARS_PER_TOKEN),
+    )
+
+
 def write_parquet(table: pa.Table, path: Path, rows_per_group: int) -> str:
-    """Write ``table`` to ``path`` atomically (temporary name, then rename); its sha256."""
+    """Write ``table`` to ``path`` atomically (temporary name, then rename); its sha256.
+
+    Id lists are stored BYTE_STREAM_SPLIT + zstd: splitting the int32s into byte planes puts
+    the (mostly zero) high bytes of frequent ids together, so zstd at level 1 compresses them
+    ~20% smaller and ~1.5x faster than plain encoding. Page statistics (min/max of ids) are
+    not written: no reader prunes on them.
+    """
+    id_lists = [f"{name}.list.element" for name in ID_LIST_COLUMNS if name in table.column_names]
 
     def write(temporary: Path) -> str:
         pq.write_table(
@@ -351,6 +374,9 @@ def write_parquet(table: pa.Table, path: Path, rows_per_group: int) -> str:
             compression="zstd",
             compression_level=1,
             use_dictionary=["source_file"] if "source_file" in table.column_names else False,
+            column_encoding=dict.fromkeys(id_lists, "BYTE_STREAM_SPLIT") or None,
+            data_page_version="2.0",
+            write_statistics=False,
         )
         return sha256_file(temporary)
 
