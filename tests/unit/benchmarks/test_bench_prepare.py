@@ -10,13 +10,21 @@ SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_prepare.py"
 
 
 @pytest.fixture(scope="module")
-def bench():
+def bench(monkeypatch_module):
+    monkeypatch_module.syspath_prepend(str(SCRIPT.parent))  # its sibling prepare_corpus
     spec = importlib.util.spec_from_file_location("bench_prepare", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses resolve their module
     spec.loader.exec_module(module)
     yield module
     del sys.modules[spec.name]
+    sys.modules.pop("prepare_corpus", None)
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
 
 
 @pytest.fixture(scope="module")
@@ -60,3 +68,18 @@ def test_naive_and_prepare_agree_when_run_as_the_benchmark_runs_them(bench, corp
     candidate.counts[5] += 1
     with pytest.raises(AssertionError, match="counts"):
         bench.check_agree(baseline, candidate)
+
+
+def test_doubled_corpus_has_twice_the_files_and_the_same_types(bench, corpus):
+    doubled = bench.doubled_corpus(corpus)
+    train, heldout = bench.corpus_files(corpus)
+    train2, heldout2 = bench.corpus_files(doubled)
+    assert [p.name for p in train2] == [f"news.en-0000{i}-of-00100" for i in range(1, 7)]
+    assert [p.read_bytes() for p in train2] == [p.read_bytes() for p in train + train]
+    assert [p.name for p in heldout2] == [p.name for p in heldout]
+    assert bench.doubled_corpus(corpus) == doubled  # built once
+
+
+def test_parallel_ceiling_is_a_ratio_a_machine_can_have(bench):
+    ceiling = bench.parallel_ceiling(dict(bench.os.environ), repeats=1)
+    assert 0.5 < ceiling < 2.5  # at most 2x on two or more CPUs, about 1x on one
