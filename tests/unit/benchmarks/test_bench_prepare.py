@@ -80,6 +80,6 @@ def test_doubled_corpus_has_twice_the_files_and_the_same_types(bench, corpus):
     assert bench.doubled_corpus(corpus) == doubled  # built once
 
 
-def test_parallel_ceiling_is_a_ratio_a_machine_can_have(bench):
-    ceiling = bench.parallel_ceiling(dict(bench.os.environ), repeats=1)
-    assert 0.5 < ceiling < 2.5  # at most 2x on two or more CPUs, about 1x on one
+def test_reference_scaling_is_a_ratio_a_machine_can_have(bench):
+    reference = bench.reference_scaling(dict(bench.os.environ), repeats=1)
+    assert 0.5 < reference < 2.5  # at most 2x on two or more CPUs, about 1x on one
