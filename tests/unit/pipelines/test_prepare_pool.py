@@ -64,6 +64,16 @@ def test_a_single_threaded_process_forks() -> None:
     assert out.stdout.strip() == "fork"
 
 
-def test_two_workers_return_every_result() -> None:
-    with WorkerPool(2) as pool:
-        assert sorted(pool.imap(abs, [-3, -1, -2, 5])) == [1, 2, 3, 5]
+@pytest.mark.parametrize("other_thread", [False, True], ids=["alone", "beside-a-thread"])
+def test_two_workers_return_every_result(other_thread: bool) -> None:
+    release = threading.Event()
+    thread = threading.Thread(target=release.wait)
+    if other_thread:
+        thread.start()
+    try:
+        with WorkerPool(2) as pool:
+            assert sorted(pool.imap(abs, [-3, -1, -2, 5])) == [1, 2, 3, 5]
+    finally:
+        release.set()
+        if other_thread:
+            thread.join()
