@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -182,7 +179,7 @@ def test_activations_are_computed_once_per_bilm_and_split(adapted) -> None:
     assert sorted(p.name for p in adapted.cache.iterdir()) == adapted.entries_after_first
 
 
-def test_registered_models_label_raw_sentences_in_a_fresh_process(adapted) -> None:
+def test_registered_models_label_raw_sentences_in_a_fresh_process(adapted, fresh_python) -> None:
     script = (
         "import json, mlflow, pandas as pd\n"
         "out = {}\n"
@@ -195,17 +192,7 @@ def test_registered_models_label_raw_sentences_in_a_fresh_process(adapted) -> No
         "    out[version] = [labels['tokens'][0], labels['label'][0]]\n"
         "print(json.dumps(out))\n"
     )
-    env = {**os.environ, "MLFLOW_TRACKING_URI": adapted.uri, "MLFLOW_DISABLE_TELEMETRY": "true"}
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        env=env,
-        cwd=adapted.root.parent,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    printed = json.loads(done.stdout.strip().splitlines()[-1])
+    printed = fresh_python(script, adapted.uri, adapted.root.parent)
     tokens, tags = printed["tagger"]
     assert tokens == ["Anna", "went", "to", "Oslo", "."]  # no biLM tokenizer known: Moses
     assert len(tags) == 5 and set(tags) <= {"B-PER", "B-LOC", "O"}

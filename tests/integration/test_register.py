@@ -3,8 +3,6 @@
 import hashlib
 import importlib.util
 import json
-import os
-import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -119,7 +117,7 @@ def test_registering_twice_creates_versions_tagged_with_their_evaluation(registr
     assert registry.results[0].run_id != registry.results[1].run_id
 
 
-def test_registered_model_embeds_text_in_a_fresh_process(registry):
+def test_registered_model_embeds_text_in_a_fresh_process(registry, fresh_python):
     script = (
         "import json, mlflow, pandas as pd\n"
         "model = mlflow.pyfunc.load_model('models:/elmo-bilm/1')\n"
@@ -128,17 +126,7 @@ def test_registered_model_embeds_text_in_a_fresh_process(registry):
         "print(json.dumps({'tokens': out['tokens'][0],\n"
         "                  'shape': list(np.asarray(out['embeddings'][0]).shape)}))\n"
     )
-    env = {**os.environ, "MLFLOW_TRACKING_URI": registry.uri, "MLFLOW_DISABLE_TELEMETRY": "true"}
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        env=env,
-        cwd=registry.root.parent,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    printed = json.loads(done.stdout.strip().splitlines()[-1])
+    printed = fresh_python(script, registry.uri, registry.root.parent)
     assert printed == {
         "tokens": ["The", "cat", "sat", "on", "the", "mat", "."],
         "shape": [3, 7, 32],
