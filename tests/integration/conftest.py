@@ -1,4 +1,5 @@
-"""Fixtures of the integration tests: one real local Ray, and a fresh Python process to load in."""
+"""Fixtures of the integration tests: one real local Ray, an isolated tracking store, and a fresh
+Python process to load models in."""
 
 from __future__ import annotations
 
@@ -7,10 +8,15 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
+from mlflow import MlflowClient
+
+from pipelines import tracking
 
 
 @pytest.fixture(scope="session")
@@ -22,6 +28,34 @@ def ray_session() -> Iterator[None]:
         ray.init(num_cpus=2, include_dashboard=False, object_store_memory=200 * 1024**2)
     yield
     ray.shutdown()
+
+
+@contextmanager
+def _isolated_home(root: Path, *, chdir: bool) -> Iterator[None]:
+    """ELMO_HOME under ``root`` (so a fresh SQLite tracking store), no outside server or parent
+    run, no telemetry; with ``chdir``, ``root`` is the working directory (MLflow's ./mlruns)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ELMO_HOME", str(root / "home"))
+        patch.delenv("MLFLOW_TRACKING_URI", raising=False)
+        patch.delenv("RAY_ADDRESS", raising=False)
+        patch.delenv(tracking.PARENT_RUN_ENV, raising=False)
+        patch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")  # no network at test time
+        if chdir:
+            patch.chdir(root)
+        yield
+
+
+@pytest.fixture(scope="session")
+def isolated_home() -> Callable[[Path], AbstractContextManager[None]]:
+    """``with isolated_home(root):`` a module's own store under ``root``, run from ``root``."""
+    return partial(_isolated_home, chdir=True)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowClient]:
+    """A real SQLite tracking store under a fresh ELMO_HOME, shared by a module's tests."""
+    with _isolated_home(tmp_path_factory.mktemp("store"), chdir=False):
+        yield MlflowClient(tracking.use_tracking())
 
 
 @pytest.fixture

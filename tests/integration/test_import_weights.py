@@ -33,15 +33,10 @@ OUR_VOCAB = "\n".join(["<S>", "</S>", "<UNK>", *WORDS]) + "\n"
 
 
 @pytest.fixture(scope="module")
-def release(tmp_path_factory):
+def release(tmp_path_factory, isolated_home):
     """A tiny biLM written as bilm-tf files, and a store where it was imported without softmax."""
     root = tmp_path_factory.mktemp("import-weights")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("ELMO_HOME", str(root / "home"))
-        patch.delenv("MLFLOW_TRACKING_URI", raising=False)
-        patch.delenv(tracking.PARENT_RUN_ENV, raising=False)
-        patch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")  # no network at test time
-        patch.chdir(root)
+    with isolated_home(root):
         torch.manual_seed(0)
         bilm = BiLM(tiny(), VOCAB_SIZE).eval()
         files = SimpleNamespace(

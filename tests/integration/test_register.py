@@ -66,15 +66,10 @@ def _dataset(root: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def registry(tmp_path_factory):
+def registry(tmp_path_factory, isolated_home):
     """A fresh store with ``elmo-bilm`` registered twice (two evaluations of one tiny biLM)."""
     root = tmp_path_factory.mktemp("register")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("ELMO_HOME", str(root / "home"))
-        patch.delenv("MLFLOW_TRACKING_URI", raising=False)
-        patch.delenv(tracking.PARENT_RUN_ENV, raising=False)
-        patch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")  # no network at test time
-        patch.chdir(root)  # MLflow's default artifact root is ./mlruns
+    with isolated_home(root):
         torch.manual_seed(0)
         model_dir = save_bilm(BiLM(tiny(), 100), root / "bilm")
         dataset = _dataset(root / "dataset")

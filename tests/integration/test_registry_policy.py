@@ -70,15 +70,10 @@ def _dataset(root: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def registry(tmp_path_factory):
+def registry(tmp_path_factory, isolated_home):
     """``elmo-bilm`` registered four times: perplexity 41, 31, 35, then without evaluation."""
     root = tmp_path_factory.mktemp("registry-policy")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("ELMO_HOME", str(root / "home"))
-        patch.delenv("MLFLOW_TRACKING_URI", raising=False)
-        patch.delenv(tracking.PARENT_RUN_ENV, raising=False)
-        patch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")  # no network at test time
-        patch.chdir(root)
+    with isolated_home(root):
         torch.manual_seed(0)
         model_dir = save_bilm(BiLM(tiny(), 100), root / "bilm")
         dataset = str(_dataset(root / "dataset"))

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from mlflow.tracking import MlflowClient
 
 from elmo_core.config import PrepareConfig
 from elmo_core.model.serialization import load_bilm
@@ -56,18 +55,6 @@ def dataset(tmp_path_factory) -> str:
     cfg = PrepareConfig(format="text", sentences_per_shard=100, sentences_per_row_group=10)
     prepare_files(cfg, corpus, str(root / "dataset"))
     return str(root / "dataset")
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    """A real SQLite tracking store under a fresh ELMO_HOME, shared by this module's tests."""
-    home = tmp_path_factory.mktemp("home")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("ELMO_HOME", str(home))
-        patch.delenv("MLFLOW_TRACKING_URI", raising=False)
-        patch.delenv("RAY_ADDRESS", raising=False)
-        patch.delenv(tracking.PARENT_RUN_ENV, raising=False)
-        yield MlflowClient(tracking.use_tracking())
 
 
 def test_two_workers_survive_a_killed_worker_and_record_the_run(
