@@ -5,10 +5,10 @@
     prepare(cfg, corpus, out) -> PrepareResult                # what flows call
 
 Two streaming passes over the inputs, parallel over files (``cfg.workers`` processes, one Arrow
-thread each, see :mod:`pipelines.prepare_pool`): count word types → vocabulary and word-type table; encode → heldout parts in source
-order, training rows scattered to shards by a seeded hash and shuffled within each shard. The
-layout and schemas are documented in :mod:`elmo_core.data.shards` and
-:mod:`elmo_core.data.manifest`.
+thread each, see :mod:`pipelines.prepare_pool`): count word types → vocabulary and word-type
+table; encode → heldout parts in source order, training rows scattered to shards by a seeded hash
+and shuffled within each shard. The layout and schemas are documented in
+:mod:`elmo_core.data.shards` and :mod:`elmo_core.data.manifest`.
 
 Resumption: ``prepare_state.json`` in the output records the config fingerprint, the counting
 result and every finished shard with its sha256; re-running the same command verifies them and

@@ -82,8 +82,9 @@ class EncodedChunk:
 
     @staticmethod
     def encode(chunk: SentenceChunk) -> EncodedChunk:
+        """The chunk's tokens dictionary-encoded, unless the tokenizer already did it."""
         values, offsets = flat_lists(chunk.sentences)
-        encoded = pc.dictionary_encode(values)
+        encoded = values if pa.types.is_dictionary(values.type) else pc.dictionary_encode(values)
         ids = encoded.indices.to_numpy(zero_copy_only=False)
         return EncodedChunk(
             offsets.astype(np.int32), ids, encoded.dictionary, chunk.lines, chunk.index

@@ -87,7 +87,7 @@ class FileStats:
 class SentenceChunk:
     """A block of sentences of one file: tokens, the 1-based line and index of each sentence."""
 
-    sentences: pa.ListArray  # list<string>, never empty lists
+    sentences: pa.ListArray  # list<string> or list<dictionary<int32, string>>, never empty lists
     lines: np.ndarray  # (n,) int64
     index: np.ndarray  # (n,) int64, sentence index within the file, stable across passes
 
@@ -220,6 +220,8 @@ def _limit_length(
     if cfg.on_long_line == "drop":
         stats.long_lines_dropped += num_long
         keep = ~long
+        if pa.types.is_dictionary(sentences.type.value_type):  # keep no unused entries
+            sentences = sentences.cast(pa.list_(pa.string()))
         return sentences.filter(pa.array(keep)), line_of[keep]
     stats.long_lines_split += num_long
     values, offsets = flat_lists(sentences)

@@ -12,7 +12,8 @@ parameters (:meth:`Tokenizer.describe`), so that inference rebuilds the exact sa
 
 Both have a vectorised entry point, :meth:`Tokenizer.tokenize_lines`, used by prepare on blocks
 of lines held as Arrow arrays; the whitespace one never loops over tokens in Python, and also
-splits raw UTF-8 blocks directly (:meth:`Tokenizer.tokenize_block`, NumPy over the bytes).
+splits raw UTF-8 blocks directly (:meth:`Tokenizer.tokenize_block`,
+:mod:`elmo_core.text.whitespace_block`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from __future__ import annotations
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, ClassVar
 
@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from elmo_core.errors import DataError
+from elmo_core.text.whitespace_block import BlockTokens, split_whitespace_block
 
 # The characters Python's str.split() treats as whitespace beyond " \t\n\v\f\r", in RE2 syntax:
 # Arrow's RE2 scans a block ~5x faster than Python's re did on its UTF-8 bytes.
@@ -55,68 +56,6 @@ def split_whitespace(lines: pa.Array) -> pa.ListArray:
     offsets = np.zeros(len(lines) + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
     return pa.ListArray.from_arrays(pa.array(offsets), flat)
-
-
-# Python's str.split() separators beyond ASCII (" \t\n\v\f\r" and 0x1c-0x1f), as UTF-8.
-_WIDE_SPACES = [
-    *(chr(code).encode() for code in (0x85, 0xA0, 0x1680, 0x2028, 0x2029, 0x202F, 0x205F, 0x3000)),
-    *(chr(code).encode() for code in range(0x2000, 0x200B)),
-]
-
-
-@dataclass(frozen=True)
-class BlockTokens:
-    """A block's tokens, flat, and where each line's tokens start (a blank line has none)."""
-
-    tokens: pa.StringArray  # (N,) every token of the block, in order
-    line_offsets: np.ndarray  # (L+1,) int64: line i's tokens are tokens[o[i]:o[i+1]]
-
-
-def split_whitespace_block(block: bytes) -> BlockTokens | None:
-    """Lines (``\n``-separated) of a raw block → tokens as ``line.split()``; None if not UTF-8.
-
-    NumPy over the bytes: separators are marked, tokens are the runs between them, and their
-    bytes are gathered into one string array, so no line or token is materialised on its own.
-    """
-    try:
-        pa.BinaryArray.from_buffers(
-            pa.binary(),
-            1,
-            [None, pa.py_buffer(np.array([0, len(block)], np.int32)), pa.py_buffer(block)],
-        ).cast(pa.string())  # validates the UTF-8 (Arrow's SIMD check)
-    except pa.ArrowInvalid:
-        return None
-    data = np.frombuffer(block, dtype=np.uint8)
-    space = (data <= 32) & ((data == 32) | ((data >= 9) & (data <= 13)) | (data >= 28))
-    if len(data) and data.max() >= 0xC2:
-        _mark_wide_spaces(data, space)
-    step = np.diff(space.view(np.int8), prepend=np.int8(1), append=np.int8(1))
-    starts, ends = np.flatnonzero(step == -1), np.flatnonzero(step == 1)
-    offsets = np.zeros(len(starts) + 1, dtype=np.int32)
-    np.cumsum(ends - starts, out=offsets[1:])
-    tokens = pa.StringArray.from_buffers(
-        len(starts), pa.py_buffer(offsets), pa.py_buffer(np.compress(~space, data))
-    )
-    line_ends = np.flatnonzero(data == 10)
-    if not block.endswith(b"\n"):
-        line_ends = np.append(line_ends, len(data))
-    line_offsets = np.zeros(len(line_ends) + 1, dtype=np.int64)
-    line_offsets[1:] = np.searchsorted(starts, line_ends)
-    return BlockTokens(tokens, line_offsets)
-
-
-def _mark_wide_spaces(data: np.ndarray, space: np.ndarray) -> None:
-    """Mark the bytes of every multi-byte Unicode space in ``data`` as separators (in place)."""
-    leads = np.flatnonzero((data == 0xC2) | ((data >= 0xE1) & (data <= 0xE3)))
-    if not len(leads):
-        return
-    last = len(data) - 1
-    for sequence in _WIDE_SPACES:
-        hit = leads[data[leads] == sequence[0]]
-        for offset in range(1, len(sequence)):
-            hit = hit[data[np.minimum(hit + offset, last)] == sequence[offset]]
-        for offset in range(len(sequence)):
-            space[hit + offset] = True
 
 
 class Tokenizer(ABC):

@@ -191,8 +191,8 @@ def test_invalid_utf8_fails_naming_file_and_line_or_is_counted(tmp_path):
 
 def test_long_lines_are_split_or_dropped_and_counted(tmp_path):
     corpus = write_corpus(tmp_path / "corpus", num_train=1, num_heldout=1, lines=20)
-    with corpus.train[0].open("a") as handle:
-        handle.write(" ".join(["w1"] * 25) + "\n")
+    with corpus.train[0].open("a") as handle:  # a word found only in the long line
+        handle.write(" ".join(["w1"] * 24 + ["only-here"]) + "\n")
     split = prepare_files(config(max_tokens_per_line=12), corpus, str(tmp_path / "split"))
     dropped = prepare_files(
         config(max_tokens_per_line=12, on_long_line="drop"), corpus, str(tmp_path / "drop")
@@ -202,6 +202,7 @@ def test_long_lines_are_split_or_dropped_and_counted(tmp_path):
     assert split.manifest.splits["train"].stats.long_lines_split == 1
     assert dropped.manifest.splits["train"].num_sentences == base
     assert dropped.manifest.splits["train"].stats.long_lines_dropped == 1
+    assert "only-here" not in load_word_types(str(tmp_path / "drop")).tokens.to_pylist()
 
 
 def test_imported_vocabulary_with_specials_anywhere_and_maxtermid(tmp_path):

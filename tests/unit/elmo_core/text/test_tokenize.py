@@ -1,5 +1,3 @@
-import itertools
-
 import pyarrow as pa
 import pytest
 
@@ -9,7 +7,6 @@ from elmo_core.text.tokenize import (
     Tokenizer,
     WhitespaceTokenizer,
     split_whitespace,
-    split_whitespace_block,
 )
 
 
@@ -29,21 +26,6 @@ def test_split_whitespace_finds_each_non_ascii_space_alone_in_a_block():
     for space in spaces:
         lines = ["plain ascii line", f"a{space}b"]
         assert split_whitespace(pa.array(lines)).to_pylist() == [line.split() for line in lines]
-
-
-@pytest.mark.parametrize("end", ["", "\n"])
-def test_split_whitespace_block_equals_python_split_per_line_for_every_space(end):
-    spaces = [chr(c) for c in range(0x110000) if f"a{chr(c)}b".split() == ["a", "b"]]
-    lines = [f"é{space}b{space}" for space in spaces if space != "\n"]
-    text = "\n".join(["", "  ", "x\u200by ü\ufeff", *lines, "\u3000last"]) + end
-    block = split_whitespace_block(text.encode())
-    raw = text.split("\n")[: -1 if end else None]
-    tokens, bounds = block.tokens.to_pylist(), block.line_offsets.tolist()
-    assert [tokens[a:b] for a, b in itertools.pairwise(bounds)] == [line.split() for line in raw]
-
-
-def test_split_whitespace_block_refuses_invalid_utf8():
-    assert split_whitespace_block(b"ok\n\xff bad\n") is None
 
 
 def test_whitespace_tokenizer_keeps_case_and_one_sentence_per_line():

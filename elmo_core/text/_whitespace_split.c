@@ -1,0 +1,328 @@
+/*
+ * One pass over a block of UTF-8 text: split it on whitespace as Python's str.split() does and
+ * dictionary-encode the tokens (first-occurrence order, as Arrow's dictionary_encode).
+ *
+ * Why C: tokenizing with NumPy (masks, nonzero, compress) and then hashing every token with
+ * Arrow walks the bytes about ten times and was half of `elmo prepare`'s time; here each byte
+ * is read once and each token hashed as it ends. The NumPy path in tokenize.py stays as the
+ * fallback when this module is not built, and the tests check the two agree.
+ *
+ * split_and_encode(block) -> (ids, line_offsets, dict_offsets, dict_data), all bytes:
+ *   ids           int32[N]    each token's entry in the block's dictionary
+ *   line_offsets  int64[L+1]  line i's tokens are ids[o[i]:o[i+1]]; lines end at '\n' (a block
+ *                             not ending with '\n' has one more line)
+ *   dict_offsets  int32[D+1]  entry j is dict_data[o[j]:o[j+1]]
+ *   dict_data     the distinct tokens' bytes
+ * The caller validates the UTF-8 first (Arrow's SIMD check); this code only needs the lead
+ * bytes of the multi-byte spaces to be followed by their continuation bytes, and bounds-checks.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* --- growable arrays -------------------------------------------------------------------- */
+
+typedef struct {
+    char *data;
+    size_t size;     /* bytes used */
+    size_t capacity; /* bytes allocated */
+} Buffer;
+
+static int buffer_reserve(Buffer *buf, size_t extra) {
+    if (buf->size + extra <= buf->capacity) {
+        return 0;
+    }
+    size_t capacity = buf->capacity ? buf->capacity : 4096;
+    while (capacity < buf->size + extra) {
+        capacity *= 2;
+    }
+    char *data = realloc(buf->data, capacity);
+    if (data == NULL) {
+        return -1;
+    }
+    buf->data = data;
+    buf->capacity = capacity;
+    return 0;
+}
+
+static inline int buffer_push(Buffer *buf, const void *item, size_t size) {
+    if (buf->size + size > buf->capacity && buffer_reserve(buf, size) < 0) {
+        return -1;
+    }
+    memcpy(buf->data + buf->size, item, size);
+    buf->size += size;
+    return 0;
+}
+
+/* --- whitespace, as str.isspace() ------------------------------------------------------- */
+
+/* 1: an ASCII space (\t \n \v \f \r, the separators 0x1c-0x1f, ' '); 2: the lead byte of a
+ * multi-byte space (U+0085, U+00A0, U+1680, U+2000-U+200A, U+2028, U+2029, U+202F, U+205F,
+ * U+3000); 0: never the start of a space. */
+static unsigned char space_class[256];
+
+static void init_space_class(void) {
+    const unsigned char ascii[] = {9, 10, 11, 12, 13, 28, 29, 30, 31, 32};
+    for (size_t i = 0; i < sizeof ascii; i++) {
+        space_class[ascii[i]] = 1;
+    }
+    space_class[0xC2] = space_class[0xE1] = space_class[0xE2] = space_class[0xE3] = 2;
+}
+
+/* Length in bytes of the space starting at p[i], or 0 if p[i] does not start one. */
+static inline Py_ssize_t space_length(const unsigned char *p, Py_ssize_t i, Py_ssize_t n) {
+    unsigned char kind = space_class[p[i]];
+    if (kind != 2) {
+        return kind;
+    }
+    unsigned char b1 = i + 1 < n ? p[i + 1] : 0;
+    unsigned char b2 = i + 2 < n ? p[i + 2] : 0;
+    switch (p[i]) {
+    case 0xC2:
+        return (b1 == 0x85 || b1 == 0xA0) ? 2 : 0;
+    case 0xE1:
+        return (b1 == 0x9A && b2 == 0x80) ? 3 : 0;
+    case 0xE2:
+        if (b1 == 0x80) {
+            return (b2 <= 0x8A || b2 == 0xA8 || b2 == 0xA9 || b2 == 0xAF) && b2 >= 0x80 ? 3 : 0;
+        }
+        return (b1 == 0x81 && b2 == 0x9F) ? 3 : 0;
+    default: /* 0xE3 */
+        return (b1 == 0x80 && b2 == 0x80) ? 3 : 0;
+    }
+}
+
+/* --- the dictionary: open addressing over the distinct tokens ---------------------------- */
+
+typedef struct {
+    uint64_t head;  /* the entry's first 8 bytes: a token of up to 8 bytes is matched here */
+    int32_t length; /* of the entry */
+    int32_t id;     /* dictionary entry, -1: empty */
+} Slot;
+
+typedef struct {
+    uint64_t head; /* the token's first 8 bytes, zero-padded: short tokens compare in one go */
+    int32_t start; /* in the dictionary's bytes */
+    int32_t length;
+} Entry;
+
+typedef struct {
+    Slot *slots;
+    size_t mask;     /* capacity - 1, capacity a power of two */
+    Buffer entries;  /* Entry[D] */
+    Buffer data;     /* the entries' bytes, concatenated */
+    int32_t size;
+} Dictionary;
+
+/* The first min(len, 8) bytes of s, zero-padded (s + len <= end). */
+static inline uint64_t load_head(const unsigned char *s, Py_ssize_t len, const unsigned char *end) {
+    uint64_t word = 0;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    if (end - s >= 8) { /* one unaligned load, masked: no short copy */
+        memcpy(&word, s, 8);
+        return len >= 8 ? word : word & ((~0ULL) >> (8 * (8 - len)));
+    }
+#endif
+    memcpy(&word, s, (size_t)(len < 8 ? len : 8));
+    return word;
+}
+
+static uint64_t hash_token(const unsigned char *s, Py_ssize_t len, uint64_t head,
+                           const unsigned char *end) {
+    uint64_t h = (head ^ (uint64_t)len) * 0xBF58476D1CE4E5B9ULL;
+    for (Py_ssize_t at = 8; at < len; at += 8) {
+        h ^= h >> 29;
+        h = (h ^ load_head(s + at, len - at, end)) * 0x94D049BB133111EBULL;
+    }
+    h ^= h >> 31;
+    h *= 0xD6E8FEB86659FD93ULL;
+    return h ^ (h >> 32);
+}
+
+static int dictionary_init(Dictionary *dict, size_t capacity) {
+    memset(dict, 0, sizeof *dict);
+    dict->slots = malloc(capacity * sizeof(Slot));
+    if (dict->slots == NULL) {
+        return -1;
+    }
+    memset(dict->slots, 0xFF, capacity * sizeof(Slot)); /* id -1 everywhere */
+    dict->mask = capacity - 1;
+    return 0;
+}
+
+static void dictionary_free(Dictionary *dict) {
+    free(dict->slots);
+    free(dict->entries.data);
+    free(dict->data.data);
+}
+
+static inline Entry *dictionary_entries(const Dictionary *dict) {
+    return (Entry *)dict->entries.data;
+}
+
+/* Double the table; each entry's hash is recomputed from its bytes. */
+static int dictionary_grow(Dictionary *dict) {
+    size_t capacity = 2 * (dict->mask + 1);
+    Slot *slots = malloc(capacity * sizeof(Slot));
+    if (slots == NULL) {
+        return -1;
+    }
+    memset(slots, 0xFF, capacity * sizeof(Slot));
+    const Entry *entries = dictionary_entries(dict);
+    const unsigned char *bytes = (const unsigned char *)dict->data.data;
+    const unsigned char *end = bytes + dict->data.size;
+    for (int32_t id = 0; id < dict->size; id++) {
+        const Entry *entry = &entries[id];
+        uint64_t h = hash_token(bytes + entry->start, entry->length, entry->head, end);
+        size_t at = (size_t)h & (capacity - 1);
+        while (slots[at].id >= 0) {
+            at = (at + 1) & (capacity - 1);
+        }
+        slots[at] = (Slot){entry->head, entry->length, id};
+    }
+    free(dict->slots);
+    dict->slots = slots;
+    dict->mask = capacity - 1;
+    return 0;
+}
+
+/* The token's entry, added if new; -1 on allocation failure. */
+static int32_t dictionary_id(Dictionary *dict, const unsigned char *token, Py_ssize_t len,
+                             const unsigned char *end) {
+    uint64_t head = load_head(token, len, end);
+    uint64_t h = hash_token(token, len, head, end);
+    size_t at = (size_t)h & dict->mask;
+    for (;;) {
+        Slot slot = dict->slots[at];
+        if (slot.id < 0) {
+            break;
+        }
+        if (slot.head == head && slot.length == len &&
+            (len <= 8 || memcmp(dict->data.data + dictionary_entries(dict)[slot.id].start + 8,
+                                token + 8, (size_t)len - 8) == 0)) {
+            return slot.id;
+        }
+        at = (at + 1) & dict->mask;
+    }
+    Entry entry = {head, (int32_t)dict->data.size, (int32_t)len};
+    if (buffer_push(&dict->data, token, (size_t)len) < 0 ||
+        buffer_push(&dict->entries, &entry, sizeof entry) < 0) {
+        return -1;
+    }
+    int32_t id = dict->size++;
+    dict->slots[at] = (Slot){head, (int32_t)len, id};
+    if ((size_t)dict->size * 2 > dict->mask + 1 && dictionary_grow(dict) < 0) {
+        return -1;
+    }
+    return id;
+}
+
+/* The int32[D+1] offsets of the entries in the dictionary's bytes. */
+static PyObject *dictionary_offsets(const Dictionary *dict) {
+    PyObject *offsets = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(dict->size + 1) * 4);
+    if (offsets == NULL) {
+        return NULL;
+    }
+    int32_t *out = (int32_t *)PyBytes_AS_STRING(offsets);
+    const Entry *entries = dictionary_entries(dict);
+    out[0] = 0;
+    for (int32_t id = 0; id < dict->size; id++) {
+        out[id + 1] = entries[id].start + entries[id].length;
+    }
+    return offsets;
+}
+
+/* --- the pass ----------------------------------------------------------------------------- */
+
+/* Split and encode p[0:n]; 0, or -1 when out of memory. */
+static int split_block(const unsigned char *p, Py_ssize_t n, Buffer *ids, Buffer *lines,
+                       Dictionary *dict) {
+    const unsigned char *end = p + n;
+    int64_t num_tokens = 0;
+    if (buffer_push(lines, &num_tokens, sizeof num_tokens) < 0) {
+        return -1;
+    }
+    Py_ssize_t i = 0;
+    while (i < n) {
+        Py_ssize_t space = space_length(p, i, n);
+        if (space) {
+            if (p[i] == '\n' && buffer_push(lines, &num_tokens, sizeof num_tokens) < 0) {
+                return -1;
+            }
+            i += space;
+            continue;
+        }
+        Py_ssize_t start = i++;
+        while (i < n && (space_class[p[i]] == 0 || space_length(p, i, n) == 0)) {
+            i++;
+        }
+        int32_t id = dictionary_id(dict, p + start, i - start, end);
+        if (id < 0 || buffer_push(ids, &id, sizeof id) < 0) {
+            return -1;
+        }
+        num_tokens++;
+    }
+    if (n == 0 || p[n - 1] != '\n') {
+        return buffer_push(lines, &num_tokens, sizeof num_tokens);
+    }
+    return 0;
+}
+
+static PyObject *split_and_encode(PyObject *module, PyObject *args) {
+    Py_buffer block;
+    if (!PyArg_ParseTuple(args, "y*:split_and_encode", &block)) {
+        return NULL;
+    }
+    if (block.len >= INT32_MAX) {
+        PyBuffer_Release(&block);
+        PyErr_SetString(PyExc_ValueError, "block too large for int32 dictionary offsets");
+        return NULL;
+    }
+    Buffer ids = {0}, lines = {0};
+    Dictionary dict;
+    int status = dictionary_init(&dict, 1 << 16);
+    if (status == 0) {
+        status = buffer_reserve(&ids, (size_t)block.len + 16); /* ~4 bytes per 5 of text */
+    }
+    if (status == 0) {
+        Py_BEGIN_ALLOW_THREADS
+        status = split_block(block.buf, block.len, &ids, &lines, &dict);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&block);
+    PyObject *result = NULL;
+    if (status < 0) {
+        PyErr_NoMemory();
+    } else {
+        PyObject *offsets = dictionary_offsets(&dict);
+        if (offsets != NULL) {
+            result = Py_BuildValue("(y#y#Ny#)", ids.data ? ids.data : "", (Py_ssize_t)ids.size,
+                                   lines.data, (Py_ssize_t)lines.size, offsets,
+                                   dict.data.data ? dict.data.data : "",
+                                   (Py_ssize_t)dict.data.size);
+        }
+    }
+    free(ids.data);
+    free(lines.data);
+    dictionary_free(&dict);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"split_and_encode", split_and_encode, METH_VARARGS,
+     "split_and_encode(block) -> (ids, line_offsets, dict_offsets, dict_data): split UTF-8 "
+     "bytes on whitespace as str.split() and dictionary-encode the tokens, in one pass."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "_whitespace_split",
+    "Whitespace splitting and dictionary encoding of UTF-8 blocks in one pass.", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__whitespace_split(void) {
+    init_space_class();
+    return PyModule_Create(&module_def);
+}
