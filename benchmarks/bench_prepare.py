@@ -41,10 +41,13 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from prepare_corpus import build_corpus, corpus_files, doubled_corpus, source_files
+
+from elmo_core.data.shards import target_ids
 
 REPO = Path(__file__).resolve().parents[1]
 SPECIALS = ("<S>", "</S>", "<UNK>")  # bilm-tf's vocabulary head, as elmo_core.text.vocab
@@ -111,8 +114,9 @@ def read_prepared(out: Path) -> Summary:
     splits = json.loads((out / "manifest.json").read_text(encoding="utf-8"))["splits"]
     target_sum = {}
     for split in splits:
-        targets = pq.read_table(out / split, columns=["targets"])["targets"]
-        target_sum[split] = int(pc.sum(pc.list_flatten(targets)).as_py() or 0)
+        types = pq.read_table(out / split, columns=["types"])["types"]
+        targets = target_ids(pc.list_flatten(types).to_numpy(), len(vocab))
+        target_sum[split] = int(targets.sum(dtype=np.int64))
     return Summary(
         vocab=vocab,
         counts=[int(row.rsplit("\t", 1)[1]) for row in rows[len(SPECIALS) :]],

@@ -303,7 +303,6 @@ def encode_corpus(
                 EncodeTask(
                     task,
                     output.local_root / "word_types.parquet",
-                    count.vocab_size,
                     output.local_root,
                     parts if want_heldout else [],
                     spill if want_train else None,
@@ -315,9 +314,7 @@ def encode_corpus(
     ):
         for info in written:
             output.record_shard(state, info)
-    gather = [
-        GatherTask(s, spill_dirs, output.local_root, cfg, count.vocab_size) for s in missing_train
-    ]
+    gather = [GatherTask(s, spill_dirs, output.local_root, cfg) for s in missing_train]
     for info in tqdm(
         pool.imap(gather_shard, gather),
         total=len(gather),

@@ -45,7 +45,6 @@ from elmo_core.data.shards import (
     read_sentences,
     sentence_table,
     shuffle_key,
-    target_ids,
     train_shard_of,
 )
 from elmo_core.text.char_ids import MAX_TOKEN_BYTES
@@ -345,7 +344,6 @@ class EncodeTask:
 
     read: FileTask
     word_types: Path
-    vocab_size: int
     root: Path  # local dataset root: heldout parts are written under it
     heldout_parts: list[str]  # relative paths of this file's heldout parts, in order
     spill_dir: Path | None  # where the training rows go (None: not needed)
@@ -363,7 +361,7 @@ def encode_file(task: EncodeTask) -> list[ShardInfo]:
             types = dictionary_type_ids(chunk.dictionary, type_tokens)[chunk.ids]
             heldout = task.read.heldout_rows(chunk.index)
             if task.heldout_parts and heldout.any():
-                table = sentence_table(types, target_ids(types, task.vocab_size), chunk.offsets)
+                table = sentence_table(types, chunk.offsets)
                 parts.write(
                     table if heldout.all() else table.filter(pa.array(heldout)),
                     chunk.lines[heldout],

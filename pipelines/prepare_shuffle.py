@@ -5,8 +5,8 @@ Pass 2 sends each training sentence to the output shard a seeded hash picks
 input file (:class:`ShardSpill`); :func:`gather_shard` then reads one shard's rows from every
 file's spill, sorts them by a second seeded hash (:func:`elmo_core.data.shards.shuffle_key`)
 and writes the shard. Rows are moved as flat NumPy arrays plus offsets (:func:`permute_rows`):
-Arrow's ``take`` on list columns cost several times as much. Only type ids are spilled; the
-targets are derived from them when the shard is written.
+Arrow's ``take`` on list columns cost several times as much. Only type ids are spilled and
+stored: readers derive the targets from them.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from elmo_core.config import PrepareConfig
 from elmo_core.data.manifest import ShardInfo
-from elmo_core.data.shards import flat_lists, sentence_table, target_ids, write_parquet
+from elmo_core.data.shards import flat_lists, sentence_table, write_parquet
 
 SPILL_SCHEMA = pa.schema([("types", pa.list_(pa.int32())), ("key", pa.uint64())])
 
@@ -111,7 +111,6 @@ class GatherTask:
     spill_dirs: list[Path]  # in file order
     root: Path
     cfg: PrepareConfig
-    vocab_size: int
 
     @property
     def name(self) -> str:
@@ -134,5 +133,5 @@ def gather_shard(task: GatherTask) -> ShardInfo:
     values, offsets = flat_lists(table["types"].combine_chunks())
     keys = table["key"].to_numpy()
     offsets, types = permute_rows(offsets, values.to_numpy(), np.argsort(keys, kind="stable"))
-    table = sentence_table(types, target_ids(types, task.vocab_size), offsets)
+    table = sentence_table(types, offsets)
     return write_shard(table, task.root, task.name, task.cfg)

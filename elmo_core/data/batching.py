@@ -80,11 +80,12 @@ class _SentenceSource:
         units: list[tuple[ShardInfo, int]],
         files: Sequence[str] | None,
         *,
+        vocab_size: int,
         seed: int,
         shuffle: bool,
         repeat: bool,
     ) -> None:
-        self._url, self._files = dataset_url, files
+        self._url, self._files, self._vocab_size = dataset_url, files, vocab_size
         self._units, self._seed, self._shuffle, self._repeat = units, seed, shuffle, repeat
         self.epoch, self.unit, self.sentence = 0, 0, 0
         self._batch: SentenceBatch | None = None
@@ -119,7 +120,9 @@ class _SentenceSource:
             unit_order = np.random.default_rng([self._seed, self.epoch]).permutation(unit_order)
         position = int(unit_order[self.unit])
         shard, group = self._units[position]
-        self._batch = read_row_group(self._url, shard, group, self._files)
+        self._batch = read_row_group(
+            self._url, shard, group, self._files, vocab_size=self._vocab_size
+        )
         count = self._batch.num_sentences
         if self._shuffle:
             rng = np.random.default_rng([self._seed, self.epoch, position])
@@ -180,7 +183,13 @@ class TokenStream:
             "files": list(files) if files else None,
         }
         self._source = _SentenceSource(
-            dataset_url, units, files, seed=seed, shuffle=shuffle, repeat=repeat
+            dataset_url,
+            units,
+            files,
+            vocab_size=manifest.vocab.size,
+            seed=seed,
+            shuffle=shuffle,
+            repeat=repeat,
         )
         empty = np.zeros(0, np.int64)
         self._inputs: list[np.ndarray] = [empty] * batch_size  # unconsumed tokens of each row

@@ -27,7 +27,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from elmo_core.data.manifest import Manifest, ShardInfo, join_url, load_manifest
-from elmo_core.data.shards import MAX_CHARS_PER_TOKEN, flat_lists
+from elmo_core.data.shards import (
+    MAX_CHARS_PER_TOKEN,
+    SHARD_FORMAT_VERSION,
+    flat_lists,
+    target_ids,
+)
 from elmo_core.errors import DataError
 from elmo_core.text.vocab import Vocabulary, read_vocab, read_vocab_counts
 
@@ -115,6 +120,11 @@ def select_shards(
     Each pattern is an fnmatch pattern on the file's name; one without wildcards matches as a
     substring, so ``"heldout-00000"`` selects ``news.en.heldout-00000-of-00050``.
     """
+    if manifest.shard_format_version != SHARD_FORMAT_VERSION:
+        raise DataError(
+            f"the shards are in format version {manifest.shard_format_version}; this code reads "
+            f"version {SHARD_FORMAT_VERSION}: run `elmo prepare` again"
+        )
     shards = manifest.split(split).shards
     if files is None:
         return list(shards)
@@ -166,15 +176,23 @@ def iter_sentences(
     shards = select_shards(manifest, split, files)
     for shard, groups in partition_shards(shards, rank, world_size):
         for group in groups:
-            batch = read_row_group(dataset_url, shard, group, files)
+            batch = read_row_group(dataset_url, shard, group, files, vocab_size=manifest.vocab.size)
             if batch.num_sentences:
                 yield batch
 
 
 def read_row_group(
-    dataset_url: str, shard: ShardInfo, group: int, files: Sequence[str] | None = None
+    dataset_url: str,
+    shard: ShardInfo,
+    group: int,
+    files: Sequence[str] | None = None,
+    *,
+    vocab_size: int,
 ) -> SentenceBatch:
     """One row group of a shard (only its bytes are read once the shard has been verified).
+
+    Shards store type ids only; the targets are the vocabulary's own ids (type id = vocabulary
+    id below ``vocab_size``, the manifest's ``vocab.size``) and ``<UNK>`` for every other type.
 
     The shard's sha256 is checked the first time this process opens it, and again whenever its
     size or modification time changes, so a training stream that visits row groups in shuffled
@@ -184,7 +202,7 @@ def read_row_group(
     _verify_shard(url, shard.sha256)
     with fsspec.open(url, "rb") as handle:
         table = pq.ParquetFile(handle).read_row_group(group)
-    batch = _to_batch(table, shard.path, group)
+    batch = _to_batch(table, shard.path, group, vocab_size)
     if files is not None and batch.source_files is not None:
         batch = _keep_files(batch, files)
     return batch
@@ -213,16 +231,16 @@ def _verify_shard(url: str, sha256: str) -> None:
     _VERIFIED.add((url, sha256, version))
 
 
-def _to_batch(table: pa.Table, shard: str, group: int) -> SentenceBatch:
-    types, offsets = flat_lists(table["types"].combine_chunks())
-    targets, _ = flat_lists(table["targets"].combine_chunks())
+def _to_batch(table: pa.Table, shard: str, group: int, vocab_size: int) -> SentenceBatch:
+    values, offsets = flat_lists(table["types"].combine_chunks())
+    types = values.to_numpy()
     source_files = lines = None
     if "source_file" in table.column_names:
         source_files = table["source_file"].to_pylist()
         lines = table["line"].to_numpy()
     return SentenceBatch(
-        types=types.to_numpy(),
-        targets=targets.to_numpy(),
+        types=types,
+        targets=target_ids(types, vocab_size),
         offsets=offsets,
         shard=shard,
         row_group=group,

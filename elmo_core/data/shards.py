@@ -1,10 +1,11 @@
 """The Parquet shard format of prepared datasets, and the vectorised kernels that fill it.
 
-Shard format ``elmo-shards`` version 1 (recorded in the manifest as ``shard_format``):
+Shard format ``elmo-shards`` version 2 (recorded in the manifest as ``shard_format``):
 
 - ``train/part-NNNNN.parquet``: one row per sentence, ``types: list<int32>`` (word-type ids, which
-  index ``word_types.parquet``) and ``targets: list<int32>`` (vocabulary ids, OOV → ``<UNK>`` = 2).
-  No sentence markers are stored; readers add ``<S>``/``</S>`` (type and vocabulary ids 0 and 1).
+  index ``word_types.parquet``). No sentence markers are stored; readers add ``<S>``/``</S>``
+  (type and vocabulary ids 0 and 1). Version 1 also stored ``targets``; they are derived instead
+  (below), which halves the shards and the time to write them.
 - ``heldout/part-NNNNN.parquet``: the same plus ``source_file: dictionary<int32, string>`` (the
   input file, relative to the corpus root) and ``line: int64`` (1-based line in that file).
 - ``word_types.parquet``: one row per word type seen anywhere (plus every vocabulary entry),
@@ -13,8 +14,8 @@ Shard format ``elmo-shards`` version 1 (recorded in the manifest as ``shard_form
   ``char_ids: fixed_size_list<int16>[50]`` (+1/262 convention of :mod:`elmo_core.text.char_ids`).
 
 Type ids 0..V-1 are the vocabulary itself (type id = vocabulary id, specials included), then OOV
-types by descending count, so ``target = type if type < V else 2``; a consumer that only needs
-targets can derive them, and the char CNN reads every type, OOV or not (DESIGN.md §3).
+types by descending count, so ``target = type if type < V else 2`` (:func:`target_ids`, with V the
+manifest's ``vocab.size``), and the char CNN reads every type, OOV or not (DESIGN.md §3).
 Everything here works on Arrow arrays and NumPy; nothing loops over tokens in Python.
 """
 
@@ -48,11 +49,11 @@ from elmo_core.text.tokenize import BlockTokens, Tokenizer
 from elmo_core.text.vocab import UNK_ID
 
 SHARD_FORMAT = "elmo-shards"
-SHARD_FORMAT_VERSION = 1
+SHARD_FORMAT_VERSION = 2
 CHUNK_BYTES = 16 << 20  # text read per block: amortises the per-block Arrow kernel overheads
 
-ID_LIST_COLUMNS = ("types", "targets")
-TRAIN_SCHEMA = pa.schema([("types", pa.list_(pa.int32())), ("targets", pa.list_(pa.int32()))])
+ID_LIST_COLUMNS = ("types",)
+TRAIN_SCHEMA = pa.schema([("types", pa.list_(pa.int32()))])
 HELDOUT_SCHEMA = TRAIN_SCHEMA.append(
     pa.field("source_file", pa.dictionary(pa.int32(), pa.string()))
 ).append(pa.field("line", pa.int64()))
@@ -300,18 +301,11 @@ def target_ids(types: np.ndarray, vocab_size: int) -> np.ndarray:
     return np.where(types < vocab_size, types, np.int32(UNK_ID)).astype(np.int32)
 
 
-def sentence_table(
-    types: np.ndarray, targets: np.ndarray, offsets: np.ndarray
-) -> pa.Table:  # rows: sentences
-    """A training-schema table from flat ids and sentence offsets."""
+def sentence_table(types: np.ndarray, offsets: np.ndarray) -> pa.Table:  # rows: sentences
+    """A training-schema table from flat type ids and sentence offsets."""
     offsets32 = pa.array(offsets.astype(np.int32))
-    return pa.Table.from_arrays(
-        [
-            pa.ListArray.from_arrays(offsets32, pa.array(types, type=pa.int32())),
-            pa.ListArray.from_arrays(offsets32, pa.array(targets, type=pa.int32())),
-        ],
-        schema=TRAIN_SCHEMA,
-    )
+    types_list = pa.ListArray.from_arrays(offsets32, pa.array(types, type=pa.int32()))
+    return pa.Table.from_arrays([types_list], schema=TRAIN_SCHEMA)
 
 
 def char_id_rows(tokens: pa.Array) -> np.ndarray:

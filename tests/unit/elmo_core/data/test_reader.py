@@ -91,3 +91,22 @@ def test_missing_manifest_and_unknown_split_are_data_errors(dataset, tmp_path):
         load_manifest(str(tmp_path))
     with pytest.raises(DataError, match="no split 'valid'"):
         list(iter_sentences(dataset, "valid"))
+
+
+def test_shards_of_another_format_version_are_refused_with_the_fix(dataset):
+    older = load_manifest(dataset).model_copy(update={"shard_format_version": 1})
+    with pytest.raises(DataError, match=r"format version 1; this code reads version 2.*prepare"):
+        select_shards(older, "train")
+
+
+def test_targets_are_the_vocabulary_ids_of_the_stored_types(tmp_path):
+    """Shards hold type ids only: vocabulary types are their own target, every other is <UNK>."""
+    cfg = PrepareConfig(format="1b-benchmark", max_vocab=20)
+    dataset = str(tmp_path / "out")
+    prepare_files(cfg, _Corpus(tmp_path / "corpus"), dataset)
+    vocab_size = load_manifest(dataset).vocab.size
+    batches = list(iter_sentences(dataset, "train"))
+    types = np.concatenate([batch.types for batch in batches])
+    targets = np.concatenate([batch.targets for batch in batches])
+    assert (types >= vocab_size).any() and (types < vocab_size).any()
+    np.testing.assert_array_equal(targets, np.where(types < vocab_size, types, 2))
