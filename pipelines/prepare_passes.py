@@ -38,8 +38,8 @@ from elmo_core.data.shards import (
     WORD_TYPES_SCHEMA,
     FileStats,
     SentenceChunk,
+    TypeIndex,
     char_id_column,
-    dictionary_type_ids,
     flat_lists,
     heldout_mask,
     read_sentences,
@@ -333,9 +333,9 @@ def vocab_with_marker_counts(vocab: Vocabulary, num_sentences: int, num_oov: int
 
 
 @lru_cache(maxsize=1)
-def _type_tokens(word_types_path: str) -> pa.Array:
-    """The type table's tokens, read once per worker process."""
-    return pq.read_table(word_types_path, columns=["token"])["token"].combine_chunks()
+def _type_index(word_types_path: str) -> TypeIndex:
+    """The type table's tokens, read and hashed once per worker process."""
+    return TypeIndex(pq.read_table(word_types_path, columns=["token"])["token"].combine_chunks())
 
 
 @dataclass(frozen=True)
@@ -353,12 +353,12 @@ class EncodeTask:
 def encode_file(task: EncodeTask) -> list[ShardInfo]:
     """Encode one file; return the heldout parts written (training rows go to the spill)."""
     cfg, file_index = task.read.cfg, task.read.file.index
-    type_tokens = _type_tokens(str(task.word_types))
+    type_index = _type_index(str(task.word_types))
     parts = _HeldoutParts(task.root, task.heldout_parts, task.read.file.name, cfg)
     spill = ShardSpill(task.spill_dir) if task.spill_dir else None
     try:
         for chunk in task.read.reread():
-            types = dictionary_type_ids(chunk.dictionary, type_tokens)[chunk.ids]
+            types = type_index.type_ids(chunk.dictionary)[chunk.ids]
             heldout = task.read.heldout_rows(chunk.index)
             if task.heldout_parts and heldout.any():
                 table = sentence_table(types, chunk.offsets)

@@ -48,6 +48,11 @@ from elmo_core.text.char_ids import (
 from elmo_core.text.tokenize import BlockTokens, Tokenizer
 from elmo_core.text.vocab import UNK_ID
 
+try:  # optional at install time: see pyproject.toml's ext-modules
+    from elmo_core.text._token_hash import TokenIndex
+except ImportError:  # pragma: no cover - exercised where no C compiler was available
+    TokenIndex = None
+
 SHARD_FORMAT = "elmo-shards"
 SHARD_FORMAT_VERSION = 2
 CHUNK_BYTES = 16 << 20  # text read per block: amortises the per-block Arrow kernel overheads
@@ -270,30 +275,44 @@ def shuffle_key(seed: int, file_index: int, index: np.ndarray) -> np.ndarray:
     return sentence_hash(seed, 3, file_index, index)
 
 
-def encode_tokens(
-    tokens: pa.Array, type_tokens: pa.Array, vocab_size: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """(type ids, target ids) of a flat token array, both ``(n,)`` int32."""
-    encoded = pc.dictionary_encode(tokens)
-    local_to_type = dictionary_type_ids(encoded.dictionary, type_tokens)
-    types = local_to_type[encoded.indices.to_numpy(zero_copy_only=False)]
-    return types, target_ids(types, vocab_size)
+class TypeIndex:
+    """Type ids of tokens: the type table's tokens hashed once, then probed by each block.
 
-
-def dictionary_type_ids(dictionary: pa.Array, type_tokens: pa.Array) -> np.ndarray:
-    """``(D,)`` int32: the type id of each entry of a block's dictionary of distinct tokens.
-
-    The block's dictionary is probed against the type table, never the other way round, so
-    the cost is one hash table of the block's distinct tokens, not of all types.
+    Compiled (:mod:`elmo_core.text._token_hash`) where it is built. The fallback, Arrow's
+    ``index_in``, hashes each block's dictionary and probes it with every type instead.
     """
-    position = pc.index_in(type_tokens, value_set=dictionary)
-    position = pc.fill_null(position, -1).to_numpy()
-    found = position >= 0
-    if int(found.sum()) != len(dictionary):
-        raise DataError("a token is missing from the word-type table: did an input change?")
-    local_to_type = np.empty(len(dictionary), dtype=np.int32)
-    local_to_type[position[found]] = np.flatnonzero(found)
-    return local_to_type
+
+    def __init__(self, type_tokens: pa.Array) -> None:
+        self.type_tokens = type_tokens
+        self._index = None if TokenIndex is None else TokenIndex(*_string_buffers(type_tokens))
+
+    def type_ids(self, dictionary: pa.Array) -> np.ndarray:
+        """``(D,)`` int32: the type id of each entry of a block's dictionary of distinct tokens."""
+        if self._index is not None:
+            found = self._index.find(*_string_buffers(dictionary))
+            ids = np.frombuffer(found, dtype=np.int32)
+        else:
+            ids = self._index_in(dictionary)
+        if len(ids) and ids.min() < 0:
+            raise DataError("a token is missing from the word-type table: did an input change?")
+        return ids
+
+    def _index_in(self, dictionary: pa.Array) -> np.ndarray:
+        position = pc.fill_null(pc.index_in(self.type_tokens, value_set=dictionary), -1)
+        position = position.to_numpy()
+        found = position >= 0
+        ids = np.full(len(dictionary), -1, dtype=np.int32)
+        ids[position[found]] = np.flatnonzero(found)
+        return ids
+
+
+def _string_buffers(strings: pa.Array) -> tuple[np.ndarray, pa.Buffer]:
+    """(int32 offsets of the array's own rows, data buffer) of a string array, slices included."""
+    strings = strings.cast(pa.string())
+    _, offsets, data = strings.buffers()
+    start = strings.offset
+    rows = np.frombuffer(offsets, dtype=np.int32)[start : start + len(strings) + 1]
+    return rows, data if data is not None else pa.py_buffer(b"")
 
 
 def target_ids(types: np.ndarray, vocab_size: int) -> np.ndarray:

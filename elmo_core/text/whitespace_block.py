@@ -3,7 +3,7 @@
 The 1B Word Benchmark is already tokenized, so preparing it is mostly this split and the
 hashing of every token that follows. Two implementations give the same tokens and lines:
 
-- :func:`split_block_compiled`, the C module ``_whitespace_split`` (built at install time when
+- :func:`split_block_compiled`, the C module ``_token_hash`` (built at install time when
   a C compiler is there): one pass over the bytes that also dictionary-encodes the tokens, so
   the tokens come back as a ``dictionary<int32, string>`` array and prepare skips its own hash.
   About 2x the NumPy path with Arrow's ``dictionary_encode`` after it.
@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 try:  # optional at install time: see pyproject.toml's ext-modules
-    from elmo_core.text._whitespace_split import split_and_encode
+    from elmo_core.text._token_hash import split_and_encode
 except ImportError:  # pragma: no cover - exercised where no C compiler was available
     split_and_encode = None
 
@@ -59,7 +59,7 @@ def _is_utf8(block: bytes) -> bool:
 def split_block_compiled(block: bytes) -> BlockTokens:
     """The C pass: tokens dictionary-encoded in first-occurrence order (as Arrow's encoder)."""
     if split_and_encode is None:
-        raise RuntimeError("elmo_core.text._whitespace_split is not built")
+        raise RuntimeError("elmo_core.text._token_hash is not built")
     ids, line_offsets, entry_offsets, entry_bytes = split_and_encode(block)
     num_entries = len(entry_offsets) // 4 - 1
     dictionary = pa.StringArray.from_buffers(

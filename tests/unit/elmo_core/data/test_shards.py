@@ -3,10 +3,11 @@ import pyarrow as pa
 import pytest
 
 from elmo_core.config import PrepareConfig
+from elmo_core.data import shards
 from elmo_core.data.shards import (
     FileStats,
+    TypeIndex,
     char_id_rows,
-    encode_tokens,
     heldout_mask,
     read_sentences,
     shuffle_key,
@@ -73,13 +74,19 @@ def test_missing_input_is_a_data_error(tmp_path):
         _read(tmp_path / "nowhere.txt")
 
 
-def test_encode_tokens_maps_types_and_sends_oov_targets_to_unk():
-    type_tokens = pa.array(["<S>", "</S>", "<UNK>", "the", "cat", "zyzzyva"])
-    types, targets = encode_tokens(pa.array(["cat", "zyzzyva", "the", "cat"]), type_tokens, 5)
-    assert types.tolist() == [4, 5, 3, 4]
-    assert targets.tolist() == [4, 2, 3, 4]
+@pytest.mark.parametrize("compiled", [True, False])
+def test_type_index_finds_each_dictionary_entry_and_refuses_unknown_tokens(compiled, monkeypatch):
+    if compiled and shards.TokenIndex is None:
+        pytest.skip("C module not built")
+    if not compiled:
+        monkeypatch.setattr(shards, "TokenIndex", None)  # Arrow's index_in instead
+    words = ["<S>", "</S>", "<UNK>", "the", "cat", "zyzzyva", "東京", "x" * 60]
+    words += [f"type-{i}" for i in range(5000)]
+    index = TypeIndex(pa.array(["unused", *words])[1:])  # a slice: offsets not from 0
+    dictionary = pa.array(["", "東京", "cat", "x" * 60, "type-4999", "zyzzyva"])[1:]
+    assert index.type_ids(dictionary).tolist() == [6, 4, 7, 5007, 5]
     with pytest.raises(DataError, match="missing from the word-type table"):
-        encode_tokens(pa.array(["dog"]), type_tokens, 5)
+        index.type_ids(pa.array(["cat", "dog"]))
 
 
 def test_seeded_hash_decisions_are_reproducible_and_roughly_uniform():

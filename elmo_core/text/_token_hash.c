@@ -1,11 +1,18 @@
 /*
- * One pass over a block of UTF-8 text: split it on whitespace as Python's str.split() does and
- * dictionary-encode the tokens (first-occurrence order, as Arrow's dictionary_encode).
+ * Hashing tokens in C, for `elmo prepare`.
+ *
+ * split_and_encode: one pass over a block of UTF-8 text that splits it on whitespace as Python's
+ * str.split() does and dictionary-encodes the tokens (first-occurrence order, as Arrow's
+ * dictionary_encode).
+ * TokenIndex: the word-type table's tokens hashed once per process, so that each block's
+ * dictionary finds its type ids with one probe per distinct token.
  *
  * Why C: tokenizing with NumPy (masks, nonzero, compress) and then hashing every token with
  * Arrow walks the bytes about ten times and was half of `elmo prepare`'s time; here each byte
- * is read once and each token hashed as it ends. The NumPy path in tokenize.py stays as the
- * fallback when this module is not built, and the tests check the two agree.
+ * is read once and each token hashed as it ends. Arrow's index_in re-hashed a block's
+ * dictionary and probed it with every type, per block. The NumPy/Arrow paths
+ * (whitespace_block.py, shards.py) stay as the fallback when this module is not built, and the
+ * tests check both agree.
  *
  * split_and_encode(block) -> (ids, line_offsets, dict_offsets, dict_data), all bytes:
  *   ids           int32[N]    each token's entry in the block's dictionary
@@ -120,7 +127,7 @@ typedef struct {
 static inline uint64_t load_head(const unsigned char *s, Py_ssize_t len, const unsigned char *end) {
     uint64_t word = 0;
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    if (end - s >= 8) { /* one unaligned load, masked: no short copy */
+    if (len > 0 && end - s >= 8) { /* one unaligned load, masked: no short copy */
         memcpy(&word, s, 8);
         return len >= 8 ? word : word & ((~0ULL) >> (8 * (8 - len)));
     }
@@ -188,9 +195,11 @@ static int dictionary_grow(Dictionary *dict) {
     return 0;
 }
 
-/* The token's entry, added if new; -1 on allocation failure. */
-static int32_t dictionary_id(Dictionary *dict, const unsigned char *token, Py_ssize_t len,
-                             const unsigned char *end) {
+enum { NOT_FOUND = -1, OUT_OF_MEMORY = -2 };
+
+/* The token's entry; when absent, added if `insert`, else NOT_FOUND; OUT_OF_MEMORY on failure. */
+static int32_t dictionary_lookup(Dictionary *dict, const unsigned char *token, Py_ssize_t len,
+                                 const unsigned char *end, int insert) {
     uint64_t head = load_head(token, len, end);
     uint64_t h = hash_token(token, len, head, end);
     size_t at = (size_t)h & dict->mask;
@@ -206,15 +215,18 @@ static int32_t dictionary_id(Dictionary *dict, const unsigned char *token, Py_ss
         }
         at = (at + 1) & dict->mask;
     }
+    if (!insert) {
+        return NOT_FOUND;
+    }
     Entry entry = {head, (int32_t)dict->data.size, (int32_t)len};
     if (buffer_push(&dict->data, token, (size_t)len) < 0 ||
         buffer_push(&dict->entries, &entry, sizeof entry) < 0) {
-        return -1;
+        return OUT_OF_MEMORY;
     }
     int32_t id = dict->size++;
     dict->slots[at] = (Slot){head, (int32_t)len, id};
     if ((size_t)dict->size * 2 > dict->mask + 1 && dictionary_grow(dict) < 0) {
-        return -1;
+        return OUT_OF_MEMORY;
     }
     return id;
 }
@@ -255,14 +267,24 @@ static int split_block(const unsigned char *p, Py_ssize_t n, Buffer *ids, Buffer
             continue;
         }
         Py_ssize_t start = i++;
-        while (i < n && (space_class[p[i]] == 0 || space_length(p, i, n) == 0)) {
-            i++;
+        for (;;) { /* to the token's end: a tight loop over bytes that cannot start a space */
+            while (i < n && space_class[p[i]] == 0) {
+                i++;
+            }
+            if (i == n || space_class[p[i]] == 1 || space_length(p, i, n)) {
+                break;
+            }
+            i++; /* a lead byte that starts no space here */
         }
-        int32_t id = dictionary_id(dict, p + start, i - start, end);
-        if (id < 0 || buffer_push(ids, &id, sizeof id) < 0) {
+        int32_t id = dictionary_lookup(dict, p + start, i - start, end, 1);
+        if (id < 0) {
             return -1;
         }
-        num_tokens++;
+        if (ids->size + sizeof id > ids->capacity && buffer_reserve(ids, sizeof id) < 0) {
+            return -1;
+        }
+        ((int32_t *)ids->data)[num_tokens++] = id;
+        ids->size += sizeof id;
     }
     if (n == 0 || p[n - 1] != '\n') {
         return buffer_push(lines, &num_tokens, sizeof num_tokens);
@@ -310,6 +332,121 @@ static PyObject *split_and_encode(PyObject *module, PyObject *args) {
     return result;
 }
 
+/* --- TokenIndex: the positions of a fixed list of distinct tokens ------------------------ */
+
+typedef struct {
+    PyObject_HEAD Dictionary dict; /* entry id = position in the list */
+} TokenIndex;
+
+/* Strings as Arrow holds them: int32 offsets[n+1] (absolute, from any start) into data. */
+typedef struct {
+    Py_buffer offsets, data;
+    Py_ssize_t count;
+} Strings;
+
+static int strings_get(PyObject *args, const char *format, Strings *out) {
+    if (!PyArg_ParseTuple(args, format, &out->offsets, &out->data)) {
+        return -1;
+    }
+    const int32_t *offsets = out->offsets.buf;
+    out->count = out->offsets.len / 4 - 1;
+    int valid = out->offsets.len % 4 == 0 && out->count >= 0 && offsets[0] >= 0 &&
+                offsets[out->count] <= out->data.len;
+    for (Py_ssize_t i = 0; valid && i < out->count; i++) {
+        valid = offsets[i] <= offsets[i + 1];
+    }
+    if (!valid) {
+        PyBuffer_Release(&out->offsets);
+        PyBuffer_Release(&out->data);
+        PyErr_SetString(PyExc_ValueError, "offsets must be int32[n+1], rising, within the data");
+        return -1;
+    }
+    return 0;
+}
+
+static void strings_release(Strings *strings) {
+    PyBuffer_Release(&strings->offsets);
+    PyBuffer_Release(&strings->data);
+}
+
+static int token_index_init(TokenIndex *self, PyObject *args, PyObject *kwargs) {
+    Strings tokens;
+    if (kwargs != NULL && PyDict_Size(kwargs) > 0) {
+        PyErr_SetString(PyExc_TypeError, "TokenIndex(offsets, data) takes no keywords");
+        return -1;
+    }
+    if (strings_get(args, "y*y*:TokenIndex", &tokens) < 0) {
+        return -1;
+    }
+    size_t capacity = 16;
+    while (capacity < 2 * (size_t)tokens.count + 2) {
+        capacity *= 2;
+    }
+    dictionary_free(&self->dict);
+    int32_t status = dictionary_init(&self->dict, capacity) < 0 ? OUT_OF_MEMORY : 0;
+    const int32_t *offsets = tokens.offsets.buf;
+    const unsigned char *data = tokens.data.buf, *end = data + tokens.data.len;
+    for (Py_ssize_t i = 0; status >= 0 && i < tokens.count; i++) {
+        Py_ssize_t len = offsets[i + 1] - offsets[i];
+        status = dictionary_lookup(&self->dict, data + offsets[i], len, end, 1);
+        if (status >= 0 && status != i) {
+            PyErr_Format(PyExc_ValueError, "token %zd repeats token %d", i, (int)status);
+            status = NOT_FOUND;
+        }
+    }
+    strings_release(&tokens);
+    if (status == OUT_OF_MEMORY) {
+        PyErr_NoMemory();
+    }
+    return status < 0 ? -1 : 0;
+}
+
+static PyObject *token_index_find(TokenIndex *self, PyObject *args) {
+    Strings query;
+    if (strings_get(args, "y*y*:find", &query) < 0) {
+        return NULL;
+    }
+    PyObject *result = PyBytes_FromStringAndSize(NULL, query.count * 4);
+    if (result != NULL) {
+        int32_t *out = (int32_t *)PyBytes_AS_STRING(result);
+        const int32_t *offsets = query.offsets.buf;
+        const unsigned char *data = query.data.buf, *end = data + query.data.len;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < query.count; i++) {
+            Py_ssize_t len = offsets[i + 1] - offsets[i];
+            out[i] = dictionary_lookup(&self->dict, data + offsets[i], len, end, 0);
+        }
+        Py_END_ALLOW_THREADS
+    }
+    strings_release(&query);
+    return result;
+}
+
+static void token_index_dealloc(TokenIndex *self) {
+    dictionary_free(&self->dict);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef token_index_methods[] = {
+    {"find", (PyCFunction)token_index_find, METH_VARARGS,
+     "find(offsets, data) -> bytes: int32 position of each token in the index, -1 if absent."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject TokenIndexType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "elmo_core.text._token_hash.TokenIndex",
+    .tp_basicsize = sizeof(TokenIndex),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "TokenIndex(offsets, data): a hash of distinct tokens (Arrow string buffers), "
+              "built once and probed with find().",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)token_index_init,
+    .tp_dealloc = (destructor)token_index_dealloc,
+    .tp_methods = token_index_methods,
+};
+
+/* --- the module --------------------------------------------------------------------------- */
+
 static PyMethodDef methods[] = {
     {"split_and_encode", split_and_encode, METH_VARARGS,
      "split_and_encode(block) -> (ids, line_offsets, dict_offsets, dict_data): split UTF-8 "
@@ -318,11 +455,25 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "_whitespace_split",
-    "Whitespace splitting and dictionary encoding of UTF-8 blocks in one pass.", -1, methods,
+    PyModuleDef_HEAD_INIT, "_token_hash",
+    "Hashing tokens in C: whitespace splitting with dictionary encoding, and a token index.",
+    -1, methods,
 };
 
-PyMODINIT_FUNC PyInit__whitespace_split(void) {
+PyMODINIT_FUNC PyInit__token_hash(void) {
     init_space_class();
-    return PyModule_Create(&module_def);
+    if (PyType_Ready(&TokenIndexType) < 0) {
+        return NULL;
+    }
+    PyObject *module = PyModule_Create(&module_def);
+    if (module == NULL) {
+        return NULL;
+    }
+    Py_INCREF(&TokenIndexType);
+    if (PyModule_AddObject(module, "TokenIndex", (PyObject *)&TokenIndexType) < 0) {
+        Py_DECREF(&TokenIndexType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
 }
