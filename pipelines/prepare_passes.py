@@ -332,10 +332,19 @@ def vocab_with_marker_counts(vocab: Vocabulary, num_sentences: int, num_oov: int
     return Vocabulary(tokens=vocab.tokens, counts=counts)
 
 
+def _type_index(word_types: Path) -> TypeIndex:
+    """The type table's tokens, read and hashed once per worker process and version of the file.
+
+    Keyed by size and mtime too: a process that prepares twice into the same output (a resumed
+    run with another vocabulary) must not reuse the previous table.
+    """
+    stat = word_types.stat()
+    return _read_type_index(str(word_types), stat.st_size, stat.st_mtime_ns)
+
+
 @lru_cache(maxsize=1)
-def _type_index(word_types_path: str) -> TypeIndex:
-    """The type table's tokens, read and hashed once per worker process."""
-    return TypeIndex(pq.read_table(word_types_path, columns=["token"])["token"].combine_chunks())
+def _read_type_index(path: str, size: int, mtime_ns: int) -> TypeIndex:
+    return TypeIndex(pq.read_table(path, columns=["token"])["token"].combine_chunks())
 
 
 @dataclass(frozen=True)
@@ -353,7 +362,7 @@ class EncodeTask:
 def encode_file(task: EncodeTask) -> list[ShardInfo]:
     """Encode one file; return the heldout parts written (training rows go to the spill)."""
     cfg, file_index = task.read.cfg, task.read.file.index
-    type_index = _type_index(str(task.word_types))
+    type_index = _type_index(task.word_types)
     parts = _HeldoutParts(task.root, task.heldout_parts, task.read.file.name, cfg)
     spill = ShardSpill(task.spill_dir) if task.spill_dir else None
     try:

@@ -269,3 +269,18 @@ def test_command_line_prepares_a_text_file_and_reports_user_errors(tmp_path, cap
         main(["--corpus", str(tmp_path / "nope.txt"), "--out", str(out), "--format", "text"]) == 2
     )
     assert "error:" in capsys.readouterr().err
+
+
+def test_a_second_run_into_the_same_output_reads_the_new_word_type_table(tmp_path):
+    """One process, two corpora, one output: the second run must not reuse the first type table."""
+    first = write_corpus(tmp_path / "first", num_train=1, num_heldout=1, lines=40)
+    second = write_corpus(tmp_path / "second", num_train=1, num_heldout=1, lines=40)
+    with second.train[0].open("a") as handle:
+        handle.write("words only the second corpus has\n")
+    out, fresh = str(tmp_path / "out"), str(tmp_path / "fresh")
+    prepare_files(config(), first, out)
+    prepare_files(config(), second, out)
+    prepare_files(config(), second, fresh)
+    for split in ("train", "heldout"):
+        got = [batch.types.tolist() for batch in iter_sentences(out, split)]
+        assert got == [batch.types.tolist() for batch in iter_sentences(fresh, split)]
