@@ -4,9 +4,9 @@ Pass 2 sends each training sentence to the output shard a seeded hash picks
 (:func:`elmo_core.data.shards.train_shard_of`), appending it to that shard's spill file of the
 input file (:class:`ShardSpill`); :func:`gather_shard` then reads one shard's rows from every
 file's spill, sorts them by a second seeded hash (:func:`elmo_core.data.shards.shuffle_key`)
-and writes the shard. Rows are moved as flat NumPy arrays plus offsets (:func:`permute_rows`):
-Arrow's ``take`` on list columns cost several times as much. Only type ids are spilled and
-stored: readers derive the targets from them.
+and writes the shard. Rows are moved as flat arrays plus offsets
+(:func:`elmo_core.data.rows.permute_rows`). Only type ids are spilled and stored: readers derive
+the targets from them.
 """
 
 from __future__ import annotations
@@ -22,20 +22,10 @@ import pyarrow.parquet as pq
 
 from elmo_core.config import PrepareConfig
 from elmo_core.data.manifest import ShardInfo
+from elmo_core.data.rows import permute_rows
 from elmo_core.data.shards import flat_lists, sentence_table, write_parquet
 
 SPILL_SCHEMA = pa.schema([("types", pa.list_(pa.int32())), ("key", pa.uint64())])
-
-
-def permute_rows(
-    offsets: np.ndarray, values: np.ndarray, order: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Rows ``order`` of a list column held flat: (offsets ``(n+1,)`` int64, values)."""
-    lengths = np.diff(offsets)[order]
-    new_offsets = np.zeros(len(order) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=new_offsets[1:])
-    shift = np.repeat(offsets[:-1][order] - new_offsets[:-1], lengths)
-    return new_offsets, values[shift + np.arange(new_offsets[-1])]
 
 
 def write_shard(
