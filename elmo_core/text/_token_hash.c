@@ -101,6 +101,27 @@ static inline Py_ssize_t space_length(const unsigned char *p, Py_ssize_t i, Py_s
     }
 }
 
+/* The first position from i that is n or may start a space. Eight bytes at a time while they
+ * are printable ASCII: a byte below '!' or above 0x7F sets its top bit in (w - 0x21..) | w, and
+ * the lowest such byte is exact (borrows only run upwards from it). */
+static inline Py_ssize_t skip_word_bytes(const unsigned char *p, Py_ssize_t i, Py_ssize_t n) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__ && defined(__GNUC__)
+    for (; i + 8 <= n; i += 8) {
+        uint64_t word;
+        memcpy(&word, p + i, 8);
+        uint64_t stop = ((word - 0x2121212121212121ULL) | word) & 0x8080808080808080ULL;
+        if (stop) {
+            i += __builtin_ctzll(stop) >> 3;
+            break;
+        }
+    }
+#endif
+    while (i < n && space_class[p[i]] == 0) {
+        i++;
+    }
+    return i;
+}
+
 /* --- the dictionary: open addressing over the distinct tokens ---------------------------- */
 
 typedef struct {
@@ -136,7 +157,7 @@ static inline uint64_t load_head(const unsigned char *s, Py_ssize_t len, const u
     return word;
 }
 
-static uint64_t hash_token(const unsigned char *s, Py_ssize_t len, uint64_t head,
+static inline uint64_t hash_token(const unsigned char *s, Py_ssize_t len, uint64_t head,
                            const unsigned char *end) {
     uint64_t h = (head ^ (uint64_t)len) * 0xBF58476D1CE4E5B9ULL;
     for (Py_ssize_t at = 8; at < len; at += 8) {
@@ -267,14 +288,12 @@ static int split_block(const unsigned char *p, Py_ssize_t n, Buffer *ids, Buffer
             continue;
         }
         Py_ssize_t start = i++;
-        for (;;) { /* to the token's end: a tight loop over bytes that cannot start a space */
-            while (i < n && space_class[p[i]] == 0) {
-                i++;
-            }
-            if (i == n || space_class[p[i]] == 1 || space_length(p, i, n)) {
+        for (;;) { /* to the token's end, over bytes that cannot start a space */
+            i = skip_word_bytes(p, i, n);
+            if (i == n || space_length(p, i, n)) {
                 break;
             }
-            i++; /* a lead byte that starts no space here */
+            i++; /* a byte that starts no space here */
         }
         int32_t id = dictionary_lookup(dict, p + start, i - start, end, 1);
         if (id < 0) {
