@@ -23,16 +23,10 @@ from dataclasses import dataclass
 import fsspec
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from elmo_core.data.manifest import Manifest, ShardInfo, join_url, load_manifest
-from elmo_core.data.shards import (
-    MAX_CHARS_PER_TOKEN,
-    SHARD_FORMAT_VERSION,
-    flat_lists,
-    target_ids,
-)
+from elmo_core.data.shards import SHARD_FORMAT_VERSION, char_ids_matrix, flat_lists, target_ids
 from elmo_core.errors import DataError
 from elmo_core.text.vocab import Vocabulary, read_vocab, read_vocab_counts
 
@@ -102,13 +96,12 @@ def load_word_types(dataset_url: str, manifest: Manifest | None = None) -> WordT
     _verify_shard(url, info.sha256)
     with fsspec.open(url, "rb") as handle:
         table = pq.read_table(handle)
-    char_ids = pc.list_flatten(table["char_ids"]).to_numpy().reshape(-1, MAX_CHARS_PER_TOKEN)
     return WordTypes(
         tokens=table["token"].combine_chunks(),
         counts=table["count"].to_numpy(),
         heldout_counts=table["heldout_count"].to_numpy(),
         vocab_ids=table["vocab_id"].to_numpy(),
-        char_ids=char_ids,
+        char_ids=char_ids_matrix(table["char_ids"]),
     )
 
 

@@ -95,7 +95,7 @@ def test_missing_manifest_and_unknown_split_are_data_errors(dataset, tmp_path):
 
 def test_shards_of_another_format_version_are_refused_with_the_fix(dataset):
     older = load_manifest(dataset).model_copy(update={"shard_format_version": 1})
-    with pytest.raises(DataError, match=r"format version 1; this code reads version 2.*prepare"):
+    with pytest.raises(DataError, match=r"format version 1; this code reads version 3.*prepare"):
         select_shards(older, "train")
 
 

@@ -1,3 +1,4 @@
+import itertools
 import shutil
 
 import numpy as np
@@ -26,7 +27,7 @@ def test_rows_are_taken_in_the_order_given(permute):
     order = np.concatenate([rng.permutation(500)[:300], [7, 7]])  # a subset, one row twice
     new_offsets, new_values = permute(offsets, values, order)
     assert new_offsets.dtype == np.int64 and new_offsets[0] == 0
-    assert [new_values[a:b].tolist() for a, b in zip(new_offsets, new_offsets[1:])] == [
+    assert [new_values[a:b].tolist() for a, b in itertools.pairwise(new_offsets)] == [
         values[offsets[row] : offsets[row + 1]].tolist() for row in order
     ]
 

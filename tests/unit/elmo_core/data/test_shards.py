@@ -1,5 +1,6 @@
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from elmo_core.config import PrepareConfig
@@ -7,7 +8,9 @@ from elmo_core.data import shards
 from elmo_core.data.shards import (
     FileStats,
     TypeIndex,
+    char_id_column,
     char_id_rows,
+    char_ids_matrix,
     heldout_mask,
     read_sentences,
     shuffle_key,
@@ -98,3 +101,16 @@ def test_seeded_hash_decisions_are_reproducible_and_roughly_uniform():
     shards = train_shard_of(7, 3, index, 4)
     assert np.bincount(shards, minlength=4).min() > 4_500
     assert len(np.unique(shuffle_key(7, 3, index))) == len(index)
+
+
+def test_char_ids_column_round_trips_through_parquet(tmp_path):
+    """fixed_size_binary[100], little-endian int16: written and read back unchanged."""
+    tokens = pa.array(["a", "é" * 30, "x" * 60, "東京", "<S>"])
+    table = pa.table({"char_ids": char_id_column(tokens, rows_per_chunk=2)})
+    pq.write_table(table, tmp_path / "t.parquet")
+    back = pq.read_table(tmp_path / "t.parquet")["char_ids"]
+    assert back.type == pa.binary(100)
+    np.testing.assert_array_equal(char_ids_matrix(back), char_id_rows(tokens))
+    np.testing.assert_array_equal(
+        char_ids_matrix(back.combine_chunks().slice(3)), char_id_rows(tokens)[3:]
+    )
