@@ -60,7 +60,9 @@ class ShardSpill:
         keys: np.ndarray,
     ) -> None:  # fmt: skip
         """Append sentences ``rows`` (of flat ``types`` cut at ``offsets``) to their shards."""
-        by_shard = np.argsort(shards, kind="stable")
+        # NumPy's stable sort is a radix sort on 16-bit keys, several times faster than on int64.
+        narrow = shards.astype(np.uint16) if shards.max() < 1 << 16 else shards
+        by_shard = np.argsort(narrow, kind="stable")
         new_offsets, values = permute_rows(offsets, types, rows[by_shard])
         shards, keys = shards[by_shard], keys[by_shard]
         bounds = np.searchsorted(shards, np.arange(shards.max() + 2))

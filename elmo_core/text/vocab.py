@@ -65,6 +65,8 @@ def build_vocab(
     table = pa.table({"token": tokens, "count": pc.cast(counts, pa.int64())})
     table = table.filter(pc.greater_equal(table["count"], min_count))
     table = table.filter(pc.invert(pc.is_in(table["token"], value_set=pa.array(SPECIALS))))
+    if max_vocab is not None:
+        table = _most_frequent(table, max(0, max_vocab - len(SPECIALS)))
     # Arrow sorts strings by their bytes, which is the UTF-8 order we want for ties.
     order = pc.sort_indices(table, sort_keys=[("count", "descending"), ("token", "ascending")])
     if max_vocab is not None:
@@ -74,6 +76,20 @@ def build_vocab(
         tokens=[*SPECIALS, *table["token"].to_pylist()],
         counts=np.concatenate([np.zeros(3, np.int64), table["count"].to_numpy()]),
     )
+
+
+def _most_frequent(table: pa.Table, num: int) -> pa.Table:
+    """The rows counted at least as often as the ``num``-th most frequent one.
+
+    They are the first rows of the sorted order whatever the ties, so sorting only them gives
+    the same vocabulary; sorting strings is the expensive part (a corpus has several times more
+    types than a vocabulary keeps).
+    """
+    counts = table["count"].to_numpy()
+    if num >= len(counts):
+        return table
+    threshold = np.partition(counts, len(counts) - num)[len(counts) - num] if num else np.inf
+    return table.filter(pa.array(counts >= threshold))
 
 
 def read_vocab(url: str) -> Vocabulary:

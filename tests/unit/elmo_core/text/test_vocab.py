@@ -30,6 +30,16 @@ def test_max_vocab_counts_the_specials_and_min_count_drops_rare_types():
     assert _build({"a": 5, "b": 1, "c": 2}, min_count=2).tokens == [*SPECIALS, "a", "c"]
 
 
+@pytest.mark.parametrize("max_vocab", [3, 4, 5, 9, 12, 40, 60])
+def test_a_cut_through_ties_keeps_the_prefix_of_the_full_order(max_vocab):
+    rng = np.random.default_rng(max_vocab)
+    counts = {f"w{i:02d}": int(rng.integers(1, 5)) for i in range(50)}
+    full = _build(counts)
+    cut = _build(counts, max_vocab=max_vocab)
+    assert cut.tokens == full.tokens[:max_vocab]
+    assert cut.counts.tolist() == full.counts[:max_vocab].tolist()
+
+
 def test_a_literal_special_in_the_corpus_is_not_repeated():
     assert _build({"<UNK>": 7, "a": 1}).tokens == [*SPECIALS, "a"]
 
