@@ -44,7 +44,6 @@ from elmo_core.data.shards import (
     heldout_mask,
     read_sentences,
     sentence_table,
-    shuffle_key,
     train_shard_of,
 )
 from elmo_core.text.char_ids import MAX_TOKEN_BYTES
@@ -377,14 +376,10 @@ def encode_file(task: EncodeTask) -> list[ShardInfo]:
                 )
             if spill is not None and not heldout.all():
                 rows = np.flatnonzero(~heldout)
-                index = chunk.index[rows]
-                spill.write(
-                    chunk.offsets,
-                    types,
-                    rows,
-                    train_shard_of(cfg.seed, file_index, index, task.num_train_shards),
-                    shuffle_key(cfg.seed, file_index, index),
+                shards = train_shard_of(
+                    cfg.seed, file_index, chunk.index[rows], task.num_train_shards
                 )
+                spill.write(chunk.offsets, types, rows, shards)
         written = parts.close()
         if spill is not None:
             spill.close()

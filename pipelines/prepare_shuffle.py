@@ -3,10 +3,10 @@
 Pass 2 sends each training sentence to the output shard a seeded hash picks
 (:func:`elmo_core.data.shards.train_shard_of`), appending it to that shard's spill file of the
 input file (:class:`ShardSpill`); :func:`gather_shard` then reads one shard's rows from every
-file's spill, sorts them by a second seeded hash (:func:`elmo_core.data.shards.shuffle_key`)
-and writes the shard. Rows are moved as flat arrays plus offsets
-(:func:`elmo_core.data.rows.permute_rows`). Only type ids are spilled and stored: readers derive
-the targets from them.
+file's spill in file order, puts them in a seeded random order
+(:func:`elmo_core.data.shards.shard_permutation`) and writes the shard. Rows are moved as flat
+arrays plus offsets (:func:`elmo_core.data.rows.permute_rows`). Only type ids are spilled and
+stored: readers derive the targets from them.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import pyarrow.parquet as pq
 from elmo_core.config import PrepareConfig
 from elmo_core.data.manifest import ShardInfo
 from elmo_core.data.rows import permute_rows
-from elmo_core.data.shards import flat_lists, sentence_table, write_parquet
+from elmo_core.data.shards import flat_lists, sentence_table, shard_permutation, write_parquet
 
-SPILL_SCHEMA = pa.schema([("types", pa.list_(pa.int32())), ("key", pa.uint64())])
+SPILL_SCHEMA = pa.schema([("types", pa.list_(pa.int32()))])
 
 
 def write_shard(
@@ -56,15 +56,15 @@ class ShardSpill:
         self.writers: dict[int, pa.ipc.RecordBatchFileWriter] = {}
 
     def write(
-        self, offsets: np.ndarray, types: np.ndarray, rows: np.ndarray, shards: np.ndarray,
-        keys: np.ndarray,
-    ) -> None:  # fmt: skip
-        """Append sentences ``rows`` (of flat ``types`` cut at ``offsets``) to their shards."""
+        self, offsets: np.ndarray, types: np.ndarray, rows: np.ndarray, shards: np.ndarray
+    ) -> None:
+        """Append sentences ``rows`` (of flat ``types`` cut at ``offsets``) to their ``shards``,
+        in the order given."""
         # NumPy's stable sort is a radix sort on 16-bit keys, several times faster than on int64.
         narrow = shards.astype(np.uint16) if shards.max() < 1 << 16 else shards
         by_shard = np.argsort(narrow, kind="stable")
         new_offsets, values = permute_rows(offsets, types, rows[by_shard])
-        shards, keys = shards[by_shard], keys[by_shard]
+        shards = shards[by_shard]
         bounds = np.searchsorted(shards, np.arange(shards.max() + 2))
         for shard in np.flatnonzero(np.diff(bounds)):
             start, stop = bounds[shard], bounds[shard + 1]
@@ -72,7 +72,7 @@ class ShardSpill:
             lists = pa.ListArray.from_arrays(
                 pa.array((piece - piece[0]).astype(np.int32)), values[piece[0] : piece[-1]]
             )
-            batch = pa.record_batch([lists, pa.array(keys[start:stop])], schema=SPILL_SCHEMA)
+            batch = pa.record_batch([lists], schema=SPILL_SCHEMA)
             self._writer(int(shard)).write_batch(batch)
 
     def _writer(self, shard: int) -> pa.ipc.RecordBatchFileWriter:
@@ -114,7 +114,7 @@ def train_shard_name(shard: int) -> str:
 
 
 def gather_shard(task: GatherTask) -> ShardInfo:
-    """Read the shard's spilled rows, sort them by their seeded key (the shuffle), write."""
+    """Read the shard's spilled rows in file order, shuffle them (seeded), write."""
     pieces = []
     for spill_dir in task.spill_dirs:
         path = spill_dir / f"shard-{task.shard:05d}.arrow"
@@ -123,7 +123,7 @@ def gather_shard(task: GatherTask) -> ShardInfo:
                 pieces.append(pa.ipc.open_file(source).read_all())
     table = pa.concat_tables(pieces) if pieces else SPILL_SCHEMA.empty_table()
     values, offsets = flat_lists(table["types"].combine_chunks())
-    keys = table["key"].to_numpy()
-    offsets, types = permute_rows(offsets, values.to_numpy(), np.argsort(keys, kind="stable"))
+    order = shard_permutation(task.cfg.seed, task.shard, len(table))
+    offsets, types = permute_rows(offsets, values.to_numpy(), order)
     table = sentence_table(types, offsets)
     return write_shard(table, task.root, task.name, task.cfg)

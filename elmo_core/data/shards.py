@@ -276,9 +276,13 @@ def train_shard_of(seed: int, file_index: int, index: np.ndarray, num_shards: in
     return (sentence_hash(seed, 2, file_index, index) % np.uint64(num_shards)).astype(np.int32)
 
 
-def shuffle_key(seed: int, file_index: int, index: np.ndarray) -> np.ndarray:
-    """The order of sentences within a training shard (sorting by it shuffles them)."""
-    return sentence_hash(seed, 3, file_index, index)
+def shard_permutation(seed: int, shard: int, num_rows: int) -> np.ndarray:
+    """The shuffled order of a training shard's rows, which arrive in (file, sentence) order.
+
+    That arrival order does not depend on the workers or the blocks, so a permutation seeded
+    by (seed, shard) shuffles the same way every run, and costs less than sorting by a key.
+    """
+    return np.random.Generator(np.random.PCG64([seed, shard])).permutation(num_rows)
 
 
 class TypeIndex:

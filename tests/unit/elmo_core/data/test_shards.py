@@ -13,7 +13,7 @@ from elmo_core.data.shards import (
     char_ids_matrix,
     heldout_mask,
     read_sentences,
-    shuffle_key,
+    shard_permutation,
     train_shard_of,
 )
 from elmo_core.errors import DataError
@@ -100,7 +100,14 @@ def test_seeded_hash_decisions_are_reproducible_and_roughly_uniform():
     assert not np.array_equal(mask, heldout_mask(8, 3, index, 0.1))
     shards = train_shard_of(7, 3, index, 4)
     assert np.bincount(shards, minlength=4).min() > 4_500
-    assert len(np.unique(shuffle_key(7, 3, index))) == len(index)
+
+
+def test_shard_permutations_are_seeded_by_seed_and_shard():
+    order = shard_permutation(7, 3, 1000)
+    assert np.array_equal(np.sort(order), np.arange(1000))
+    assert np.array_equal(order, shard_permutation(7, 3, 1000))
+    assert not np.array_equal(order, shard_permutation(7, 4, 1000))
+    assert not np.array_equal(order, shard_permutation(8, 3, 1000))
 
 
 def test_char_ids_column_round_trips_through_parquet(tmp_path):
