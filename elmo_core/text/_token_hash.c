@@ -218,12 +218,33 @@ static int dictionary_grow(Dictionary *dict) {
 
 enum { NOT_FOUND = -1, OUT_OF_MEMORY = -2 };
 
-/* The token's entry; when absent, added if `insert`, else NOT_FOUND; OUT_OF_MEMORY on failure. */
-static int32_t dictionary_lookup(Dictionary *dict, const unsigned char *token, Py_ssize_t len,
-                                 const unsigned char *end, int insert) {
+/* A token on its way to the dictionary: hashed, its slot prefetched, looked up a few tokens
+ * later. The slot loads miss the cache for all but the commonest tokens (the table is MBs), and
+ * PREFETCH_DISTANCE tokens in flight overlap those misses instead of waiting for each. */
+typedef struct {
+    const unsigned char *token;
+    Py_ssize_t length;
+    uint64_t head, hash;
+} Pending;
+
+enum { PREFETCH_DISTANCE = 8 };
+
+static inline Pending pending_token(const Dictionary *dict, const unsigned char *token,
+                                    Py_ssize_t len, const unsigned char *end) {
     uint64_t head = load_head(token, len, end);
     uint64_t h = hash_token(token, len, head, end);
-    size_t at = (size_t)h & dict->mask;
+#if defined(__GNUC__)
+    __builtin_prefetch(&dict->slots[(size_t)h & dict->mask]);
+#endif
+    return (Pending){token, len, head, h};
+}
+
+/* The token's entry; when absent, added if `insert`, else NOT_FOUND; OUT_OF_MEMORY on failure. */
+static int32_t dictionary_lookup(Dictionary *dict, const Pending *pending, int insert) {
+    const unsigned char *token = pending->token;
+    Py_ssize_t len = pending->length;
+    uint64_t head = pending->head;
+    size_t at = (size_t)pending->hash & dict->mask;
     for (;;) {
         Slot slot = dict->slots[at];
         if (slot.id < 0) {
@@ -269,11 +290,13 @@ static PyObject *dictionary_offsets(const Dictionary *dict) {
 
 /* --- the pass ----------------------------------------------------------------------------- */
 
-/* Split and encode p[0:n]; 0, or -1 when out of memory. */
+/* Split and encode p[0:n]; 0, or -1 when out of memory. Each token is looked up
+ * PREFETCH_DISTANCE tokens after it is found (in order, so ids stay first-occurrence ids). */
 static int split_block(const unsigned char *p, Py_ssize_t n, Buffer *ids, Buffer *lines,
                        Dictionary *dict) {
     const unsigned char *end = p + n;
-    int64_t num_tokens = 0;
+    Pending ring[PREFETCH_DISTANCE];
+    int64_t num_tokens = 0; /* found so far; those before num_tokens - PREFETCH_DISTANCE have ids */
     if (buffer_push(lines, &num_tokens, sizeof num_tokens) < 0) {
         return -1;
     }
@@ -295,15 +318,28 @@ static int split_block(const unsigned char *p, Py_ssize_t n, Buffer *ids, Buffer
             }
             i++; /* a byte that starts no space here */
         }
-        int32_t id = dictionary_lookup(dict, p + start, i - start, end, 1);
+        if (buffer_reserve(ids, sizeof(int32_t)) < 0) {
+            return -1;
+        }
+        if (num_tokens >= PREFETCH_DISTANCE) {
+            int64_t oldest = num_tokens - PREFETCH_DISTANCE;
+            int32_t id = dictionary_lookup(dict, &ring[oldest % PREFETCH_DISTANCE], 1);
+            if (id < 0) {
+                return -1;
+            }
+            ((int32_t *)ids->data)[oldest] = id;
+        }
+        ring[num_tokens % PREFETCH_DISTANCE] = pending_token(dict, p + start, i - start, end);
+        num_tokens++;
+        ids->size += sizeof(int32_t);
+    }
+    for (int64_t k = num_tokens > PREFETCH_DISTANCE ? num_tokens - PREFETCH_DISTANCE : 0;
+         k < num_tokens; k++) {
+        int32_t id = dictionary_lookup(dict, &ring[k % PREFETCH_DISTANCE], 1);
         if (id < 0) {
             return -1;
         }
-        if (ids->size + sizeof id > ids->capacity && buffer_reserve(ids, sizeof id) < 0) {
-            return -1;
-        }
-        ((int32_t *)ids->data)[num_tokens++] = id;
-        ids->size += sizeof id;
+        ((int32_t *)ids->data)[k] = id;
     }
     if (n == 0 || p[n - 1] != '\n') {
         return buffer_push(lines, &num_tokens, sizeof num_tokens);
@@ -407,7 +443,8 @@ static int token_index_init(TokenIndex *self, PyObject *args, PyObject *kwargs) 
     const unsigned char *data = tokens.data.buf, *end = data + tokens.data.len;
     for (Py_ssize_t i = 0; status >= 0 && i < tokens.count; i++) {
         Py_ssize_t len = offsets[i + 1] - offsets[i];
-        status = dictionary_lookup(&self->dict, data + offsets[i], len, end, 1);
+        Pending pending = pending_token(&self->dict, data + offsets[i], len, end);
+        status = dictionary_lookup(&self->dict, &pending, 1);
         if (status >= 0 && status != i) {
             PyErr_Format(PyExc_ValueError, "token %zd repeats token %d", i, (int)status);
             status = NOT_FOUND;
@@ -430,10 +467,18 @@ static PyObject *token_index_find(TokenIndex *self, PyObject *args) {
         int32_t *out = (int32_t *)PyBytes_AS_STRING(result);
         const int32_t *offsets = query.offsets.buf;
         const unsigned char *data = query.data.buf, *end = data + query.data.len;
+        Pending ring[PREFETCH_DISTANCE];
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t i = 0; i < query.count; i++) {
-            Py_ssize_t len = offsets[i + 1] - offsets[i];
-            out[i] = dictionary_lookup(&self->dict, data + offsets[i], len, end, 0);
+        for (Py_ssize_t i = 0; i < query.count + PREFETCH_DISTANCE; i++) {
+            if (i >= PREFETCH_DISTANCE) { /* the lookup of a token prefetched earlier */
+                Py_ssize_t k = i - PREFETCH_DISTANCE;
+                out[k] = dictionary_lookup(&self->dict, &ring[k % PREFETCH_DISTANCE], 0);
+            }
+            if (i < query.count) {
+                Py_ssize_t len = offsets[i + 1] - offsets[i];
+                ring[i % PREFETCH_DISTANCE] =
+                    pending_token(&self->dict, data + offsets[i], len, end);
+            }
         }
         Py_END_ALLOW_THREADS
     }
