@@ -20,8 +20,8 @@
  *                             not ending with '\n' has one more line)
  *   dict_offsets  int32[D+1]  entry j is dict_data[o[j]:o[j+1]]
  *   dict_data     the distinct tokens' bytes
- * The caller validates the UTF-8 first (Arrow's SIMD check); this code only needs the lead
- * bytes of the multi-byte spaces to be followed by their continuation bytes, and bounds-checks.
+ * Any bytes are split safely (reads are bounds-checked) and a multi-byte space is matched only
+ * in full, so the caller can check UTF-8 on the distinct tokens alone (whitespace_block.py).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

@@ -75,3 +75,33 @@ def test_compiled_module_is_built_where_a_compiler_is():
 def test_invalid_utf8_is_refused():
     assert split_whitespace_block(b"ok\n\xff bad\n") is None
     assert split_whitespace_block(b"") is not None
+
+
+@pytest.mark.parametrize("compiled_path", [False, True], ids=["numpy", "compiled"])
+def test_any_invalid_utf8_is_refused_and_valid_text_never(compiled_path, monkeypatch):
+    """Pieces of characters (split around spaces too), which only the whole block may reveal."""
+    if compiled_path and whitespace_block.split_and_encode is None:
+        pytest.skip("C module not built")
+    if not compiled_path:
+        monkeypatch.setattr(whitespace_block, "split_and_encode", None)
+    pieces = [
+        b"a",
+        b" ",
+        b"\n",
+        b"\xc2\xa0",
+        b"\xe2\x80",
+        b"\xa6",
+        b"\xc2",
+        b"\x85",
+        b"\xe3\x80\x80",
+    ]
+    pieces += [b"\xf0\x9f\x98", b"\x80", b"\xed\xa0\x80", b"\xc0\xaf", b"\xff", "é東".encode()]
+    rng = random.Random(1)
+    for _ in range(2000):
+        block = b"".join(rng.choice(pieces) for _ in range(rng.randint(0, 8)))
+        try:
+            block.decode("utf-8")
+            valid = True
+        except UnicodeDecodeError:
+            valid = False
+        assert (split_whitespace_block(block) is not None) == valid, block
