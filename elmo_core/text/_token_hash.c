@@ -28,6 +28,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 /* --- growable arrays -------------------------------------------------------------------- */
 
@@ -101,25 +104,58 @@ static inline Py_ssize_t space_length(const unsigned char *p, Py_ssize_t i, Py_s
     }
 }
 
-/* The first position from i that is n or may start a space. Eight bytes at a time while they
- * are printable ASCII: a byte below '!' or above 0x7F sets its top bit in (w - 0x21..) | w, and
- * the lowest such byte is exact (borrows only run upwards from it). */
-static inline Py_ssize_t skip_word_bytes(const unsigned char *p, Py_ssize_t i, Py_ssize_t n) {
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__ && defined(__GNUC__)
-    for (; i + 8 <= n; i += 8) {
-        uint64_t word;
-        memcpy(&word, p + i, 8);
-        uint64_t stop = ((word - 0x2121212121212121ULL) | word) & 0x8080808080808080ULL;
-        if (stop) {
-            i += __builtin_ctzll(stop) >> 3;
-            break;
-        }
+/* --- 64 bytes at a time: where the separators are ------------------------------------- */
+
+/* Bit j of each mask describes q[j]: `space` an ASCII space, `newline` a '\n', `lead` the lead
+ * byte of a possible multi-byte space (checked by space_length, as they are rare). */
+typedef struct {
+    uint64_t space, newline, lead;
+} ChunkMasks;
+
+#if defined(__SSE2__)
+/* 0xFF in each byte of x within [lo, hi] (unsigned). */
+static inline __m128i bytes_within(__m128i x, char lo, char hi) {
+    __m128i clamped = _mm_min_epu8(_mm_max_epu8(x, _mm_set1_epi8(lo)), _mm_set1_epi8(hi));
+    return _mm_cmpeq_epi8(clamped, x);
+}
+
+static inline ChunkMasks chunk_masks(const unsigned char *q) {
+    ChunkMasks masks = {0, 0, 0};
+    for (int part = 0; part < 4; part++) {
+        __m128i x = _mm_loadu_si128((const __m128i *)(q + 16 * part));
+        __m128i space = _mm_or_si128(bytes_within(x, 9, 13), bytes_within(x, 28, 32));
+        __m128i newline = _mm_cmpeq_epi8(x, _mm_set1_epi8('\n'));
+        __m128i lead = _mm_or_si128(_mm_cmpeq_epi8(x, _mm_set1_epi8((char)0xC2)),
+                                    bytes_within(x, (char)0xE1, (char)0xE3));
+        masks.space |= (uint64_t)(uint16_t)_mm_movemask_epi8(space) << (16 * part);
+        masks.newline |= (uint64_t)(uint16_t)_mm_movemask_epi8(newline) << (16 * part);
+        masks.lead |= (uint64_t)(uint16_t)_mm_movemask_epi8(lead) << (16 * part);
     }
+    return masks;
+}
+#else
+static inline ChunkMasks chunk_masks(const unsigned char *q) {
+    ChunkMasks masks = {0, 0, 0};
+    for (int j = 0; j < 64; j++) {
+        masks.space |= (uint64_t)(space_class[q[j]] == 1) << j;
+        masks.newline |= (uint64_t)(q[j] == '\n') << j;
+        masks.lead |= (uint64_t)(space_class[q[j]] == 2) << j;
+    }
+    return masks;
+}
 #endif
-    while (i < n && space_class[p[i]] == 0) {
-        i++;
+
+static inline int lowest_bit(uint64_t mask) {
+#if defined(__GNUC__)
+    return __builtin_ctzll(mask);
+#else
+    int bit = 0;
+    while (!(mask & 1)) {
+        mask >>= 1;
+        bit++;
     }
-    return i;
+    return bit;
+#endif
 }
 
 /* --- the dictionary: open addressing over the distinct tokens ---------------------------- */
@@ -290,59 +326,110 @@ static PyObject *dictionary_offsets(const Dictionary *dict) {
 
 /* --- the pass ----------------------------------------------------------------------------- */
 
-/* Split and encode p[0:n]; 0, or -1 when out of memory. Each token is looked up
+/* The tokens of a block on their way into the dictionary and the ids. Each token is looked up
  * PREFETCH_DISTANCE tokens after it is found (in order, so ids stay first-occurrence ids). */
-static int split_block(const unsigned char *p, Py_ssize_t n, Buffer *ids, Buffer *lines,
-                       Dictionary *dict) {
-    const unsigned char *end = p + n;
+typedef struct {
+    Dictionary *dict;
+    Buffer *ids;
+    const unsigned char *end;
     Pending ring[PREFETCH_DISTANCE];
-    int64_t num_tokens = 0; /* found so far; those before num_tokens - PREFETCH_DISTANCE have ids */
-    if (buffer_push(lines, &num_tokens, sizeof num_tokens) < 0) {
+    int64_t found; /* tokens found; those before found - PREFETCH_DISTANCE have their ids */
+} Encoder;
+
+static inline int encoder_resolve(Encoder *encoder, int64_t k) {
+    int32_t id = dictionary_lookup(encoder->dict, &encoder->ring[k % PREFETCH_DISTANCE], 1);
+    if (id < 0) {
         return -1;
     }
-    Py_ssize_t i = 0;
-    while (i < n) {
-        Py_ssize_t space = space_length(p, i, n);
-        if (space) {
-            if (p[i] == '\n' && buffer_push(lines, &num_tokens, sizeof num_tokens) < 0) {
-                return -1;
-            }
-            i += space;
-            continue;
-        }
-        Py_ssize_t start = i++;
-        for (;;) { /* to the token's end, over bytes that cannot start a space */
-            i = skip_word_bytes(p, i, n);
-            if (i == n || space_length(p, i, n)) {
-                break;
-            }
-            i++; /* a byte that starts no space here */
-        }
-        if (buffer_reserve(ids, sizeof(int32_t)) < 0) {
-            return -1;
-        }
-        if (num_tokens >= PREFETCH_DISTANCE) {
-            int64_t oldest = num_tokens - PREFETCH_DISTANCE;
-            int32_t id = dictionary_lookup(dict, &ring[oldest % PREFETCH_DISTANCE], 1);
-            if (id < 0) {
-                return -1;
-            }
-            ((int32_t *)ids->data)[oldest] = id;
-        }
-        ring[num_tokens % PREFETCH_DISTANCE] = pending_token(dict, p + start, i - start, end);
-        num_tokens++;
-        ids->size += sizeof(int32_t);
+    ((int32_t *)encoder->ids->data)[k] = id;
+    return 0;
+}
+
+static inline int encoder_add(Encoder *encoder, const unsigned char *token, Py_ssize_t len) {
+    if (buffer_reserve(encoder->ids, sizeof(int32_t)) < 0) {
+        return -1;
     }
-    for (int64_t k = num_tokens > PREFETCH_DISTANCE ? num_tokens - PREFETCH_DISTANCE : 0;
-         k < num_tokens; k++) {
-        int32_t id = dictionary_lookup(dict, &ring[k % PREFETCH_DISTANCE], 1);
-        if (id < 0) {
+    if (encoder->found >= PREFETCH_DISTANCE &&
+        encoder_resolve(encoder, encoder->found - PREFETCH_DISTANCE) < 0) {
+        return -1;
+    }
+    encoder->ring[encoder->found % PREFETCH_DISTANCE] =
+        pending_token(encoder->dict, token, len, encoder->end);
+    encoder->found++;
+    encoder->ids->size += sizeof(int32_t);
+    return 0;
+}
+
+static int encoder_finish(Encoder *encoder) {
+    int64_t k = encoder->found > PREFETCH_DISTANCE ? encoder->found - PREFETCH_DISTANCE : 0;
+    for (; k < encoder->found; k++) {
+        if (encoder_resolve(encoder, k) < 0) {
             return -1;
         }
-        ((int32_t *)ids->data)[k] = id;
+    }
+    return 0;
+}
+
+/* Split and encode p[0:n]; 0, or -1 when out of memory. A chunk of 64 bytes at a time: its
+ * separator mask gives the token starts (a word byte after a separator) and stops (the
+ * reverse), visited in order with the newlines; the last chunk is padded with ' '. */
+static int split_block(const unsigned char *p, Py_ssize_t n, Buffer *ids, Buffer *lines,
+                       Dictionary *dict) {
+    Encoder encoder = {.dict = dict, .ids = ids, .end = p + n, .found = 0};
+    if (buffer_push(lines, &encoder.found, sizeof encoder.found) < 0) {
+        return -1;
+    }
+    Py_ssize_t start = -1;  /* of the token in progress; -1 between tokens */
+    uint64_t overhang = 0;  /* bytes of a multi-byte space that began in the previous chunk */
+    for (Py_ssize_t base = 0; base < n; base += 64) {
+        unsigned char padded[64];
+        const unsigned char *q = p + base;
+        if (n - base < 64) {
+            memcpy(padded, q, (size_t)(n - base));
+            memset(padded + (n - base), ' ', (size_t)(64 - (n - base)));
+            q = padded;
+        }
+        ChunkMasks masks = chunk_masks(q);
+        uint64_t separator = masks.space | overhang;
+        overhang = 0;
+        for (uint64_t leads = masks.lead; leads; leads &= leads - 1) {
+            int k = lowest_bit(leads);
+            Py_ssize_t len = space_length(p, base + k, n);
+            if (len) {
+                uint64_t bytes = (1ULL << len) - 1;
+                separator |= bytes << k;
+                if (k + len > 64) {
+                    overhang = bytes >> (64 - k);
+                }
+            }
+        }
+        uint64_t after_separator = (separator << 1) | (start < 0);
+        uint64_t starts = ~separator & after_separator, stops = separator & ~after_separator;
+        for (uint64_t events = starts | stops | masks.newline; events; events &= events - 1) {
+            int k = lowest_bit(events);
+            uint64_t bit = 1ULL << k;
+            if (starts & bit) {
+                start = base + k;
+                continue;
+            }
+            if (stops & bit) {
+                if (encoder_add(&encoder, p + start, base + k - start) < 0) {
+                    return -1;
+                }
+                start = -1;
+            }
+            if ((masks.newline & bit) &&
+                buffer_push(lines, &encoder.found, sizeof encoder.found) < 0) {
+                return -1;
+            }
+        }
+    }
+    if ((start >= 0 && encoder_add(&encoder, p + start, n - start) < 0) ||
+        encoder_finish(&encoder) < 0) {
+        return -1;
     }
     if (n == 0 || p[n - 1] != '\n') {
-        return buffer_push(lines, &num_tokens, sizeof num_tokens);
+        return buffer_push(lines, &encoder.found, sizeof encoder.found);
     }
     return 0;
 }

@@ -54,6 +54,17 @@ def test_random_text_splits_as_python_split(split):
         assert _per_line(split, text) == [line.split() for line in _lines_of(text)], repr(text)
 
 
+@pytest.mark.parametrize("split", SPLITTERS)
+def test_long_text_splits_as_python_split_across_64_byte_chunks(split):
+    """Tokens and multi-byte spaces running over the compiled pass's 64-byte chunk bounds."""
+    pieces = ["a", "Zz", "word", "é", "東京", "\u2080", "x" * 70, "\u00a0", "\u2003", "\u3000"]
+    pieces += [" ", " ", "\t", "\n", "\n\n", "\u2029", "\x1f", "\u0085"]
+    rng = random.Random(2)
+    for _ in range(200):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(20, 120)))
+        assert _per_line(split, text) == [line.split() for line in _lines_of(text)], repr(text)
+
+
 def test_compiled_tokens_are_dictionary_encoded_as_arrow_does():
     if whitespace_block.split_and_encode is None:
         pytest.skip("C module not built")
