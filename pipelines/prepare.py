@@ -30,8 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Protocol, TypeVar
 
-import pyarrow as pa
-import pyarrow.compute as pc
 import typer
 from pydantic import BaseModel
 from tqdm import tqdm
@@ -49,6 +47,7 @@ from elmo_core.data.manifest import (
 from elmo_core.data.shards import SHARD_FORMAT, SHARD_FORMAT_VERSION, FileStats, write_parquet
 from elmo_core.errors import DataError
 from elmo_core.text.tokenize import Tokenizer
+from elmo_core.text.type_counts import TypeCounts, split_totals
 from elmo_core.text.vocab import build_vocab, read_vocab, vocab_counts_text, vocab_text, with_counts
 from pipelines.cli_runner import run_command
 from pipelines.prepare_output import DatasetOutput, PrepareState
@@ -60,8 +59,6 @@ from pipelines.prepare_passes import (
     build_word_types,
     count_file,
     encode_file,
-    fold_counts,
-    merge_counts,
     vocab_with_marker_counts,
 )
 from pipelines.prepare_pool import WorkerPool, tune_process
@@ -200,21 +197,21 @@ def count_corpus(
         previous = CountSummary.model_validate(state.count)
         if output.has_all(previous.checksums):
             return previous
-    merged: dict[str, list[pa.Table]] = {split: [] for split in SPLITS}
+    counts = TypeCounts()
     stats = {split: FileStats() for split in SPLITS}
     sentences = {split: 0 for split in SPLITS}
     heldout_sentences = [0] * len(tasks)
     for result in _progress(pool.imap(count_file, tasks), tasks, "count"):
-        _add_file_counts(result, merged, stats, sentences, heldout_sentences)
-    train, heldout = merge_counts(merged["train"]), merge_counts(merged["heldout"])
+        _add_file_counts(result, counts, stats, sentences, heldout_sentences)
+    seen = counts.table()
     vocab = (
-        with_counts(read_vocab(cfg.vocab_file), train["token"], train["count"])
+        with_counts(read_vocab(cfg.vocab_file), seen["token"], seen["count"])
         if cfg.vocab_file
         else build_vocab(
-            train["token"], train["count"], max_vocab=cfg.max_vocab, min_count=cfg.min_count
+            seen["token"], seen["count"], max_vocab=cfg.max_vocab, min_count=cfg.min_count
         )
     )
-    word_types, summary = build_word_types(train, heldout, vocab)
+    word_types, summary = build_word_types(seen, vocab)
     vocab = vocab_with_marker_counts(vocab, sentences["train"], summary.num_oov_tokens["train"])
     checksums = {
         "vocab.txt": output.write_text("vocab.txt", vocab_text(vocab)),
@@ -231,10 +228,7 @@ def count_corpus(
             for split in SPLITS
         },
         num_sentences=sentences,
-        num_tokens={
-            split: int(pc.sum(merged_table["count"]).as_py() or 0)
-            for split, merged_table in (("train", train), ("heldout", heldout))
-        },
+        num_tokens=split_totals(seen),
         num_oov_tokens=summary.num_oov_tokens,
         heldout_sentences=heldout_sentences,
         vocab_size=len(vocab),
@@ -249,7 +243,7 @@ def count_corpus(
 
 def _add_file_counts(
     result: FileCounts,
-    merged: dict[str, list[pa.Table]],
+    counts: TypeCounts,
     stats: dict[str, FileStats],
     sentences: dict[str, int],
     heldout_sentences: list[int],
@@ -258,8 +252,7 @@ def _add_file_counts(
     heldout_sentences[result.file.index] = result.num_sentences["heldout"]
     for split in SPLITS:
         sentences[split] += result.num_sentences[split]
-        merged[split].append(result.counts[split])
-        merged[split] = fold_counts(merged[split])
+    counts.add_table(result.counts)
 
 
 def heldout_part_names(

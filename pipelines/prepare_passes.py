@@ -3,8 +3,8 @@
 Pass 1, :func:`count_file`: tokenize one input file block by block, dictionary-encode each block
 (one hash of every token), count its word types per split from the dictionary indices, and spill
 the encoded block (:class:`EncodedChunk`, an Arrow IPC stream per file) for pass 2. The parent
-merges the counts (:func:`merge_counts`), builds the vocabulary and the word-type table
-(:func:`build_word_types`).
+sums the files' counts (:class:`~elmo_core.text.type_counts.TypeCounts`), builds the vocabulary
+and the word-type table (:func:`build_word_types`).
 
 Pass 2, :func:`encode_file`: read the file's spill (or, when a resumed run has none, tokenize
 the file again) and map each block's dictionary to type ids, a lookup of its distinct tokens
@@ -48,11 +48,10 @@ from elmo_core.data.shards import (
 )
 from elmo_core.text.char_ids import MAX_TOKEN_BYTES
 from elmo_core.text.tokenize import Tokenizer
+from elmo_core.text.type_counts import TypeCounts
 from elmo_core.text.vocab import BOS_ID, EOS_ID, UNK_ID, Vocabulary
 from pipelines.prepare_shuffle import ShardSpill, write_shard
 
-FOLD_ROWS = 1 << 19  # (token, count) rows held before they are merged: ~10 MB
-COUNT_SCHEMA = pa.schema([("token", pa.string()), ("count", pa.int64())])
 TOKENS_SCHEMA = pa.schema(
     [("tokens", pa.list_(pa.dictionary(pa.int32(), pa.string()))), ("line", pa.int64())]
 )
@@ -105,13 +104,10 @@ class EncodedChunk:
             np.arange(first_index, first_index + len(lines), dtype=np.int64),
         )
 
-    def counts(self, rows: np.ndarray) -> pa.Table:
-        """(token, count) of the tokens of sentences ``rows`` (a bool mask)."""
+    def counts(self, rows: np.ndarray) -> np.ndarray:
+        """``(D,)`` occurrences of each dictionary entry in the sentences ``rows`` (a bool mask)."""
         ids = self.ids if rows.all() else self.ids[np.repeat(rows, np.diff(self.offsets))]
-        counts = np.bincount(ids, minlength=len(self.dictionary))
-        seen = np.flatnonzero(counts)
-        tokens = self.dictionary if len(seen) == len(counts) else self.dictionary.take(seen)
-        return pa.Table.from_arrays([tokens, pa.array(counts[seen])], schema=COUNT_SCHEMA)
+        return np.bincount(ids, minlength=len(self.dictionary))
 
 
 @dataclass(frozen=True)
@@ -187,50 +183,24 @@ class FileCounts:
 
     file: InputFile
     stats: FileStats
-    counts: dict[str, pa.Table]  # split → (token, count)
+    counts: pa.Table  # COUNT_SCHEMA: (token, count, heldout_count)
     num_sentences: dict[str, int] = field(default_factory=dict)
 
 
 def count_file(task: FileTask) -> FileCounts:
     """Pass 1 on one file: word-type counts per split, and the spill of its encoded sentences."""
     stats = FileStats()
-    parts: dict[str, list[pa.Table]] = {"train": [], "heldout": []}
+    counts = TypeCounts()
     sentences = {"train": 0, "heldout": 0}
     with _TokenSpill(task.tokens) as spill:
         for chunk in task.read(stats):
             spill.write(chunk)
             heldout = task.heldout_rows(chunk.index)
             for split, rows in (("train", ~heldout), ("heldout", heldout)):
-                if not rows.any():
-                    continue
-                parts[split].append(chunk.counts(rows))
-                sentences[split] += int(rows.sum())
-                parts[split] = fold_counts(parts[split])
-    counts = {split: merge_counts(tables) for split, tables in parts.items()}
-    return FileCounts(task.file, stats, counts, sentences)
-
-
-def fold_counts(tables: list[pa.Table]) -> list[pa.Table]:
-    """``tables`` (the merged total first, then new ones) folded into one when that pays.
-
-    New rows are merged once they outnumber ``FOLD_ROWS`` and the total merged so far: memory
-    stays within a small multiple of the number of types, whatever the corpus length, and each
-    fold's re-hashing of the total is paid for by as many new rows.
-    """
-    pending = sum(len(table) for table in tables[1:])
-    if len(tables) < 2 or pending < max(FOLD_ROWS, len(tables[0])):
-        return tables
-    return [merge_counts(tables)]
-
-
-def merge_counts(tables: list[pa.Table]) -> pa.Table:
-    """Sum (token, count) tables by token."""
-    if not tables:
-        return COUNT_SCHEMA.empty_table()
-    if len(tables) == 1:
-        return tables[0]
-    summed = pa.concat_tables(tables).group_by("token").aggregate([("count", "sum")])
-    return pa.Table.from_arrays([summed["token"], summed["count_sum"]], schema=COUNT_SCHEMA)
+                if rows.any():
+                    counts.add(chunk.dictionary, chunk.counts(rows), split)
+                    sentences[split] += int(rows.sum())
+    return FileCounts(task.file, stats, counts.table(), sentences)
 
 
 @dataclass(frozen=True)
@@ -242,14 +212,12 @@ class WordTypeSummary:
     truncated_tokens: dict[str, int]
 
 
-def build_word_types(
-    train: pa.Table, heldout: pa.Table, vocab: Vocabulary
-) -> tuple[pa.Table, WordTypeSummary]:
+def build_word_types(seen: pa.Table, vocab: Vocabulary) -> tuple[pa.Table, WordTypeSummary]:
     """The word-type table: vocabulary entries first (type id = vocab id), then OOV types.
 
-    OOV types are ordered by descending total count, ties by UTF-8 bytes (deterministic).
+    ``seen``: every type counted (:data:`~elmo_core.text.type_counts.COUNT_SCHEMA`). OOV types
+    are ordered by descending total count, ties by UTF-8 bytes (deterministic).
     """
-    seen = _join_counts(train, heldout)
     vocab_tokens = vocab.as_arrow()
     vocab_id = pc.index_in(seen["token"], value_set=vocab_tokens)  # (S,) null: OOV
     in_vocab = pc.is_valid(vocab_id).to_numpy(zero_copy_only=False)
@@ -286,27 +254,6 @@ def build_word_types(
         },
     )
     return table, summary
-
-
-def _join_counts(train: pa.Table, heldout: pa.Table) -> pa.Table:
-    """(token, count, heldout_count) of every type seen in either split, 0 where unseen.
-
-    Each input holds a token once, so this is a join rather than an aggregation: the heldout
-    tokens (the small side) are hashed once and the training tokens probe them.
-    """
-    heldout_tokens = _array(heldout["token"])
-    position = pc.index_in(train["token"], value_set=heldout_tokens)
-    in_train = np.zeros(len(heldout_tokens), dtype=bool)
-    in_train[pc.drop_null(position).to_numpy()] = True
-    heldout_only = heldout.filter(pa.array(~in_train))
-    heldout_of_train = pc.fill_null(pc.take(heldout["count"], position), 0)
-    return pa.table(
-        {
-            "token": pa.concat_arrays([_array(train["token"]), _array(heldout_only["token"])]),
-            "count": _concat(train["count"], np.zeros(len(heldout_only), np.int64)),
-            "heldout_count": _concat(heldout_of_train, heldout_only["count"]),
-        }
-    )
 
 
 def _array(column: pa.ChunkedArray | pa.Array) -> pa.Array:

@@ -50,6 +50,7 @@ from elmo_core.text.char_ids import (
     PAD_CHAR,
 )
 from elmo_core.text.tokenize import BlockTokens, Tokenizer
+from elmo_core.text.type_counts import string_buffers
 from elmo_core.text.vocab import UNK_ID
 
 try:  # optional at install time: see pyproject.toml's ext-modules
@@ -294,12 +295,12 @@ class TypeIndex:
 
     def __init__(self, type_tokens: pa.Array) -> None:
         self.type_tokens = type_tokens
-        self._index = None if TokenIndex is None else TokenIndex(*_string_buffers(type_tokens))
+        self._index = None if TokenIndex is None else TokenIndex(*string_buffers(type_tokens))
 
     def type_ids(self, dictionary: pa.Array) -> np.ndarray:
         """``(D,)`` int32: the type id of each entry of a block's dictionary of distinct tokens."""
         if self._index is not None:
-            found = self._index.find(*_string_buffers(dictionary))
+            found = self._index.find(*string_buffers(dictionary))
             ids = np.frombuffer(found, dtype=np.int32)
         else:
             ids = self._index_in(dictionary)
@@ -314,15 +315,6 @@ class TypeIndex:
         ids = np.full(len(dictionary), -1, dtype=np.int32)
         ids[position[found]] = np.flatnonzero(found)
         return ids
-
-
-def _string_buffers(strings: pa.Array) -> tuple[np.ndarray, pa.Buffer]:
-    """(int32 offsets of the array's own rows, data buffer) of a string array, slices included."""
-    strings = strings.cast(pa.string())
-    _, offsets, data = strings.buffers()
-    start = strings.offset
-    rows = np.frombuffer(offsets, dtype=np.int32)[start : start + len(strings) + 1]
-    return rows, data if data is not None else pa.py_buffer(b"")
 
 
 def target_ids(types: np.ndarray, vocab_size: int) -> np.ndarray:

@@ -486,10 +486,8 @@ typedef struct {
     Py_ssize_t count;
 } Strings;
 
-static int strings_get(PyObject *args, const char *format, Strings *out) {
-    if (!PyArg_ParseTuple(args, format, &out->offsets, &out->data)) {
-        return -1;
-    }
+/* Check parsed buffers (released on failure); 0, or -1 with an exception set. */
+static int strings_check(Strings *out) {
     const int32_t *offsets = out->offsets.buf;
     out->count = out->offsets.len / 4 - 1;
     int valid = out->offsets.len % 4 == 0 && out->count >= 0 && offsets[0] >= 0 &&
@@ -506,9 +504,51 @@ static int strings_get(PyObject *args, const char *format, Strings *out) {
     return 0;
 }
 
+static int strings_get(PyObject *args, const char *format, Strings *out) {
+    if (!PyArg_ParseTuple(args, format, &out->offsets, &out->data)) {
+        return -1;
+    }
+    return strings_check(out);
+}
+
 static void strings_release(Strings *strings) {
     PyBuffer_Release(&strings->offsets);
     PyBuffer_Release(&strings->data);
+}
+
+/* out[i]: the entry of string i (added when absent if `insert`, else NOT_FOUND), in order, each
+ * slot prefetched PREFETCH_DISTANCE strings ahead. Strings whose `weights` entry is 0 are
+ * skipped (NOT_FOUND) when weights is given. 0, or OUT_OF_MEMORY. */
+static int lookup_strings(Dictionary *dict, const Strings *strings, const int64_t *weights,
+                          int insert, int32_t *out) {
+    const int32_t *offsets = strings->offsets.buf;
+    const unsigned char *data = strings->data.buf, *end = data + strings->data.len;
+    Pending ring[PREFETCH_DISTANCE];
+    Py_ssize_t position[PREFETCH_DISTANCE];
+    int64_t queued = 0;
+    for (Py_ssize_t i = 0; i <= strings->count; i++) {
+        int last = i == strings->count;
+        if (!last && weights != NULL && weights[i] == 0) {
+            out[i] = NOT_FOUND;
+            continue;
+        }
+        /* the oldest queued lookup, or at the end all that remain */
+        int64_t from = queued - PREFETCH_DISTANCE, to = last ? queued : from + 1;
+        for (int64_t k = from < 0 ? 0 : from; k < to; k++) {
+            int32_t id = dictionary_lookup(dict, &ring[k % PREFETCH_DISTANCE], insert);
+            if (id == OUT_OF_MEMORY) {
+                return OUT_OF_MEMORY;
+            }
+            out[position[k % PREFETCH_DISTANCE]] = id;
+        }
+        if (!last) {
+            Py_ssize_t len = offsets[i + 1] - offsets[i];
+            ring[queued % PREFETCH_DISTANCE] = pending_token(dict, data + offsets[i], len, end);
+            position[queued % PREFETCH_DISTANCE] = i;
+            queued++;
+        }
+    }
+    return 0;
 }
 
 static int token_index_init(TokenIndex *self, PyObject *args, PyObject *kwargs) {
@@ -552,21 +592,8 @@ static PyObject *token_index_find(TokenIndex *self, PyObject *args) {
     PyObject *result = PyBytes_FromStringAndSize(NULL, query.count * 4);
     if (result != NULL) {
         int32_t *out = (int32_t *)PyBytes_AS_STRING(result);
-        const int32_t *offsets = query.offsets.buf;
-        const unsigned char *data = query.data.buf, *end = data + query.data.len;
-        Pending ring[PREFETCH_DISTANCE];
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t i = 0; i < query.count + PREFETCH_DISTANCE; i++) {
-            if (i >= PREFETCH_DISTANCE) { /* the lookup of a token prefetched earlier */
-                Py_ssize_t k = i - PREFETCH_DISTANCE;
-                out[k] = dictionary_lookup(&self->dict, &ring[k % PREFETCH_DISTANCE], 0);
-            }
-            if (i < query.count) {
-                Py_ssize_t len = offsets[i + 1] - offsets[i];
-                ring[i % PREFETCH_DISTANCE] =
-                    pending_token(&self->dict, data + offsets[i], len, end);
-            }
-        }
+        lookup_strings(&self->dict, &query, NULL, 0, out); /* allocates nothing: cannot fail */
         Py_END_ALLOW_THREADS
     }
     strings_release(&query);
@@ -596,6 +623,138 @@ static PyTypeObject TokenIndexType = {
     .tp_methods = token_index_methods,
 };
 
+/* --- TokenCounts: occurrences of distinct tokens, summed as they arrive ------------------- */
+
+typedef struct {
+    PyObject_HEAD Dictionary dict; /* entries in first-seen order */
+    Buffer counts;                 /* int64[entries x columns] */
+    int columns;
+} TokenCounts;
+
+static int token_counts_init(TokenCounts *self, PyObject *args, PyObject *kwargs) {
+    int columns;
+    if (kwargs != NULL && PyDict_Size(kwargs) > 0) {
+        PyErr_SetString(PyExc_TypeError, "TokenCounts(columns) takes no keywords");
+        return -1;
+    }
+    if (!PyArg_ParseTuple(args, "i:TokenCounts", &columns)) {
+        return -1;
+    }
+    if (columns < 1) {
+        PyErr_SetString(PyExc_ValueError, "TokenCounts needs at least one column");
+        return -1;
+    }
+    dictionary_free(&self->dict);
+    free(self->counts.data);
+    self->counts = (Buffer){0};
+    self->columns = columns;
+    if (dictionary_init(&self->dict, 1 << 16) < 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+/* Add counts[i] to token i's entry in `column`; tokens counted 0 are not added. */
+static int token_counts_accumulate(TokenCounts *self, const Strings *tokens, const int64_t *counts,
+                                   int column) {
+    int32_t *ids = malloc((size_t)(tokens->count ? tokens->count : 1) * sizeof(int32_t));
+    if (ids == NULL || lookup_strings(&self->dict, tokens, counts, 1, ids) < 0) {
+        free(ids);
+        return OUT_OF_MEMORY;
+    }
+    size_t size = (size_t)self->dict.size * self->columns * sizeof(int64_t);
+    if (size > self->counts.size) { /* zeros for the new entries */
+        if (buffer_reserve(&self->counts, size - self->counts.size) < 0) {
+            free(ids);
+            return OUT_OF_MEMORY;
+        }
+        memset(self->counts.data + self->counts.size, 0, size - self->counts.size);
+        self->counts.size = size;
+    }
+    int64_t *totals = (int64_t *)self->counts.data;
+    for (Py_ssize_t i = 0; i < tokens->count; i++) {
+        if (ids[i] >= 0) {
+            totals[(size_t)ids[i] * self->columns + column] += counts[i];
+        }
+    }
+    free(ids);
+    return 0;
+}
+
+static PyObject *token_counts_add(TokenCounts *self, PyObject *args) {
+    Strings tokens;
+    Py_buffer counts;
+    int column;
+    if (!PyArg_ParseTuple(args, "y*y*y*i:add", &tokens.offsets, &tokens.data, &counts, &column)) {
+        return NULL;
+    }
+    if (strings_check(&tokens) < 0) {
+        PyBuffer_Release(&counts);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    if (counts.len != tokens.count * 8 || column < 0 || column >= self->columns) {
+        PyErr_SetString(PyExc_ValueError, "add wants one int64 count per token and a column");
+    } else {
+        int status;
+        Py_BEGIN_ALLOW_THREADS
+        status = token_counts_accumulate(self, &tokens, counts.buf, column);
+        Py_END_ALLOW_THREADS
+        if (status < 0) {
+            PyErr_NoMemory();
+        } else {
+            result = Py_NewRef(Py_None);
+        }
+    }
+    strings_release(&tokens);
+    PyBuffer_Release(&counts);
+    return result;
+}
+
+static PyObject *token_counts_tokens(TokenCounts *self, PyObject *unused) {
+    PyObject *offsets = dictionary_offsets(&self->dict);
+    if (offsets == NULL) {
+        return NULL;
+    }
+    return Py_BuildValue("(Ny#)", offsets, self->dict.data.data ? self->dict.data.data : "",
+                         (Py_ssize_t)self->dict.data.size);
+}
+
+static PyObject *token_counts_counts(TokenCounts *self, PyObject *unused) {
+    return PyBytes_FromStringAndSize(self->counts.data ? self->counts.data : "",
+                                     (Py_ssize_t)self->counts.size);
+}
+
+static void token_counts_dealloc(TokenCounts *self) {
+    dictionary_free(&self->dict);
+    free(self->counts.data);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef token_counts_methods[] = {
+    {"add", (PyCFunction)token_counts_add, METH_VARARGS,
+     "add(offsets, data, counts, column): add int64 counts[i] to token i's entry in column "
+     "(tokens distinct, as Arrow string buffers); tokens counted 0 are not added."},
+    {"tokens", (PyCFunction)token_counts_tokens, METH_NOARGS,
+     "tokens() -> (offsets, data): the distinct tokens, first seen first, as Arrow buffers."},
+    {"counts", (PyCFunction)token_counts_counts, METH_NOARGS,
+     "counts() -> bytes: int64[tokens x columns], row-major."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject TokenCountsType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "elmo_core.text._token_hash.TokenCounts",
+    .tp_basicsize = sizeof(TokenCounts),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "TokenCounts(columns): int64 counts of distinct tokens in `columns` columns, "
+              "summed by add() in one hash table.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)token_counts_init,
+    .tp_dealloc = (destructor)token_counts_dealloc,
+    .tp_methods = token_counts_methods,
+};
+
 /* --- the module --------------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
@@ -607,22 +766,22 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT, "_token_hash",
-    "Hashing tokens in C: whitespace splitting with dictionary encoding, and a token index.",
+    "Hashing tokens in C: whitespace splitting with dictionary encoding, a token index, and "
+    "token counts.",
     -1, methods,
 };
 
 PyMODINIT_FUNC PyInit__token_hash(void) {
     init_space_class();
-    if (PyType_Ready(&TokenIndexType) < 0) {
+    if (PyType_Ready(&TokenIndexType) < 0 || PyType_Ready(&TokenCountsType) < 0) {
         return NULL;
     }
     PyObject *module = PyModule_Create(&module_def);
     if (module == NULL) {
         return NULL;
     }
-    Py_INCREF(&TokenIndexType);
-    if (PyModule_AddObject(module, "TokenIndex", (PyObject *)&TokenIndexType) < 0) {
-        Py_DECREF(&TokenIndexType);
+    if (PyModule_AddObjectRef(module, "TokenIndex", (PyObject *)&TokenIndexType) < 0 ||
+        PyModule_AddObjectRef(module, "TokenCounts", (PyObject *)&TokenCountsType) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -63,10 +63,11 @@ def build_vocab(
     A literal ``<S>``/``</S>``/``<UNK>`` in the corpus is not repeated after the specials.
     """
     table = pa.table({"token": tokens, "count": pc.cast(counts, pa.int64())})
-    table = table.filter(pc.greater_equal(table["count"], min_count))
-    table = table.filter(pc.invert(pc.is_in(table["token"], value_set=pa.array(SPECIALS))))
+    count = table["count"].to_numpy()
+    keep = (count >= min_count) & ~pc.is_in(table["token"], pa.array(SPECIALS)).to_numpy()
     if max_vocab is not None:
-        table = _most_frequent(table, max(0, max_vocab - len(SPECIALS)))
+        keep &= _most_frequent(count, keep, max(0, max_vocab - len(SPECIALS)))
+    table = table.filter(pa.array(keep))
     # Arrow sorts strings by their bytes, which is the UTF-8 order we want for ties.
     order = pc.sort_indices(table, sort_keys=[("count", "descending"), ("token", "ascending")])
     if max_vocab is not None:
@@ -78,18 +79,18 @@ def build_vocab(
     )
 
 
-def _most_frequent(table: pa.Table, num: int) -> pa.Table:
-    """The rows counted at least as often as the ``num``-th most frequent one.
+def _most_frequent(count: np.ndarray, keep: np.ndarray, num: int) -> np.ndarray:
+    """Which rows are counted at least as often as the ``num``-th most frequent kept one.
 
     They are the first rows of the sorted order whatever the ties, so sorting only them gives
     the same vocabulary; sorting strings is the expensive part (a corpus has several times more
     types than a vocabulary keeps).
     """
-    counts = table["count"].to_numpy()
-    if num >= len(counts):
-        return table
-    threshold = np.partition(counts, len(counts) - num)[len(counts) - num] if num else np.inf
-    return table.filter(pa.array(counts >= threshold))
+    kept = count[keep]
+    if num >= len(kept):
+        return np.ones(len(count), dtype=bool)
+    threshold = np.partition(kept, len(kept) - num)[len(kept) - num] if num else np.inf
+    return count >= threshold
 
 
 def read_vocab(url: str) -> Vocabulary:

@@ -1,0 +1,122 @@
+"""Occurrences of each word type per split, summed as blocks and files arrive.
+
+The prepare stage counts every block's distinct tokens per split, sums a file's blocks in its
+worker, then sums the files in the parent: about as many additions as the corpus has
+(block, type) pairs, which is several times the number of types. Two implementations give the
+same totals:
+
+- the C module ``_token_hash.TokenCounts`` (built at install time when a C compiler is there):
+  one hash table over the distinct tokens, each addition one probe;
+- Arrow tables, the fallback: new rows are buffered and folded into the total by a
+  ``group_by`` once they outnumber it (:func:`fold_counts`), which costs several times as much.
+
+Totals come back as a :data:`COUNT_SCHEMA` table, one row per type seen in either split.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+try:  # optional at install time: see pyproject.toml's ext-modules
+    from elmo_core.text._token_hash import TokenCounts
+except ImportError:  # pragma: no cover - exercised where no C compiler was available
+    TokenCounts = None
+
+SPLIT_COLUMNS = {"train": "count", "heldout": "heldout_count"}
+COUNT_SCHEMA = pa.schema(
+    [("token", pa.string()), ("count", pa.int64()), ("heldout_count", pa.int64())]
+)
+FOLD_ROWS = 1 << 19  # Arrow fallback: rows held before they are merged, ~10 MB
+
+
+class TypeCounts:
+    """Per-split counts of distinct tokens; :meth:`table` is the total so far."""
+
+    def __init__(self, compiled: bool = True) -> None:
+        use_c = compiled and TokenCounts is not None
+        self._counts = TokenCounts(len(SPLIT_COLUMNS)) if use_c else None
+        self._tables: list[pa.Table] = []  # the fallback's total first, then new rows
+
+    def add(self, tokens: pa.Array, counts: np.ndarray, split: str) -> None:
+        """Add ``counts[i]`` occurrences of ``tokens[i]`` (distinct) to ``split``; 0s are no-ops."""
+        column = list(SPLIT_COLUMNS).index(split)
+        counts = np.ascontiguousarray(counts, dtype=np.int64)
+        if self._counts is not None:
+            self._counts.add(*string_buffers(tokens), counts, column)
+            return
+        seen = np.flatnonzero(counts)
+        columns = [np.zeros(len(seen), np.int64), np.zeros(len(seen), np.int64)]
+        columns[column] = counts[seen]
+        self._append(pa.Table.from_arrays([tokens.take(seen), *columns], schema=COUNT_SCHEMA))
+
+    def add_table(self, table: pa.Table) -> None:
+        """Add another total (a :data:`COUNT_SCHEMA` table, as :meth:`table` returns)."""
+        if self._counts is None:
+            self._append(table)
+            return
+        tokens = _array(table["token"])
+        for split, name in SPLIT_COLUMNS.items():
+            self.add(tokens, _array(table[name]).to_numpy(), split)
+
+    def table(self) -> pa.Table:
+        """One row per token counted in either split, with both splits' counts."""
+        if self._counts is None:
+            self._tables = [merge_counts(self._tables)]
+            return self._tables[0]
+        offsets, data = self._counts.tokens()
+        num = len(offsets) // 4 - 1
+        tokens = pa.StringArray.from_buffers(num, pa.py_buffer(offsets), pa.py_buffer(data))
+        counts = np.frombuffer(self._counts.counts(), dtype=np.int64)
+        counts = counts.reshape(num, len(SPLIT_COLUMNS))
+        columns = (pa.array(counts[:, j]) for j in range(len(SPLIT_COLUMNS)))
+        return pa.Table.from_arrays([tokens, *columns], schema=COUNT_SCHEMA)
+
+    def _append(self, table: pa.Table) -> None:
+        self._tables.append(table)
+        self._tables = fold_counts(self._tables)
+
+
+def fold_counts(tables: list[pa.Table]) -> list[pa.Table]:
+    """``tables`` (the merged total first, then new ones) folded into one when that pays.
+
+    New rows are merged once they outnumber ``FOLD_ROWS`` and the total merged so far: memory
+    stays within a small multiple of the number of types, whatever the corpus length, and each
+    fold's re-hashing of the total is paid for by as many new rows.
+    """
+    pending = sum(len(table) for table in tables[1:])
+    if len(tables) < 2 or pending < max(FOLD_ROWS, len(tables[0])):
+        return tables
+    return [merge_counts(tables)]
+
+
+def merge_counts(tables: list[pa.Table]) -> pa.Table:
+    """Sum :data:`COUNT_SCHEMA` tables by token."""
+    if not tables:
+        return COUNT_SCHEMA.empty_table()
+    if len(tables) == 1:
+        return tables[0]
+    names = list(SPLIT_COLUMNS.values())
+    summed = pa.concat_tables(tables).group_by("token").aggregate([(n, "sum") for n in names])
+    return pa.Table.from_arrays(
+        [summed["token"], *(summed[f"{n}_sum"] for n in names)], schema=COUNT_SCHEMA
+    )
+
+
+def string_buffers(strings: pa.Array) -> tuple[np.ndarray, pa.Buffer]:
+    """(int32 offsets of the array's own rows, data buffer) of a string array, slices included."""
+    strings = strings.cast(pa.string())
+    _, offsets, data = strings.buffers()
+    start = strings.offset
+    rows = np.frombuffer(offsets, dtype=np.int32)[start : start + len(strings) + 1]
+    return rows, data if data is not None else pa.py_buffer(b"")
+
+
+def _array(column: pa.ChunkedArray | pa.Array) -> pa.Array:
+    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+
+
+def split_totals(table: pa.Table) -> dict[str, int]:
+    """Occurrences per split of a :data:`COUNT_SCHEMA` table."""
+    return {split: int(pc.sum(table[name]).as_py() or 0) for split, name in SPLIT_COLUMNS.items()}

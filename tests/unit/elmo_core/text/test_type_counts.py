@@ -1,0 +1,86 @@
+"""Per-split type counts: the compiled table and the Arrow fallback sum the same way."""
+
+from __future__ import annotations
+
+import random
+import shutil
+from collections import Counter
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from elmo_core.text import type_counts
+from elmo_core.text.type_counts import COUNT_SCHEMA, TypeCounts, fold_counts, merge_counts
+
+BACKENDS = [
+    pytest.param(False, id="arrow"),
+    pytest.param(
+        True,
+        id="compiled",
+        marks=pytest.mark.skipif(type_counts.TokenCounts is None, reason="C module not built"),
+    ),
+]
+
+
+def as_dict(table: pa.Table) -> dict[str, tuple[int, int]]:
+    rows = zip(*(table[name].to_pylist() for name in COUNT_SCHEMA.names), strict=True)
+    return {token: (count, heldout) for token, count, heldout in rows}
+
+
+def table(rows: dict[str, tuple[int, int]]) -> pa.Table:
+    return pa.table(
+        {
+            "token": list(rows),
+            "count": pa.array([c for c, _ in rows.values()], pa.int64()),
+            "heldout_count": pa.array([h for _, h in rows.values()], pa.int64()),
+        },
+        schema=COUNT_SCHEMA,
+    )
+
+
+@pytest.mark.parametrize("compiled", BACKENDS)
+def test_blocks_and_files_sum_per_split_and_zeros_add_nothing(compiled):
+    counts = TypeCounts(compiled)
+    counts.add(pa.array(["a", "b", "é"]), np.array([2, 0, 1]), "train")
+    counts.add(pa.array(["b", "c", "a"]).slice(1), np.array([4, 3]), "heldout")
+    counts.add_table(table({"a": (10, 0), "new": (0, 7)}))
+    assert as_dict(counts.table()) == {"a": (12, 3), "é": (1, 0), "c": (0, 4), "new": (0, 7)}
+    assert as_dict(TypeCounts(compiled).table()) == {}
+
+
+@pytest.mark.parametrize("compiled", BACKENDS)
+def test_random_blocks_sum_as_a_counter(compiled):
+    rng = random.Random(0)
+    words = [f"w{i}" + "x" * (i % 13) for i in range(300)]  # short and > 8-byte tokens
+    expected = {"train": Counter(), "heldout": Counter()}
+    counts = TypeCounts(compiled)
+    for _ in range(40):
+        split = rng.choice(["train", "heldout"])
+        block = Counter(rng.choice(words) for _ in range(rng.randint(0, 200)))
+        counts.add(pa.array(list(block), pa.string()), np.array(list(block.values())), split)
+        expected[split].update(block)
+    seen = set(expected["train"]) | set(expected["heldout"])
+    assert as_dict(counts.table()) == {
+        token: (expected["train"][token], expected["heldout"][token]) for token in seen
+    }
+
+
+def test_fold_waits_until_new_rows_outnumber_the_total_then_sums(monkeypatch):
+    monkeypatch.setattr(type_counts, "FOLD_ROWS", 3)
+    total = table({"a": (1, 0), "b": (2, 0), "c": (3, 0), "d": (4, 1)})
+    small = table({"a": (10, 1), "e": (1, 0)})
+    assert fold_counts([total, small]) == [total, small]  # 2 new rows < 4 merged
+    folded = fold_counts([total, small, table({"b": (5, 0), "f": (1, 0)}), table({"g": (7, 2)})])
+    assert len(folded) == 1
+    assert as_dict(folded[0]) == {
+        "a": (11, 1), "b": (7, 0), "c": (3, 0), "d": (4, 1), "e": (1, 0), "f": (1, 0),
+        "g": (7, 2),
+    }  # fmt: skip
+    assert as_dict(merge_counts([])) == {}
+
+
+def test_compiled_module_is_built_where_a_compiler_is():
+    if not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler on this machine")
+    assert type_counts.TokenCounts is not None
