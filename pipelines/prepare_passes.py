@@ -314,7 +314,7 @@ def encode_file(task: EncodeTask) -> list[ShardInfo]:
     spill = ShardSpill(task.spill_dir) if task.spill_dir else None
     try:
         for chunk in task.read.reread():
-            types = type_index.type_ids(chunk.dictionary)[chunk.ids]
+            types = np.take(type_index.type_ids(chunk.dictionary), chunk.ids)
             heldout = task.read.heldout_rows(chunk.index)
             if task.heldout_parts and heldout.any():
                 table = sentence_table(types, chunk.offsets)
