@@ -85,6 +85,9 @@ int32_t dictionary_lookup(Dictionary *dict, const Pending *pending, int insert) 
     if (!insert) {
         return NOT_FOUND;
     }
+    if (dict->data.size + (size_t)len > INT32_MAX) { /* int32 offsets, as Arrow's strings */
+        return OUT_OF_MEMORY;
+    }
     Entry entry = {head, (int32_t)dict->data.size, (int32_t)len};
     if (buffer_push(&dict->data, token, (size_t)len) < 0 ||
         buffer_push(&dict->entries, &entry, sizeof entry) < 0) {

@@ -58,7 +58,7 @@ typedef struct {
     int32_t size;
 } Dictionary;
 
-enum { NOT_FOUND = -1, OUT_OF_MEMORY = -2 };
+enum { NOT_FOUND = -1, OUT_OF_MEMORY = -2 }; /* OUT_OF_MEMORY: also past 2 GiB of token bytes */
 
 int dictionary_init(Dictionary *dict, size_t capacity); /* capacity: a power of two */
 void dictionary_free(Dictionary *dict);
