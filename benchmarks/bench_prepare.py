@@ -24,7 +24,11 @@ worker) and the scaling and memory figures. Skips cleanly (exit 0) when the data
 
 Scaling is set beside a reference measured in the same run: a CPU-only job (a Python loop, no
 memory traffic) twice in one process against once in each of two processes at the same time. On
-two dedicated cores that is 2x; a shared or throttled 2-vCPU machine gives less.
+two dedicated cores that is 2x; a shared or throttled 2-vCPU machine gives less. Prepare prints
+the seconds of its phases (``phases: count ..., vocabulary ..., encode ..., shuffle ...``): the
+parallel ones (count, encode, shuffle) are scaled on their own, and the rest of the one-worker run
+(start-up, imports, the vocabulary) is the serial part that bounds what two free cores can give,
+``T1 / (serial + parallel / 2)``.
 """
 
 from __future__ import annotations
@@ -152,6 +156,7 @@ class Run:
     main_peak_mb: float | None  # the command's own process: its RSS high-water mark
     child_peak_mb: float | None  # the largest high-water mark among its descendants
     tree_peak_mb: float | None  # the peak of the whole tree's summed PSS
+    phases: dict[str, float] | None = None  # prepare's own "phases:" line
 
 
 def _descendants(pid: int) -> list[int]:
@@ -207,15 +212,25 @@ def measure(command: list[str], env: dict[str, str], interval: float = 0.1) -> R
         seconds = time.perf_counter() - started
         _, status, usage = done
         process.returncode = os.waitstatus_to_exitcode(status)
+        log.seek(0)
+        printed = log.read().decode(errors="replace")
         if process.returncode:
-            log.seek(0)
-            tail = log.read().decode(errors="replace")[-3000:]
+            tail = printed[-3000:]
             raise RuntimeError(f"{' '.join(command)} failed ({process.returncode}):\n{tail}")
     # wait4 counts the command and the children it reaped (all of them, or only some: the
     # forkserver's workers may be left to it); the samples count everyone up to the last poll
     cpu = max(usage.ru_utime + usage.ru_stime, sum(cpu_seen.values()))
     memory = (kb / 1024 if kb else None for kb in (main, child, tree))
-    return Run(seconds, cpu, *memory)
+    return Run(seconds, cpu, *memory, phases=parse_phases(printed))
+
+
+def parse_phases(printed: str) -> dict[str, float] | None:
+    """``{"count": 1.07, ...}`` from prepare's ``phases: count 1.07s, ...`` line, if printed."""
+    for line in printed.splitlines():
+        if line.startswith("phases: "):
+            pairs = (item.rsplit(" ", 1) for item in line[len("phases: ") :].split(", "))
+            return {name: float(value.rstrip("s")) for name, value in pairs}
+    return None
 
 
 def naive_command(corpus: Path, out: Path, max_vocab: int | None) -> list[str]:
@@ -277,7 +292,7 @@ def timed(label: str, command: list[str], out: Path, env: dict[str, str], repeat
         for name in ("main_peak_mb", "child_peak_mb", "tree_peak_mb")
     }
     median = sorted(runs, key=lambda run: run.seconds)[(len(runs) - 1) // 2]
-    return Run(median.seconds, median.cpu_seconds, **worst)
+    return Run(median.seconds, median.cpu_seconds, **worst, phases=median.phases)
 
 
 def print_table(rows: list[tuple[str, int, Run]]) -> None:
@@ -354,6 +369,25 @@ def reference_scaling(env: dict[str, str], repeats: int) -> float:
     return sorted(ratios)[(len(ratios) - 1) // 2]
 
 
+PARALLEL_PHASES = ("count", "encode", "shuffle")  # run by the workers; the rest is serial
+
+
+def phase_scaling(w1: Run, w2: Run | None) -> dict[str, float] | None:
+    """Amdahl from prepare's phases: the parallel phases' speed-up, the serial seconds of one
+    worker (start-up, imports, vocabulary: the wall time outside the parallel phases) and
+    ``T1 / (serial + parallel / 2)``, the most two free cores can give."""
+    if w2 is None or not w1.phases or not w2.phases:
+        return None
+    parallel_1 = sum(w1.phases.get(name, 0.0) for name in PARALLEL_PHASES)
+    parallel_2 = sum(w2.phases.get(name, 0.0) for name in PARALLEL_PHASES)
+    serial = w1.seconds - parallel_1
+    return {
+        "parallel_scaling_1_to_2": parallel_1 / parallel_2,
+        "serial_seconds": serial,
+        "two_core_bound": w1.seconds / (serial + parallel_1 / 2),
+    }
+
+
 def report(
     args: argparse.Namespace,
     rows: list[tuple[str, int, Run]],
@@ -362,8 +396,10 @@ def report(
 ) -> None:
     """The goals of issue 2 as PASS/MISS lines, context lines, then the JSON last line."""
     tokens, naive, w1 = rows[0][1], rows[0][2], rows[1][2]
-    by_workers = {n: row[2].seconds for n, row in zip(args.workers, rows[1:], strict=False)}
+    runs = {n: row[2] for n, row in zip(args.workers, rows[1:], strict=False)}
+    by_workers = {n: run.seconds for n, run in runs.items()}
     scaling = by_workers[1] / by_workers[2] if {1, 2} <= by_workers.keys() else None
+    phases = phase_scaling(runs[1], runs.get(2)) if 1 in runs else None
     same, new = peak(rows[-2][2]) / peak(w1), peak(rows[-1][2]) / peak(w1)
     goals = {
         "ratio >= 6 (one worker)": naive.seconds / w1.seconds >= 6,
@@ -380,6 +416,13 @@ def report(
     )
     print(f"1 -> 2 processes of a CPU-only reference job: {reference:.2f}x on this machine "
           f"now; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")  # fmt: skip
+    if phases:
+        print(
+            f"parallel phases ({', '.join(PARALLEL_PHASES)}) 1 -> 2 workers: "
+            f"{phases['parallel_scaling_1_to_2']:.2f}x; serial part of one worker "
+            f"{phases['serial_seconds']:.2f} of {w1.seconds:.2f} s, so two free cores give at "
+            f"most {phases['two_core_bound']:.2f}x"
+        )
     result = {
         "benchmark": "prepare",
         "size_mb": args.size_mb,
@@ -394,6 +437,7 @@ def report(
         "seconds_by_workers": {n: round(t, 3) for n, t in by_workers.items()},
         "scaling_1_to_2": scaling and round(scaling, 2),
         "reference_scaling": round(reference, 2),
+        **{name: round(value, 2) for name, value in (phases or {}).items()},
         "baseline_peak_mb": round(peak(naive)),
         "peak_mb_x1": round(peak(w1)),
         "peak_mb_x2_same_types": round(peak(rows[-2][2])),

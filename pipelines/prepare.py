@@ -87,6 +87,21 @@ class PrepareResult:
     num_shards_written: int
     num_shards_skipped: int
     seconds: float
+    phase_seconds: dict[str, float]  # count, vocabulary, encode, shuffle: where the time went
+
+
+class PhaseClock:
+    """Wall seconds of each named phase of a run, lap by lap."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        """The time since the previous lap belongs to ``phase``."""
+        now = time.perf_counter()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self._last
+        self._last = now
 
 
 class CountSummary(BaseModel):
@@ -132,9 +147,10 @@ def prepare_files(cfg: PrepareConfig, corpus: CorpusInputs, out: str) -> Prepare
     ]
     state = output.load_state()
     num_skipped = len(state.shards)
+    clock = PhaseClock()
     with WorkerPool(cfg.workers) as pool:
-        count = count_corpus(tasks, cfg, pool, output, state)
-        encode_corpus(tasks, count, pool, output, state)
+        count = count_corpus(tasks, cfg, pool, output, state, clock)
+        encode_corpus(tasks, count, pool, output, state, clock)
     manifest = build_manifest(cfg, corpus.source, tokenizer, tasks, count, state)
     output.write_text(MANIFEST_NAME, manifest.to_json())
     output.finish()
@@ -144,6 +160,7 @@ def prepare_files(cfg: PrepareConfig, corpus: CorpusInputs, out: str) -> Prepare
         num_shards_written=len(state.shards) - num_skipped,
         num_shards_skipped=num_skipped,
         seconds=time.perf_counter() - started,
+        phase_seconds=clock.seconds,
     )
 
 
@@ -191,6 +208,7 @@ def count_corpus(
     pool: WorkerPool,
     output: DatasetOutput,
     state: PrepareState,
+    clock: PhaseClock,
 ) -> CountSummary:
     """Pass 1: count types per file in parallel; write vocab.txt, counts and word_types."""
     if state.count is not None:
@@ -203,6 +221,7 @@ def count_corpus(
     heldout_sentences = [0] * len(tasks)
     for result in _progress(pool.imap(count_file, tasks), tasks, "count"):
         _add_file_counts(result, counts, stats, sentences, heldout_sentences)
+    clock.lap("count")
     seen = counts.table()
     vocab = (
         with_counts(read_vocab(cfg.vocab_file), seen["token"], seen["count"])
@@ -238,6 +257,7 @@ def count_corpus(
     )
     state.restart_with(count)
     output.save_state(state)
+    clock.lap("vocabulary")
     return count
 
 
@@ -279,6 +299,7 @@ def encode_corpus(
     pool: WorkerPool,
     output: DatasetOutput,
     state: PrepareState,
+    clock: PhaseClock,
 ) -> None:
     """Pass 2: write missing heldout parts and training shards (scatter, then shuffle-gather)."""
     cfg = tasks[0].cfg
@@ -307,6 +328,7 @@ def encode_corpus(
     ):
         for info in written:
             output.record_shard(state, info)
+    clock.lap("encode")
     gather = [GatherTask(s, spill_dirs, output.local_root, cfg) for s in missing_train]
     for info in tqdm(
         pool.imap(gather_shard, gather),
@@ -317,6 +339,7 @@ def encode_corpus(
     ):
         output.record_shard(state, info)
     shutil.rmtree(spill_root, ignore_errors=True)
+    clock.lap("shuffle")
 
 
 def build_manifest(
@@ -426,6 +449,8 @@ def prepare_command(
         f"word types; {result.num_shards_written} shards written, "
         f"{result.num_shards_skipped} reused, {result.seconds:.1f}s → {result.dataset}"
     )
+    phases = ", ".join(f"{name} {sec:.2f}s" for name, sec in result.phase_seconds.items())
+    typer.echo(f"phases: {phases}")
 
 
 def main(argv: list[str] | None = None) -> int:

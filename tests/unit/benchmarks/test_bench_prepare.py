@@ -60,7 +60,9 @@ def test_naive_and_prepare_agree_when_run_as_the_benchmark_runs_them(bench, corp
     env = {**bench.os.environ, "ELMO_HOME": str(tmp_path / "home")}
     naive_out, prepared = bench.fresh(tmp_path / "naive"), bench.fresh(tmp_path / "prepared")
     naive = bench.measure(bench.naive_command(corpus, naive_out, 200), env)
-    bench.measure(bench.prepare_command(corpus, prepared, 200, 1), env)
+    run = bench.measure(bench.prepare_command(corpus, prepared, 200, 1), env)
+    assert list(run.phases) == ["count", "vocabulary", "encode", "shuffle"]
+    assert naive.phases is None
     baseline, candidate = bench.read_naive(naive_out), bench.read_prepared(prepared)
     bench.check_agree(baseline, candidate)
     assert len(baseline.vocab) == 200 and baseline.num_oov["train"] > 0
@@ -83,3 +85,13 @@ def test_doubled_corpus_has_twice_the_files_and_the_same_types(bench, corpus):
 def test_reference_scaling_is_a_ratio_a_machine_can_have(bench):
     reference = bench.reference_scaling(dict(bench.os.environ), repeats=1)
     assert 0.5 < reference < 2.5  # at most 2x on two or more CPUs, about 1x on one
+
+
+def test_phases_give_the_parallel_scaling_and_the_two_core_bound(bench):
+    w1 = bench.Run(3.0, 3.0, None, None, None, {"count": 1.0, "vocabulary": 0.4, "encode": 1.0})
+    w2 = bench.Run(2.0, 3.2, None, None, None, {"count": 0.6, "vocabulary": 0.4, "encode": 0.65})
+    figures = bench.phase_scaling(w1, w2)
+    assert figures["parallel_scaling_1_to_2"] == pytest.approx(2.0 / 1.25)
+    assert figures["serial_seconds"] == pytest.approx(1.0)  # everything outside count + encode
+    assert figures["two_core_bound"] == pytest.approx(3.0 / (1.0 + 1.0))
+    assert bench.phase_scaling(w1, None) is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,8 +150,10 @@ def test_rerun_skips_finished_shards_and_rebuilds_deleted_or_corrupted_ones(tmp_
     out = tmp_path / "out"
     first = prepare_files(config(), corpus, str(out))
     total = first.num_shards_written
+    assert list(first.phase_seconds) == ["count", "vocabulary", "encode", "shuffle"]
     again = prepare_files(config(), corpus, str(out))
     assert (again.num_shards_written, again.num_shards_skipped) == (0, total)
+    assert "count" not in again.phase_seconds  # the counting was reused
     (out / "train/part-00001.parquet").unlink()
     (out / "heldout/part-00000.parquet").write_bytes(b"not parquet")
     repaired = prepare_files(config(), corpus, str(out))
@@ -278,7 +281,9 @@ def test_command_line_prepares_a_text_file_and_reports_user_errors(tmp_path, cap
     assert main(argv) == 0
     manifest = load_manifest(str(out))
     assert manifest.params.seed == 1 and manifest.params.sentences_per_shard == 10
-    assert "train: " in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "train: " in printed
+    assert re.search(r"phases: count [\d.]+s, vocabulary [\d.]+s, encode [\d.]+s, shuffle", printed)
     assert (
         main(["--corpus", str(tmp_path / "nope.txt"), "--out", str(out), "--format", "text"]) == 2
     )
