@@ -283,7 +283,8 @@ def shard_permutation(seed: int, shard: int, num_rows: int) -> np.ndarray:
     That arrival order does not depend on the workers or the blocks, so a permutation seeded
     by (seed, shard) shuffles the same way every run, and costs less than sorting by a key.
     """
-    return np.random.Generator(np.random.PCG64([seed, shard])).permutation(num_rows)
+    entropy = [seed & _MASK64, shard]  # PCG64 takes non-negative entropy; seeds may be negative
+    return np.random.Generator(np.random.PCG64(entropy)).permutation(num_rows)
 
 
 class TypeIndex:
@@ -366,7 +367,7 @@ def char_ids_matrix(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """The ``(N, 50)`` int16 ids of a ``char_ids`` column: :func:`char_ids_array` undone."""
     array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     width = CHAR_IDS_TYPE.byte_width
-    data = np.frombuffer(array.buffers()[1], dtype=np.uint8)
+    data = np.frombuffer(array.buffers()[1] or b"", dtype=np.uint8)
     data = data[array.offset * width : (array.offset + len(array)) * width]
     return data.view("<i2").astype(np.int16, copy=False).reshape(-1, MAX_CHARS_PER_TOKEN)
 

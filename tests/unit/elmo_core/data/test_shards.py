@@ -108,6 +108,7 @@ def test_shard_permutations_are_seeded_by_seed_and_shard():
     assert np.array_equal(order, shard_permutation(7, 3, 1000))
     assert not np.array_equal(order, shard_permutation(7, 4, 1000))
     assert not np.array_equal(order, shard_permutation(8, 3, 1000))
+    assert not np.array_equal(shard_permutation(-1, 3, 1000), shard_permutation(1, 3, 1000))
 
 
 def test_char_ids_column_round_trips_through_parquet(tmp_path):
