@@ -65,6 +65,7 @@ from pipelines.prepare_pool import WorkerPool, tune_process
 from pipelines.prepare_shuffle import GatherTask, gather_shard, train_shard_name
 
 SPLITS = ("train", "heldout")
+FIRST_SEEN_FILE_SHIFT = 40  # first-seen keys: input file index, then position within the file
 
 
 class CorpusInputs(Protocol):
@@ -272,7 +273,7 @@ def _add_file_counts(
     heldout_sentences[result.file.index] = result.num_sentences["heldout"]
     for split in SPLITS:
         sentences[split] += result.num_sentences[split]
-    counts.add_table(result.counts)
+    counts.add_table(result.counts, first_seen_offset=result.file.index << FIRST_SEEN_FILE_SHIFT)
 
 
 def heldout_part_names(

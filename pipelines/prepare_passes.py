@@ -183,7 +183,7 @@ class FileCounts:
 
     file: InputFile
     stats: FileStats
-    counts: pa.Table  # COUNT_SCHEMA: (token, count, heldout_count)
+    counts: pa.Table  # COUNT_SCHEMA; first_seen counts entries of the file's block dictionaries
     num_sentences: dict[str, int] = field(default_factory=dict)
 
 
@@ -192,13 +192,16 @@ def count_file(task: FileTask) -> FileCounts:
     stats = FileStats()
     counts = TypeCounts()
     sentences = {"train": 0, "heldout": 0}
+    first_seen = 0  # a block's dictionary is in first-occurrence order: keys run on over blocks
     with _TokenSpill(task.tokens) as spill:
         for chunk in task.read(stats):
             spill.write(chunk)
             heldout = task.heldout_rows(chunk.index)
+            keys = np.arange(first_seen, first_seen + len(chunk.dictionary), dtype=np.int64)
+            first_seen += len(chunk.dictionary)
             for split, rows in (("train", ~heldout), ("heldout", heldout)):
                 if rows.any():
-                    counts.add(chunk.dictionary, chunk.counts(rows), split)
+                    counts.add(chunk.dictionary, chunk.counts(rows), keys, split)
                     sentences[split] += int(rows.sum())
     return FileCounts(task.file, stats, counts.table(), sentences)
 
@@ -216,29 +219,30 @@ def build_word_types(seen: pa.Table, vocab: Vocabulary) -> tuple[pa.Table, WordT
     """The word-type table: vocabulary entries first (type id = vocab id), then OOV types.
 
     ``seen``: every type counted (:data:`~elmo_core.text.type_counts.COUNT_SCHEMA`). OOV types
-    are ordered by descending total count, ties by UTF-8 bytes (deterministic).
+    are ordered by descending total count, ties by where they were first seen (input file
+    order, then position): deterministic, and a numeric sort where sorting the strings cost a
+    quarter of a second per 500k types.
     """
     vocab_tokens = vocab.as_arrow()
     vocab_id = pc.index_in(seen["token"], value_set=vocab_tokens)  # (S,) null: OOV
     in_vocab = pc.is_valid(vocab_id).to_numpy(zero_copy_only=False)
     row_of_vocab = np.full(len(vocab), len(seen), dtype=np.int64)  # unseen → the 0 appended
     row_of_vocab[pc.drop_null(vocab_id).to_numpy()] = np.flatnonzero(in_vocab)
-    oov = seen.filter(pa.array(~in_vocab))
-    oov = oov.append_column("total", pc.add(oov["count"], oov["heldout_count"]))
-    oov = oov.take(pc.sort_indices(oov, [("total", "descending"), ("token", "ascending")]))
-    tokens = pa.concat_arrays([vocab_tokens, _array(oov["token"])])
+    counts = {name: seen[name].to_numpy() for name in ("count", "heldout_count", "first_seen")}
+    oov_rows = np.flatnonzero(~in_vocab)
+    total = counts["count"][oov_rows] + counts["heldout_count"][oov_rows]
+    oov_rows = oov_rows[np.lexsort((counts["first_seen"][oov_rows], -total))]
+    tokens = pa.concat_arrays([vocab_tokens, _array(seen["token"]).take(pa.array(oov_rows))])
     num_types = len(tokens)
     type_ids = np.arange(num_types, dtype=np.int32)
-    counts = {
-        name: np.append(seen[name].to_numpy(), 0)[row_of_vocab]
-        for name in ("count", "heldout_count")
-    }
+    rows = np.concatenate([row_of_vocab, oov_rows])  # the row of `seen` of each type
+    type_counts = {name: np.append(counts[name], 0)[rows] for name in ("count", "heldout_count")}
     table = pa.Table.from_arrays(
         [
             pa.array(type_ids),
             tokens,
-            _concat(counts["count"], oov["count"]),
-            _concat(counts["heldout_count"], oov["heldout_count"]),
+            pa.array(type_counts["count"]),
+            pa.array(type_counts["heldout_count"]),
             pa.array(np.where(type_ids < len(vocab), type_ids, np.int32(UNK_ID))),
             char_id_column(tokens),
         ],
@@ -247,7 +251,10 @@ def build_word_types(seen: pa.Table, vocab: Vocabulary) -> tuple[pa.Table, WordT
     long = pc.greater(pc.binary_length(seen["token"]), MAX_TOKEN_BYTES)
     summary = WordTypeSummary(
         num_types=num_types,
-        num_oov_tokens={"train": _sum(oov["count"]), "heldout": _sum(oov["heldout_count"])},
+        num_oov_tokens={
+            split: int(type_counts[name][len(vocab) :].sum())
+            for split, name in (("train", "count"), ("heldout", "heldout_count"))
+        },
         truncated_tokens={
             "train": _sum(seen["count"].filter(long)),
             "heldout": _sum(seen["heldout_count"].filter(long)),
@@ -258,12 +265,6 @@ def build_word_types(seen: pa.Table, vocab: Vocabulary) -> tuple[pa.Table, WordT
 
 def _array(column: pa.ChunkedArray | pa.Array) -> pa.Array:
     return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-
-
-def _concat(*columns: pa.ChunkedArray | pa.Array | np.ndarray) -> pa.Array:
-    return pa.concat_arrays(
-        [_array(pa.array(c) if isinstance(c, np.ndarray) else c).cast(pa.int64()) for c in columns]
-    )
 
 
 def _sum(column: pa.ChunkedArray | pa.Array) -> int:

@@ -2,15 +2,18 @@
 
 The prepare stage counts every block's distinct tokens per split, sums a file's blocks in its
 worker, then sums the files in the parent: about as many additions as the corpus has
-(block, type) pairs, which is several times the number of types. Two implementations give the
-same totals:
+(block, type) pairs, which is several times the number of types. Each type also keeps where it
+was first seen (the smallest ``first_seen`` key added: block order within a file, then file
+order), which orders the types the vocabulary leaves out without sorting their strings. Two
+implementations give the same totals:
 
 - the C module ``_token_hash.TokenCounts`` (built at install time when a C compiler is there):
   one hash table over the distinct tokens, each addition one probe;
 - Arrow tables, the fallback: new rows are buffered and folded into the total by a
   ``group_by`` once they outnumber it (:func:`fold_counts`), which costs several times as much.
 
-Totals come back as a :data:`COUNT_SCHEMA` table, one row per type seen in either split.
+Totals come back as a :data:`COUNT_SCHEMA` table, one row per type seen in either split, in no
+particular order.
 """
 
 from __future__ import annotations
@@ -26,7 +29,12 @@ except ImportError:  # pragma: no cover - exercised where no C compiler was avai
 
 SPLIT_COLUMNS = {"train": "count", "heldout": "heldout_count"}
 COUNT_SCHEMA = pa.schema(
-    [("token", pa.string()), ("count", pa.int64()), ("heldout_count", pa.int64())]
+    [
+        ("token", pa.string()),
+        ("count", pa.int64()),
+        ("heldout_count", pa.int64()),
+        ("first_seen", pa.int64()),
+    ]
 )
 FOLD_ROWS = 1 << 19  # Arrow fallback: rows held before they are merged, ~10 MB
 
@@ -39,29 +47,34 @@ class TypeCounts:
         self._counts = TokenCounts(len(SPLIT_COLUMNS)) if use_c else None
         self._tables: list[pa.Table] = []  # the fallback's total first, then new rows
 
-    def add(self, tokens: pa.Array, counts: np.ndarray, split: str) -> None:
-        """Add ``counts[i]`` occurrences of ``tokens[i]`` (distinct) to ``split``; 0s are no-ops."""
+    def add(self, tokens: pa.Array, counts: np.ndarray, first_seen: np.ndarray, split: str) -> None:
+        """Add ``counts[i]`` occurrences of ``tokens[i]`` (distinct) to ``split``, first seen at
+        ``first_seen[i]``; tokens counted 0 are not added."""
         column = list(SPLIT_COLUMNS).index(split)
         counts = np.ascontiguousarray(counts, dtype=np.int64)
+        first_seen = np.ascontiguousarray(first_seen, dtype=np.int64)
         if self._counts is not None:
-            self._counts.add(*string_buffers(tokens), counts, column)
+            self._counts.add(*string_buffers(tokens), counts, first_seen, column)
             return
         seen = np.flatnonzero(counts)
         columns = [np.zeros(len(seen), np.int64), np.zeros(len(seen), np.int64)]
         columns[column] = counts[seen]
-        self._append(pa.Table.from_arrays([tokens.take(seen), *columns], schema=COUNT_SCHEMA))
+        table = pa.Table.from_arrays(
+            [tokens.take(seen), *columns, first_seen[seen]], schema=COUNT_SCHEMA
+        )
+        self._tables.append(table)
+        self._tables = fold_counts(self._tables)
 
-    def add_table(self, table: pa.Table) -> None:
-        """Add another total (a :data:`COUNT_SCHEMA` table, as :meth:`table` returns)."""
-        if self._counts is None:
-            self._append(table)
-            return
+    def add_table(self, table: pa.Table, first_seen_offset: int = 0) -> None:
+        """Add another total (a :data:`COUNT_SCHEMA` table, as :meth:`table` returns), its
+        ``first_seen`` keys shifted by ``first_seen_offset``."""
         tokens = _array(table["token"])
+        first_seen = _array(table["first_seen"]).to_numpy() + first_seen_offset
         for split, name in SPLIT_COLUMNS.items():
-            self.add(tokens, _array(table[name]).to_numpy(), split)
+            self.add(tokens, _array(table[name]).to_numpy(), first_seen, split)
 
     def table(self) -> pa.Table:
-        """One row per token counted in either split, with both splits' counts."""
+        """One row per token counted in either split: both splits' counts, where first seen."""
         if self._counts is None:
             self._tables = [merge_counts(self._tables)]
             return self._tables[0]
@@ -70,12 +83,9 @@ class TypeCounts:
         tokens = pa.StringArray.from_buffers(num, pa.py_buffer(offsets), pa.py_buffer(data))
         counts = np.frombuffer(self._counts.counts(), dtype=np.int64)
         counts = counts.reshape(num, len(SPLIT_COLUMNS))
-        columns = (pa.array(counts[:, j]) for j in range(len(SPLIT_COLUMNS)))
-        return pa.Table.from_arrays([tokens, *columns], schema=COUNT_SCHEMA)
-
-    def _append(self, table: pa.Table) -> None:
-        self._tables.append(table)
-        self._tables = fold_counts(self._tables)
+        columns = [pa.array(counts[:, j]) for j in range(len(SPLIT_COLUMNS))]
+        first_seen = pa.array(np.frombuffer(self._counts.firsts(), dtype=np.int64))
+        return pa.Table.from_arrays([tokens, *columns, first_seen], schema=COUNT_SCHEMA)
 
 
 def fold_counts(tables: list[pa.Table]) -> list[pa.Table]:
@@ -92,16 +102,15 @@ def fold_counts(tables: list[pa.Table]) -> list[pa.Table]:
 
 
 def merge_counts(tables: list[pa.Table]) -> pa.Table:
-    """Sum :data:`COUNT_SCHEMA` tables by token."""
+    """Sum :data:`COUNT_SCHEMA` tables by token (the earliest ``first_seen`` kept)."""
     if not tables:
         return COUNT_SCHEMA.empty_table()
     if len(tables) == 1:
         return tables[0]
-    names = list(SPLIT_COLUMNS.values())
-    summed = pa.concat_tables(tables).group_by("token").aggregate([(n, "sum") for n in names])
-    return pa.Table.from_arrays(
-        [summed["token"], *(summed[f"{n}_sum"] for n in names)], schema=COUNT_SCHEMA
-    )
+    sums = [(name, "sum") for name in SPLIT_COLUMNS.values()]
+    merged = pa.concat_tables(tables).group_by("token").aggregate([*sums, ("first_seen", "min")])
+    columns = [merged[f"{name}_{how}"] for name, how in [*sums, ("first_seen", "min")]]
+    return pa.Table.from_arrays([merged["token"], *columns], schema=COUNT_SCHEMA)
 
 
 def string_buffers(strings: pa.Array) -> tuple[np.ndarray, pa.Buffer]:
@@ -113,10 +122,10 @@ def string_buffers(strings: pa.Array) -> tuple[np.ndarray, pa.Buffer]:
     return rows, data if data is not None else pa.py_buffer(b"")
 
 
-def _array(column: pa.ChunkedArray | pa.Array) -> pa.Array:
-    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-
-
 def split_totals(table: pa.Table) -> dict[str, int]:
     """Occurrences per split of a :data:`COUNT_SCHEMA` table."""
     return {split: int(pc.sum(table[name]).as_py() or 0) for split, name in SPLIT_COLUMNS.items()}
+
+
+def _array(column: pa.ChunkedArray | pa.Array) -> pa.Array:
+    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column

@@ -5,7 +5,8 @@
  * dictionary finds its type ids with one probe per distinct token (Arrow's index_in re-hashed a
  * block's dictionary and probed it with every type, per block).
  * TokenCounts: occurrences of each distinct token in a few columns (the splits), summed as
- * blocks and files arrive (Arrow needed a group_by over every (block, type) pair).
+ * blocks and files arrive (Arrow needed a group_by over every (block, type) pair), and where
+ * each was first seen (the smallest key given), which orders the OOV types deterministically.
  * The fallbacks are in shards.py and type_counts.py; the tests check both agree.
  */
 #include "token_hash.h"
@@ -91,8 +92,9 @@ PyTypeObject TokenIndexType = {
 /* --- TokenCounts: occurrences of distinct tokens, summed as they arrive ------------------- */
 
 typedef struct {
-    PyObject_HEAD Dictionary dict; /* entries in first-seen order */
+    PyObject_HEAD Dictionary dict; /* entries in the order they arrived */
     Buffer counts;                 /* int64[entries x columns] */
+    Buffer firsts;                 /* int64[entries]: the smallest first-seen key added */
     int columns;
 } TokenCounts;
 
@@ -111,7 +113,8 @@ static int token_counts_init(TokenCounts *self, PyObject *args, PyObject *kwargs
     }
     dictionary_free(&self->dict);
     free(self->counts.data);
-    self->counts = (Buffer){0};
+    free(self->firsts.data);
+    self->counts = self->firsts = (Buffer){0};
     self->columns = columns;
     if (dictionary_init(&self->dict, 1 << 16) < 0) {
         PyErr_NoMemory();
@@ -120,27 +123,42 @@ static int token_counts_init(TokenCounts *self, PyObject *args, PyObject *kwargs
     return 0;
 }
 
-/* Add counts[i] to token i's entry in `column`; tokens counted 0 are not added. */
+/* Grow `buf` to `size` bytes, the new ones set to `fill` (int64 values); 0, or OUT_OF_MEMORY. */
+static int grow_int64(Buffer *buf, size_t size, int64_t fill) {
+    if (size <= buf->size) {
+        return 0;
+    }
+    if (buffer_reserve(buf, size - buf->size) < 0) {
+        return OUT_OF_MEMORY;
+    }
+    int64_t *at = (int64_t *)(buf->data + buf->size), *end = (int64_t *)(buf->data + size);
+    while (at < end) {
+        *at++ = fill;
+    }
+    buf->size = size;
+    return 0;
+}
+
+/* Add counts[i] to token i's entry in `column` and keep the smaller of its first-seen key and
+ * firsts[i]; tokens counted 0 are not added. */
 static int token_counts_accumulate(TokenCounts *self, const Strings *tokens, const int64_t *counts,
-                                   int column) {
+                                   const int64_t *firsts, int column) {
     int32_t *ids = malloc((size_t)(tokens->count ? tokens->count : 1) * sizeof(int32_t));
     if (ids == NULL || lookup_strings(&self->dict, tokens, counts, 1, ids) < 0) {
         free(ids);
         return OUT_OF_MEMORY;
     }
-    size_t size = (size_t)self->dict.size * self->columns * sizeof(int64_t);
-    if (size > self->counts.size) { /* zeros for the new entries */
-        if (buffer_reserve(&self->counts, size - self->counts.size) < 0) {
-            free(ids);
-            return OUT_OF_MEMORY;
-        }
-        memset(self->counts.data + self->counts.size, 0, size - self->counts.size);
-        self->counts.size = size;
+    size_t entries = (size_t)self->dict.size;
+    if (grow_int64(&self->counts, entries * self->columns * sizeof(int64_t), 0) < 0 ||
+        grow_int64(&self->firsts, entries * sizeof(int64_t), INT64_MAX) < 0) {
+        free(ids);
+        return OUT_OF_MEMORY;
     }
-    int64_t *totals = (int64_t *)self->counts.data;
+    int64_t *totals = (int64_t *)self->counts.data, *first = (int64_t *)self->firsts.data;
     for (Py_ssize_t i = 0; i < tokens->count; i++) {
         if (ids[i] >= 0) {
             totals[(size_t)ids[i] * self->columns + column] += counts[i];
+            first[ids[i]] = firsts[i] < first[ids[i]] ? firsts[i] : first[ids[i]];
         }
     }
     free(ids);
@@ -149,22 +167,26 @@ static int token_counts_accumulate(TokenCounts *self, const Strings *tokens, con
 
 static PyObject *token_counts_add(TokenCounts *self, PyObject *args) {
     Strings tokens;
-    Py_buffer counts;
+    Py_buffer counts, firsts;
     int column;
-    if (!PyArg_ParseTuple(args, "y*y*y*i:add", &tokens.offsets, &tokens.data, &counts, &column)) {
+    if (!PyArg_ParseTuple(args, "y*y*y*y*i:add", &tokens.offsets, &tokens.data, &counts, &firsts,
+                          &column)) {
         return NULL;
     }
     if (strings_check(&tokens) < 0) {
         PyBuffer_Release(&counts);
+        PyBuffer_Release(&firsts);
         return NULL;
     }
     PyObject *result = NULL;
-    if (counts.len != tokens.count * 8 || column < 0 || column >= self->columns) {
-        PyErr_SetString(PyExc_ValueError, "add wants one int64 count per token and a column");
+    if (counts.len != tokens.count * 8 || firsts.len != tokens.count * 8 || column < 0 ||
+        column >= self->columns) {
+        PyErr_SetString(PyExc_ValueError,
+                        "add wants one int64 count and first-seen key per token, and a column");
     } else {
         int status;
         Py_BEGIN_ALLOW_THREADS
-        status = token_counts_accumulate(self, &tokens, counts.buf, column);
+        status = token_counts_accumulate(self, &tokens, counts.buf, firsts.buf, column);
         Py_END_ALLOW_THREADS
         if (status < 0) {
             PyErr_NoMemory();
@@ -174,6 +196,7 @@ static PyObject *token_counts_add(TokenCounts *self, PyObject *args) {
     }
     strings_release(&tokens);
     PyBuffer_Release(&counts);
+    PyBuffer_Release(&firsts);
     return result;
 }
 
@@ -191,20 +214,30 @@ static PyObject *token_counts_counts(TokenCounts *self, PyObject *unused) {
                                      (Py_ssize_t)self->counts.size);
 }
 
+static PyObject *token_counts_firsts(TokenCounts *self, PyObject *unused) {
+    return PyBytes_FromStringAndSize(self->firsts.data ? self->firsts.data : "",
+                                     (Py_ssize_t)self->firsts.size);
+}
+
 static void token_counts_dealloc(TokenCounts *self) {
     dictionary_free(&self->dict);
     free(self->counts.data);
+    free(self->firsts.data);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 static PyMethodDef token_counts_methods[] = {
     {"add", (PyCFunction)token_counts_add, METH_VARARGS,
-     "add(offsets, data, counts, column): add int64 counts[i] to token i's entry in column "
-     "(tokens distinct, as Arrow string buffers); tokens counted 0 are not added."},
+     "add(offsets, data, counts, firsts, column): add int64 counts[i] to token i's entry in "
+     "column and keep the smaller of its first-seen key and int64 firsts[i] (tokens distinct, "
+     "as Arrow string buffers); tokens counted 0 are not added."},
     {"tokens", (PyCFunction)token_counts_tokens, METH_NOARGS,
-     "tokens() -> (offsets, data): the distinct tokens, first seen first, as Arrow buffers."},
+     "tokens() -> (offsets, data): the distinct tokens, in the order they arrived, as Arrow "
+     "buffers."},
     {"counts", (PyCFunction)token_counts_counts, METH_NOARGS,
      "counts() -> bytes: int64[tokens x columns], row-major."},
+    {"firsts", (PyCFunction)token_counts_firsts, METH_NOARGS,
+     "firsts() -> bytes: int64[tokens], each token's smallest first-seen key."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -13,9 +13,10 @@ from pipelines.prepare_passes import build_word_types
 def test_word_types_join_training_and_heldout_counts():
     seen = pa.table(
         {
-            "token": ["the", "cat", "rare", "dog", "zebra"],
-            "count": pa.array([5, 3, 1, 1, 0], pa.int64()),
-            "heldout_count": pa.array([0, 2, 0, 1, 4], pa.int64()),
+            "token": ["the", "cat", "rare", "dog", "zebra", "ant"],
+            "count": pa.array([5, 3, 1, 1, 0, 2], pa.int64()),
+            "heldout_count": pa.array([0, 2, 0, 1, 4, 0], pa.int64()),
+            "first_seen": pa.array([0, 1, 2, 5, 4, 9], pa.int64()),
         },
         schema=COUNT_SCHEMA,
     )
@@ -31,10 +32,11 @@ def test_word_types_join_training_and_heldout_counts():
         ("the", 5, 0, 3),
         ("cat", 3, 2, 4),
         ("unseen", 0, 0, 5),
-        ("zebra", 0, 4, 2),  # OOV by total count, then by bytes
+        ("zebra", 0, 4, 2),  # OOV by total count, then where first seen
         ("dog", 1, 1, 2),
+        ("ant", 2, 0, 2),
         ("rare", 1, 0, 2),
     ]
-    assert table["type_id"].to_pylist() == list(range(9))
-    assert summary.num_types == 9
-    assert summary.num_oov_tokens == {"train": 2, "heldout": 5}
+    assert table["type_id"].to_pylist() == list(range(10))
+    assert summary.num_types == 10
+    assert summary.num_oov_tokens == {"train": 4, "heldout": 5}
