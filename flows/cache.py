@@ -35,10 +35,11 @@ PREPARE_MODULES = ("prepare*.py", "corpus_sources.py", "download.py", "sample_co
 
 
 def code_files() -> list[Path]:
-    """The source files a prepared dataset depends on, in a stable order."""
+    """The source files a prepared dataset depends on, in a stable order: the C extensions'
+    sources too (they split, hash and count the tokens), where the install kept them."""
     core = Path(elmo_core.__file__).parent
     stages = Path(pipelines.__file__).parent
-    files = set(core.rglob("*.py"))
+    files = {path for suffix in ("py", "c", "h") for path in core.rglob(f"*.{suffix}")}
     for pattern in PREPARE_MODULES:
         files.update(stages.glob(pattern))
     return sorted(files)

@@ -21,6 +21,7 @@ def test_code_files_cover_elmo_core_and_the_prepare_modules_only() -> None:
     core = {p.name for p in Path(elmo_core.__file__).parent.rglob("*.py")}
 
     assert core <= names
+    assert {"split.c", "tables.c", "dictionary.c", "dictionary.h", "_rows.c"} <= names
     assert {"prepare.py", "prepare_passes.py", "prepare_output.py", "corpus_sources.py"} <= names
     assert {"download.py", "sample_corpus.py"} <= names
     assert not {"train.py", "adapt.py", "register.py"} & names
