@@ -61,11 +61,12 @@ class ShardSpill:
         """Append sentences ``rows`` (of flat ``types`` cut at ``offsets``) to their ``shards``,
         in the order given."""
         # NumPy's stable sort is a radix sort on 16-bit keys, several times faster than on int64.
-        narrow = shards.astype(np.uint16) if shards.max() < 1 << 16 else shards
+        top = int(shards.max())
+        narrow = shards.astype(np.uint16) if top < 1 << 16 else shards
         by_shard = np.argsort(narrow, kind="stable")
         new_offsets, values = permute_rows(offsets, types, rows[by_shard])
         shards = shards[by_shard]
-        bounds = np.searchsorted(shards, np.arange(shards.max() + 2))
+        bounds = np.searchsorted(shards, np.arange(top + 2))
         for shard in np.flatnonzero(np.diff(bounds)):
             start, stop = bounds[shard], bounds[shard + 1]
             piece = new_offsets[start : stop + 1]

@@ -49,8 +49,8 @@ from elmo_core.text.char_ids import (
     MAX_TOKEN_BYTES,
     PAD_CHAR,
 )
+from elmo_core.text.string_buffers import string_buffers
 from elmo_core.text.tokenize import BlockTokens, Tokenizer
-from elmo_core.text.type_counts import string_buffers
 from elmo_core.text.vocab import UNK_ID
 
 try:  # optional at install time: see pyproject.toml's ext-modules

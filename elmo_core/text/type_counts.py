@@ -22,6 +22,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from elmo_core.text.string_buffers import string_buffers, strings_from_buffers
+
 try:  # optional at install time: see pyproject.toml's ext-modules
     from elmo_core.text._token_hash import TokenCounts
 except ImportError:  # pragma: no cover - exercised where no C compiler was available
@@ -78,11 +80,9 @@ class TypeCounts:
         if self._counts is None:
             self._tables = [merge_counts(self._tables)]
             return self._tables[0]
-        offsets, data = self._counts.tokens()
-        num = len(offsets) // 4 - 1
-        tokens = pa.StringArray.from_buffers(num, pa.py_buffer(offsets), pa.py_buffer(data))
+        tokens = strings_from_buffers(*self._counts.tokens())
         counts = np.frombuffer(self._counts.counts(), dtype=np.int64)
-        counts = counts.reshape(num, len(SPLIT_COLUMNS))
+        counts = counts.reshape(len(tokens), len(SPLIT_COLUMNS))
         columns = [pa.array(counts[:, j]) for j in range(len(SPLIT_COLUMNS))]
         first_seen = pa.array(np.frombuffer(self._counts.firsts(), dtype=np.int64))
         return pa.Table.from_arrays([tokens, *columns, first_seen], schema=COUNT_SCHEMA)
@@ -111,15 +111,6 @@ def merge_counts(tables: list[pa.Table]) -> pa.Table:
     merged = pa.concat_tables(tables).group_by("token").aggregate([*sums, ("first_seen", "min")])
     columns = [merged[f"{name}_{how}"] for name, how in [*sums, ("first_seen", "min")]]
     return pa.Table.from_arrays([merged["token"], *columns], schema=COUNT_SCHEMA)
-
-
-def string_buffers(strings: pa.Array) -> tuple[np.ndarray, pa.Buffer]:
-    """(int32 offsets of the array's own rows, data buffer) of a string array, slices included."""
-    strings = strings.cast(pa.string())
-    _, offsets, data = strings.buffers()
-    start = strings.offset
-    rows = np.frombuffer(offsets, dtype=np.int32)[start : start + len(strings) + 1]
-    return rows, data if data is not None else pa.py_buffer(b"")
 
 
 def split_totals(table: pa.Table) -> dict[str, int]:

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from elmo_core.text.string_buffers import strings_from_buffers
+
 try:  # optional at install time: see pyproject.toml's ext-modules
     from elmo_core.text._token_hash import split_and_encode
 except ImportError:  # pragma: no cover - exercised where no C compiler was available
@@ -71,10 +73,7 @@ def split_block_compiled(block: bytes) -> BlockTokens:
     if split_and_encode is None:
         raise RuntimeError("elmo_core.text._token_hash is not built")
     ids, line_offsets, entry_offsets, entry_bytes = split_and_encode(block)
-    num_entries = len(entry_offsets) // 4 - 1
-    dictionary = pa.StringArray.from_buffers(
-        num_entries, pa.py_buffer(entry_offsets), pa.py_buffer(entry_bytes)
-    )
+    dictionary = strings_from_buffers(entry_offsets, entry_bytes)
     indices = pa.Array.from_buffers(pa.int32(), len(ids) // 4, [None, pa.py_buffer(ids)])
     tokens = pa.DictionaryArray.from_arrays(indices, dictionary)
     return BlockTokens(tokens, np.frombuffer(line_offsets, dtype=np.int64))
