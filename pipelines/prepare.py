@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Annotated, Any, Protocol, TypeVar
 
 import typer
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from tqdm import tqdm
 
 from elmo_core.config import PrepareConfig, resolve_config
@@ -44,27 +44,32 @@ from elmo_core.data.manifest import (
     VocabInfo,
     WordTypesInfo,
 )
-from elmo_core.data.shards import SHARD_FORMAT, SHARD_FORMAT_VERSION, FileStats, write_parquet
+from elmo_core.data.shards import SHARD_FORMAT, SHARD_FORMAT_VERSION, FileStats
 from elmo_core.errors import DataError
+from elmo_core.files import sha256_file
 from elmo_core.text.tokenize import Tokenizer
 from elmo_core.text.type_counts import TypeCounts, split_totals
 from elmo_core.text.vocab import build_vocab, read_vocab, vocab_counts_text, vocab_text, with_counts
 from pipelines.cli_runner import run_command
-from pipelines.prepare_output import DatasetOutput, PrepareState
+from pipelines.prepare_output import WORD_TYPES_NAME, DatasetOutput, PrepareState
 from pipelines.prepare_passes import (
     EncodeTask,
     FileCounts,
     FileTask,
     InputFile,
-    build_word_types,
+    WordTypesTask,
+    build_type_order,
     count_file,
     encode_file,
     vocab_with_marker_counts,
+    write_type_order,
+    write_word_types,
 )
 from pipelines.prepare_pool import WorkerPool, tune_process
 from pipelines.prepare_shuffle import GatherTask, gather_shard, train_shard_name
 
 SPLITS = ("train", "heldout")
+TYPE_ORDER_NAME = "type_order.arrow"  # in the work directory: pass 2's type tokens
 FIRST_SEEN_FILE_SHIFT = 40  # first-seen keys: input file index, then position within the file
 
 
@@ -116,7 +121,8 @@ class CountSummary(BaseModel):
     vocab_size: int
     num_types: int
     imported_vocab: str | None
-    checksums: dict[str, str]  # vocab.txt, vocab_counts.tsv, word_types.parquet
+    checksums: dict[str, str]  # vocab.txt, vocab_counts.tsv
+    type_order: str  # sha256 of the type order file: which word-type table the shards index
 
 
 def prepare(cfg: PrepareConfig, corpus: str, out: str) -> PrepareResult:
@@ -150,8 +156,8 @@ def prepare_files(cfg: PrepareConfig, corpus: CorpusInputs, out: str) -> Prepare
     num_skipped = len(state.shards)
     clock = PhaseClock()
     with WorkerPool(cfg.workers) as pool:
-        count = count_corpus(tasks, cfg, pool, output, state, clock)
-        encode_corpus(tasks, count, pool, output, state, clock)
+        count, type_tokens = count_corpus(tasks, cfg, pool, output, state, clock)
+        encode_corpus(tasks, count, type_tokens, pool, output, state, clock)
     manifest = build_manifest(cfg, corpus.source, tokenizer, tasks, count, state)
     output.write_text(MANIFEST_NAME, manifest.to_json())
     output.finish()
@@ -210,12 +216,16 @@ def count_corpus(
     output: DatasetOutput,
     state: PrepareState,
     clock: PhaseClock,
-) -> CountSummary:
-    """Pass 1: count types per file in parallel; write vocab.txt, counts and word_types."""
-    if state.count is not None:
-        previous = CountSummary.model_validate(state.count)
-        if output.has_all(previous.checksums):
-            return previous
+) -> tuple[CountSummary, Path]:
+    """Pass 1: count types per file in parallel; write vocab.txt, its counts and the type order.
+
+    Returns the count and where pass 2 reads the type tokens (:func:`type_tokens_file`).
+    """
+    previous = _previous_count(state)
+    if previous is not None and output.has_all(previous.checksums):
+        type_tokens = type_tokens_file(output, previous, state)
+        if type_tokens is not None:
+            return previous, type_tokens
     counts = TypeCounts()
     stats = {split: FileStats() for split in SPLITS}
     sentences = {split: 0 for split in SPLITS}
@@ -231,15 +241,13 @@ def count_corpus(
             seen["token"], seen["count"], max_vocab=cfg.max_vocab, min_count=cfg.min_count
         )
     )
-    word_types, summary = build_word_types(seen, vocab)
+    type_order, summary = build_type_order(seen, vocab)
     vocab = vocab_with_marker_counts(vocab, sentences["train"], summary.num_oov_tokens["train"])
     checksums = {
         "vocab.txt": output.write_text("vocab.txt", vocab_text(vocab)),
         "vocab_counts.tsv": output.write_text("vocab_counts.tsv", vocab_counts_text(vocab)),
-        "word_types.parquet": output.write_local(
-            "word_types.parquet", lambda path: write_parquet(word_types, path, 1 << 16)
-        ),
     }
+    type_tokens = output.work / TYPE_ORDER_NAME
     count = CountSummary(
         stats={
             split: SplitStats(
@@ -255,11 +263,34 @@ def count_corpus(
         num_types=summary.num_types,
         imported_vocab=cfg.vocab_file,
         checksums=checksums,
+        type_order=write_type_order(type_order, type_tokens),
     )
     state.restart_with(count)
     output.save_state(state)
     clock.lap("vocabulary")
-    return count
+    return count, type_tokens
+
+
+def _previous_count(state: PrepareState) -> CountSummary | None:
+    """The recorded counting result, if any (one recorded by an older prepare is recounted)."""
+    try:
+        return None if state.count is None else CountSummary.model_validate(state.count)
+    except ValidationError:
+        return None
+
+
+def type_tokens_file(
+    output: DatasetOutput, count: CountSummary, state: PrepareState
+) -> Path | None:
+    """Where pass 2 can read the type tokens of ``count``: its type order file in the work
+    directory (kept until the dataset is complete), else the finished ``word_types.parquet``;
+    None when neither is there and pass 1 must run again."""
+    order = output.work / TYPE_ORDER_NAME
+    if order.is_file() and sha256_file(order) == count.type_order:
+        return order
+    if state.word_types is not None and output.has_all({WORD_TYPES_NAME: state.word_types}):
+        return output.local_root / WORD_TYPES_NAME
+    return None
 
 
 def _add_file_counts(
@@ -297,12 +328,14 @@ def num_train_shards(count: CountSummary, cfg: PrepareConfig) -> int:
 def encode_corpus(
     tasks: list[FileTask],
     count: CountSummary,
+    type_tokens: Path,
     pool: WorkerPool,
     output: DatasetOutput,
     state: PrepareState,
     clock: PhaseClock,
 ) -> None:
-    """Pass 2: write missing heldout parts and training shards (scatter, then shuffle-gather)."""
+    """Pass 2: write word_types.parquet if missing, missing heldout parts and training shards
+    (scatter, then shuffle-gather)."""
     cfg = tasks[0].cfg
     num_shards = num_train_shards(count, cfg)
     missing_train = [s for s in range(num_shards) if train_shard_name(s) not in state.shards]
@@ -317,18 +350,24 @@ def encode_corpus(
             encode_tasks.append(
                 EncodeTask(
                     task,
-                    output.local_root / "word_types.parquet",
+                    type_tokens,
                     output.local_root,
                     parts if want_heldout else [],
                     spill if want_train else None,
                     num_shards,
                 )
             )
-    for written in _progress(
+    word_types = None
+    if state.word_types is None:
+        word_task = WordTypesTask(type_tokens, output.local_root / WORD_TYPES_NAME)
+        word_types = pool.submit(write_word_types, word_task)
+    for encoded in _progress(
         pool.imap(encode_file, encode_tasks), [t.read for t in encode_tasks], "encode"
     ):
-        for info in written:
+        for info in encoded.heldout_parts:
             output.record_shard(state, info)
+    if word_types is not None:
+        output.record_word_types(state, word_types.get())
     clock.lap("encode")
     gather = [GatherTask(s, spill_dirs, output.local_root, cfg) for s in missing_train]
     for info in tqdm(
@@ -352,6 +391,8 @@ def build_manifest(
     state: PrepareState,
 ) -> Manifest:
     """The manifest from the count summary and the recorded shards (checked against each other)."""
+    if state.word_types is None:
+        raise RuntimeError(f"{WORD_TYPES_NAME} was not written")
     parts = heldout_part_names(tasks, count, cfg)
     planned = {
         "train": [train_shard_name(s) for s in range(num_train_shards(count, cfg))],
@@ -390,9 +431,7 @@ def build_manifest(
             sha256=count.checksums["vocab.txt"],
             imported_from=count.imported_vocab,
         ),
-        word_types=WordTypesInfo(
-            num_types=count.num_types, sha256=count.checksums["word_types.parquet"]
-        ),
+        word_types=WordTypesInfo(num_types=count.num_types, sha256=state.word_types),
         splits=splits,
         stats=count.stats["train"] + count.stats["heldout"],
     )

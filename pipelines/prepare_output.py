@@ -3,8 +3,8 @@
 Every file is first written under ``local_root`` with a temporary name and renamed (atomic on one
 filesystem); for a remote output ``local_root`` is a staging directory under ``ELMO_HOME`` and each
 finished file is then uploaded whole (an object store never shows a partial object). The state
-record ``prepare_state.json`` lists the finished shards with their sha256; a re-run verifies each
-one and redoes what is missing or no longer matches.
+record ``prepare_state.json`` lists the finished shards and word-type table with their sha256;
+a re-run verifies each one and redoes what is missing or no longer matches.
 """
 
 from __future__ import annotations
@@ -24,21 +24,23 @@ from elmo_core.files import atomic_write, sha256_file
 
 STATE_NAME = "prepare_state.json"
 WORK_NAME = ".prepare-work"
+WORD_TYPES_NAME = "word_types.parquet"
 
 
 class PrepareState(BaseModel):
-    """The resumption record: which run (fingerprint), its counting result, finished shards."""
+    """The resumption record: which run (fingerprint), its counting result, finished files."""
 
     fingerprint: str
     count: dict[str, Any] | None = None  # pipelines.prepare.CountSummary as JSON
+    word_types: str | None = None  # sha256 of the finished word_types.parquet
     shards: dict[str, ShardInfo] = {}
 
     def restart_with(self, count: BaseModel) -> None:
-        """A new counting result: shards built from another word-type table are void."""
-        previous = (self.count or {}).get("checksums", {}).get("word_types.parquet")
+        """A new counting result: what was built from another type order is void."""
         dumped = count.model_dump(mode="json")
-        if previous != dumped["checksums"]["word_types.parquet"]:
+        if (self.count or {}).get("type_order") != dumped["type_order"]:
             self.shards = {}
+            self.word_types = None
         self.count = dumped
 
 
@@ -76,6 +78,8 @@ class DatasetOutput:
         state.shards = {
             name: info for name, info in state.shards.items() if self.verify(name, info.sha256)
         }
+        if state.word_types is not None and not self.verify(WORD_TYPES_NAME, state.word_types):
+            state.word_types = None
         return state
 
     def save_state(self, state: PrepareState) -> None:
@@ -87,6 +91,12 @@ class DatasetOutput:
         if self.remote:
             (self.local_root / info.path).unlink(missing_ok=True)
         state.shards[info.path] = info
+        self.save_state(state)
+
+    def record_word_types(self, state: PrepareState, digest: str) -> None:
+        """Publish the word_types.parquet written under ``local_root`` and record it."""
+        self.publish(WORD_TYPES_NAME)
+        state.word_types = digest
         self.save_state(state)
 
     def write_text(self, relative: str, text: str) -> str:

@@ -4,13 +4,14 @@ Pass 1, :func:`count_file`: tokenize one input file block by block, dictionary-e
 (one hash of every token), count its word types per split from the dictionary indices, and spill
 the encoded block (:class:`EncodedChunk`, an Arrow IPC stream per file) for pass 2. The parent
 sums the files' counts (:class:`~elmo_core.text.type_counts.TypeCounts`), builds the vocabulary
-and the word-type table (:func:`build_word_types`).
+and the order of the word types (:func:`build_type_order`).
 
 Pass 2, :func:`encode_file`: read the file's spill (or, when a resumed run has none, tokenize
 the file again) and map each block's dictionary to type ids, a lookup of its distinct tokens
 only; heldout rows go, in source order, to the file's heldout parts; training rows are scattered
 to per-shard spill files and shuffled by :mod:`pipelines.prepare_shuffle`. Neither pass holds
-more than a block of text, one shard, and the type table in memory.
+more than a block of text, one shard, and the type table in memory. Beside the files,
+:func:`write_word_types` adds the char ids to the type order and writes ``word_types.parquet``.
 
 All outputs are written under a temporary name and renamed; a spill is renamed into place only
 when complete, so a crash never leaves a file that looks finished.
@@ -35,6 +36,7 @@ from elmo_core.config import PrepareConfig
 from elmo_core.data.manifest import ShardInfo
 from elmo_core.data.shards import (
     HELDOUT_SCHEMA,
+    TYPE_ORDER_SCHEMA,
     WORD_TYPES_SCHEMA,
     FileStats,
     SentenceChunk,
@@ -45,7 +47,9 @@ from elmo_core.data.shards import (
     read_sentences,
     sentence_table,
     train_shard_of,
+    write_parquet,
 )
+from elmo_core.files import atomic_write, sha256_file
 from elmo_core.text.char_ids import MAX_TOKEN_BYTES
 from elmo_core.text.tokenize import Tokenizer
 from elmo_core.text.type_counts import TypeCounts
@@ -215,8 +219,9 @@ class WordTypeSummary:
     truncated_tokens: dict[str, int]
 
 
-def build_word_types(seen: pa.Table, vocab: Vocabulary) -> tuple[pa.Table, WordTypeSummary]:
-    """The word-type table: vocabulary entries first (type id = vocab id), then OOV types.
+def build_type_order(seen: pa.Table, vocab: Vocabulary) -> tuple[pa.Table, WordTypeSummary]:
+    """The word-type table less its char ids (:data:`TYPE_ORDER_SCHEMA`): vocabulary entries
+    first (type id = vocab id), then OOV types. :func:`write_word_types` adds the char ids.
 
     ``seen``: every type counted (:data:`~elmo_core.text.type_counts.COUNT_SCHEMA`). OOV types
     are ordered by descending total count, ties by where they were first seen (input file
@@ -244,9 +249,8 @@ def build_word_types(seen: pa.Table, vocab: Vocabulary) -> tuple[pa.Table, WordT
             pa.array(type_counts["count"]),
             pa.array(type_counts["heldout_count"]),
             pa.array(np.where(type_ids < len(vocab), type_ids, np.int32(UNK_ID))),
-            char_id_column(tokens),
         ],
-        schema=WORD_TYPES_SCHEMA,
+        schema=TYPE_ORDER_SCHEMA,
     )
     long = pc.greater(pc.binary_length(seen["token"]), MAX_TOKEN_BYTES)
     summary = WordTypeSummary(
@@ -279,20 +283,60 @@ def vocab_with_marker_counts(vocab: Vocabulary, num_sentences: int, num_oov: int
     return Vocabulary(tokens=vocab.tokens, counts=counts)
 
 
-def _type_index(word_types: Path) -> TypeIndex:
-    """The type table's tokens, read and hashed once per worker process and version of the file.
+def write_type_order(table: pa.Table, path: Path) -> str:
+    """The type order as an Arrow IPC file (pass 2 maps it instead of decoding Parquet); sha256."""
+
+    def write(temporary: Path) -> str:
+        with pa.ipc.new_file(str(temporary), TYPE_ORDER_SCHEMA) as writer:
+            writer.write_table(table)
+        return sha256_file(temporary)
+
+    return atomic_write(path, write)
+
+
+def read_type_tokens(path: Path) -> pa.Array:
+    """The ``token`` column of a type order (``.arrow``) or of ``word_types.parquet``."""
+    if path.suffix == ".arrow":
+        table = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
+    else:  # ParquetFile, not read_table: that imports pyarrow.dataset (20 ms) for one file.
+        table = pq.ParquetFile(path).read(columns=["token"])
+    return table["token"].combine_chunks()
+
+
+@dataclass(frozen=True)
+class WordTypesTask:
+    """Pass 2's one task that is not a file: the type order plus char ids → word_types.parquet.
+
+    It runs in the pool beside the files' tasks, so the char ids and the Parquet writing (about
+    a fifth of a second per 400k types) are not serial work between the passes.
+    """
+
+    type_order: Path  # write_type_order's file
+    out: Path  # the local word_types.parquet
+
+
+def write_word_types(task: WordTypesTask) -> str:
+    """Write ``word_types.parquet`` (atomically); its sha256."""
+    table = pa.ipc.open_file(pa.memory_map(str(task.type_order))).read_all()
+    table = table.append_column(
+        WORD_TYPES_SCHEMA.field("char_ids"), char_id_column(table["token"].combine_chunks())
+    )
+    return write_parquet(table, task.out, 1 << 16)
+
+
+def _type_index(type_tokens: Path) -> TypeIndex:
+    """The type tokens, read and hashed once per worker process and version of the file.
 
     Keyed by size and mtime too: a process that prepares twice into the same output (a resumed
     run with another vocabulary) must not reuse the previous table.
     """
-    stat = word_types.stat()
-    return _read_type_index(str(word_types), stat.st_size, stat.st_mtime_ns)
+    stat = type_tokens.stat()
+    return _read_type_index(str(type_tokens), stat.st_size, stat.st_mtime_ns)
 
 
 @lru_cache(maxsize=1)
 def _read_type_index(path: str, size: int, mtime_ns: int) -> TypeIndex:
-    # ParquetFile, not read_table: that imports pyarrow.dataset (20 ms) for one local file.
-    return TypeIndex(pq.ParquetFile(path).read(columns=["token"])["token"].combine_chunks())
+    return TypeIndex(read_type_tokens(Path(path)))
 
 
 @dataclass(frozen=True)
@@ -300,17 +344,25 @@ class EncodeTask:
     """Pass 2 on one file: its heldout parts and/or its training spill."""
 
     read: FileTask
-    word_types: Path
+    type_tokens: Path  # the type order, or word_types.parquet (read_type_tokens)
     root: Path  # local dataset root: heldout parts are written under it
     heldout_parts: list[str]  # relative paths of this file's heldout parts, in order
     spill_dir: Path | None  # where the training rows go (None: not needed)
     num_train_shards: int
 
 
-def encode_file(task: EncodeTask) -> list[ShardInfo]:
-    """Encode one file; return the heldout parts written (training rows go to the spill)."""
+@dataclass(frozen=True)
+class EncodedFile:
+    """Pass-2 result of one file: the heldout parts it wrote (its training rows are spilled)."""
+
+    file: InputFile
+    heldout_parts: list[ShardInfo]
+
+
+def encode_file(task: EncodeTask) -> EncodedFile:
+    """Encode one file: write its heldout parts and spill its training rows by shard."""
     cfg, file_index = task.read.cfg, task.read.file.index
-    type_index = _type_index(task.word_types)
+    type_index = _type_index(task.type_tokens)
     parts = _HeldoutParts(task.root, task.heldout_parts, task.read.file.name, cfg)
     spill = ShardSpill(task.spill_dir) if task.spill_dir else None
     try:
@@ -333,7 +385,7 @@ def encode_file(task: EncodeTask) -> list[ShardInfo]:
         if spill is not None:
             spill.close()
         task.read.tokens.unlink(missing_ok=True)
-        return written
+        return EncodedFile(task.read.file, written)
     finally:
         parts.abort()
         if spill is not None:

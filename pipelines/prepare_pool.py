@@ -21,7 +21,8 @@ import importlib.abc
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
 
 import pyarrow as pa
 
@@ -113,9 +114,35 @@ class WorkerPool:
         """Results as they finish (any order)."""
         if self.workers == 1 or len(tasks) <= 1:
             return map(function, tasks)
+        return self._processes().imap_unordered(function, tasks)
+
+    def submit(self, function: Callable[[T], R], task: T) -> Pending[R]:
+        """Run one task beside those of later :meth:`imap` calls (queued first); in-process
+        with one worker, where it runs at once."""
+        if self.workers == 1:
+            return Done(function(task))
+        return self._processes().apply_async(function, (task,))
+
+    def _processes(self) -> Any:
         if self._pool is None:
             self._pool = _start_method().Pool(self.workers, initializer=tune_process)
-        return self._pool.imap_unordered(function, tasks)
+        return self._pool
+
+
+class Pending(Protocol[R]):
+    """A task's result to come (``multiprocessing``'s ``AsyncResult``, or :class:`Done`)."""
+
+    def get(self) -> R: ...
+
+
+@dataclass(frozen=True)
+class Done(Generic[R]):
+    """A result already there."""
+
+    value: R
+
+    def get(self) -> R:
+        return self.value
 
 
 def _start_method() -> Any:

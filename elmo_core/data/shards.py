@@ -79,6 +79,7 @@ WORD_TYPES_SCHEMA = pa.schema(
         ("char_ids", CHAR_IDS_TYPE),
     ]
 )
+TYPE_ORDER_SCHEMA = WORD_TYPES_SCHEMA.remove(WORD_TYPES_SCHEMA.get_field_index("char_ids"))
 
 
 @dataclass

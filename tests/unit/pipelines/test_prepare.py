@@ -19,7 +19,9 @@ from elmo_core.text import type_counts, whitespace_block
 from elmo_core.text.char_ids import token_to_ids
 from elmo_core.text.tokenize import MosesTokenizer, Tokenizer
 from elmo_core.text.vocab import SPECIALS
+from pipelines import prepare as prepare_module
 from pipelines.prepare import main, prepare_files
+from pipelines.prepare_passes import encode_file
 
 LONG_TOKEN = "Überlänge" * 8  # 88 UTF-8 bytes: cut to 48 by the char ids
 WORDS = ["the", "of", "a", "cat", "Cat", "sat", "é", "日本", ",", ".", LONG_TOKEN] + [
@@ -156,12 +158,36 @@ def test_rerun_skips_finished_shards_and_rebuilds_deleted_or_corrupted_ones(tmp_
     assert "count" not in again.phase_seconds  # the counting was reused
     (out / "train/part-00001.parquet").unlink()
     (out / "heldout/part-00000.parquet").write_bytes(b"not parquet")
+    (out / "word_types.parquet").unlink()
     repaired = prepare_files(config(), corpus, str(out))
     assert (repaired.num_shards_written, repaired.num_shards_skipped) == (2, total - 2)
-    assert repaired.manifest == first.manifest
+    assert repaired.manifest == first.manifest  # word_types.parquet too, by its sha256
     assert sum(b.num_sentences for b in iter_sentences(str(out), "train")) == len(
         sentences_of(corpus.train)
     )
+    assert not list(out.rglob("*.tmp*")) and not (out / ".prepare-work").exists()
+
+
+def test_a_crash_in_pass_2_resumes_without_counting_again(tmp_path, monkeypatch):
+    corpus = write_corpus(tmp_path / "corpus")
+    out = tmp_path / "out"
+    calls = []
+
+    def crash_on_second_file(task):
+        calls.append(task)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return encode_file(task)
+
+    monkeypatch.setattr(prepare_module, "encode_file", crash_on_second_file)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_files(config(), corpus, str(out))
+    assert not (out / "manifest.json").exists()
+    monkeypatch.undo()
+    resumed = prepare_files(config(), corpus, str(out))
+    assert "count" not in resumed.phase_seconds  # the type order in the work directory was reused
+    fresh = prepare_files(config(), corpus, str(tmp_path / "fresh"))
+    assert resumed.manifest == fresh.manifest
     assert not list(out.rglob("*.tmp*")) and not (out / ".prepare-work").exists()
 
 

@@ -72,8 +72,17 @@ def test_two_workers_return_every_result(other_thread: bool) -> None:
         thread.start()
     try:
         with WorkerPool(2) as pool:
+            pending = pool.submit(abs, -7)
             assert sorted(pool.imap(abs, [-3, -1, -2, 5])) == [1, 2, 3, 5]
+            assert pending.get() == 7
     finally:
         release.set()
         if other_thread:
             thread.join()
+
+
+def test_one_worker_runs_a_submitted_task_in_process_at_once() -> None:
+    ran = []
+    with WorkerPool(1) as pool:
+        pending = pool.submit(ran.append, "now")
+        assert ran == ["now"] and pending.get() is None
