@@ -11,15 +11,17 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import click
 import typer
 
 from elmo_core.errors import ElmoError
 
 
-def run_app(typer_app: typer.Typer, argv: list[str] | None = None) -> int:
-    """Run a typer app as a function: the exit status, with user errors printed as one line."""
+def run_app(app: typer.Typer | click.Command, argv: list[str] | None = None) -> int:
+    """Run a typer app or click command as a function: the exit status, with user errors
+    printed as one line."""
     try:
-        typer_app(args=argv, standalone_mode=False)
+        app(args=argv, standalone_mode=False)
     except ElmoError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -28,8 +30,6 @@ def run_app(typer_app: typer.Typer, argv: list[str] | None = None) -> int:
     except SystemExit as done:
         return int(done.code or 0)
     except Exception as err:  # click's usage errors
-        import click
-
         if isinstance(err, click.ClickException):
             err.show()
             return err.exit_code

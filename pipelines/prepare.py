@@ -5,16 +5,18 @@
     prepare(cfg, corpus, out) -> PrepareResult                # what flows call
 
 Two streaming passes over the inputs, parallel over files (``cfg.workers`` processes, one Arrow
-thread each, see :mod:`pipelines.prepare_pool`): count word types → vocabulary and word-type
-table; encode → heldout parts in source order, training rows scattered to shards by a seeded hash
-and shuffled within each shard. The layout and schemas are documented in
-:mod:`elmo_core.data.shards` and :mod:`elmo_core.data.manifest`.
+thread each, see :mod:`pipelines.prepare_pool`): count word types → vocabulary and the order of
+the word types; encode → heldout parts in source order, training rows scattered to shards by a
+seeded hash and shuffled within each shard, and beside them the word-type table with its char
+ids. The layout and schemas are documented in :mod:`elmo_core.data.shards` and
+:mod:`elmo_core.data.manifest`.
 
 Resumption: ``prepare_state.json`` in the output records the config fingerprint, the counting
-result and every finished shard with its sha256; re-running the same command verifies them and
-redoes only what is missing or corrupt. Everything is written under a temporary name and renamed;
-a remote output (``s3://...``, any fsspec URL) is staged locally and uploaded file by file. The
-manifest is written last, so its presence means the dataset is complete.
+result, the word-type table and every finished shard with its sha256; re-running the same
+command verifies them and redoes only what is missing or corrupt. Everything is written under a
+temporary name and renamed; a remote output (``s3://...``, any fsspec URL) is staged locally
+and uploaded file by file. The manifest is written last, so its presence means the dataset is
+complete.
 """
 
 from __future__ import annotations
@@ -468,6 +470,7 @@ def prepare_command(
     set_: Annotated[list[str] | None, typer.Option("--set", help="key=value override")] = None,
 ) -> None:
     """Prepare a corpus into Parquet shards, vocab.txt and manifest.json."""
+    tune_process()  # this process exists to prepare (`elmo prepare` or `python -m`)
     flags = {
         "format": format,
         "max_vocab": max_vocab,
@@ -495,7 +498,6 @@ def prepare_command(
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m pipelines.prepare``: the same command as ``elmo prepare``."""
-    tune_process()
     return run_command(prepare_command, argv)
 
 

@@ -11,12 +11,15 @@ process that merely calls :func:`pipelines.prepare.prepare` in-process:
   time went to the kernel). Arrow keeps its own allocator (mimalloc), so its long-lived
   tables (the type counts) do not fragment that heap: peak memory stays flat as the corpus
   grows;
-- pandas is kept from being imported for nothing (see :func:`keep_pandas_out`).
+- pandas is kept from being imported for nothing (see :func:`keep_pandas_out`);
+- the garbage collector leaves the imported modules' objects alone (see
+  :func:`freeze_loaded_objects`).
 """
 
 from __future__ import annotations
 
 import ctypes
+import gc
 import importlib.abc
 import sys
 import threading
@@ -83,11 +86,19 @@ class _ImportBlocker(importlib.abc.MetaPathFinder):
             raise ModuleNotFoundError(f"{fullname} is not imported here", name=fullname)
 
 
+def freeze_loaded_objects() -> None:
+    """Move the objects that exist now (the imported modules') out of the garbage collector's
+    reach: they live as long as the process, yet every full collection walks them, and so do
+    the collections at interpreter exit (~0.07 s of a prepare command's serial time)."""
+    gc.freeze()
+
+
 def tune_process() -> None:
     """Everything above, for a process that exists to run prepare."""
     limit_arrow_threads()
     keep_freed_memory()
     keep_pandas_out()
+    freeze_loaded_objects()
 
 
 class WorkerPool:
