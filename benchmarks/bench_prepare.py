@@ -12,15 +12,16 @@ types: reported, since prepare keeps every type's identity and count). Corpora a
 
 Baseline: :func:`naive_prepare` — ``line.split()``, a ``Counter``, vocabulary by descending count,
 Python lists of target ids per sentence written to Parquet by pyarrow, one file per input file.
-Candidate: ``python -m pipelines.prepare --format 1b-benchmark --workers N`` (Arrow kernels, one
-Arrow thread per worker). Both run as subprocesses; their results are checked to agree (same
-vocabulary in the same order, same counts, token and sentence totals, OOV counts and sum of target
-ids per split) before anything is timed — that first run of each is the warm-up. Time: wall clock
-of the whole command (interpreter start and imports included). Memory, sampled from ``/proc``
-every 0.1 s: the main process's peak RSS (its high-water mark), the largest peak RSS of any child
-(the worker processes), and the peak of the whole process tree's summed PSS (shared pages counted
-once). Last line: one JSON object with ``ratio = baseline_seconds / candidate_seconds`` (one
-worker) and the scaling and memory figures. Skips cleanly (exit 0) when the data root is absent.
+Candidate: ``elmo prepare --format 1b-benchmark --workers N`` (run as ``python -m pipelines.cli``;
+Arrow kernels, one Arrow thread per worker). Both run as subprocesses; their results are checked
+to agree (same vocabulary in the same order, same counts, token and sentence totals, OOV counts
+and sum of target ids per split) before anything is timed — that first run of each is the
+warm-up. Time: wall clock of the whole command (interpreter start and imports included).
+Memory, sampled from ``/proc`` every 0.1 s: the main process's peak RSS (its high-water mark),
+the largest peak RSS of any child (the worker processes), and the peak of the whole process
+tree's summed PSS (shared pages counted once). Last line: one JSON object with
+``ratio = baseline_seconds / candidate_seconds`` (one worker) and the scaling and memory
+figures. Skips cleanly (exit 0) when the data root is absent.
 
 Scaling is set beside a reference measured in the same run: a CPU-only job (a Python loop, no
 memory traffic) twice in one process against once in each of two processes at the same time. On
@@ -241,7 +242,8 @@ def naive_command(corpus: Path, out: Path, max_vocab: int | None) -> list[str]:
 def prepare_command(corpus: Path, out: Path, max_vocab: int | None, workers: int) -> list[str]:
     vocab = ["--max-vocab", str(max_vocab)] if max_vocab else []
     return [
-        *(sys.executable, "-m", "pipelines.prepare", "--corpus", str(corpus), "--out", str(out)),
+        *(sys.executable, "-m", "pipelines.cli", "prepare"),
+        *("--corpus", str(corpus), "--out", str(out)),
         *("--format", "1b-benchmark", "--workers", str(workers), *vocab),
     ]
 

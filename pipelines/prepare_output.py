@@ -15,12 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import fsspec
-from fsspec.implementations.local import LocalFileSystem
 from pydantic import BaseModel, ValidationError
 
 from elmo_core.data.manifest import ShardInfo
 from elmo_core.files import atomic_write, sha256_file
+from pipelines.download import is_remote_url
 
 STATE_NAME = "prepare_state.json"
 WORK_NAME = ".prepare-work"
@@ -50,14 +49,18 @@ class DatasetOutput:
     def __init__(self, url: str, fingerprint: str) -> None:
         self.url = url
         self.fingerprint = fingerprint
-        self.fs, self.root = fsspec.core.url_to_fs(url)
-        self.remote = not isinstance(self.fs, LocalFileSystem)
+        self.remote = is_remote_url(url)
+        self.fs: Any = None  # the remote filesystem
         if self.remote:
+            import fsspec  # ~40 ms of imports (asyncio among them) that a local run skips
+
             from pipelines.settings import elmo_home
 
+            self.fs, self.root = fsspec.core.url_to_fs(url)
             key = hashlib.sha256(url.encode()).hexdigest()[:16]
             self.local_root = elmo_home() / "cache" / "prepare" / key
         else:
+            self.root = url.removeprefix("file://")
             self.local_root = Path(self.root)
         self.work = self.local_root / WORK_NAME / fingerprint[:16]
 
@@ -69,7 +72,10 @@ class DatasetOutput:
                 shutil.rmtree(stale, ignore_errors=True)
         self.work.mkdir(parents=True, exist_ok=True)
         try:
-            text = self.fs.cat_file(self._remote_path(STATE_NAME)).decode("utf-8")
+            if self.remote:
+                text = self.fs.cat_file(self._remote_path(STATE_NAME)).decode("utf-8")
+            else:
+                text = (self.local_root / STATE_NAME).read_text(encoding="utf-8")
             state = PrepareState.model_validate_json(text)
         except (FileNotFoundError, ValidationError, UnicodeDecodeError):
             return fresh

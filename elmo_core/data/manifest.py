@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-import fsspec
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from elmo_core.config import PrepareConfig
 from elmo_core.errors import DataError
+from elmo_core.files import open_url
 
 MANIFEST_SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -127,7 +127,7 @@ def load_manifest(dataset_url: str) -> Manifest:
     """The manifest of a prepared dataset (local directory or fsspec URL such as ``s3://...``)."""
     url = join_url(dataset_url, MANIFEST_NAME)
     try:
-        with fsspec.open(url, "rt", encoding="utf-8") as handle:
+        with open_url(url, "rt", encoding="utf-8") as handle:
             text = handle.read()
     except FileNotFoundError:
         raise DataError(

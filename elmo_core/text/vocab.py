@@ -15,12 +15,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from elmo_core.errors import DataError
+from elmo_core.files import open_url
 from elmo_core.text.char_ids import BOS_TOKEN, EOS_TOKEN, UNK_TOKEN
 
 SPECIALS = (BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)
@@ -100,7 +100,7 @@ def read_vocab(url: str) -> Vocabulary:
     is skipped. A file without all three specials, or with a token twice, is a :class:`DataError`.
     """
     try:
-        with fsspec.open(url, "rb") as handle:
+        with open_url(url) as handle:
             raw = handle.read()
     except FileNotFoundError:
         raise DataError("vocabulary file not found", path=url) from None
@@ -145,7 +145,7 @@ def vocab_counts_text(vocab: Vocabulary) -> str:
 
 def read_vocab_counts(url: str, vocab: Vocabulary) -> Vocabulary:
     """``vocab`` with the counts of a ``vocab_counts.tsv`` (``token<TAB>count`` lines)."""
-    with fsspec.open(url, "rt", encoding="utf-8") as handle:
+    with open_url(url, "rt", encoding="utf-8") as handle:
         pairs = [line.rstrip("\n").rsplit("\t", 1) for line in handle if line.strip()]
     tokens = pa.array([pair[0] for pair in pairs], type=pa.string())
     return with_counts(vocab, tokens, pa.array([int(pair[1]) for pair in pairs], pa.int64()))
