@@ -88,7 +88,13 @@ class PrepareConfig(StrictModel):
     max_vocab: int | None = Field(None, gt=3)
     min_count: int = Field(1, ge=1)
     vocab_file: str | None = None
-    workers: int = Field(1, ge=1)
+    workers: int = Field(1, ge=1, description="files worked on at once (processes or Ray tasks)")
+    executor: Literal["processes", "ray"] = Field(
+        "processes",
+        description="processes: on this machine; ray: Ray tasks on RAY_ADDRESS's cluster (or a "
+        "local Ray), every node seeing the corpus and output paths; workers=1 there means one "
+        "task per CPU of the cluster",
+    )
     seed: int = 0
     heldout_fraction: float = Field(0.01, ge=0.0, lt=1.0)
     heldout_files: list[str] = Field(default_factory=list)

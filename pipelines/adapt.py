@@ -31,7 +31,7 @@ import torch
 import typer
 from pydantic import BaseModel, ConfigDict, Field
 
-from elmo_core.errors import ConfigError, DataError, ElmoError
+from elmo_core.errors import ConfigError, DataError
 from elmo_core.tasks import load_task_config, read_task_split
 from elmo_core.tasks.activation_cache import ActivationCache
 from elmo_core.tasks.config import SPLITS, TaskConfig
@@ -229,7 +229,7 @@ def _run_on_ray(jobs: Sequence[AdaptJob], resources: AdaptResources) -> list[Ada
     """One Ray task per job; a user error inside a job is re-raised here as itself."""
     import ray
 
-    from pipelines.ray_cluster import connect_ray
+    from pipelines.ray_cluster import connect_ray, ray_get
 
     connect_ray()
     gpus = resources.gpus_per_task
@@ -241,13 +241,7 @@ def _run_on_ray(jobs: Sequence[AdaptJob], resources: AdaptResources) -> list[Ada
     remote = ray.remote(run_adapt_job).options(
         num_cpus=resources.cpus_per_task, num_gpus=gpus, runtime_env={"env_vars": env}
     )
-    refs = [remote.remote(job) for job in jobs]
-    try:
-        return list(ray.get(refs))
-    except ray.exceptions.RayTaskError as err:
-        if isinstance(err.cause, ElmoError):
-            raise err.cause from None
-        raise
+    return list(ray_get([remote.remote(job) for job in jobs]))
 
 
 # --- command line --------------------------------------------------------------------------------

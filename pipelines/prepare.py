@@ -67,7 +67,7 @@ from pipelines.prepare_passes import (
     write_type_order,
     write_word_types,
 )
-from pipelines.prepare_pool import WorkerPool, tune_process
+from pipelines.prepare_pool import TaskPool, task_pool, tune_process
 from pipelines.prepare_shuffle import GatherTask, gather_shard, train_shard_name
 
 SPLITS = ("train", "heldout")
@@ -157,7 +157,7 @@ def prepare_files(cfg: PrepareConfig, corpus: CorpusInputs, out: str) -> Prepare
     state = output.load_state()
     num_skipped = len(state.shards)
     clock = PhaseClock()
-    with WorkerPool(cfg.workers) as pool:
+    with task_pool(cfg.executor, cfg.workers) as pool:
         count, type_tokens = count_corpus(tasks, cfg, pool, output, state, clock)
         encode_corpus(tasks, count, type_tokens, pool, output, state, clock)
     manifest = build_manifest(cfg, corpus.source, tokenizer, tasks, count, state)
@@ -196,14 +196,14 @@ def plan_inputs(train: Sequence[Path], heldout: Sequence[Path]) -> list[InputFil
 def fingerprint(
     cfg: PrepareConfig, source: str, tokenizer: dict[str, Any], inputs: list[InputFile]
 ) -> str:
-    """What makes two runs the same run: config (less ``workers``), tokenizer and input files."""
+    """What makes two runs the same run: config (less where it runs), tokenizer and input files."""
     files = []
     for item in inputs:
         stat = item.path.stat() if item.path.exists() else None
         files.append([item.name, item.role, stat and stat.st_size, stat and stat.st_mtime_ns])
     payload = {
         "format": [SHARD_FORMAT, SHARD_FORMAT_VERSION],
-        "params": cfg.model_dump(mode="json", exclude={"workers"}),
+        "params": cfg.model_dump(mode="json", exclude={"workers", "executor"}),
         "source": source,
         "tokenizer": tokenizer,
         "inputs": files,
@@ -214,7 +214,7 @@ def fingerprint(
 def count_corpus(
     tasks: list[FileTask],
     cfg: PrepareConfig,
-    pool: WorkerPool,
+    pool: TaskPool,
     output: DatasetOutput,
     state: PrepareState,
     clock: PhaseClock,
@@ -331,7 +331,7 @@ def encode_corpus(
     tasks: list[FileTask],
     count: CountSummary,
     type_tokens: Path,
-    pool: WorkerPool,
+    pool: TaskPool,
     output: DatasetOutput,
     state: PrepareState,
     clock: PhaseClock,
@@ -464,7 +464,12 @@ def prepare_command(
     ] = None,
     min_count: Annotated[int | None, typer.Option(help="minimum training count")] = None,
     vocab: Annotated[str | None, typer.Option(help="import this vocabulary file")] = None,
-    workers: Annotated[int | None, typer.Option(help="worker processes")] = None,
+    workers: Annotated[
+        int | None, typer.Option(help="worker processes (Ray tasks) at once")
+    ] = None,
+    executor: Annotated[
+        str | None, typer.Option(help="processes (this machine) | ray (RAY_ADDRESS or local)")
+    ] = None,
     seed: Annotated[int | None, typer.Option(help="shuffle / heldout seed")] = None,
     config: Annotated[Path | None, typer.Option(help="YAML file of PrepareConfig keys")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="key=value override")] = None,
@@ -477,6 +482,7 @@ def prepare_command(
         "min_count": min_count,
         "vocab_file": vocab,
         "workers": workers,
+        "executor": executor,
         "seed": seed,
     }
     overrides = [f"{key}={json.dumps(value)}" for key, value in flags.items() if value is not None]

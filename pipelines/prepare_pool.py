@@ -24,6 +24,7 @@ import importlib.abc
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -140,8 +141,27 @@ class WorkerPool:
         return self._pool
 
 
+class TaskPool(Protocol):
+    """Where prepare's tasks run: :class:`WorkerPool`, or Ray's
+    :class:`~pipelines.prepare_ray.RayTaskPool`."""
+
+    def imap(self, function: Callable[[T], R], tasks: Sequence[T]) -> Iterator[R]: ...
+
+    def submit(self, function: Callable[[T], R], task: T) -> Pending[R]: ...
+
+
+def task_pool(executor: str, workers: int) -> AbstractContextManager[TaskPool]:
+    """The pool of ``executor`` (``processes`` or ``ray``) with ``workers`` tasks at once."""
+    if executor == "ray":
+        from pipelines.prepare_ray import RayTaskPool
+
+        return RayTaskPool(workers)
+    return WorkerPool(workers)
+
+
 class Pending(Protocol[R]):
-    """A task's result to come (``multiprocessing``'s ``AsyncResult``, or :class:`Done`)."""
+    """A task's result to come (``multiprocessing``'s ``AsyncResult``, :class:`Done`, or a Ray
+    task's)."""
 
     def get(self) -> R: ...
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 import ray
 
+from elmo_core.errors import ElmoError
 from pipelines.settings import elmo_home
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,17 @@ def connect_ray(num_cpus: int | None = None) -> None:
         object_store_memory=_local_object_store_bytes(),
         _temp_dir=str(_short_temp_dir()),
     )
+
+
+def ray_get(refs: Any) -> Any:
+    """``ray.get``, with a user error (:class:`~elmo_core.errors.ElmoError`) raised inside a
+    task re-raised here as itself: it names the file, line or key, not a Ray traceback."""
+    try:
+        return ray.get(refs)
+    except ray.exceptions.RayTaskError as err:
+        if isinstance(err.cause, ElmoError):
+            raise err.cause from None
+        raise
 
 
 def _local_object_store_bytes() -> int:
