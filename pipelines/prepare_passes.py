@@ -294,10 +294,15 @@ def write_type_order(table: pa.Table, path: Path) -> str:
     return atomic_write(path, write)
 
 
+def read_type_order(path: Path) -> pa.Table:
+    """:func:`write_type_order`'s file, memory-mapped."""
+    return pa.ipc.open_file(pa.memory_map(str(path))).read_all()
+
+
 def read_type_tokens(path: Path) -> pa.Array:
     """The ``token`` column of a type order (``.arrow``) or of ``word_types.parquet``."""
     if path.suffix == ".arrow":
-        table = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
+        table = read_type_order(path)
     else:  # ParquetFile, not read_table: that imports pyarrow.dataset (20 ms) for one file.
         table = pq.ParquetFile(path).read(columns=["token"])
     return table["token"].combine_chunks()
@@ -317,7 +322,7 @@ class WordTypesTask:
 
 def write_word_types(task: WordTypesTask) -> str:
     """Write ``word_types.parquet`` (atomically); its sha256."""
-    table = pa.ipc.open_file(pa.memory_map(str(task.type_order))).read_all()
+    table = read_type_order(task.type_order)
     table = table.append_column(
         WORD_TYPES_SCHEMA.field("char_ids"), char_id_column(table["token"].combine_chunks())
     )
