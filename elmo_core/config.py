@@ -107,6 +107,10 @@ class PrepareConfig(StrictModel):
     on_long_line: Literal["split", "drop"] = "split"
     sha256: str | None = None
 
+    def dataset_params(self) -> dict[str, Any]:
+        """The parameters that decide the dataset's bytes: all but where and how widely it runs."""
+        return self.model_dump(mode="json", exclude={"workers", "executor"})
+
     @model_validator(mode="after")
     def _vocab_options_exclusive(self) -> PrepareConfig:
         if self.vocab_file and (self.max_vocab is not None or self.min_count != 1):

@@ -59,7 +59,7 @@ def prepare_cache_key(data: DataParams, version: str | None = None) -> str:
     """The key of preparing ``data``: corpus, resolved config, output and code version."""
     identity: dict[str, Any] = {
         "corpus": data.corpus,
-        "config": data.prepare_config().model_dump(mode="json"),
+        "config": data.prepare_config().dataset_params(),  # workers, executor: same bytes
         "out": data.dataset_dir(),
         "code": version or code_version(),
     }

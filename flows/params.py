@@ -64,7 +64,7 @@ class DataParams(Params):
         different corpus or config never overwrites another dataset."""
         if self.out is not None:
             return self.out
-        identity = {"corpus": self.corpus, "config": self.prepare_config().model_dump(mode="json")}
+        identity = {"corpus": self.corpus, "config": self.prepare_config().dataset_params()}
         digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
         stem = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(self.corpus.rstrip("/")).name).strip("-")
         return str(elmo_home() / "datasets" / f"{stem or 'corpus'}-{digest}")

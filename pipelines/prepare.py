@@ -203,7 +203,7 @@ def fingerprint(
         files.append([item.name, item.role, stat and stat.st_size, stat and stat.st_mtime_ns])
     payload = {
         "format": [SHARD_FORMAT, SHARD_FORMAT_VERSION],
-        "params": cfg.model_dump(mode="json", exclude={"workers", "executor"}),
+        "params": cfg.dataset_params(),
         "source": source,
         "tokenizer": tokenizer,
         "inputs": files,

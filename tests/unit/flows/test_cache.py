@@ -57,6 +57,8 @@ def test_the_key_follows_corpus_config_and_output() -> None:
 
     assert len(keys) == 4
     assert prepare_cache_key(DataParams(corpus="a"), version) == prepare_cache_key(base, version)
+    elsewhere = DataParams(corpus="a", prepare=["workers=8", "executor=ray"])  # the same bytes
+    assert prepare_cache_key(elsewhere, version) == prepare_cache_key(base, version)
 
 
 def test_a_dataset_exists_only_while_its_manifest_does(tmp_path: Path) -> None:
