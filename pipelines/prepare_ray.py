@@ -5,7 +5,8 @@ and one per training shard, run as Ray tasks on the cluster :func:`~pipelines.ra
 connect_ray` joins (``RAY_ADDRESS``) or starts. They pass paths, not data, so every node must
 see the corpus and the output at the same paths: a shared filesystem (NFS, Lustre, a mounted
 bucket), as a multi-node cluster preparing the 1B Word Benchmark has, or a single-node Ray. A
-node that does not is named in the error. Only results travel through the object store: each
+remote output (``s3://...``) is staged under ``ELMO_HOME`` before it is uploaded, so on several
+nodes ``ELMO_HOME`` must be shared too. A node that does not see a path is named in the error. Only results travel through the object store: each
 file's type counts (a few MB) and the records of written shards.
 """
 
