@@ -6,8 +6,9 @@ connect_ray` joins (``RAY_ADDRESS``) or starts. They pass paths, not data, so ev
 see the corpus and the output at the same paths: a shared filesystem (NFS, Lustre, a mounted
 bucket), as a multi-node cluster preparing the 1B Word Benchmark has, or a single-node Ray. A
 remote output (``s3://...``) is staged under ``ELMO_HOME`` before it is uploaded, so on several
-nodes ``ELMO_HOME`` must be shared too. A node that does not see a path is named in the error. Only results travel through the object store: each
-file's type counts (a few MB) and the records of written shards.
+nodes ``ELMO_HOME`` must be shared too. A node that does not see a path is named in the error.
+Only results travel through the object store: each file's type counts (a few MB) and the
+records of written shards.
 """
 
 from __future__ import annotations
