@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
 ResultT = TypeVar("ResultT")
+_TEMPORARY_NAME = re.compile(r"\..+\.[a-z0-9_]{8}")  # mkstemp(prefix=".NAME."): 8 random chars
 
 
 def atomic_write(path: Path, write: Callable[[Path], ResultT]) -> ResultT:
@@ -30,6 +32,17 @@ def atomic_write(path: Path, write: Callable[[Path], ResultT]) -> ResultT:
         Path(temporary).unlink(missing_ok=True)
         raise
     return result
+
+
+def remove_temporaries(directory: Path) -> list[Path]:
+    """Remove what :func:`atomic_write` left in ``directory`` when its process was killed before
+    its clean-up ran (``.NAME.XXXXXXXX``, the temporary's name); the paths removed."""
+    removed = []
+    for path in directory.glob(".*"):
+        if _TEMPORARY_NAME.fullmatch(path.name) and path.is_file():
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
 
 
 def sha256_file(path: Path) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from elmo_core.data.manifest import ShardInfo
-from elmo_core.files import atomic_write, sha256_file
+from elmo_core.files import atomic_write, remove_temporaries, sha256_file
 from pipelines.download import is_remote_url
 
 STATE_NAME = "prepare_state.json"
@@ -70,6 +70,8 @@ class DatasetOutput:
         for stale in (self.local_root / WORK_NAME).glob("*"):
             if stale != self.work:
                 shutil.rmtree(stale, ignore_errors=True)
+        for directory in (self.local_root, self.local_root / "train", self.local_root / "heldout"):
+            remove_temporaries(directory)  # of a run killed mid-write (a pool terminated)
         self.work.mkdir(parents=True, exist_ok=True)
         try:
             if self.remote:

@@ -1,8 +1,10 @@
 import hashlib
+import subprocess
+import sys
 
 import pytest
 
-from elmo_core.files import atomic_write, sha256_file
+from elmo_core.files import atomic_write, remove_temporaries, sha256_file
 
 
 def test_atomic_write_publishes_the_whole_file_and_returns_the_writers_result(tmp_path):
@@ -26,3 +28,20 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
         atomic_write(target, crash)
     assert target.read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
+
+
+def test_the_temporary_of_a_killed_writer_is_found_and_removed(tmp_path):
+    (tmp_path / "out.txt").write_text("old")
+    (tmp_path / ".keep").write_text("")  # a hidden file that is not ours stays
+    killed_mid_write = (
+        "import os, signal, sys; from pathlib import Path;"
+        "from elmo_core.files import atomic_write;"
+        "atomic_write(Path(sys.argv[1]), lambda t: (t.write_text('half'),"
+        " os.kill(os.getpid(), signal.SIGKILL)))"
+    )
+    subprocess.run([sys.executable, "-c", killed_mid_write, str(tmp_path / "out.txt")])
+    left = [p for p in tmp_path.iterdir() if p.name.startswith(".out.txt.")]
+    assert len(left) == 1
+    assert remove_temporaries(tmp_path) == left
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".keep", "out.txt"]
+    assert (tmp_path / "out.txt").read_text() == "old"

@@ -159,6 +159,7 @@ def test_rerun_skips_finished_shards_and_rebuilds_deleted_or_corrupted_ones(tmp_
     (out / "train/part-00001.parquet").unlink()
     (out / "heldout/part-00000.parquet").write_bytes(b"not parquet")
     (out / "word_types.parquet").unlink()
+    (out / "train/.part-00001.parquet.k2j3h4ab").write_bytes(b"a killed worker's temporary")
     repaired = prepare_files(config(), corpus, str(out))
     assert (repaired.num_shards_written, repaired.num_shards_skipped) == (2, total - 2)
     assert repaired.manifest == first.manifest  # word_types.parquet too, by its sha256
@@ -166,6 +167,7 @@ def test_rerun_skips_finished_shards_and_rebuilds_deleted_or_corrupted_ones(tmp_
         sentences_of(corpus.train)
     )
     assert not list(out.rglob("*.tmp*")) and not (out / ".prepare-work").exists()
+    assert not list(out.rglob(".*"))
 
 
 def test_a_crash_in_pass_2_resumes_without_counting_again(tmp_path, monkeypatch):
