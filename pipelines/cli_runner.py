@@ -1,8 +1,7 @@
 """Run a typer app as a function, turning user errors into one line and exit status 2.
 
-Kept apart from :mod:`pipelines.cli` so that a stage's own ``python -m pipelines.<stage>`` does not
-import every other stage: through them ``pipelines.cli`` pulls in MLflow and Ray (~2.5 CPU
-seconds and ~150 MB before ``prepare`` reads a byte).
+Shared by the ``elmo`` command (:mod:`pipelines.cli`) and each stage's own ``python -m
+pipelines.<stage>``, so that neither imports more stages than the one it runs.
 """
 
 from __future__ import annotations
