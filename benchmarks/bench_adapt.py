@@ -44,10 +44,10 @@ from elmo_core.tasks.activation_cache import ActivationCache, live_activations
 from elmo_core.tasks.readers import AnyDataset
 from elmo_core.tasks.task_model import EncodedSplit, example_sentences
 from elmo_core.tasks.trainer import BASELINE, TaskSplit, _build, _train_epoch, train_task
-from pipelines.adapt import cache_splits, read_splits
-from pipelines.bilm_source import load_bilm_source, resolve_bilm
-from pipelines.corpus_sources import CorpusFiles
-from pipelines.prepare import prepare_files
+from pipelines.adapt.stage import cache_splits, read_splits
+from pipelines.models.bilm_loader import load_bilm_source, resolve_bilm
+from pipelines.prepare.corpus_sources import CorpusFiles
+from pipelines.prepare.stage import prepare_files
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -73,8 +73,8 @@ def parse_args() -> argparse.Namespace:
 
 def pretrain(data_root: Path, steps: int, work: Path) -> str:
     """prepare (PTB train + books, PTB valid heldout) → train ``small`` for ``steps`` steps."""
-    from pipelines.train import train
-    from pipelines.train_config import resolve_train_config
+    from pipelines.train.config import resolve_train_config
+    from pipelines.train.stage import train
 
     books = sorted(p for p in (data_root / "text").rglob("*.txt") if p.is_file())
     corpus = CorpusFiles(

@@ -34,8 +34,8 @@ from elmo_core.data.batching import TokenStream, window_char_ids
 from elmo_core.data.reader import load_manifest, load_word_types
 from elmo_core.model.bilm import BiLM
 from elmo_core.perplexity import PerplexitySums, evaluate_perplexity
-from pipelines.corpus_sources import HELDOUT_DIR, TRAIN_DIR, CorpusFiles
-from pipelines.prepare import prepare_files
+from pipelines.prepare.corpus_sources import HELDOUT_DIR, TRAIN_DIR, CorpusFiles
+from pipelines.prepare.stage import prepare_files
 
 REPO = Path(__file__).resolve().parents[1]
 TEST_FILE = "heldout-00000"  # ptb.test.txt

@@ -37,8 +37,8 @@ from elmo_core.config import TrainConfig
 from elmo_core.data.batching import TokenStream, window_char_ids
 from elmo_core.data.reader import load_word_types
 from elmo_core.model.softmax import LogUniformSampler
-from pipelines.gradient_exchange import exchange_softmax_gradients
-from pipelines.train_config import RunConfig, TrainJobConfig
+from pipelines.train.config import RunConfig, TrainJobConfig
+from pipelines.train.gradient_exchange import exchange_softmax_gradients
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -136,8 +136,8 @@ def training_tokens_per_s(dataset: str, workers: int, steps: int, storage: Path)
     """Median logged in-loop throughput of a real Ray Train run (first log window dropped)."""
     from mlflow.tracking import MlflowClient
 
-    from pipelines.tracking import use_tracking
-    from pipelines.train import train
+    from pipelines.common.tracking import use_tracking
+    from pipelines.train.stage import train
 
     result = train(train_config(workers, steps, storage), dataset)
     history = MlflowClient(use_tracking()).get_metric_history(result.mlflow_run_id, "tokens_per_s")
@@ -195,7 +195,7 @@ def measure_training(ptb: Path, args: argparse.Namespace) -> dict[str, float]:
         os.environ.setdefault("ELMO_HOME", str(work / "home"))
         os.environ.pop("MLFLOW_TRACKING_URI", None)
         dataset = prepare_ptb(ptb, work)
-        from pipelines.ray_cluster import connect_ray
+        from pipelines.common.ray_cluster import connect_ray
 
         connect_ray(num_cpus=2)
         one = training_tokens_per_s(dataset, 1, args.steps, work / "runs")

@@ -32,15 +32,15 @@ from elmo_core.config import PrepareConfig
 from elmo_core.data.batching import TokenStream, window_char_ids
 from elmo_core.data.manifest import MANIFEST_NAME
 from elmo_core.data.reader import load_manifest, load_word_types
-from pipelines.checkpoints import initial_bilm
-from pipelines.corpus_sources import CorpusFiles
-from pipelines.evaluate import EvaluationResult, evaluate
-from pipelines.gradient_exchange import clip_global_norm
-from pipelines.prepare import prepare_files
-from pipelines.ray_cluster import connect_ray
-from pipelines.settings import elmo_home
-from pipelines.train import TrainResult, train
-from pipelines.train_config import TrainJobConfig, resolve_train_config
+from pipelines.common.ray_cluster import connect_ray
+from pipelines.common.settings import elmo_home
+from pipelines.evaluate.stage import EvaluationResult, evaluate
+from pipelines.prepare.corpus_sources import CorpusFiles
+from pipelines.prepare.stage import prepare_files
+from pipelines.train.checkpoints import initial_bilm
+from pipelines.train.config import TrainJobConfig, resolve_train_config
+from pipelines.train.gradient_exchange import clip_global_norm
+from pipelines.train.stage import TrainResult, train
 
 REPO = Path(__file__).resolve().parents[1]
 KIM_SMALL_TEST = 92.3

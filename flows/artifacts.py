@@ -14,9 +14,9 @@ from pydantic import BaseModel
 
 from elmo_core.data.manifest import Manifest
 from flows.tracking import run_links
-from pipelines.adapt import AdaptResult
-from pipelines.evaluate import EvaluationResult
-from pipelines.train import TrainResult
+from pipelines.adapt.stage import AdaptResult
+from pipelines.evaluate.stage import EvaluationResult
+from pipelines.train.stage import TrainResult
 
 Rows = list[dict[str, Any]]
 

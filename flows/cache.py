@@ -26,22 +26,18 @@ from prefect.cache_policies import CachePolicy
 from prefect.context import TaskRunContext
 
 import elmo_core
-import pipelines
+import pipelines.prepare
 from elmo_core.data.manifest import MANIFEST_NAME, join_url
 from flows.params import DataParams
-
-# Modules of `pipelines` whose code decides a prepared dataset's content; all of elmo_core does.
-PREPARE_MODULES = ("prepare*.py", "corpus_sources.py", "download.py", "sample_corpus.py")
 
 
 def code_files() -> list[Path]:
     """The source files a prepared dataset depends on, in a stable order: the C extensions'
     sources too (they split, hash and count the tokens), where the install kept them."""
     core = Path(elmo_core.__file__).parent
-    stages = Path(pipelines.__file__).parent
+    stage = Path(pipelines.prepare.__file__).parent  # the prepare stage's package, whole
     files = {path for suffix in ("py", "c", "h") for path in core.rglob(f"*.{suffix}")}
-    for pattern in PREPARE_MODULES:
-        files.update(stages.glob(pattern))
+    files.update(stage.glob("*.py"))
     return sorted(files)
 
 

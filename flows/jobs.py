@@ -8,8 +8,8 @@ client adds the bearer token when ``RAY_AUTH_MODE=token`` and ``RAY_AUTH_TOKEN_P
 
 The run directory is where the flow finds the outcome: the job writes ``FINISHED.json`` there
 (issue 4's run naming makes its name a function of config and data), so the flow reads the
-:class:`~pipelines.train.TrainResult` back from it — and skips the job entirely when a previous
-flow run already finished it.
+:class:`~pipelines.train.stage.TrainResult` back from it — and skips the job entirely when a
+previous flow run already finished it.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ import time
 from ray.job_submission import JobStatus, JobSubmissionClient
 
 from flows.params import TrainingParams
-from pipelines.checkpoints import FINISHED_FILE, RunDirectory
-from pipelines.settings import mlflow_tracking_uri
-from pipelines.tracking import PARENT_RUN_ENV
-from pipelines.train import TrainResult
-from pipelines.train_config import manifest_sha256, run_name, storage_root
+from pipelines.common.settings import mlflow_tracking_uri
+from pipelines.common.tracking import PARENT_RUN_ENV
+from pipelines.train.checkpoints import FINISHED_FILE, RunDirectory
+from pipelines.train.config import manifest_sha256, run_name, storage_root
+from pipelines.train.stage import TrainResult
 
 LOG_TAIL_LINES = 60
 POLL_S = 2.0
@@ -39,7 +39,7 @@ class TrainJobFailed(RuntimeError):
 
 
 def run_directory(training: TrainingParams, dataset: str) -> RunDirectory:
-    """Where the run that ``training`` and ``dataset`` define lives (named as pipelines.train)."""
+    """Where the run that ``training`` and ``dataset`` define lives (named as train names it)."""
     cfg = training.job_config()
     return RunDirectory(f"{storage_root(cfg.run)}/{run_name(cfg, manifest_sha256(dataset))}")
 

@@ -20,8 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from elmo_core.config import PrepareConfig, resolve_config
 from elmo_core.errors import ConfigError
-from pipelines.settings import elmo_home
-from pipelines.train_config import TrainJobConfig, resolve_train_config
+from pipelines.common.settings import elmo_home
+from pipelines.train.config import TrainJobConfig, resolve_train_config
 
 Preset = Literal["tiny", "small", "medium", "original"]
 Mode = Literal["local", "ray-job"]

@@ -42,7 +42,7 @@ def sample_embedding(uri: str = "models:/elmo-bilm@champion") -> str:
     import mlflow
     import pandas as pd
 
-    from pipelines.tracking import use_tracking
+    from pipelines.common.tracking import use_tracking
 
     use_tracking()
     model = mlflow.pyfunc.load_model(uri)
@@ -58,7 +58,7 @@ def sample_embedding(uri: str = "models:/elmo-bilm@champion") -> str:
 
 
 def mlflow_ui_hint() -> str:
-    from pipelines.settings import mlflow_tracking_uri
+    from pipelines.common.settings import mlflow_tracking_uri
 
     uri = mlflow_tracking_uri()
     if uri.startswith(("http://", "https://")):
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-steps", type=int, help="training steps (default: the smoke 200)")
     args = parser.parse_args(argv)
-    from pipelines.settings import elmo_home
+    from pipelines.common.settings import elmo_home
 
     # Prefect's own state (the ephemeral server's database) under ELMO_HOME too, unless set.
     os.environ.setdefault("PREFECT_HOME", str(elmo_home() / "prefect"))

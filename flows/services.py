@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 
 from elmo_core.errors import ElmoError
 from flows.params import RAY_JOBS_ENV, Mode
-from pipelines.settings import mlflow_tracking_uri
+from pipelines.common.settings import mlflow_tracking_uri
 
 TIMEOUT_S = 5.0
 

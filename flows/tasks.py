@@ -32,17 +32,17 @@ from flows.artifacts import (
 )
 from flows.cache import PrepareCachePolicy, dataset_exists
 from flows.params import RAY_JOBS_ENV, DataParams, TrainingParams
-from pipelines import adapt as adapt_stage
-from pipelines import evaluate as evaluate_stage
-from pipelines import prepare as prepare_stage
-from pipelines import register as register_stage
-from pipelines import train as train_stage
-from pipelines.adapt import AdaptResult
-from pipelines.evaluate import EvaluationResult
-from pipelines.registry_policy import CHAMPION, apply_champion_policy
-from pipelines.settings import elmo_home
-from pipelines.tracking import use_tracking
-from pipelines.train import TrainResult
+from pipelines.adapt import stage as adapt_stage
+from pipelines.adapt.stage import AdaptResult
+from pipelines.common.settings import elmo_home
+from pipelines.common.tracking import use_tracking
+from pipelines.evaluate import stage as evaluate_stage
+from pipelines.evaluate.stage import EvaluationResult
+from pipelines.prepare import stage as prepare_stage
+from pipelines.registry import register as register_stage
+from pipelines.registry.policy import CHAMPION, apply_champion_policy
+from pipelines.train import stage as train_stage
+from pipelines.train.stage import TrainResult
 
 
 def _transient(task: Task[..., Any], task_run: TaskRun, state: State[Any]) -> bool:

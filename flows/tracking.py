@@ -17,7 +17,7 @@ from mlflow.entities import Param, RunStatus
 from mlflow.tracking import MlflowClient
 from pydantic import BaseModel
 
-from pipelines.tracking import (
+from pipelines.common.tracking import (
     EXPERIMENT,
     STAGE_TAG,
     ensure_experiment,

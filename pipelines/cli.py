@@ -11,32 +11,38 @@ from __future__ import annotations
 
 import gc
 import importlib
+from collections.abc import Sequence
 from types import ModuleType
+from typing import Any
 
 import click
 import typer
 
-from pipelines.cli_runner import run_app
+from pipelines.common.cli_runner import run_app
 
 STAGES = {  # command name -> (module, typer command function)
-    "prepare": ("pipelines.prepare", "prepare_command"),
-    "train": ("pipelines.train", "train_command"),
-    "evaluate": ("pipelines.evaluate", "evaluate_command"),
-    "register": ("pipelines.register", "register_command"),
-    "promote": ("pipelines.registry_policy", "promote_command"),
-    "import-weights": ("pipelines.import_weights", "import_weights_command"),
-    "adapt": ("pipelines.adapt", "adapt_command"),
+    "prepare": ("pipelines.prepare.stage", "prepare_command"),
+    "train": ("pipelines.train.stage", "train_command"),
+    "evaluate": ("pipelines.evaluate.stage", "evaluate_command"),
+    "register": ("pipelines.registry.register", "register_command"),
+    "promote": ("pipelines.registry.policy", "promote_command"),
+    "import-weights": ("pipelines.registry.import_weights", "import_weights_command"),
+    "adapt": ("pipelines.adapt.stage", "adapt_command"),
 }
 
 
 class StageCommands(click.Group):
-    """The stages, each imported from its module when asked for."""
+    """The stages (all, or the ``commands`` named), each imported from its module when asked for."""
+
+    def __init__(self, *args: Any, commands: Sequence[str] = tuple(STAGES), **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.stage_names = list(commands)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return list(STAGES)
+        return self.stage_names
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if cmd_name not in STAGES:
+        if cmd_name not in self.stage_names:
             return None
         module, function = STAGES[cmd_name]
         stage = typer.Typer(add_completion=False)

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from elmo_core.config import PrepareConfig
-from pipelines.corpus_sources import CorpusFiles
-from pipelines.prepare import prepare_files
+from pipelines.prepare.corpus_sources import CorpusFiles
+from pipelines.prepare.stage import prepare_files
 
 MakeDataset = Callable[..., str]
 

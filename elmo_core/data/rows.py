@@ -1,7 +1,7 @@
 """Rows of a list column held flat (offsets + values), taken in a new order.
 
 The prepare stage's shuffle moves every training sentence twice: grouped by shard in pass 2,
-then into its shuffled order in the shard (:mod:`pipelines.prepare_shuffle`). Arrow's ``take``
+then into its shuffled order in the shard (:mod:`pipelines.prepare.shuffle`). Arrow's ``take``
 on list columns cost several times as much as moving the flat arrays. Two implementations give
 the same arrays: the C module ``_rows`` (built at install time when a C compiler is there), one
 copy per row; and NumPy, the fallback, which builds a source index for every value.

@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.settings import elmo_home
+from pipelines.common.settings import elmo_home
 
 SERVICE_ORDER = ("mlflow", "prefect", "ray", "worker")
 WORKER_NAME = "elmo-local"

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from mlflow import MlflowClient
 
-from pipelines import tracking
+from pipelines.common import tracking
 
 
 @pytest.fixture(scope="session")

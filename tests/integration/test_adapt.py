@@ -17,9 +17,10 @@ from elmo_core.model.serialization import save_bilm
 from elmo_core.presets import tiny
 from elmo_core.tasks import load_task_config
 from elmo_core.text.tokenize import WhitespaceTokenizer
-from pipelines import adapt as adapt_stage
-from pipelines import bilm_source, tracking
-from pipelines.register import DatasetFiles, log_bilm_model
+from pipelines.adapt import stage as adapt_stage
+from pipelines.common import tracking
+from pipelines.models import bilm_loader as bilm_source
+from pipelines.registry.register import DatasetFiles, log_bilm_model
 
 pytestmark = pytest.mark.integration
 

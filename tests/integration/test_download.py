@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from elmo_core.errors import DataError
-from pipelines import download as download_module
-from pipelines.corpus_sources import HELDOUT_DIR, TRAIN_DIR, locate_corpus
+from pipelines.prepare import download as download_module
+from pipelines.prepare.corpus_sources import HELDOUT_DIR, TRAIN_DIR, locate_corpus
 
 pytestmark = pytest.mark.integration
 

@@ -14,10 +14,10 @@ from elmo_core.model.bilm import BiLM
 from elmo_core.model.serialization import find_model_dir, load_bilm, save_bilm
 from elmo_core.perplexity import evaluate_perplexity
 from elmo_core.presets import tiny
-from pipelines import tracking
-from pipelines.corpus_sources import CorpusFiles
-from pipelines.evaluate import evaluate, heldout_hash, main
-from pipelines.prepare import prepare_files
+from pipelines.common import tracking
+from pipelines.evaluate.stage import evaluate, heldout_hash, main
+from pipelines.prepare.corpus_sources import CorpusFiles
+from pipelines.prepare.stage import prepare_files
 
 pytestmark = pytest.mark.integration
 

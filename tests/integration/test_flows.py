@@ -29,7 +29,7 @@ from flows.pretrain import pretrain
 from flows.run_local import REPO
 from flows.services import ServiceUnreachable
 from flows.tasks import prepare
-from pipelines.settings import mlflow_tracking_uri
+from pipelines.common.settings import mlflow_tracking_uri
 
 pytestmark = pytest.mark.integration
 

@@ -18,10 +18,11 @@ from elmo_core.model.bilm import BiLM
 from elmo_core.model.elmo import remove_sentence_boundaries
 from elmo_core.presets import tiny
 from elmo_core.text.char_ids import batch_to_ids
-from pipelines import cli, tracking
-from pipelines import register as reg
-from pipelines import registry_policy as policy
-from pipelines.import_weights import STAGE, WEIGHTS_TAG, import_weights
+from pipelines import cli
+from pipelines.common import tracking
+from pipelines.registry import policy
+from pipelines.registry import register as reg
+from pipelines.registry.import_weights import STAGE, WEIGHTS_TAG, import_weights
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,8 @@ import pytest
 
 from elmo_core.config import PrepareConfig
 from elmo_core.errors import DataError
-from pipelines.prepare import prepare_files
-from pipelines.prepare_ray import RayTaskPool
+from pipelines.prepare.ray_pool import RayTaskPool
+from pipelines.prepare.stage import prepare_files
 
 pytestmark = pytest.mark.integration
 

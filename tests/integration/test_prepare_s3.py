@@ -47,7 +47,7 @@ def s3_endpoint(monkeypatch, tmp_path):
 def test_prepare_writes_to_s3_and_the_reader_streams_it_back(s3_endpoint, tmp_path):
     from types import SimpleNamespace
 
-    from pipelines.prepare import prepare_files
+    from pipelines.prepare.stage import prepare_files
 
     train, heldout = (
         tmp_path / "news.en-00001-of-00100",

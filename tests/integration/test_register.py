@@ -23,8 +23,8 @@ from elmo_core.model.serialization import save_bilm
 from elmo_core.presets import tiny
 from elmo_core.text.char_ids import batch_to_ids
 from elmo_core.text.tokenize import MosesTokenizer
-from pipelines import register as reg
-from pipelines import tracking
+from pipelines.common import tracking
+from pipelines.registry import register as reg
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +34,7 @@ VOCAB = "<S>\n</S>\n<UNK>\nthe\ncat\n"
 
 @dataclass(frozen=True)
 class Evaluation:
-    """The fields of pipelines.evaluate.EvaluationResult that register reads."""
+    """The fields of pipelines.evaluate.stage.EvaluationResult that register reads."""
 
     forward_perplexity: float
     backward_perplexity: float

@@ -21,9 +21,10 @@ from elmo_core.model.bilm import BiLM
 from elmo_core.model.serialization import save_bilm
 from elmo_core.presets import tiny
 from elmo_core.text.tokenize import WhitespaceTokenizer
-from pipelines import cli, tracking
-from pipelines import register as reg
-from pipelines import registry_policy as policy
+from pipelines import cli
+from pipelines.common import tracking
+from pipelines.registry import policy
+from pipelines.registry import register as reg
 
 pytestmark = pytest.mark.integration
 
@@ -33,7 +34,7 @@ VOCAB_SHA = hashlib.sha256(VOCAB.encode()).hexdigest()
 
 @dataclass(frozen=True)
 class Evaluation:
-    """The fields of pipelines.evaluate.EvaluationResult that register reads."""
+    """The fields of pipelines.evaluate.stage.EvaluationResult that register reads."""
 
     perplexity: float
     heldout_hash: str = "heldout-a"

@@ -17,12 +17,12 @@ import torch
 
 from elmo_core.config import PrepareConfig
 from elmo_core.model.serialization import load_bilm
-from pipelines import tracking
-from pipelines.checkpoints import FINISHED_FILE
-from pipelines.corpus_sources import CorpusFiles
-from pipelines.prepare import prepare_files
-from pipelines.train import FAIL_ONCE_ENV, main, train
-from pipelines.train_config import resolve_train_config
+from pipelines.common import tracking
+from pipelines.prepare.corpus_sources import CorpusFiles
+from pipelines.prepare.stage import prepare_files
+from pipelines.train.checkpoints import FINISHED_FILE
+from pipelines.train.config import resolve_train_config
+from pipelines.train.stage import FAIL_ONCE_ENV, main, train
 
 pytestmark = pytest.mark.integration
 

@@ -27,8 +27,8 @@ def _config() -> ModelConfig:
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory) -> str:
     from elmo_core.config import PrepareConfig
-    from pipelines.corpus_sources import CorpusFiles
-    from pipelines.prepare import prepare_files
+    from pipelines.prepare.corpus_sources import CorpusFiles
+    from pipelines.prepare.stage import prepare_files
 
     root = tmp_path_factory.mktemp("perplexity")
     (root / "train.txt").write_text("\n".join(TRAIN) + "\n")

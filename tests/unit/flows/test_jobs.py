@@ -17,7 +17,7 @@ from flows.jobs import (
     train_entrypoint,
 )
 from flows.params import TrainingParams
-from pipelines.checkpoints import RunDirectory
+from pipelines.train.checkpoints import RunDirectory
 
 
 @pytest.fixture

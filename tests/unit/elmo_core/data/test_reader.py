@@ -11,7 +11,7 @@ from elmo_core.config import PrepareConfig
 from elmo_core.data.manifest import ShardInfo, load_manifest
 from elmo_core.data.reader import iter_sentences, partition_shards, select_shards
 from elmo_core.errors import DataError
-from pipelines.prepare import prepare_files
+from pipelines.prepare.stage import prepare_files
 
 
 class _Corpus:

@@ -1,0 +1,1 @@
+"""The adapt stage: a frozen biLM + a learned scalar mix + a task head (``adapt.stage``)."""

@@ -1,0 +1,302 @@
+"""The adapt stage: a frozen biLM + a learned scalar mix + a task head, one Ray task per task.
+
+    elmo adapt --task TASK.yaml [--task ...] --bilm URI_OR_PATH [--bilm-options OPTIONS.json]
+               [--set key=value ...] [--parent-run-id ID]
+    python -m pipelines.adapt ...                             # the same main
+    adapt(tasks, bilm, ...) -> list[AdaptResult]              # what flows call
+
+Each job reads its task's splits, takes the frozen biLM's activations from the
+:class:`~elmo_core.tasks.activation_cache.ActivationCache` under ``ELMO_HOME/cache/activations``
+(computed once, then reused by every epoch, by the baseline's sibling run and by later jobs over the
+same biLM and data), trains the ELMo model *and* the baseline — the same head over task-trained
+word embeddings without ELMo (no pretrained word vectors are available offline, so not the
+paper's GloVe baseline) — and reports the gain ELMo brings on dev and test (Peters et al. 2018,
+Table 1). The job is one MLflow ``adapt`` run: a child of the flow's run inside a flow, else a
+top-level run tagged with the biLM it used. The ELMo model is registered as ``elmo-<task>``, a
+pyfunc model that labels raw sentences (:mod:`pipelines.models.task_pyfunc`).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated
+
+import mlflow
+import torch
+import typer
+from pydantic import BaseModel, ConfigDict, Field
+
+from elmo_core.errors import ConfigError, DataError
+from elmo_core.tasks import load_task_config, read_task_split
+from elmo_core.tasks.activation_cache import ActivationCache
+from elmo_core.tasks.config import SPLITS, TaskConfig
+from elmo_core.tasks.readers import AnyDataset, check_labels, task_labels
+from elmo_core.tasks.task_model import example_sentences
+from elmo_core.tasks.trainer import BASELINE, TaskResult, TaskSplit, main_metric, train_task
+from pipelines.adapt.tracking import (
+    log_mix_figure,
+    log_outcome,
+    log_task_model,
+    outcome_metrics,
+    prefixed_logger,
+)
+from pipelines.common.cli_runner import run_command
+from pipelines.common.settings import elmo_home, mlflow_tracking_uri
+from pipelines.common.tracking import (
+    EXPERIMENT,
+    PARENT_RUN_ENV,
+    log_config,
+    stage_run,
+    use_tracking,
+)
+from pipelines.models.bilm_loader import BiLMReference, load_bilm_source, resolve_bilm
+
+TASK_TAG = "elmo.task"
+BASELINE_TAG = "elmo.baseline"
+
+
+class AdaptResources(BaseModel):
+    """What each adaptation job asks Ray for; ``gpus_per_task`` None: 1 if the cluster has GPUs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cpus_per_task: float = Field(1.0, gt=0)
+    gpus_per_task: float | None = Field(None, ge=0)
+
+
+@dataclass(frozen=True)
+class AdaptJob:
+    """Everything one Ray task needs: it reads no state of the driver."""
+
+    task: TaskConfig
+    bilm: BiLMReference
+    cache_dir: str
+    parent_run_id: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AdaptResult:
+    """Scores with and without ELMo, the gain, the learned mix and the registered model."""
+
+    task: str
+    run_id: str
+    model_name: str  # elmo-<task>
+    model_version: int
+    model_uri: str  # models:/elmo-<task>/<version>
+    metric: str  # "f1" or "accuracy": the main score
+    elmo_dev: dict[str, float]
+    elmo_test: dict[str, float]
+    baseline_dev: dict[str, float]
+    baseline_test: dict[str, float]
+    gain: dict[str, float]  # "dev_<metric>" / "test_<metric>": ELMo − baseline
+    mix_weights: list[float]
+    gamma: float
+    baseline: str = BASELINE  # which baseline ran
+
+
+def adapt(
+    tasks: Sequence[TaskConfig],
+    bilm: str,
+    *,
+    bilm_options: str | None = None,
+    parent_run_id: str | None = None,
+    tags: Mapping[str, str] | None = None,
+    resources: AdaptResources | None = None,
+) -> list[AdaptResult]:
+    """Adapt ``bilm`` to every task, the tasks in parallel as Ray tasks; results in task order."""
+    _check_tasks(tasks)
+    reference = resolve_bilm(bilm, bilm_options)  # a bad source fails before any job starts
+    use_tracking()
+    mlflow.set_experiment(EXPERIMENT)  # create the store once, before jobs write to it at once
+    cache_dir = str(elmo_home() / "cache" / "activations")
+    parent = parent_run_id or os.environ.get(PARENT_RUN_ENV) or None
+    jobs = [AdaptJob(task, reference, cache_dir, parent, dict(tags or {})) for task in tasks]
+    return _run_on_ray(jobs, resources or AdaptResources())
+
+
+def run_adapt_job(job: AdaptJob) -> AdaptResult:
+    """One task: cached activations, ELMo and baseline training, MLflow run, registered model."""
+    task = job.task
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    datasets = read_splits(task)
+    with tempfile.TemporaryDirectory(prefix="elmo-adapt-") as scratch:
+        source = load_bilm_source(job.bilm, Path(scratch) / "bilm-source")
+        started = time.perf_counter()
+        splits = cache_splits(source.bilm.to(device), datasets, job.cache_dir)
+        cache_seconds = time.perf_counter() - started
+        run_tags = {**job.bilm.tags, TASK_TAG: task.name, BASELINE_TAG: BASELINE, **job.tags}
+        with stage_run(
+            "adapt", run_name=f"adapt-{task.name}", parent_run_id=job.parent_run_id, tags=run_tags
+        ) as run:
+            log_config(task)
+            mlflow.log_params({"bilm": job.bilm.location, "device": device})
+            mlflow.log_metric("cache_seconds", cache_seconds)
+            elmo, baseline = (_train(task, splits, use_elmo, device) for use_elmo in (True, False))
+            log_outcome(elmo, baseline)
+            log_mix_figure(elmo)
+            version = log_task_model(
+                elmo, source, Path(scratch), {**job.bilm.tags, **outcome_metrics(elmo, baseline)}
+            )
+    return _result(run.info.run_id, version, elmo, baseline)
+
+
+def read_splits(task: TaskConfig) -> dict[str, AnyDataset]:
+    """The task's splits that exist, with dev/test labels checked against train's label set."""
+    datasets: dict[str, AnyDataset] = {
+        name: read_task_split(task, name) for name in SPLITS if task.split_path(name)
+    }
+    labels = task_labels(task, datasets["train"])
+    for dataset in datasets.values():
+        check_labels(dataset, labels)
+    return datasets
+
+
+def cache_splits(
+    bilm: torch.nn.Module, datasets: Mapping[str, AnyDataset], cache_dir: str | Path
+) -> dict[str, TaskSplit]:
+    """Each split with the frozen biLM's activations, from the cache (built on first use)."""
+    cache = ActivationCache(cache_dir)
+    return {
+        name: TaskSplit(
+            dataset,
+            cache.get_or_build(bilm, example_sentences(list(dataset.examples)), progress=False),
+        )
+        for name, dataset in datasets.items()
+    }
+
+
+def _train(
+    task: TaskConfig, splits: Mapping[str, TaskSplit], use_elmo: bool, device: str
+) -> TaskResult:
+    prefix = "elmo" if use_elmo else "baseline"
+    started = time.perf_counter()
+    result = train_task(
+        task,
+        splits["train"],
+        splits.get("dev"),
+        splits.get("test"),
+        use_elmo,
+        epoch_callback=prefixed_logger(prefix),
+        device=device,
+    )
+    mlflow.log_metric(f"{prefix}/seconds", time.perf_counter() - started)
+    return result
+
+
+def _result(run_id: str, version: int, elmo: TaskResult, baseline: TaskResult) -> AdaptResult:
+    metric = main_metric(elmo.model.task)
+    name = f"elmo-{elmo.task}"
+    return AdaptResult(
+        task=elmo.task,
+        run_id=run_id,
+        model_name=name,
+        model_version=version,
+        model_uri=f"models:/{name}/{version}",
+        metric=metric,
+        elmo_dev=elmo.dev_metrics,
+        elmo_test=elmo.test_metrics,
+        baseline_dev=baseline.dev_metrics,
+        baseline_test=baseline.test_metrics,
+        gain={
+            key.removeprefix("gain/"): value
+            for key, value in outcome_metrics(elmo, baseline).items()
+            if key.startswith("gain/")
+        },
+        mix_weights=list(elmo.mix_weights or []),
+        gamma=float(elmo.gamma if elmo.gamma is not None else 1.0),
+    )
+
+
+def _check_tasks(tasks: Sequence[TaskConfig]) -> None:
+    """No tasks, two tasks registering one model name, or a missing data file: refuse now."""
+    if not tasks:
+        raise ConfigError("no task to adapt to", key="tasks")
+    names = [task.name for task in tasks]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ConfigError(f"two tasks named {duplicates[0]} would register one model", key="name")
+    for task in tasks:
+        for split in SPLITS:
+            path = task.split_path(split)
+            if path is not None and not path.is_file():
+                raise DataError(f"{task.name}: {split} file not found", path=path)
+
+
+# --- Ray -----------------------------------------------------------------------------------------
+
+
+def _run_on_ray(jobs: Sequence[AdaptJob], resources: AdaptResources) -> list[AdaptResult]:
+    """One Ray task per job; a user error inside a job is re-raised here as itself."""
+    import ray
+
+    from pipelines.common.ray_cluster import connect_ray, ray_get
+
+    connect_ray()
+    gpus = resources.gpus_per_task
+    if gpus is None:
+        gpus = 1.0 if ray.cluster_resources().get("GPU", 0) >= 1 else 0.0
+    # Workers may have started before this process chose its ELMO_HOME or tracking store.
+    env = {"ELMO_HOME": str(elmo_home()), "MLFLOW_TRACKING_URI": mlflow_tracking_uri()}
+    env |= {"ELMO_MLFLOW_EXPERIMENT": EXPERIMENT}
+    remote = ray.remote(run_adapt_job).options(
+        num_cpus=resources.cpus_per_task, num_gpus=gpus, runtime_env={"env_vars": env}
+    )
+    return list(ray_get([remote.remote(job) for job in jobs]))
+
+
+# --- command line --------------------------------------------------------------------------------
+
+
+def adapt_command(
+    task: Annotated[list[Path], typer.Option(help="task config YAML (repeat for several)")],
+    bilm: Annotated[
+        str, typer.Option(help="model/checkpoint/run dir, bilm-tf HDF5 or models:/ URI")
+    ],
+    bilm_options: Annotated[
+        str | None, typer.Option(help="bilm-tf options.json (with an HDF5 --bilm)")
+    ] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="key=value override for every task")
+    ] = None,
+    parent_run_id: Annotated[str | None, typer.Option(help="MLflow parent run")] = None,
+    cpus_per_task: Annotated[float, typer.Option(help="Ray CPUs per job")] = 1.0,
+    gpus_per_task: Annotated[
+        float | None, typer.Option(help="Ray GPUs per job (default: 1 if any)")
+    ] = None,
+) -> None:
+    """Adapt a frozen biLM to downstream tasks; report the gain over the baseline."""
+    tasks = [load_task_config(path, set_ or []) for path in task]
+    resources = AdaptResources(cpus_per_task=cpus_per_task, gpus_per_task=gpus_per_task)
+    results = adapt(
+        tasks, bilm, bilm_options=bilm_options, parent_run_id=parent_run_id, resources=resources
+    )
+    typer.echo(f"{'task':<20} {'metric':<9} {'dev':>15} {'test':>15} {'gain (test)':>11}  model")
+    for result in results:
+        typer.echo(_result_line(result))
+    typer.echo(f"baseline: {BASELINE}")
+
+
+def _result_line(result: AdaptResult) -> str:
+    """``dev`` and ``test`` as ``baseline → ELMo``."""
+    metric = result.metric
+
+    def pair(baseline: dict[str, float], elmo: dict[str, float]) -> str:
+        if metric not in elmo:
+            return "-"
+        return f"{baseline[metric]:.4f}→{elmo[metric]:.4f}"
+
+    gain = result.gain.get(f"test_{metric}", result.gain.get(f"dev_{metric}", float("nan")))
+    dev = pair(result.baseline_dev, result.elmo_dev)
+    test = pair(result.baseline_test, result.elmo_test)
+    return f"{result.task:<20} {metric:<9} {dev:>15} {test:>15} {gain:>+11.4f}  {result.model_uri}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m pipelines.adapt``: the same command as ``elmo adapt``."""
+    return run_command(adapt_command, argv)

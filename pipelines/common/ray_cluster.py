@@ -1,0 +1,69 @@
+"""The one way the platform connects to Ray: join ``RAY_ADDRESS``, or start a local Ray.
+
+A local Ray is sized for the machine: every core, no dashboard, and an object store that stays
+small on small machines (the stages stream data from shards; the object store only carries
+control messages and checkpoints' metadata).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import ray
+
+from elmo_core.errors import ElmoError
+from pipelines.common.settings import elmo_home
+
+log = logging.getLogger(__name__)
+
+MIN_OBJECT_STORE_BYTES = 200 * 1024**2
+MAX_OBJECT_STORE_BYTES = 4 * 1024**3
+
+
+def connect_ray(num_cpus: int | None = None) -> None:
+    """Make sure this process is connected to Ray; idempotent.
+
+    ``RAY_ADDRESS`` (``auto``, ``ray://...`` or ``host:port``) joins that cluster; otherwise a local
+    Ray starts with ``num_cpus`` (default: all cores) and its temporary files under ``ELMO_HOME``.
+    """
+    if ray.is_initialized():
+        return
+    address = os.environ.get("RAY_ADDRESS")
+    if address:
+        log.info("joining Ray cluster at %s", address)
+        ray.init(address=address, log_to_driver=True)
+        return
+    cpus = num_cpus or os.cpu_count() or 1
+    log.info("starting a local Ray with %d CPUs", cpus)
+    ray.init(
+        num_cpus=cpus,
+        include_dashboard=False,
+        object_store_memory=_local_object_store_bytes(),
+        _temp_dir=str(_short_temp_dir()),
+    )
+
+
+def ray_get(refs: Any) -> Any:
+    """``ray.get``, with a user error (:class:`~elmo_core.errors.ElmoError`) raised inside a
+    task re-raised here as itself: it names the file, line or key, not a Ray traceback."""
+    try:
+        return ray.get(refs)
+    except ray.exceptions.RayTaskError as err:
+        if isinstance(err.cause, ElmoError):
+            raise err.cause from None
+        raise
+
+
+def _local_object_store_bytes() -> int:
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return int(min(max(total // 20, MIN_OBJECT_STORE_BYTES), MAX_OBJECT_STORE_BYTES))
+
+
+def _short_temp_dir() -> object:
+    """Ray's socket paths must stay under 107 bytes, so a deep ``ELMO_HOME`` falls back to /tmp."""
+    preferred = elmo_home() / "ray"
+    if len(str(preferred)) > 40:
+        return f"/tmp/ray-elmo-{os.getuid()}"
+    return preferred

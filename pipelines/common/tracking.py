@@ -1,0 +1,155 @@
+"""MLflow tracking shared by every stage: one run per stage, nested under the flow's run.
+
+A stage run started inside a flow is a child of the flow's parent run (passed explicitly or through
+``ELMO_MLFLOW_PARENT_RUN_ID``, which survives the hop into a Ray job); a stage run on its own is a
+top-level run tagged with what it used. Curves people would rather see than read are logged as
+figures next to the metrics.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import mlflow
+from mlflow.entities import Run
+from pydantic import BaseModel
+
+from pipelines.common.settings import elmo_home, mlflow_tracking_uri
+
+EXPERIMENT = os.environ.get("ELMO_MLFLOW_EXPERIMENT", "elmo")
+PARENT_RUN_ENV = "ELMO_MLFLOW_PARENT_RUN_ID"
+STAGE_TAG = "elmo.stage"
+MAX_PARAM_CHARS = 6000
+
+
+def use_tracking() -> str:
+    """Point this process's MLflow client at the project's store; returns the URI."""
+    uri = mlflow_tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    return uri
+
+
+@contextmanager
+def stage_run(
+    stage: str,
+    *,
+    run_name: str,
+    run_id: str | None = None,
+    parent_run_id: str | None = None,
+    tags: Mapping[str, str] | None = None,
+) -> Iterator[mlflow.ActiveRun]:
+    """Start (or resume, given ``run_id``) the MLflow run of one stage.
+
+    The parent comes from ``parent_run_id`` or ``ELMO_MLFLOW_PARENT_RUN_ID``; the run is tagged
+    with its stage name so the flow's summary can find its children.
+    """
+    use_tracking()
+    ensure_experiment()
+    parent = parent_run_id or os.environ.get(PARENT_RUN_ENV) or None
+    all_tags = {STAGE_TAG: stage, **(tags or {})}
+    if run_id is not None:
+        with mlflow.start_run(run_id=run_id) as run:
+            yield run
+        return
+    with mlflow.start_run(run_name=run_name, parent_run_id=parent, tags=all_tags) as run:
+        yield run
+
+
+def ensure_experiment() -> None:
+    """Select the experiment, creating it with its artifacts under ``ELMO_HOME`` when the store is
+    the embedded SQLite file (MLflow's default would be ``./mlruns`` of whatever directory a
+    command happens to run in)."""
+    if mlflow.get_experiment_by_name(EXPERIMENT) is None and mlflow_tracking_uri().startswith(
+        "sqlite:"
+    ):
+        with contextlib.suppress(mlflow.exceptions.MlflowException):  # created meanwhile
+            mlflow.create_experiment(
+                EXPERIMENT, artifact_location=(elmo_home() / "artifacts").as_uri()
+            )
+    mlflow.set_experiment(EXPERIMENT)
+
+
+def find_run(run_name: str, stage: str) -> Run | None:
+    """The newest run of ``stage`` called ``run_name`` (how a re-run finds the run it resumes)."""
+    use_tracking()
+    experiment = mlflow.get_experiment_by_name(EXPERIMENT)
+    if experiment is None:
+        return None
+    runs = mlflow.search_runs(
+        [experiment.experiment_id],
+        filter_string=f"tags.`{STAGE_TAG}` = '{stage}' and attributes.run_name = '{run_name}'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+        output_format="list",
+    )
+    return runs[0] if runs else None
+
+
+def flatten_params(config: BaseModel | Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """Dotted ``section.key`` → string value as MLflow params (long values cut, not refused)."""
+    data = config.model_dump(mode="json") if isinstance(config, BaseModel) else dict(config)
+    flat: dict[str, str] = {}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten_params(value, f"{dotted}."))
+        else:
+            flat[dotted] = str(value)[:MAX_PARAM_CHARS]
+    return flat
+
+
+def log_config(config: BaseModel, artifact_file: str = "config.json") -> None:
+    """Log a resolved config as params (searchable) and as one JSON artifact (exact)."""
+    mlflow.log_params(flatten_params(config))
+    mlflow.log_dict(config.model_dump(mode="json"), artifact_file)
+
+
+def log_curves(
+    curves: Mapping[str, Sequence[tuple[int, float]]],
+    artifact_file: str,
+    *,
+    title: str,
+    ylabel: str,
+    log_y: bool = False,
+) -> None:
+    """Plot named ``(step, value)`` curves on one axis and log the figure as ``artifact_file``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4))
+    for name, points in curves.items():
+        if points:
+            steps, values = zip(*points, strict=True)
+            axis.plot(steps, values, label=name, marker="." if len(points) < 50 else None)
+    axis.set(title=title, xlabel="step", ylabel=ylabel)
+    if log_y:
+        axis.set_yscale("log")
+    axis.grid(alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    mlflow.log_figure(figure, artifact_file)
+    plt.close(figure)
+
+
+def git_commit(repo: Path | None = None) -> str | None:
+    """The commit of the code that ran, or None outside a git checkout."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=repo or Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None

@@ -1,0 +1,258 @@
+"""The biLM as an MLflow pyfunc model: sentences in, per-token ELMo layers out.
+
+This file is also the model's *code file* (MLflow models-from-code): MLflow copies it into the
+logged model and runs it under a fresh module name at load time; the guard at the bottom then
+hands MLflow an instance of the class from the *installed* package, so loading a registered model
+needs ``elmo_core``/``pipelines`` installed and never unpickles a class. The model's artifacts are
+our biLM directory (``bilm``: ``model_config.json`` + ``model.pt``), the dataset's ``vocab.txt``
+(``vocab``) and its ``manifest.json`` (``manifest``), whose ``tokenizer`` entry rebuilds the exact
+tokenizer the training data went through (Moses for text corpora, whitespace for the 1B Word
+Benchmark).
+
+Inference follows ELMo's defaults (DESIGN.md §3): eval mode, stateless (the same sentence always
+gives the same vectors), sentence boundaries stripped. ``mlflow.pyfunc.load_model(uri)
+.unwrap_python_model().bilm`` is the loaded :class:`~elmo_core.model.bilm.BiLM`, for building an
+:class:`~elmo_core.model.elmo.Elmo` on a registered biLM.
+
+Shapes: N sentences in a batch, T tokens, L layers (token layer + LSTM layers), P projection.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, cast
+
+import mlflow
+import numpy as np
+import pandas as pd
+import torch
+from mlflow.models import ModelSignature
+from mlflow.pyfunc import PythonModel, PythonModelContext
+from mlflow.types.schema import AnyType, Array, ColSpec, ParamSchema, ParamSpec, Schema
+
+from elmo_core.errors import ConfigError, DataError
+from elmo_core.model.bilm import BiLM
+from elmo_core.model.elmo import remove_sentence_boundaries
+from elmo_core.model.serialization import load_bilm
+from elmo_core.text.char_ids import batch_to_ids
+from elmo_core.text.tokenize import Tokenizer
+
+BILM_ARTIFACT = "bilm"
+VOCAB_ARTIFACT = "vocab"
+MANIFEST_ARTIFACT = "manifest"
+SENTENCE_COLUMN = "sentence"
+TOKENS_COLUMN = "tokens"
+EMBEDDINGS_COLUMN = "embeddings"
+DEFAULT_BATCH_SIZE = 64
+
+Output = Literal["layers", "layer", "mix"]
+OUTPUTS: tuple[Output, ...] = ("layers", "layer", "mix")
+
+
+@dataclass(frozen=True)
+class EmbedOptions:
+    """What ``predict``'s ``params`` ask for; the defaults are the signature's.
+
+    ``layers`` returns every layer ``(L, T, 2P)``; ``layer`` one of them ``(T, 2P)`` (negative
+    counts from the top); ``mix`` the weighted sum ``Σ_j weights_j · h_j`` ``(T, 2P)``, with
+    ``weights`` used as given (uniform ``1/L`` when empty; a trained mix's are
+    ``γ · softmax(s)``). ``mean_pool`` averages over the tokens: one vector (or ``L`` vectors)
+    per sentence, zeros for a sentence without tokens.
+    """
+
+    output: Output = "layers"
+    layer: int = -1
+    weights: tuple[float, ...] = ()
+    mean_pool: bool = False
+    batch_size: int = DEFAULT_BATCH_SIZE
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any] | None) -> EmbedOptions:
+        given = dict(params or {})
+        unknown = sorted(set(given) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ConfigError(f"unknown predict params {unknown}", key=f"params.{unknown[0]}")
+        output = given.get("output", cls.output)
+        if output not in OUTPUTS:
+            raise ConfigError(
+                f"output must be one of {list(OUTPUTS)}, not {output!r}", key="params.output"
+            )
+        batch_size = int(given.get("batch_size", cls.batch_size))
+        if batch_size < 1:
+            raise ConfigError("batch_size must be positive", key="params.batch_size")
+        weights = given.get("weights")
+        return cls(
+            output=cast(Output, output),
+            layer=int(given.get("layer", cls.layer)),
+            weights=tuple(float(w) for w in (weights if weights is not None else ())),
+            mean_pool=bool(given.get("mean_pool", cls.mean_pool)),
+            batch_size=batch_size,
+        )
+
+
+def model_signature() -> ModelSignature:
+    """Inputs: a ``sentence`` (raw text) or a ``tokens`` column; outputs: tokens + embeddings.
+
+    The embeddings' nesting depends on ``output`` and ``mean_pool``, so their type is ``Any``.
+    """
+    inputs = Schema(
+        [
+            ColSpec("string", SENTENCE_COLUMN, required=False),
+            ColSpec(Array("string"), TOKENS_COLUMN, required=False),
+        ]
+    )
+    outputs = Schema(
+        [ColSpec(Array("string"), TOKENS_COLUMN), ColSpec(AnyType(), EMBEDDINGS_COLUMN)]
+    )
+    defaults = EmbedOptions()
+    params = ParamSchema(
+        [
+            ParamSpec("output", "string", defaults.output),
+            ParamSpec("layer", "long", defaults.layer),
+            ParamSpec("weights", "double", [], shape=(-1,)),
+            ParamSpec("mean_pool", "boolean", defaults.mean_pool),
+            ParamSpec("batch_size", "long", defaults.batch_size),
+        ]
+    )
+    return ModelSignature(inputs=inputs, outputs=outputs, params=params)
+
+
+def token_lists(
+    frame: pd.DataFrame, tokens_column: str, text_column: str, tokenizer: Tokenizer
+) -> list[list[str]]:
+    """One token list per row: the tokens column when complete, else the text tokenized.
+
+    A row's text is one sequence: when the tokenizer finds several sentences in it, their tokens
+    are concatenated (the biLM sees them as one sentence).
+    """
+    if tokens_column in frame.columns and frame[tokens_column].notna().all():
+        return [[str(token) for token in tokens] for tokens in frame[tokens_column]]
+    if text_column in frame.columns and frame[text_column].notna().all():
+        return [
+            [token for sentence in tokenizer.tokenize(str(text)) for token in sentence]
+            for text in frame[text_column]
+        ]
+    raise DataError(
+        f"input needs a '{text_column}' (text) or '{tokens_column}' (list of strings) column "
+        f"with a value in every row; got columns {list(frame.columns)}"
+    )
+
+
+class BiLMEmbedder(PythonModel):
+    """Tokenizes as the training data was, runs the frozen biLM, returns its layers per token."""
+
+    def __init__(self) -> None:
+        self._bilm: BiLM | None = None
+        self._tokenizer: Tokenizer | None = None
+
+    def load_context(self, context: PythonModelContext) -> None:
+        self.load(context.artifacts[BILM_ARTIFACT], context.artifacts[MANIFEST_ARTIFACT])
+
+    def load(self, bilm_dir: str | Path, manifest_file: str | Path) -> None:
+        """Load our biLM directory and the manifest's tokenizer (what ``load_context`` does)."""
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        self._bilm = load_bilm(bilm_dir, map_location=device).to(device).eval()
+        description = json.loads(Path(manifest_file).read_text(encoding="utf-8"))
+        if "tokenizer" not in description:
+            raise DataError("the manifest names no tokenizer", path=str(manifest_file))
+        self._tokenizer = Tokenizer.from_manifest(description["tokenizer"])
+
+    @property
+    def bilm(self) -> BiLM:
+        """The loaded biLM (eval mode, stateless): build an ``Elmo`` on it for adaptation."""
+        if self._bilm is None:
+            raise RuntimeError("BiLMEmbedder used before load_context")
+        return self._bilm
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        if self._tokenizer is None:
+            raise RuntimeError("BiLMEmbedder used before load_context")
+        return self._tokenizer
+
+    def predict(
+        self,
+        context: PythonModelContext | None,
+        model_input: pd.DataFrame,
+        params: dict[str, Any] | None = None,
+    ) -> pd.DataFrame:
+        """One output row per input row: its ``tokens`` and their ``embeddings`` (nested lists)."""
+        sentences = self.sentences_of(model_input)
+        vectors = self.embed(sentences, EmbedOptions.from_params(params))
+        return pd.DataFrame(
+            {
+                TOKENS_COLUMN: sentences,
+                EMBEDDINGS_COLUMN: [array.tolist() for array in vectors],
+            }
+        )
+
+    def sentences_of(self, frame: pd.DataFrame) -> list[list[str]]:
+        """Token lists from the ``tokens`` column, else from tokenizing ``sentence``."""
+        return token_lists(frame, TOKENS_COLUMN, SENTENCE_COLUMN, self.tokenizer)
+
+    def embed(self, sentences: list[list[str]], options: EmbedOptions) -> list[np.ndarray]:
+        """Per sentence, the selected layers of its tokens, in input order.
+
+        Sentences are batched by length (less padding); results do not depend on the batching
+        because the biLM masks padding and keeps no state between calls.
+        """
+        weights = self._layer_weights(options)
+        order = sorted(range(len(sentences)), key=lambda index: len(sentences[index]))
+        vectors: list[np.ndarray] = [np.empty(0)] * len(sentences)
+        for start in range(0, len(order), options.batch_size):
+            chunk = order[start : start + options.batch_size]
+            layers = self._layers([sentences[index] for index in chunk])  # (N, L, T, 2P)
+            selected = _select(layers, options, weights)  # (N, L, T, 2P) or (N, T, 2P)
+            for row, index in enumerate(chunk):
+                real = selected[row, ..., : len(sentences[index]), :]  # (L, T_i, 2P) or (T_i, 2P)
+                if options.mean_pool:
+                    real = real.sum(dim=-2) / max(real.shape[-2], 1)  # (L, 2P) or (2P,)
+                vectors[index] = real.float().cpu().numpy()
+        return vectors
+
+    def _layer_weights(self, options: EmbedOptions) -> torch.Tensor | None:
+        """The mix weights ``(L,)`` for ``output="mix"``; checks ``layer`` for ``"layer"``."""
+        num_layers = self.bilm.num_layers
+        if options.output == "layer" and not -num_layers <= options.layer < num_layers:
+            raise ConfigError(
+                f"layer {options.layer} out of range for {num_layers} layers", key="params.layer"
+            )
+        if options.output != "mix":
+            return None
+        weights = options.weights or (1.0 / num_layers,) * num_layers
+        if len(weights) != num_layers:
+            raise ConfigError(
+                f"{len(weights)} mix weights for {num_layers} layers", key="params.weights"
+            )
+        return torch.tensor(weights, device=self._device())  # (L,)
+
+    def _layers(self, sentences: list[list[str]]) -> torch.Tensor:
+        """All layers of a batch, boundaries stripped: ``(N, L, T, 2P)``, zero on padding."""
+        char_ids = batch_to_ids(sentences).to(self._device())  # (N, T, W)
+        with torch.inference_mode():
+            output = self.bilm(char_ids)
+        activations = cast(list[torch.Tensor], output["activations"])  # L × (N, T+2, 2P)
+        mask = cast(torch.Tensor, output["mask"])  # (N, T+2)
+        stripped = [remove_sentence_boundaries(layer, mask)[0] for layer in activations]
+        return torch.stack(stripped, dim=1)  # (N, L, T, 2P)
+
+    def _device(self) -> torch.device:
+        return next(self.bilm.parameters()).device
+
+
+def _select(
+    layers: torch.Tensor, options: EmbedOptions, weights: torch.Tensor | None
+) -> torch.Tensor:
+    """``layers (N, L, T, 2P)`` → all of them, one layer or their mix ``(N, T, 2P)``."""
+    if weights is not None:
+        return torch.einsum("l,nltd->ntd", weights, layers)  # (N, T, 2P)
+    return layers if options.output == "layers" else layers[:, options.layer]
+
+
+if __name__ != "pipelines.models.bilm_pyfunc":
+    # MLflow runs this file as the model's code: serve the installed package's class.
+    installed = importlib.import_module("pipelines.models.bilm_pyfunc")
+    mlflow.models.set_model(installed.BiLMEmbedder())

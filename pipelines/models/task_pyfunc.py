@@ -1,0 +1,170 @@
+"""An adapted task model as an MLflow pyfunc model: raw sentences in, labels or tags out.
+
+Like :mod:`pipelines.models.bilm_pyfunc`, this file is the model's *code file* (MLflow
+models-from-code):
+the guard at the bottom hands MLflow an instance of the class from the installed package, so a
+registered ``elmo-<task>`` model is loaded from files, never unpickled. Its artifacts:
+
+- ``bilm``: the frozen biLM in our format (``model_config.json`` + ``model.pt``), run live on the
+  new sentences exactly as the activation cache ran it during training;
+- ``task_model``: the task model's weights (``model.pt``), its word vocabulary, its label list,
+  its task config and, when the biLM's pretraining data named one, the tokenizer for raw text
+  (Moses otherwise: raw sentences need punctuation split off).
+
+Inputs: a ``sentence`` (raw text) or ``tokens`` (list of strings) column; for pair tasks
+``premise`` and ``hypothesis`` (text) or ``premise_tokens`` and ``hypothesis_tokens``. Outputs:
+the ``tokens`` read and a ``label`` per row, or ``tags`` (one per token) for tagging tasks.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import pandas as pd
+import torch
+from mlflow.models import ModelSignature
+from mlflow.pyfunc import PythonModel, PythonModelContext
+from mlflow.types.schema import Array, ColSpec, Schema, TensorSpec
+
+from elmo_core.errors import WeightsError
+from elmo_core.model.bilm import BiLM
+from elmo_core.model.serialization import load_bilm
+from elmo_core.tasks.config import TaskConfig, TaskType
+from elmo_core.tasks.task_model import TaskModel
+from elmo_core.tasks.trainer import predict
+from elmo_core.text.tokenize import MosesTokenizer, Tokenizer
+from pipelines.models.bilm_pyfunc import BILM_ARTIFACT, token_lists
+
+TASK_ARTIFACT = "task_model"
+WEIGHTS_FILE = "model.pt"
+DESCRIPTION_FILE = "task_model.json"
+SENTENCE, TOKENS, LABEL, TAGS = "sentence", "tokens", "label", "tags"
+PAIR_SIDES = ("premise", "hypothesis")
+
+
+def save_task_model(
+    model: TaskModel, directory: str | Path, tokenizer: dict[str, Any] | None = None
+) -> Path:
+    """Write the weights and everything needed to rebuild ``model`` (no pickled classes)."""
+    target = Path(directory)
+    target.mkdir(parents=True, exist_ok=True)
+    input_mix = model.mixes["input"] if model.has_mix("input") else None
+    description = {
+        "task": model.task.model_dump(mode="json"),
+        "vocab": model.vocab,
+        "labels": model.labels,
+        "use_elmo": model.use_elmo,
+        "num_layers": model.num_layers,
+        "layer_dim": model.layer_dim,
+        "word_dim": model.word_embedding.embedding_dim,
+        "do_layer_norm": bool(getattr(input_mix, "do_layer_norm", False)),
+        "tokenizer": tokenizer,
+    }
+    (target / DESCRIPTION_FILE).write_text(json.dumps(description), encoding="utf-8")
+    state = {name: tensor.detach().cpu() for name, tensor in model.state_dict().items()}
+    torch.save(state, target / WEIGHTS_FILE)
+    return target
+
+
+def load_task_model(directory: str | Path) -> tuple[TaskModel, dict[str, Any] | None]:
+    """The model saved by :func:`save_task_model` (eval mode) and its tokenizer description."""
+    source = Path(directory)
+    try:
+        description = json.loads((source / DESCRIPTION_FILE).read_text(encoding="utf-8"))
+        model = TaskModel(
+            TaskConfig.model_validate(description["task"]),
+            description["num_layers"],
+            description["layer_dim"],
+            description["vocab"],
+            description["labels"],
+            description["use_elmo"],
+            word_dim=description["word_dim"],
+            do_layer_norm=description["do_layer_norm"],
+        )
+        state = torch.load(source / WEIGHTS_FILE, map_location="cpu", weights_only=True)
+        model.load_state_dict(state)
+    except (OSError, ValueError, KeyError, RuntimeError) as err:
+        raise WeightsError(f"not a saved task model: {err}", path=source) from None
+    return model.eval(), description["tokenizer"]
+
+
+def model_signature(task_type: TaskType) -> ModelSignature:
+    """Optional text or token columns in (pair tasks: one of each per side); predictions out."""
+    inputs: list[ColSpec | TensorSpec]
+    outputs: list[ColSpec | TensorSpec]
+    if task_type == "pair":
+        inputs = [ColSpec("string", side, required=False) for side in PAIR_SIDES]
+        inputs += [
+            ColSpec(Array("string"), f"{side}_{TOKENS}", required=False) for side in PAIR_SIDES
+        ]
+        outputs = [ColSpec("string", LABEL)]
+    else:
+        inputs = [
+            ColSpec("string", SENTENCE, required=False),
+            ColSpec(Array("string"), TOKENS, required=False),
+        ]
+        prediction = (
+            ColSpec(Array("string"), TAGS) if task_type == "tagging" else ColSpec("string", LABEL)
+        )
+        outputs = [ColSpec(Array("string"), TOKENS), prediction]
+    return ModelSignature(inputs=Schema(inputs), outputs=Schema(outputs))
+
+
+class TaskPredictor(PythonModel):
+    """Tokenizes, runs the frozen biLM live, applies the trained scalar mix and head."""
+
+    def __init__(self) -> None:
+        self._model: TaskModel | None = None
+        self._bilm: BiLM | None = None
+        self._tokenizer: Tokenizer = MosesTokenizer()
+
+    def load_context(self, context: PythonModelContext) -> None:
+        self.load(context.artifacts[TASK_ARTIFACT], context.artifacts[BILM_ARTIFACT])
+
+    def load(self, task_dir: str | Path, bilm_dir: str | Path) -> None:
+        """Load the task model and the biLM (what ``load_context`` does)."""
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        model, tokenizer = load_task_model(task_dir)
+        self._model = model.to(device)
+        self._bilm = load_bilm(bilm_dir, map_location=device).to(device).eval()
+        if tokenizer is not None:
+            self._tokenizer = Tokenizer.from_manifest(tokenizer)
+
+    @property
+    def model(self) -> TaskModel:
+        if self._model is None:
+            raise RuntimeError("TaskPredictor used before load_context")
+        return self._model
+
+    def predict(
+        self,
+        context: PythonModelContext | None,
+        model_input: pd.DataFrame,
+        params: dict[str, Any] | None = None,
+    ) -> pd.DataFrame:
+        """One output row per input row: the tokens read and their label or tags."""
+        task_type = self.model.task.type
+        if task_type == "pair":
+            premises, hypotheses = (self._column(model_input, side) for side in PAIR_SIDES)
+            pairs = list(zip(premises, hypotheses, strict=True))
+            return pd.DataFrame({LABEL: predict(self.model, pairs, self._bilm)})
+        sentences = self._column(model_input, None)
+        predictions = predict(self.model, sentences, self._bilm)
+        return pd.DataFrame(
+            {TOKENS: sentences, TAGS if task_type == "tagging" else LABEL: predictions}
+        )
+
+    def _column(self, frame: pd.DataFrame, side: str | None) -> list[list[str]]:
+        """Token lists of one input: its tokens column if complete, else its text tokenized."""
+        tokens = f"{side}_{TOKENS}" if side else TOKENS
+        return token_lists(frame, tokens, side or SENTENCE, self._tokenizer)
+
+
+if __name__ != "pipelines.models.task_pyfunc":
+    # MLflow runs this file as the model's code: serve the installed package's class.
+    installed = importlib.import_module("pipelines.models.task_pyfunc")
+    mlflow.models.set_model(installed.TaskPredictor())

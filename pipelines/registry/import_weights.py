@@ -1,0 +1,180 @@
+"""import-weights: released bilm-tf weights become a version of ``elmo-bilm`` like a trained one.
+
+    elmo import-weights --options FILE --weights FILE [--name elmo-bilm] [--softmax FILE]
+                        [--vocab FILE] [--tokenizer whitespace|moses] [--alias ALIAS]
+    python -m pipelines.registry import-weights ...            # the same main
+    import_weights(options_file, weight_file, ...) -> RegisteredBiLM
+
+The weights are read with :func:`elmo_core.interop.bilm_tf.load_bilm`, saved in our format and
+registered through :func:`pipelines.registry.register.register_bilm`, so the version is the same
+pyfunc model as a trained one (``mlflow.pyfunc.load_model("models:/elmo-bilm/N")`` embeds text,
+adapt reads it by URI) with the same bilm-tf export next to it.
+
+What a release lacks is decided here, explicitly:
+
+* no dataset: the model's ``manifest`` artifact is a short description of the import (source
+  files and the tokenizer); the tokenizer is ``whitespace`` unless told, because the released
+  models were trained on the 1B Word Benchmark, which comes tokenized;
+* the vocabulary is carried only when given (``--vocab``), rewritten in our order (specials
+  first, ``!!!MAXTERMID`` dropped: :func:`~elmo_core.text.vocab.read_vocab`) so that its
+  ``elmo.vocab_sha256`` equals a prepared dataset's for the same tokens; a softmax needs one;
+* no evaluation, hence no ``elmo.perplexity``: the registry policy makes the version
+  ``challenger``, and only ``--alias champion`` (an explicit promotion) makes it champion.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import tempfile
+from pathlib import Path
+from typing import Annotated, Literal, get_args
+
+import typer
+
+from elmo_core.errors import ConfigError, DataError
+from elmo_core.interop.bilm_tf import load_bilm as load_bilm_tf
+from elmo_core.model.serialization import save_bilm
+from elmo_core.text.tokenize import Tokenizer
+from elmo_core.text.vocab import read_vocab, vocab_text
+from pipelines.common.cli_runner import run_command
+from pipelines.common.tracking import STAGE_TAG
+from pipelines.registry.policy import apply_champion_policy, promote
+from pipelines.registry.register import DEFAULT_NAME, DatasetFiles, RegisteredBiLM, register_bilm
+
+STAGE = "import-weights"
+OPTIONS_TAG = "elmo.import.options"
+WEIGHTS_TAG = "elmo.import.weights"
+SOFTMAX_TAG = "elmo.import.softmax"
+VOCAB_TAG = "elmo.import.vocab"
+TokenizerName = Literal["whitespace", "moses"]
+
+
+def import_weights(
+    options_file: str | Path,
+    weight_file: str | Path,
+    *,
+    name: str = DEFAULT_NAME,
+    softmax_file: str | Path | None = None,
+    vocab_file: str | Path | None = None,
+    alias: str | None = None,
+    parent_run_id: str | None = None,
+    tokenizer: TokenizerName = "whitespace",
+) -> RegisteredBiLM:
+    """Register a bilm-tf release as a new version of ``name``.
+
+    Without ``alias`` the registry policy decides (``challenger``: no perplexity); with one the
+    version is promoted to it explicitly. Bad files fail before anything is logged; an alias name
+    MLflow refuses fails after registering, with the version left as the policy placed it.
+    """
+    if softmax_file is not None and vocab_file is None:
+        raise ConfigError("a softmax needs its vocabulary (--vocab)", key="vocab_file")
+    if tokenizer not in get_args(TokenizerName):
+        raise ConfigError(f"{tokenizer!r} is not one of {get_args(TokenizerName)}", key="tokenizer")
+    bilm = load_bilm_tf(options_file, weight_file, softmax_file=softmax_file)
+    given = {
+        OPTIONS_TAG: options_file,
+        WEIGHTS_TAG: weight_file,
+        SOFTMAX_TAG: softmax_file,
+        VOCAB_TAG: vocab_file,
+    }
+    sources = {tag: str(Path(path).resolve()) for tag, path in given.items() if path is not None}
+    with tempfile.TemporaryDirectory(prefix="elmo-import-") as scratch:
+        root = Path(scratch)
+        files = describe_import(root, sources, tokenizer, vocab_file, bilm.vocab_size)
+        registered = register_bilm(
+            save_bilm(bilm, root / "bilm"),
+            files,
+            evaluation=None,
+            name=name,
+            parent_run_id=parent_run_id,
+            tags={STAGE_TAG: STAGE, **sources},  # the run says what it imported
+            apply_policy=alias is None,
+        )
+    if alias is None:
+        return registered
+    try:
+        promote(name, registered.version, alias)
+    except ConfigError:  # MLflow refused the alias name: the version gets the rule's alias
+        apply_champion_policy(name, registered.version)
+        raise
+    return dataclasses.replace(registered, alias=alias)
+
+
+def describe_import(
+    target: Path,
+    sources: dict[str, str],
+    tokenizer: TokenizerName,
+    vocab_file: str | Path | None,
+    vocab_size: int | None,
+) -> DatasetFiles:
+    """Write the files the model carries in place of a dataset's: ``manifest.json`` (the import's
+    source files by tag and the tokenizer the pyfunc model rebuilds) and, if given, ``vocab.txt``.
+
+    A vocabulary whose size differs from the softmax's rows is a DataError: ids would be wrong.
+    """
+    vocab_path = vocab_sha256 = None
+    if vocab_file is not None:
+        vocab = read_vocab(str(vocab_file))
+        if vocab_size is not None and len(vocab) != vocab_size:
+            raise DataError(
+                f"{len(vocab)} tokens, but the softmax has {vocab_size} rows", path=str(vocab_file)
+            )
+        text = vocab_text(vocab).encode("utf-8")
+        vocab_path = target / "vocab.txt"
+        vocab_path.write_bytes(text)
+        vocab_sha256 = hashlib.sha256(text).hexdigest()
+    description = {
+        "source": "bilm-tf",
+        "files": sources,
+        "tokenizer": Tokenizer.from_manifest({"name": tokenizer}).describe(),
+    }
+    manifest = target / "manifest.json"
+    manifest.write_text(json.dumps(description, indent=2), encoding="utf-8")
+    manifest_sha256 = hashlib.sha256(manifest.read_bytes()).hexdigest()
+    return DatasetFiles(
+        url=f"bilm-tf:{sources[WEIGHTS_TAG]}",
+        vocab=vocab_path,
+        manifest=manifest,
+        vocab_sha256=vocab_sha256,
+        manifest_sha256=manifest_sha256,
+    )
+
+
+# --- command line --------------------------------------------------------------------------------
+
+
+def import_weights_command(
+    options: Annotated[Path, typer.Option(help="bilm-tf options.json")],
+    weights: Annotated[Path, typer.Option(help="bilm-tf weights HDF5")],
+    name: Annotated[str, typer.Option(help="registered model name")] = DEFAULT_NAME,
+    softmax: Annotated[
+        Path | None, typer.Option(help="softmax HDF5 (softmax/W, softmax/b); needs --vocab")
+    ] = None,
+    vocab: Annotated[Path | None, typer.Option(help="vocabulary, one token per line")] = None,
+    tokenizer: Annotated[
+        TokenizerName, typer.Option(help="how the pyfunc model tokenizes text")
+    ] = "whitespace",
+    alias: Annotated[
+        str | None, typer.Option(help="set this alias (e.g. champion) instead of the policy's")
+    ] = None,
+    parent_run_id: Annotated[str | None, typer.Option(help="nest the run under this one")] = None,
+) -> None:
+    """Register released bilm-tf weights as a new version of an MLflow model."""
+    result = import_weights(
+        options,
+        weights,
+        name=name,
+        softmax_file=softmax,
+        vocab_file=vocab,
+        alias=alias,
+        parent_run_id=parent_run_id,
+        tokenizer=tokenizer,
+    )
+    typer.echo(f"{result.uri} (run {result.run_id}, alias {result.alias})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m pipelines.registry import-weights`` (as ``elmo import-weights``)."""
+    return run_command(import_weights_command, argv)

@@ -1,0 +1,217 @@
+"""Registry policy: which version of ``elmo-bilm`` holds the ``champion`` alias.
+
+``models:/elmo-bilm@champion`` is what users embed with and what adaptation starts from, so it
+moves only on evidence: a new version becomes champion when its heldout perplexity (the geometric
+mean, ``elmo.perplexity``) is strictly lower than the current champion's, measured on the same
+heldout data (``elmo.heldout_hash``), with the same vocabulary (``elmo.vocab_sha256``) and, when
+both versions record it, the same evaluation protocol (``elmo.perplexity_protocol``: batched and
+original windows give slightly different numbers). Any other version takes ``challenger``.
+
+Decided cases (docs/registry.md states the same rule):
+
+* no champion yet → the version becomes champion if it has a perplexity; a version without one
+  (imported weights without a softmax, a model registered without evaluation) is never made
+  champion automatically, only by :func:`promote`;
+* the champion has no perplexity (it was promoted by hand) → nothing measured compares with it →
+  challenger; a person's choice is only undone by another explicit promotion;
+* different heldout data, vocabulary or protocol → not comparable → challenger;
+* equal perplexity → the champion stays (moving costs users a changed model for no gain);
+* a version that is already champion stays champion (nothing is rewritten).
+
+Every decision leaves its reason in the version tag ``elmo.promotion_reason``; a dethroned
+champion gets ``elmo.superseded_by`` (the new champion's version number) and keeps its history.
+:func:`promote` sets any alias by hand (``elmo promote --name elmo-bilm --version 3``), for the
+cases the rule refuses on purpose.
+Aliases are MLflow's (``set_registered_model_alias``), never stages. Two registrations deciding
+at the same moment may both read the old champion; the later write wins. That is accepted: one
+registry writer runs per pretraining flow.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Annotated, Final, Literal
+
+import typer
+from mlflow import MlflowClient
+from mlflow.entities.model_registry import ModelVersion
+from mlflow.exceptions import MlflowException
+
+from elmo_core.errors import ConfigError
+from pipelines.common.cli_runner import run_command
+from pipelines.common.tracking import use_tracking
+from pipelines.registry.register import (
+    DEFAULT_NAME,
+    HELDOUT_HASH_TAG,
+    PERPLEXITY_TAG,
+    PROTOCOL_TAG,
+    VOCAB_HASH_TAG,
+)
+
+Alias = Literal["champion", "challenger"]
+CHAMPION: Final = "champion"
+CHALLENGER: Final = "challenger"
+REASON_TAG = "elmo.promotion_reason"
+SUPERSEDED_BY_TAG = "elmo.superseded_by"
+# What must be equal for two perplexities to be compared: (tag, what it names, always required).
+COMPARABILITY = (
+    (HELDOUT_HASH_TAG, "heldout data", True),
+    (VOCAB_HASH_TAG, "vocabulary", True),
+    (PROTOCOL_TAG, "evaluation protocol", False),
+)
+
+
+@dataclass(frozen=True)
+class PromotionDecision:
+    """The alias a version got, why, and the champion it was measured against (if any)."""
+
+    alias: Alias
+    reason: str
+    previous_champion: int | None
+
+
+def apply_champion_policy(
+    name: str, version: int, client: MlflowClient | None = None
+) -> PromotionDecision:
+    """Give ``version`` the ``champion`` or ``challenger`` alias by the rule above; tag why."""
+    client = client or MlflowClient(use_tracking())
+    candidate = client.get_model_version(name, str(version))
+    champion = current_champion(name, client)
+    if champion is not None and int(champion.version) == version:
+        return PromotionDecision(CHAMPION, "already champion", version)
+    decision = decide(candidate, champion)
+    if decision.alias == CHAMPION:
+        _crown(client, name, version, champion, decision.reason)
+    else:
+        client.set_model_version_tag(name, str(version), REASON_TAG, decision.reason)
+        client.set_registered_model_alias(name, CHALLENGER, str(version))
+    return decision
+
+
+def promote(
+    name: str, version: int, alias: str = CHAMPION, client: MlflowClient | None = None
+) -> int | None:
+    """Set ``alias`` on ``version`` because a person asked, whatever its perplexity.
+
+    Returns the version that held ``alias`` before (None if none did). For ``champion`` the rule's
+    bookkeeping applies: the reason tag says "promoted explicitly" and the previous champion is
+    tagged as superseded.
+    """
+    client = client or MlflowClient(use_tracking())
+    try:
+        client.get_model_version(name, str(version))
+    except MlflowException as err:
+        raise ConfigError(f"cannot promote: {err.message}", key="version") from None
+    holder = _alias_holder(client, name, alias)
+    if alias == CHAMPION:
+        _crown(client, name, version, holder, "promoted explicitly")
+    else:
+        try:
+            client.set_registered_model_alias(name, alias, str(version))
+        except MlflowException as err:
+            raise ConfigError(err.message, key="alias") from None
+    return None if holder is None else int(holder.version)
+
+
+def current_champion(name: str, client: MlflowClient) -> ModelVersion | None:
+    """The version holding ``champion``, or None (no such alias, or no such model yet)."""
+    return _alias_holder(client, name, CHAMPION)
+
+
+def decide(candidate: ModelVersion, champion: ModelVersion | None) -> PromotionDecision:
+    """The rule itself, on the tags of a new version and of another one holding ``champion``."""
+    perplexity = _perplexity(candidate)
+    previous = None if champion is None else int(champion.version)
+    if perplexity is None:
+        reason = "no heldout perplexity: only an explicit promotion makes it champion"
+        return PromotionDecision(CHALLENGER, reason, previous)
+    if champion is None:
+        return PromotionDecision(
+            CHAMPION, f"first champion: heldout perplexity {perplexity:.6g}", None
+        )
+    mismatch = _incomparable(candidate, champion)
+    if mismatch is not None:
+        return PromotionDecision(CHALLENGER, mismatch, previous)
+    best = _perplexity(champion)
+    assert best is not None  # _incomparable checked it
+    if perplexity < best:
+        reason = f"heldout perplexity {perplexity:.6g} beats champion v{previous}'s {best:.6g}"
+        return PromotionDecision(CHAMPION, reason, previous)
+    relation = "ties" if perplexity == best else "does not beat"
+    reason = f"heldout perplexity {perplexity:.6g} {relation} champion v{previous}'s {best:.6g}"
+    return PromotionDecision(CHALLENGER, reason, previous)
+
+
+def _incomparable(candidate: ModelVersion, champion: ModelVersion) -> str | None:
+    """Why the two perplexities cannot be compared, or None when they can."""
+    if _perplexity(champion) is None:
+        return f"not comparable: champion v{champion.version} has no heldout perplexity"
+    for tag, what, required in COMPARABILITY:
+        ours, theirs = candidate.tags.get(tag), champion.tags.get(tag)
+        if (ours is None or theirs is None) and not required:
+            continue
+        if ours is None or ours != theirs:
+            return (
+                f"not comparable: {what} differs from champion v{champion.version}'s "
+                f"({tag} {_short(ours)} vs {_short(theirs)})"
+            )
+    return None
+
+
+def _perplexity(version: ModelVersion) -> float | None:
+    """The version's heldout perplexity; None when absent or not a finite positive number."""
+    try:
+        value = float(version.tags[PERPLEXITY_TAG])
+    except (KeyError, ValueError):
+        return None
+    return value if math.isfinite(value) and value > 0 else None
+
+
+def _crown(
+    client: MlflowClient, name: str, version: int, champion: ModelVersion | None, reason: str
+) -> None:
+    """Make ``version`` champion: reason first (an alias never lacks its why), the old champion
+    marked superseded, and ``challenger`` dropped if this version held it (one is not both).
+
+    Version numbers are compared as ints: stores return them as ints or strings."""
+    client.set_model_version_tag(name, str(version), REASON_TAG, reason)
+    if champion is not None and int(champion.version) != version:
+        client.set_model_version_tag(name, str(champion.version), SUPERSEDED_BY_TAG, str(version))
+    challenger = _alias_holder(client, name, CHALLENGER)
+    if challenger is not None and int(challenger.version) == version:
+        client.delete_registered_model_alias(name, CHALLENGER)
+    client.set_registered_model_alias(name, CHAMPION, str(version))
+
+
+def _alias_holder(client: MlflowClient, name: str, alias: str) -> ModelVersion | None:
+    """The version holding ``alias``; None when the alias (or the model) does not exist."""
+    try:
+        return client.get_model_version_by_alias(name, alias)
+    except MlflowException as err:
+        if err.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+            return None
+        raise
+
+
+def _short(value: str | None) -> str:
+    return "missing" if value is None else value[:12]
+
+
+# --- command line --------------------------------------------------------------------------------
+
+
+def promote_command(
+    version: Annotated[int, typer.Option(help="model version number to promote")],
+    name: Annotated[str, typer.Option(help="registered model name")] = DEFAULT_NAME,
+    alias: Annotated[str, typer.Option(help="alias to set")] = CHAMPION,
+) -> None:
+    """Set an alias (default champion) on a model version by hand."""
+    previous = promote(name, version, alias)
+    replaced = "" if previous in (None, version) else f" (was version {previous})"
+    typer.echo(f"models:/{name}@{alias} → version {version}{replaced}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m pipelines.registry promote`` (the same command as ``elmo promote``)."""
+    return run_command(promote_command, argv)

@@ -1,0 +1,5 @@
+"""``python -m pipelines.train``: the same command as ``elmo train``."""
+
+from pipelines.train.stage import main
+
+raise SystemExit(main())

@@ -1,0 +1,118 @@
+"""The training job's configuration: what to train (model, recipe) and how to run it (Ray, storage).
+
+Resolved like every config of the platform (:func:`elmo_core.config.resolve_config`): the model
+preset or file from ``--model`` → the ``--config`` YAML → ``--set section.key=value``. The ``run``
+section (workers, GPUs, storage, failures) is orchestration, so it lives here and not in
+``elmo_core``.
+
+The run name defaults to ``bilm-<12 hex>``: a hash of the ``model`` and ``train`` sections, the
+weights it starts from and the dataset manifest. The ``run`` section is left out on purpose, so
+re-running the same training with more workers, or on another storage, resumes the same run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import fsspec
+import yaml
+from pydantic import Field
+
+from elmo_core.config import ModelConfig, StrictModel, TrainConfig, resolve_config
+from elmo_core.data.manifest import MANIFEST_NAME, join_url
+from elmo_core.errors import ConfigError, DataError
+from elmo_core.presets import PRESETS, model_preset
+from pipelines.common.settings import elmo_home
+
+
+class RunConfig(StrictModel):
+    """Where and how a training run executes (Ray Train scaling, storage, fault tolerance)."""
+
+    num_workers: int = Field(1, gt=0, description="Ray Train workers (one DDP rank each)")
+    use_gpu: bool = False
+    cpus_per_worker: int = Field(1, gt=0)
+    name: str | None = Field(None, description="default: bilm-<hash of config and dataset>")
+    storage_path: str | None = Field(None, description="local dir or s3://; default ELMO_HOME/runs")
+    max_failures: int = Field(
+        3, ge=-1, description="worker-group restarts from the last checkpoint"
+    )
+    checkpoints_to_keep: int = Field(2, gt=0)
+    grad_exchange: Literal["sparse", "dense"] = Field(
+        "sparse", description="softmax gradient exchange; dense is the benchmark baseline"
+    )
+
+
+class TrainJobConfig(StrictModel):
+    """The resolved configuration of one training run, logged to MLflow as it is."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+
+
+def resolve_train_config(
+    model: str | None = None, config_file: str | Path | None = None, overrides: Sequence[str] = ()
+) -> TrainJobConfig:
+    """``--model`` (a preset name or a YAML/JSON file of model keys) → YAML → overrides.
+
+    Without ``--model`` the model is :class:`ModelConfig`'s defaults (the original ELMo).
+    """
+    preset: dict[str, Any] = {}
+    if model is not None:
+        preset["model"] = _model_section(model)
+    return resolve_config(TrainJobConfig, preset, config_file, overrides)
+
+
+def _model_section(model: str) -> dict[str, Any]:
+    if model in PRESETS:
+        return model_preset(model).model_dump(mode="json")
+    path = Path(model)
+    if not path.is_file():
+        known = ", ".join(sorted(PRESETS))
+        raise ConfigError(f"neither a preset ({known}) nor a file: '{model}'", key="model")
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise ConfigError(f"invalid YAML: {err}", key="model", source=str(path)) from None
+    if isinstance(loaded, dict) and "format_version" in loaded and "model" in loaded:
+        loaded = loaded["model"]  # our model directory's model_config.json
+    if not isinstance(loaded, dict):
+        raise ConfigError("a model file must be a mapping of ModelConfig keys", source=str(path))
+    return loaded
+
+
+def manifest_sha256(dataset_url: str) -> str:
+    """sha256 of the dataset's ``manifest.json``: it names every shard by checksum."""
+    url = join_url(dataset_url, MANIFEST_NAME)
+    try:
+        with fsspec.open(url, "rb") as handle:
+            return hashlib.sha256(handle.read()).hexdigest()
+    except FileNotFoundError:
+        raise DataError("no manifest.json: not a prepared dataset", path=url) from None
+
+
+def run_name(cfg: TrainJobConfig, dataset_sha256: str, init_from: str | None = None) -> str:
+    """``cfg.run.name``, or ``bilm-<12 hex>`` of the model and train sections, start and data."""
+    if cfg.run.name:
+        return cfg.run.name
+    identity = {
+        "model": cfg.model.model_dump(mode="json"),
+        "train": cfg.train.model_dump(mode="json"),
+        "init_from": init_from,
+        "dataset": dataset_sha256,
+    }
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+    return f"bilm-{digest[:12]}"
+
+
+def storage_root(cfg: RunConfig) -> str:
+    """Where run directories live: ``run.storage_path`` or ``ELMO_HOME/runs`` (absolute)."""
+    if cfg.storage_path is None:
+        return str(elmo_home() / "runs")
+    if "://" in cfg.storage_path:
+        return cfg.storage_path.rstrip("/")
+    return str(Path(cfg.storage_path).expanduser().resolve())

@@ -1,0 +1,145 @@
+"""task_pyfunc: a saved task model reloads exactly; the predictor reads every input layout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+import torch
+
+from elmo_core.errors import DataError, WeightsError
+from elmo_core.model.bilm import BiLM
+from elmo_core.model.serialization import save_bilm
+from elmo_core.presets import tiny
+from elmo_core.tasks.config import TaskConfig
+from elmo_core.tasks.task_model import TaskModel, build_word_vocab
+from elmo_core.tasks.trainer import predict
+from elmo_core.text.tokenize import WhitespaceTokenizer
+from pipelines.models import task_pyfunc
+
+SENTENCES = [["The", "cat", "sat", "."], ["Dogs", "bark", "loudly", "."], ["Hi", "!"]]
+TAGS = ["B-X", "I-X", "O"]
+LABELS = ["neg", "pos"]
+
+
+def _model(task_type: str, use_elmo: bool = True) -> TaskModel:
+    torch.manual_seed(0)
+    task = TaskConfig.model_validate(
+        {
+            "name": "toy",
+            "type": task_type,
+            "format": {"tagging": "conll2003", "classification": "label_text", "pair": "snli"}[
+                task_type
+            ],
+            "train": "train.txt",
+            "head": {"hidden_dim": 8, "crf": task_type == "tagging", "elmo_at_output": True},
+        }
+    )
+    labels = TAGS if task_type == "tagging" else LABELS
+    vocab = build_word_vocab(SENTENCES * 2)
+    config = tiny()
+    return TaskModel(task, 3, 2 * config.lstm.projection_dim, vocab, labels, use_elmo).eval()
+
+
+@pytest.fixture(scope="module")
+def bilm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    torch.manual_seed(1)
+    return save_bilm(BiLM(tiny(), 100), tmp_path_factory.mktemp("bilm") / "bilm")
+
+
+def _predictor(
+    model: TaskModel, tmp_path: Path, bilm_dir: Path, tokenizer: dict[str, Any] | None = None
+) -> task_pyfunc.TaskPredictor:
+    task_dir = task_pyfunc.save_task_model(model, tmp_path / "task", tokenizer)
+    predictor = task_pyfunc.TaskPredictor()
+    predictor.load(task_dir, bilm_dir)
+    return predictor
+
+
+def test_saved_task_model_reloads_with_identical_weights_and_predictions(
+    tmp_path: Path, bilm_dir: Path
+) -> None:
+    model = _model("tagging")
+    with torch.no_grad():
+        model.mixes["input"].scalar_parameters[0].fill_(0.7)  # not the initial value
+    directory = task_pyfunc.save_task_model(model, tmp_path / "task", {"name": "whitespace"})
+    loaded, tokenizer = task_pyfunc.load_task_model(directory)
+    assert tokenizer == {"name": "whitespace"}
+    assert (loaded.vocab, loaded.labels, loaded.task) == (model.vocab, model.labels, model.task)
+    original = model.state_dict()
+    assert all(torch.equal(original[k], v) for k, v in loaded.state_dict().items())
+    bilm = BiLM(tiny(), 100)
+    bilm.load_state_dict(torch.load(bilm_dir / "model.pt", weights_only=True))
+    assert predict(loaded, SENTENCES, bilm.eval()) == predict(model, SENTENCES, bilm)
+
+
+def test_tagging_predictor_returns_one_tag_per_token_from_text_or_tokens(
+    tmp_path: Path, bilm_dir: Path
+) -> None:
+    predictor = _predictor(_model("tagging"), tmp_path, bilm_dir)
+    by_text = predictor.predict(None, pd.DataFrame({"sentence": ["The cat sat.", "Hi!"]}))
+    assert by_text["tokens"].tolist() == [["The", "cat", "sat", "."], ["Hi", "!"]]  # Moses
+    assert [len(tags) for tags in by_text["tags"]] == [4, 2]
+    assert {tag for tags in by_text["tags"] for tag in tags} <= set(TAGS)
+    by_tokens = predictor.predict(None, pd.DataFrame({"tokens": by_text["tokens"].tolist()}))
+    assert by_tokens["tags"].tolist() == by_text["tags"].tolist()
+
+
+def test_classifier_uses_the_saved_tokenizer_and_returns_one_label_per_row(
+    tmp_path: Path, bilm_dir: Path
+) -> None:
+    model = _model("classification")
+    predictor = _predictor(model, tmp_path, bilm_dir, WhitespaceTokenizer().describe())
+    out = predictor.predict(None, pd.DataFrame({"sentence": ["The cat sat.", "Hi !"]}))
+    assert out["tokens"].tolist() == [["The", "cat", "sat."], ["Hi", "!"]]  # whitespace
+    assert list(out.columns) == ["tokens", "label"]
+    assert set(out["label"]) <= set(LABELS)
+
+
+def test_pair_predictor_reads_premise_and_hypothesis_as_text_or_tokens(
+    tmp_path: Path, bilm_dir: Path
+) -> None:
+    predictor = _predictor(_model("pair"), tmp_path, bilm_dir)
+    text = pd.DataFrame({"premise": ["The cat sat.", "Hi!"], "hypothesis": ["A cat.", "Bye."]})
+    tokens = pd.DataFrame(
+        {
+            "premise_tokens": [["The", "cat", "sat", "."], ["Hi", "!"]],
+            "hypothesis_tokens": [["A", "cat", "."], ["Bye", "."]],
+        }
+    )
+    labels = predictor.predict(None, text)["label"].tolist()
+    assert len(labels) == 2 and set(labels) <= set(LABELS)
+    assert predictor.predict(None, tokens)["label"].tolist() == labels
+
+
+def test_missing_input_column_is_a_data_error_naming_both_layouts(
+    tmp_path: Path, bilm_dir: Path
+) -> None:
+    predictor = _predictor(_model("classification"), tmp_path, bilm_dir)
+    with pytest.raises(DataError, match="'sentence' \\(text\\) or 'tokens'"):
+        predictor.predict(None, pd.DataFrame({"text": ["hello"]}))
+
+
+def test_a_directory_without_a_task_model_is_a_weights_error(tmp_path: Path) -> None:
+    with pytest.raises(WeightsError, match="not a saved task model"):
+        task_pyfunc.load_task_model(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("task_type", "outputs"),
+    [("tagging", ["tokens", "tags"]), ("classification", ["tokens", "label"]), ("pair", ["label"])],
+)
+def test_signature_names_the_inputs_and_outputs_of_each_task_type(
+    task_type: str, outputs: list[str]
+) -> None:
+    signature = task_pyfunc.model_signature(task_type)  # type: ignore[arg-type]
+    assert signature.outputs.input_names() == outputs
+    expected = (
+        ["premise", "hypothesis", "premise_tokens", "hypothesis_tokens"]
+        if task_type == "pair"
+        else ["sentence", "tokens"]
+    )
+    assert signature.inputs.input_names() == expected
+    assert not any(spec.required for spec in signature.inputs.inputs)

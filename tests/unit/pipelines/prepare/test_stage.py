@@ -1,0 +1,333 @@
+"""prepare: counts against independent counts, shard contents, resumption, bad inputs, CLI."""
+
+from __future__ import annotations
+
+import random
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from elmo_core.config import PrepareConfig
+from elmo_core.data import rows, shards
+from elmo_core.data.reader import iter_sentences, load_manifest, load_vocab, load_word_types
+from elmo_core.errors import DataError
+from elmo_core.text import type_counts, whitespace_block
+from elmo_core.text.char_ids import token_to_ids
+from elmo_core.text.tokenize import MosesTokenizer, Tokenizer
+from elmo_core.text.vocab import SPECIALS
+from pipelines.prepare import stage as prepare_module
+from pipelines.prepare.passes import encode_file
+from pipelines.prepare.stage import main, prepare_files
+
+LONG_TOKEN = "Überlänge" * 8  # 88 UTF-8 bytes: cut to 48 by the char ids
+WORDS = ["the", "of", "a", "cat", "Cat", "sat", "é", "日本", ",", ".", LONG_TOKEN] + [
+    f"w{i}" for i in range(40)
+]
+
+
+@dataclass(frozen=True)
+class Corpus:
+    source: str
+    train: list[Path]
+    heldout: list[Path]
+
+
+def write_corpus(root: Path, num_train: int = 3, num_heldout: int = 2, lines: int = 150) -> Corpus:
+    """A small 1B-Word-like corpus: Zipfian words, some blank lines, one long token."""
+    rng = random.Random(0)
+    weights = [1 / (rank + 1) for rank in range(len(WORDS))]
+    files: dict[str, list[Path]] = {"train": [], "heldout": []}
+    for split, count in (("train", num_train), ("heldout", num_heldout)):
+        for number in range(count):
+            path = root / split / f"news.en.{split}-{number:05d}"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            rows = [
+                " ".join(rng.choices(WORDS, weights, k=rng.randint(1, 12))) for _ in range(lines)
+            ]
+            rows[5] = "   "
+            path.write_text("\n".join(rows[:7] + [""] + rows[7:]) + "\n", encoding="utf-8")
+            files[split].append(path)
+    return Corpus(str(root), files["train"], files["heldout"])
+
+
+def sentences_of(paths: list[Path]) -> list[list[str]]:
+    return [
+        line.split() for path in paths for line in path.read_text().splitlines() if line.split()
+    ]
+
+
+def config(**overrides) -> PrepareConfig:
+    options = dict(format="1b-benchmark", sentences_per_shard=100, sentences_per_row_group=40)
+    return PrepareConfig(**{**options, **overrides})
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    root = tmp_path_factory.mktemp("prepared")
+    corpus = write_corpus(root / "corpus")
+    result = prepare_files(config(max_vocab=20), corpus, str(root / "out"))
+    return corpus, result, str(root / "out")
+
+
+def test_manifest_counts_match_independent_counts(prepared):
+    corpus, result, out = prepared
+    manifest = load_manifest(out)
+    assert manifest == result.manifest
+    train, heldout = sentences_of(corpus.train), sentences_of(corpus.heldout)
+    counts = Counter(token for sentence in train for token in sentence)
+    expected_vocab = sorted(counts, key=lambda t: (-counts[t], t.encode()))[:17]
+    train_info, heldout_info = manifest.splits["train"], manifest.splits["heldout"]
+    assert (train_info.num_sentences, heldout_info.num_sentences) == (len(train), len(heldout))
+    assert train_info.num_tokens == sum(map(len, train))
+    assert heldout_info.num_tokens == sum(map(len, heldout))
+    oov = sum(n for token, n in counts.items() if token not in expected_vocab)
+    assert train_info.num_oov_tokens == oov
+    assert train_info.oov_rate == pytest.approx(oov / train_info.num_tokens)
+    assert train_info.stats.blank_lines == 2 * len(corpus.train)
+    assert train_info.stats.truncated_tokens == counts[LONG_TOKEN]
+    assert manifest.stats.blank_lines == 2 * (len(corpus.train) + len(corpus.heldout))
+    assert train_info.files == [f"train/{p.name}" for p in corpus.train]
+    assert manifest.vocab.size == 20 and manifest.params.max_vocab == 20
+    assert manifest.tokenizer["name"] == "whitespace"
+    assert (Path(out) / "vocab.txt").read_text().splitlines() == [*SPECIALS, *expected_vocab]
+    vocab = load_vocab(out)
+    assert vocab.counts[3:].tolist() == [counts[t] for t in expected_vocab]
+    assert vocab.counts[0] == len(train) and vocab.counts[2] == oov
+
+
+def _decode(batch, tokens: np.ndarray) -> list[list[str]]:
+    bounds = batch.offsets
+    return [list(tokens[batch.types[a:b]]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+def test_shards_hold_every_sentence_once_train_shuffled_heldout_in_order(prepared):
+    corpus, _, out = prepared
+    types = load_word_types(out)
+    tokens = np.array(types.tokens.to_pylist(), dtype=object)
+    for row in (3, 10, len(types) - 1):
+        np.testing.assert_array_equal(types.char_ids[row], token_to_ids(tokens[row]))
+    train = []
+    for batch in iter_sentences(out, "train"):
+        np.testing.assert_array_equal(batch.targets, types.vocab_ids[batch.types])
+        train += _decode(batch, tokens)
+    expected = sentences_of(corpus.train)
+    assert Counter(map(tuple, train)) == Counter(map(tuple, expected))
+    assert train != expected  # shuffled
+    heldout, where = [], []
+    for batch in iter_sentences(out, "heldout"):
+        heldout += _decode(batch, tokens)
+        where += list(zip(batch.source_files, batch.lines.tolist(), strict=True))
+    assert heldout == sentences_of(corpus.heldout)
+    first = corpus.heldout[0].read_text().splitlines()
+    assert [(f, first[n - 1].split()) for f, n in where[:3]] == [
+        (f"heldout/{corpus.heldout[0].name}", s) for s in heldout[:3]
+    ]
+
+
+def test_one_and_two_workers_write_identical_shards(tmp_path):
+    corpus = write_corpus(tmp_path / "corpus", num_train=2, num_heldout=1, lines=60)
+    one = prepare_files(config(workers=1), corpus, str(tmp_path / "one")).manifest
+    two = prepare_files(config(workers=2), corpus, str(tmp_path / "two")).manifest
+    assert one.splits == two.splits and one.word_types == two.word_types
+
+
+def test_without_the_compiled_modules_the_dataset_is_byte_identical(tmp_path, monkeypatch):
+    """The NumPy/Arrow fallbacks (no C compiler at install) write the very same files."""
+    corpus = write_corpus(tmp_path / "corpus", num_train=2, num_heldout=1, lines=60)
+    compiled = prepare_files(config(), corpus, str(tmp_path / "compiled")).manifest
+    monkeypatch.setattr(whitespace_block, "split_and_encode", None)
+    monkeypatch.setattr(shards, "TokenIndex", None)
+    monkeypatch.setattr(type_counts, "TokenCounts", None)
+    monkeypatch.setattr(rows, "take_rows", None)
+    fallback = prepare_files(config(), corpus, str(tmp_path / "fallback")).manifest
+    assert compiled.splits == fallback.splits and compiled.word_types == fallback.word_types
+
+
+def test_rerun_skips_finished_shards_and_rebuilds_deleted_or_corrupted_ones(tmp_path):
+    corpus = write_corpus(tmp_path / "corpus")
+    out = tmp_path / "out"
+    first = prepare_files(config(), corpus, str(out))
+    total = first.num_shards_written
+    assert list(first.phase_seconds) == ["count", "vocabulary", "encode", "shuffle"]
+    again = prepare_files(config(), corpus, str(out))
+    assert (again.num_shards_written, again.num_shards_skipped) == (0, total)
+    assert "count" not in again.phase_seconds  # the counting was reused
+    (out / "train/part-00001.parquet").unlink()
+    (out / "heldout/part-00000.parquet").write_bytes(b"not parquet")
+    (out / "word_types.parquet").unlink()
+    (out / "train/.part-00001.parquet.k2j3h4ab").write_bytes(b"a killed worker's temporary")
+    repaired = prepare_files(config(), corpus, str(out))
+    assert (repaired.num_shards_written, repaired.num_shards_skipped) == (2, total - 2)
+    assert repaired.manifest == first.manifest  # word_types.parquet too, by its sha256
+    assert sum(b.num_sentences for b in iter_sentences(str(out), "train")) == len(
+        sentences_of(corpus.train)
+    )
+    assert not list(out.rglob("*.tmp*")) and not (out / ".prepare-work").exists()
+    assert not list(out.rglob(".*"))
+
+
+def test_a_crash_in_pass_2_resumes_without_counting_again(tmp_path, monkeypatch):
+    corpus = write_corpus(tmp_path / "corpus")
+    out = tmp_path / "out"
+    calls = []
+
+    def crash_on_second_file(task):
+        calls.append(task)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return encode_file(task)
+
+    monkeypatch.setattr(prepare_module, "encode_file", crash_on_second_file)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_files(config(), corpus, str(out))
+    assert not (out / "manifest.json").exists()
+    monkeypatch.undo()
+    resumed = prepare_files(config(), corpus, str(out))
+    assert "count" not in resumed.phase_seconds  # the type order in the work directory was reused
+    fresh = prepare_files(config(), corpus, str(tmp_path / "fresh"))
+    assert resumed.manifest == fresh.manifest
+    assert not list(out.rglob("*.tmp*")) and not (out / ".prepare-work").exists()
+
+
+def test_a_shard_changed_after_prepare_fails_when_read(prepared, tmp_path):
+    import shutil
+
+    _, _, out = prepared
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    shard = copy / "train/part-00000.parquet"
+    shard.write_bytes(shard.read_bytes()[:-9] + b"corrupted")
+    with pytest.raises(DataError, match="copy/train/part-00000.parquet: shard checksum"):
+        list(iter_sentences(str(copy), "train"))
+
+
+def _assert_nothing_written(out: Path) -> None:
+    assert not (out / "manifest.json").exists()
+    assert not [p for p in out.rglob("*") if ".tmp" in p.name] if out.exists() else True
+
+
+def test_missing_and_empty_inputs_are_data_errors_and_leave_no_manifest(tmp_path):
+    corpus = write_corpus(tmp_path / "corpus", num_train=2, num_heldout=1, lines=20)
+    missing = Corpus("x", [*corpus.train, tmp_path / "gone"], corpus.heldout)
+    with pytest.raises(DataError, match="gone: input file not found"):
+        prepare_files(config(), missing, str(tmp_path / "out"))
+    _assert_nothing_written(tmp_path / "out")
+    (tmp_path / "empty").write_text("\n\n")
+    empty = Corpus("x", corpus.train, [tmp_path / "empty"])
+    with pytest.raises(DataError, match="empty: input file is empty"):
+        prepare_files(config(), empty, str(tmp_path / "out"))
+    _assert_nothing_written(tmp_path / "out")
+
+
+def test_invalid_utf8_fails_naming_file_and_line_or_is_counted(tmp_path):
+    corpus = write_corpus(tmp_path / "corpus", num_train=1, num_heldout=1, lines=20)
+    with corpus.train[0].open("ab") as handle:
+        handle.write(b"caf\xe9 au lait\n")
+    with pytest.raises(DataError, match=r"news.en.train-00000:22: invalid UTF-8"):
+        prepare_files(config(on_invalid_utf8="fail"), corpus, str(tmp_path / "out"))
+    _assert_nothing_written(tmp_path / "out")
+    result = prepare_files(config(), corpus, str(tmp_path / "out"))
+    assert result.manifest.splits["train"].stats.invalid_utf8_replacements == 1
+
+
+def test_long_lines_are_split_or_dropped_and_counted(tmp_path):
+    corpus = write_corpus(tmp_path / "corpus", num_train=1, num_heldout=1, lines=20)
+    with corpus.train[0].open("a") as handle:  # a word found only in the long line
+        handle.write(" ".join(["w1"] * 24 + ["only-here"]) + "\n")
+    split = prepare_files(config(max_tokens_per_line=12), corpus, str(tmp_path / "split"))
+    dropped = prepare_files(
+        config(max_tokens_per_line=12, on_long_line="drop"), corpus, str(tmp_path / "drop")
+    )
+    base = len(sentences_of(corpus.train)) - 1
+    assert split.manifest.splits["train"].num_sentences == base + 3
+    assert split.manifest.splits["train"].stats.long_lines_split == 1
+    assert dropped.manifest.splits["train"].num_sentences == base
+    assert dropped.manifest.splits["train"].stats.long_lines_dropped == 1
+    assert "only-here" not in load_word_types(str(tmp_path / "drop")).tokens.to_pylist()
+
+
+def test_imported_vocabulary_with_specials_anywhere_and_maxtermid(tmp_path):
+    corpus = write_corpus(tmp_path / "corpus", num_train=1, num_heldout=1, lines=30)
+    vocab_file = tmp_path / "vocab-2016-09-10.txt"
+    vocab_file.write_text("the\n</S>\nof\n<S>\n!!!MAXTERMID\nnever-seen\n<UNK>\ncat\n")
+    result = prepare_files(config(vocab_file=str(vocab_file)), corpus, str(tmp_path / "out"))
+    vocab = (tmp_path / "out/vocab.txt").read_text().splitlines()
+    assert vocab == [*SPECIALS, "the", "of", "never-seen", "cat"]
+    assert result.manifest.vocab.imported_from == str(vocab_file)
+    types = load_word_types(str(tmp_path / "out"))
+    assert types.tokens.to_pylist()[:7] == vocab and types.counts[5] == 0
+    bad = tmp_path / "bad.txt"
+    bad.write_text("the\nof\n<S>\n")
+    with pytest.raises(DataError, match="bad.txt: vocabulary lacks the special tokens"):
+        prepare_files(config(vocab_file=str(bad)), corpus, str(tmp_path / "bad-out"))
+    _assert_nothing_written(tmp_path / "bad-out")
+
+
+def test_text_format_uses_moses_and_a_seeded_heldout_fraction(tmp_path):
+    text = tmp_path / "book.txt"
+    text.write_text(
+        "".join(f"Sentence {i} is here. And another one, Mr. Smith!\n" for i in range(200))
+    )
+    corpus = Corpus(str(text), [text], [])
+    cfg = config(format="text", heldout_fraction=0.2, seed=3)
+    manifest = prepare_files(cfg, corpus, str(tmp_path / "a")).manifest
+    assert isinstance(Tokenizer.from_manifest(manifest.tokenizer), MosesTokenizer)
+    train, heldout = manifest.splits["train"], manifest.splits["heldout"]
+    assert train.num_sentences + heldout.num_sentences == 400
+    assert 40 < heldout.num_sentences < 120 and heldout.files == ["book.txt"]
+    again = prepare_files(cfg, corpus, str(tmp_path / "b")).manifest
+    assert again.splits == manifest.splits
+    other = prepare_files(
+        config(format="text", heldout_fraction=0.2, seed=4), corpus, str(tmp_path / "c")
+    )
+    assert other.manifest.splits["heldout"].shards != heldout.shards
+
+
+def test_command_line_prepares_a_text_file_and_reports_user_errors(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("ELMO_HOME", str(tmp_path / "home"))
+    text = tmp_path / "a.txt"
+    text.write_text("Hello world. This is a test.\nAnother line here.\n" * 20)
+    out = tmp_path / "out"
+    argv = [
+        "--corpus",
+        str(text),
+        "--out",
+        str(out),
+        "--format",
+        "text",
+        "--seed",
+        "1",
+        "--set",
+        "sentences_per_shard=10",
+        "--set",
+        "heldout_fraction=0.1",
+    ]
+    assert main(argv) == 0
+    manifest = load_manifest(str(out))
+    assert manifest.params.seed == 1 and manifest.params.sentences_per_shard == 10
+    printed = capsys.readouterr().out
+    assert "train: " in printed
+    assert re.search(r"phases: count [\d.]+s, vocabulary [\d.]+s, encode [\d.]+s, shuffle", printed)
+    assert (
+        main(["--corpus", str(tmp_path / "nope.txt"), "--out", str(out), "--format", "text"]) == 2
+    )
+    assert "error:" in capsys.readouterr().err
+
+
+def test_a_second_run_into_the_same_output_reads_the_new_word_type_table(tmp_path):
+    """One process, two corpora, one output: the second run must not reuse the first type table."""
+    first = write_corpus(tmp_path / "first", num_train=1, num_heldout=1, lines=40)
+    second = write_corpus(tmp_path / "second", num_train=1, num_heldout=1, lines=40)
+    with second.train[0].open("a") as handle:
+        handle.write("words only the second corpus has\n")
+    out, fresh = str(tmp_path / "out"), str(tmp_path / "fresh")
+    prepare_files(config(), first, out)
+    prepare_files(config(), second, out)
+    prepare_files(config(), second, fresh)
+    for split in ("train", "heldout"):
+        got = [batch.types.tolist() for batch in iter_sentences(out, split)]
+        assert got == [batch.types.tolist() for batch in iter_sentences(fresh, split)]

@@ -1,0 +1,184 @@
+"""Checkpoints restore everything a step depends on; start weights; the run directory."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from elmo_core.config import LSTMConfig
+from elmo_core.data.batching import TokenStream
+from elmo_core.errors import ConfigError, WeightsError
+from elmo_core.model.bilm import BiLM
+from elmo_core.model.lstm import LSTMState
+from elmo_core.model.serialization import load_bilm, save_bilm
+from elmo_core.presets import tiny
+from pipelines.train.checkpoints import (
+    RankState,
+    RunDirectory,
+    SharedState,
+    capture_rng,
+    initial_bilm,
+    read_checkpoint,
+    restore_rng,
+    write_checkpoint,
+)
+
+CORPUS = [f"w{i % 11} w{i % 7} w{i % 3} end" for i in range(60)]
+VOCAB = 100  # above the tiny preset's 64 sampled candidates
+
+
+@pytest.fixture
+def dataset(make_dataset) -> str:
+    return make_dataset(CORPUS, {"held.txt": CORPUS[:5]})
+
+
+def _trained_state(dataset: str) -> tuple[BiLM, torch.optim.Optimizer, list[TokenStream]]:
+    torch.manual_seed(0)
+    bilm = BiLM(tiny(), VOCAB)
+    optimizer = torch.optim.Adagrad(bilm.parameters(), lr=0.2, initial_accumulator_value=1.0)
+    sum(p.sum() for p in bilm.parameters()).backward()
+    optimizer.step()
+    streams = [
+        TokenStream(dataset, batch_size=3, unroll_steps=4, reverse=reverse, seed=seed)
+        for reverse, seed in ((False, 1), (True, 2))
+    ]
+    for stream in streams:
+        stream.next_window()
+    return bilm, optimizer, streams
+
+
+def _lstm_state() -> tuple[LSTMState, LSTMState]:
+    return (
+        LSTMState(torch.randn(2, 3, 16), torch.randn(2, 3, 32)),
+        LSTMState(torch.randn(2, 3, 16), torch.randn(2, 3, 32)),
+    )
+
+
+def test_a_checkpoint_restores_weights_optimiser_counters_streams_states_and_rng(
+    dataset: str, tmp_path: Path
+) -> None:
+    bilm, optimizer, streams = _trained_state(dataset)
+    lstm = _lstm_state()
+    curves = {"val/perplexity": [(10, 50.0), (20, 40.0)]}
+    shared = SharedState(
+        step=20, world_size=2, mlflow_run_id="abc", best_perplexity=40.0, curves=curves
+    )
+    for rank in (0, 1):
+        rank_state = RankState(
+            capture_rng(), streams[0].state_dict(), streams[1].state_dict(), lstm
+        )
+        write_checkpoint(
+            tmp_path, rank, bilm=bilm, optimizer=optimizer, shared=shared, rank_state=rank_state
+        )
+    expected_draws = (torch.rand(3), np.random.rand(3), random.random())
+    expected_windows = [stream.next_window() for stream in streams]
+
+    torch.manual_seed(99), np.random.seed(99), random.seed(99)
+    loaded = read_checkpoint(tmp_path, 1, 2, torch.device("cpu"))
+    assert loaded.shared == shared
+    assert loaded.rank is not None
+    restore_rng(loaded.rank.rng)
+    torch.testing.assert_close(torch.rand(3), expected_draws[0])
+    np.testing.assert_array_equal(np.random.rand(3), expected_draws[1])
+    assert random.random() == expected_draws[2]
+    for saved, restored in zip(lstm, loaded.rank.lstm_state or (), strict=True):
+        torch.testing.assert_close(restored.h, saved.h)
+        torch.testing.assert_close(restored.c, saved.c)
+    for reverse, seed, state, expected in zip(
+        (False, True),
+        (1, 2),
+        (loaded.rank.forward_stream, loaded.rank.backward_stream),
+        expected_windows,
+        strict=True,
+    ):
+        stream = TokenStream(dataset, batch_size=3, unroll_steps=4, reverse=reverse, seed=seed)
+        stream.load_state_dict(state)
+        window = stream.next_window()
+        assert window is not None and expected is not None
+        np.testing.assert_array_equal(window.inputs, expected.inputs)
+    restored = load_bilm(loaded.model_dir)
+    for name, tensor in bilm.state_dict().items():
+        torch.testing.assert_close(restored.state_dict()[name], tensor)
+    fresh = torch.optim.Adagrad(restored.parameters(), lr=0.2)
+    fresh.load_state_dict(loaded.optimizer)
+    torch.testing.assert_close(
+        fresh.state_dict()["state"][0]["sum"], optimizer.state_dict()["state"][0]["sum"]
+    )
+
+
+def test_with_another_world_size_the_rank_part_is_not_restored(
+    dataset: str, tmp_path: Path
+) -> None:
+    bilm, optimizer, streams = _trained_state(dataset)
+    rank_state = RankState(capture_rng(), streams[0].state_dict(), streams[1].state_dict(), None)
+    write_checkpoint(
+        tmp_path,
+        0,
+        bilm=bilm,
+        optimizer=optimizer,
+        shared=SharedState(step=5, world_size=1),
+        rank_state=rank_state,
+    )
+    assert read_checkpoint(tmp_path, 0, 1, torch.device("cpu")).rank is not None
+    resized = read_checkpoint(tmp_path, 0, 2, torch.device("cpu"))
+    assert resized.rank is None and resized.shared.step == 5
+
+
+def test_start_weights_come_from_a_model_or_checkpoint_directory(tmp_path: Path) -> None:
+    torch.manual_seed(1)
+    source = BiLM(tiny(), VOCAB)
+    save_bilm(source, tmp_path / "ckpt" / "model")
+    for start in (tmp_path / "ckpt" / "model", tmp_path / "ckpt"):
+        torch.manual_seed(2)
+        started = initial_bilm(tiny(), VOCAB, str(start), None)
+        for name, tensor in source.state_dict().items():
+            torch.testing.assert_close(started.state_dict()[name], tensor)
+
+
+def test_a_new_vocabulary_size_keeps_the_encoder_and_lstms_but_not_the_softmax(
+    tmp_path: Path,
+) -> None:
+    torch.manual_seed(1)
+    source = BiLM(tiny(), VOCAB)
+    save_bilm(source, tmp_path / "model")
+    started = initial_bilm(tiny(), VOCAB + 30, str(tmp_path / "model"), None)
+    assert started.softmax is not None and started.softmax.weight.shape[0] == VOCAB + 30
+    torch.testing.assert_close(started.forward_lstm.state_dict(), source.forward_lstm.state_dict())
+    torch.testing.assert_close(
+        started.token_encoder.state_dict(), source.token_encoder.state_dict()
+    )
+
+
+def test_weights_of_another_shape_are_a_weights_error(tmp_path: Path) -> None:
+    save_bilm(BiLM(tiny(), VOCAB), tmp_path / "model")
+    wider = tiny().model_copy(update={"lstm": LSTMConfig(cell_dim=48, projection_dim=16)})
+    with pytest.raises(WeightsError, match="do not fit"):
+        initial_bilm(wider, VOCAB, str(tmp_path / "model"), None)
+
+
+def test_a_bilm_tf_weight_file_needs_its_options_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as raised:
+        initial_bilm(tiny(), VOCAB, str(tmp_path / "weights.hdf5"), None)
+    assert raised.value.key == "init_options"
+
+
+@pytest.mark.parametrize("local", [True, False])
+def test_run_directory_records_and_models_replace_whole(tmp_path: Path, local: bool) -> None:
+    url = str(tmp_path / "run") if local else f"memory://{tmp_path.name}/run"
+    run_dir = RunDirectory(url)
+    assert run_dir.read_json("FINISHED.json") is None
+    run_dir.write_json("FINISHED.json", {"steps": 3})
+    run_dir.write_json("FINISHED.json", {"steps": 4})
+    assert run_dir.read_json("FINISHED.json") == {"steps": 4}
+    first, second = BiLM(tiny(), VOCAB), BiLM(tiny(), VOCAB)
+    run_dir.put_model(first, "best")
+    run_dir.put_model(second, "best")
+    names = sorted(Path(p).name for p in run_dir.fs.ls(run_dir.path, detail=False))
+    assert names == ["FINISHED.json", "best"]  # nothing half-written left behind
+    if local:
+        kept = load_bilm(tmp_path / "run" / "best")
+        torch.testing.assert_close(kept.state_dict(), second.state_dict())

@@ -1,0 +1,161 @@
+"""The sparse softmax-gradient exchange equals a dense all-reduce: 2 real gloo processes."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from elmo_core.model.softmax import SampledSoftmax
+from pipelines.train.gradient_exchange import (
+    clip_global_norm,
+    exchange_rows,
+    exchange_softmax_gradients,
+)
+
+WORLD_SIZE = 2
+NUM_CLASSES, DIM, NUM_SAMPLES = 50, 6, 8
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _entry(rank: int, port: int, body: Callable[[int], None]) -> None:
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE
+    )
+    try:
+        body(rank)
+    finally:
+        dist.destroy_process_group()
+
+
+def _run_on_two_ranks(body: Callable[[int], None]) -> None:
+    """Run ``body(rank)`` in 2 gloo processes; an assertion in either fails the test.
+
+    The ranks are forked from a fresh interpreter running this file, not from the pytest process:
+    by this point of a full run that process holds Ray, Prefect and MLflow threads, and a fork of
+    it is not safe.
+    """
+    result = subprocess.run(
+        [sys.executable, __file__, body.__name__],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _fork_ranks(body: Callable[[int], None]) -> None:
+    mp.start_processes(
+        _entry, args=(_free_port(), body), nprocs=WORLD_SIZE, start_method="fork", join=True
+    )
+
+
+def _softmax_with_grads(rank: int, sparse: bool) -> SampledSoftmax:
+    """The same softmax on every rank, a different batch (and candidate draw) per rank."""
+    torch.manual_seed(0)
+    softmax = SampledSoftmax(NUM_CLASSES, DIM, NUM_SAMPLES, sparse=sparse)
+    generator = torch.Generator().manual_seed(100 + rank)
+    hidden = torch.randn(5 + 3 * rank, DIM, generator=generator)  # (N, P): sizes differ by rank
+    targets = torch.randint(0, NUM_CLASSES, (hidden.shape[0],), generator=generator)
+    softmax(hidden, targets, generator).sum().backward()
+    return softmax
+
+
+def _dense_reference(rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    reference = _softmax_with_grads(rank, sparse=False)
+    assert reference.weight.grad is not None and reference.bias.grad is not None
+    grads = [reference.weight.grad.clone(), reference.bias.grad.clone()]
+    for grad in grads:
+        dist.all_reduce(grad)
+        grad /= WORLD_SIZE
+    return grads[0], grads[1]
+
+
+def _rows_of_different_sizes(rank: int) -> None:
+    indices = torch.tensor([3, 7, 3] if rank == 0 else [7, 1, 9, 0, 9])
+    rows = torch.arange(indices.numel() * 2, dtype=torch.float32).reshape(-1, 2) + 10 * rank
+    dense = torch.zeros(12, 2).index_add_(0, indices, rows)
+    dist.all_reduce(dense)
+    ids, averaged = exchange_rows(indices, rows, 12)
+    assert ids.tolist() == [0, 1, 3, 7, 9]
+    torch.testing.assert_close(averaged, dense[ids] / WORLD_SIZE)
+
+
+def test_exchange_rows_averages_variable_size_row_sets_like_a_dense_all_reduce() -> None:
+    _run_on_two_ranks(_rows_of_different_sizes)
+
+
+def _softmax_exchange_matches_dense(rank: int) -> None:
+    expected_weight, expected_bias = _dense_reference(rank)
+    softmax = _softmax_with_grads(rank, sparse=True)
+    assert softmax.weight.grad is not None and softmax.weight.grad.is_sparse
+    sent = exchange_softmax_gradients(softmax.weight, softmax.bias, "sparse")
+    assert softmax.weight.grad.is_sparse and softmax.bias.grad is not None
+    torch.testing.assert_close(softmax.weight.grad.to_dense(), expected_weight)
+    torch.testing.assert_close(softmax.bias.grad.to_dense(), expected_bias)
+    dense = _softmax_with_grads(rank, sparse=True)
+    dense_sent = exchange_softmax_gradients(dense.weight, dense.bias, "dense")
+    assert dense.weight.grad is not None and not dense.weight.grad.is_sparse
+    torch.testing.assert_close(dense.weight.grad, expected_weight)
+    assert 0 < sent < dense_sent == NUM_CLASSES * (DIM + 1) * 4
+
+
+def test_sparse_softmax_gradients_equal_the_dense_all_reduce_average() -> None:
+    _run_on_two_ranks(_softmax_exchange_matches_dense)
+
+
+def _adagrad_steps_agree(rank: int) -> None:
+    updated = {}
+    for mode in ("sparse", "dense"):
+        softmax = _softmax_with_grads(rank, sparse=True)
+        exchange_softmax_gradients(softmax.weight, softmax.bias, mode)
+        clip_global_norm(softmax.parameters(), 0.5)
+        optimizer = torch.optim.Adagrad(softmax.parameters(), lr=0.2, initial_accumulator_value=1)
+        optimizer.step()
+        updated[mode] = [p.detach().clone() for p in softmax.parameters()]
+    for sparse_param, dense_param in zip(updated["sparse"], updated["dense"], strict=True):
+        torch.testing.assert_close(sparse_param, dense_param)
+    others = [torch.empty_like(updated["sparse"][0]) for _ in range(WORLD_SIZE)]
+    dist.all_gather(others, updated["sparse"][0])
+    torch.testing.assert_close(others[0], others[1], rtol=0, atol=0)  # ranks stay identical
+
+
+def test_adagrad_after_sparse_exchange_equals_adagrad_after_dense_all_reduce() -> None:
+    _run_on_two_ranks(_adagrad_steps_agree)
+
+
+def test_exchange_is_the_identity_without_a_process_group() -> None:
+    softmax = _softmax_with_grads(0, sparse=True)
+    assert softmax.weight.grad is not None
+    expected = softmax.weight.grad.to_dense().clone()
+    assert exchange_softmax_gradients(softmax.weight, softmax.bias, "sparse") == 0
+    torch.testing.assert_close(softmax.weight.grad.to_dense(), expected)
+
+
+@pytest.mark.parametrize("max_norm", [0.01, 1e6])
+def test_global_norm_clip_counts_sparse_rows_like_their_dense_form(max_norm: float) -> None:
+    sparse = _softmax_with_grads(0, sparse=True)
+    dense = _softmax_with_grads(0, sparse=False)
+    sparse_norm = clip_global_norm(sparse.parameters(), max_norm)
+    dense_norm = clip_global_norm(dense.parameters(), max_norm)
+    assert sparse_norm == pytest.approx(dense_norm, rel=1e-6)
+    assert sparse.weight.grad is not None and dense.weight.grad is not None
+    torch.testing.assert_close(sparse.weight.grad.to_dense(), dense.weight.grad)
+    clipped = torch.cat([p.grad.to_dense().flatten() for p in sparse.parameters()])  # type: ignore[union-attr]
+    assert float(clipped.norm()) == pytest.approx(min(max_norm, dense_norm), rel=1e-5)
+
+
+if __name__ == "__main__":
+    _fork_ranks(globals()[sys.argv[1]])
