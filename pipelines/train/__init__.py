@@ -1,5 +1,6 @@
 """The train stage: distributed biLM pretraining on Ray Train.
 
-``train.stage`` is the driver (``train()`` and ``main``); ``train.worker`` the per-worker loop.
+``train.stage`` is the driver (``train()`` and ``main``); ``train.loop`` the per-worker loop, which
+``train.worker`` runs on Ray Train and ``train.runtime.LocalRuntime`` in one process.
 This file stays empty of imports: Ray workers import the stage's modules by path.
 """

@@ -50,7 +50,8 @@ from pipelines.train.config import (
     run_name,
     storage_root,
 )
-from pipelines.train.worker import WorkerConfig, train_loop_per_worker
+from pipelines.train.loop import WorkerConfig
+from pipelines.train.worker import train_loop_per_worker
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,341 @@
+"""One data-parallel rank of biLM pretraining (bilm-tf's recipe, DESIGN.md §3), runtime-agnostic.
+
+:func:`train_loop` takes what it runs on as a :class:`~pipelines.train.runtime.WorkerRuntime`:
+Ray Train's in :func:`pipelines.train.worker.train_loop_per_worker`, a local one in tests.
+
+Each step every rank reads one window from each of its two streams (forward and backward, shuffled
+independently; its own part of the shards), carries the detached LSTM states to the next window
+(truncated BPTT), takes gradients of ``loss × unroll_steps`` as bilm-tf does, averages them over
+the workers — DDP's all-reduce for the dense parameters, the softmax's touched rows through
+:mod:`pipelines.train.gradient_exchange` — clips the global norm and applies Adagrad.
+
+Resuming with a different number of workers keeps the weights and the optimiser but cannot keep
+the data position (each rank's streams cover a different part of the shards): the streams are
+dealt afresh with a seed derived from the resumed step, and the LSTM states start from zero. A
+warning says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from pydantic import Field
+from torch import nn
+
+from elmo_core.config import StrictModel
+from elmo_core.data.batching import TokenStream, Window, window_char_ids
+from elmo_core.data.reader import load_manifest, load_word_types
+from elmo_core.model.bilm import BiLM, BiLMState, LossOutput
+from elmo_core.model.serialization import load_bilm
+from elmo_core.perplexity import PerplexitySums, evaluate_perplexity
+from pipelines.train.checkpoints import (
+    RankState,
+    SharedState,
+    capture_rng,
+    initial_bilm,
+    read_checkpoint,
+    restore_rng,
+    write_checkpoint,
+)
+from pipelines.train.config import TrainJobConfig
+from pipelines.train.gradient_exchange import (
+    SOFTMAX_PARAMETERS,
+    broadcast_parameters,
+    clip_global_norm,
+    exchange_softmax_gradients,
+    exclude_from_ddp,
+)
+from pipelines.train.progress import Progress, TrackedRun
+from pipelines.train.runtime import Metrics, WorkerRuntime
+
+log = logging.getLogger(__name__)
+
+FAULT_DELAY_S = 6.0  # three of Ray Train's 2 s controller polls
+
+
+class WorkerConfig(StrictModel):
+    """Everything a worker needs, resolved on the driver (typed at the Ray boundary)."""
+
+    job: TrainJobConfig
+    data: str
+    run_dir: str
+    run_name: str
+    total_steps: int = Field(gt=0)
+    validation_windows: int = Field(gt=0)
+    mlflow_tracking_uri: str
+    mlflow_run_id: str
+    init_from: str | None = None
+    init_options: str | None = None
+    fail_once: str | None = Field(
+        None, description="test hook 'rank:step:marker': that rank kills itself once at that step"
+    )
+
+
+def train_loop(cfg: WorkerConfig, runtime: WorkerRuntime) -> None:
+    """Build this rank's worker, resume from the runtime's latest checkpoint if any, and train."""
+    worker = Worker(cfg, runtime)
+    with runtime.latest_checkpoint() as directory:
+        if directory is not None:
+            worker.restore(directory)
+    worker.run()
+
+
+class LossModule(nn.Module):
+    """``BiLM.training_loss`` as ``forward``, so DDP's hooks see every call."""
+
+    def __init__(self, bilm: BiLM) -> None:
+        super().__init__()
+        self.bilm = bilm
+
+    def forward(
+        self,
+        forward_inputs: torch.Tensor,
+        forward_targets: torch.Tensor,
+        backward_inputs: torch.Tensor,
+        backward_targets: torch.Tensor,
+        state: BiLMState | None,
+    ) -> tuple[LossOutput, BiLMState]:
+        return self.bilm.training_loss(
+            forward_inputs, forward_targets, backward_inputs, backward_targets, state
+        )
+
+
+class Worker:
+    """One rank's model, optimiser, streams and loop."""
+
+    def __init__(self, cfg: WorkerConfig, runtime: WorkerRuntime) -> None:
+        self.cfg, self.runtime = cfg, runtime
+        self.rank, self.world_size, self.device = runtime.rank, runtime.world_size, runtime.device
+        self.train = cfg.job.train
+        self.manifest = load_manifest(cfg.data)
+        self.char_table = load_word_types(cfg.data, self.manifest).char_ids
+        vocab_size = self.manifest.vocab.size
+        torch.manual_seed(self.train.seed)  # the same initial weights on every rank
+        self.bilm = initial_bilm(cfg.job.model, vocab_size, cfg.init_from, cfg.init_options)
+        assert self.bilm.softmax is not None
+        self.bilm.softmax.sparse = cfg.job.run.grad_exchange == "sparse"
+        self.bilm.to(self.device).train()
+        module = LossModule(self.bilm)
+        exclude_from_ddp(module, [f"bilm.{name}" for name in SOFTMAX_PARAMETERS])
+        self.module = runtime.wrap_model(module)
+        broadcast_parameters(self.bilm.softmax.parameters())  # what DDP does for the others
+        self.optimizer = torch.optim.Adagrad(
+            self.bilm.parameters(),
+            lr=self.train.lr,
+            initial_accumulator_value=self.train.initial_accumulator,
+        )
+        self.shared = SharedState(
+            step=0, world_size=self.world_size, mlflow_run_id=cfg.mlflow_run_id
+        )
+        self.resumed_from = 0
+        _seed_rank(self.train.seed, self.rank)
+        self.streams = self._streams(_stream_seeds(self.train.seed, 0))
+        self.lstm_state: BiLMState | None = None
+        self.stop_early = False
+
+    def _streams(self, seeds: tuple[int, int]) -> tuple[TokenStream, TokenStream]:
+        forward, backward = (
+            TokenStream(
+                self.cfg.data,
+                "train",
+                batch_size=self.train.batch_size,
+                unroll_steps=self.train.unroll_steps,
+                rank=self.rank,
+                world_size=self.world_size,
+                reverse=reverse,
+                seed=seed,
+                manifest=self.manifest,
+            )
+            for reverse, seed in zip((False, True), seeds, strict=True)
+        )
+        return forward, backward
+
+    def restore(self, directory: Path) -> None:
+        """Continue from a checkpoint: weights, optimiser, counters, and this rank's position."""
+        loaded = read_checkpoint(directory, self.rank, self.world_size, self.device)
+        self.bilm.load_state_dict(load_bilm(loaded.model_dir).state_dict())
+        self.optimizer.load_state_dict(loaded.optimizer)
+        self.shared = loaded.shared
+        self.resumed_from = loaded.shared.step
+        if loaded.rank is None:
+            log.warning(
+                "resuming step %d with %d workers instead of %d: streams are dealt afresh and "
+                "LSTM states start from zero; weights and optimiser are kept",
+                self.shared.step,
+                self.world_size,
+                loaded.shared.world_size,
+            )
+            self.streams = self._streams(_stream_seeds(self.train.seed, self.shared.step))
+            self.shared.world_size = self.world_size
+            return
+        restore_rng(loaded.rank.rng)
+        seeds = (
+            loaded.rank.forward_stream["identity"]["seed"],
+            loaded.rank.backward_stream["identity"]["seed"],
+        )
+        self.streams = self._streams(seeds)
+        self.streams[0].load_state_dict(loaded.rank.forward_stream)
+        self.streams[1].load_state_dict(loaded.rank.backward_stream)
+        self.lstm_state = loaded.rank.lstm_state
+
+    def run(self) -> None:
+        """Steps until the manifest-derived total (or early stopping), checkpointing on the way."""
+        run = TrackedRun(
+            self.cfg.mlflow_tracking_uri,
+            self.cfg.run_name,
+            self.cfg.mlflow_run_id,
+            self.cfg.run_dir,
+        )
+        progress = Progress(
+            run,
+            self.shared,
+            rank=self.rank,
+            total_steps=self.cfg.total_steps,
+            log_every=self.train.log_every,
+        )
+        with progress.tracking():
+            while self.shared.step < self.cfg.total_steps and not self.stop_early:
+                self._maybe_fail()
+                output, grad_norm = self.step()
+                self.shared.step += 1
+                step = self.shared.step
+                progress.after_step(step, output, grad_norm, self.train.lr, self.world_size)
+                if step % self.train.validate_every == 0 or step == self.cfg.total_steps:
+                    self.validate(progress)
+                if step % self.train.checkpoint_every == 0 and step < self.cfg.total_steps:
+                    self.checkpoint(output)
+            self.checkpoint(output if self.shared.step > self.resumed_from else None)
+            progress.plot()
+
+    def step(self) -> tuple[LossOutput, float]:
+        """One optimiser step on the next window of both streams."""
+        forward, backward = (stream.next_window() for stream in self.streams)
+        assert forward is not None and backward is not None  # repeat=True streams never end
+        autocast = self.device.type == "cuda" and self.train.bf16
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=autocast):
+            output, state = self.module(
+                *self._tensors(forward), *self._tensors(backward), state=self.lstm_state
+            )
+        self.lstm_state = (state[0].detach(), state[1].detach())  # truncated BPTT
+        (output.loss * self.train.unroll_steps).backward()  # bilm-tf scales by the unroll length
+        assert self.bilm.softmax is not None
+        exchange_softmax_gradients(
+            self.bilm.softmax.weight, self.bilm.softmax.bias, self.cfg.job.run.grad_exchange
+        )
+        grad_norm = clip_global_norm(self.bilm.parameters(), self.train.clip_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return output, grad_norm
+
+    def _tensors(self, window: Window) -> tuple[torch.Tensor, torch.Tensor]:
+        char_ids = torch.from_numpy(window_char_ids(window.inputs, self.char_table))  # (B, T, W)
+        targets = torch.from_numpy(window.targets)  # (B, T)
+        return char_ids.to(self.device), targets.to(self.device)
+
+    def validate(self, progress: Progress) -> None:
+        """Full-softmax perplexity on the fixed heldout sample, each rank on its part."""
+        windows = math.ceil(self.cfg.validation_windows / self.world_size)
+        sums = evaluate_perplexity(
+            self.bilm,
+            self.cfg.data,
+            "heldout",
+            batch_size=self.train.batch_size,
+            unroll_steps=self.train.unroll_steps,
+            rank=self.rank,
+            world_size=self.world_size,
+            max_windows=windows,
+            device=self.device,
+            progress=False,
+        )
+        sums = _sum_over_ranks(sums, self.device)
+        improved = (
+            self.shared.best_perplexity is None or sums.perplexity < self.shared.best_perplexity
+        )
+        if improved:
+            self.shared.best_perplexity = sums.perplexity
+            self.shared.validations_since_best = 0
+        else:
+            self.shared.validations_since_best += 1
+        progress.after_validation(self.shared.step, sums, self.bilm if improved else None)
+        patience = self.train.early_stopping_patience
+        self.stop_early = patience is not None and self.shared.validations_since_best >= patience
+
+    def checkpoint(self, output: LossOutput | None) -> None:
+        """Every rank writes its part and reports it; under Ray Train the parts become one."""
+        rank_state = RankState(
+            capture_rng(),
+            self.streams[0].state_dict(),
+            self.streams[1].state_dict(),
+            self.lstm_state,
+        )
+        with tempfile.TemporaryDirectory() as directory:
+            write_checkpoint(
+                Path(directory),
+                self.rank,
+                bilm=self.bilm,
+                optimizer=self.optimizer,
+                shared=self.shared,
+                rank_state=rank_state,
+            )
+            self.runtime.report(self._report_metrics(output), Path(directory))
+
+    def _report_metrics(self, output: LossOutput | None) -> Metrics:
+        """What every rank reports with its checkpoint (rank 0's stay with the checkpoint)."""
+        return {
+            "step": self.shared.step,
+            "resumed_from_step": self.resumed_from,
+            "sampled_loss": float(output.loss.detach()) if output is not None else math.nan,
+            "best_perplexity": self.shared.best_perplexity or math.nan,
+            "stopped_early": self.stop_early,
+        }
+
+    def _maybe_fail(self) -> None:
+        """Test hook: rank R kills its own process once at step S (proves the restart path).
+
+        It first waits a few of the controller's polling intervals, so the last reported
+        checkpoint has been registered, as it has in any run that fails long after it.
+        """
+        if self.cfg.fail_once is None:
+            return
+        rank, step, marker = self.cfg.fail_once.split(":", 2)
+        if int(rank) == self.rank and int(step) == self.shared.step and not Path(marker).exists():
+            Path(marker).touch()
+            time.sleep(FAULT_DELAY_S)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _seed_rank(seed: int, rank: int) -> None:
+    """Dropout and candidate sampling draw differently on each rank, reproducibly."""
+    rank_seed = int(np.random.SeedSequence([seed, rank]).generate_state(1)[0])
+    torch.manual_seed(rank_seed)
+    np.random.seed(rank_seed)
+    random.seed(rank_seed)
+
+
+def _stream_seeds(seed: int, from_step: int) -> tuple[int, int]:
+    """Independent forward and backward shuffles; a re-deal at ``from_step`` gets new ones."""
+    forward, backward = np.random.SeedSequence([seed, from_step]).generate_state(2)
+    return int(forward), int(backward)
+
+
+def _sum_over_ranks(sums: PerplexitySums, device: torch.device) -> PerplexitySums:
+    if not (dist.is_available() and dist.is_initialized()):
+        return sums
+    values = torch.tensor(
+        [sums.forward_nll, sums.backward_nll, sums.forward_tokens, sums.backward_tokens],
+        dtype=torch.float64,
+        device=device,
+    )
+    dist.all_reduce(values)
+    forward_nll, backward_nll, forward_tokens, backward_tokens = values.tolist()
+    return PerplexitySums(forward_nll, backward_nll, int(forward_tokens), int(backward_tokens))

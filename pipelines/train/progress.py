@@ -1,0 +1,160 @@
+"""Rank 0's account of a training run: a console line, MLflow metrics, curve figures, ``best/``.
+
+The driver creates the run's MLflow run (:mod:`pipelines.train.stage`); rank 0 resumes it for the
+whole loop (:meth:`Progress.tracking`), so a restarted or resumed run keeps adding to the same
+curves. Training losses are averaged over the ``log_every`` steps since the last line; the curves
+also live in the checkpoint's :class:`~pipelines.train.checkpoints.SharedState`, so the figures of a
+resumed run start at step 1. Other ranks report nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import mlflow
+import torch
+
+from elmo_core.model.bilm import BiLM, LossOutput
+from elmo_core.perplexity import PerplexitySums
+from pipelines.common.tracking import log_curves, stage_run
+from pipelines.train.checkpoints import RunDirectory, SharedState
+
+
+@dataclass(frozen=True)
+class TrackedRun:
+    """Where rank 0 reports: the MLflow store and run the driver opened, and the run directory."""
+
+    tracking_uri: str
+    run_name: str
+    run_id: str
+    run_dir: str
+
+
+class Progress:
+    """Rank 0's reporting: a console line, MLflow metrics and curve figures; silent elsewhere."""
+
+    def __init__(
+        self, run: TrackedRun, shared: SharedState, *, rank: int, total_steps: int, log_every: int
+    ) -> None:
+        self.run, self.shared, self.active = run, shared, rank == 0
+        self.total, self.log_every = total_steps, log_every
+        self._start_step, self._started = shared.step, time.perf_counter()
+        self._reset_window()
+
+    def _reset_window(self) -> None:
+        self._window_started = time.perf_counter()
+        self._sums: list[torch.Tensor] = []  # per step: (loss, forward, backward, tokens)
+
+    @contextmanager
+    def tracking(self) -> Iterator[None]:
+        """Rank 0 resumes the run's MLflow run (created by the driver) for the whole loop."""
+        if not self.active:
+            yield
+            return
+        os.environ["MLFLOW_TRACKING_URI"] = self.run.tracking_uri
+        _enable_system_metrics()
+        with stage_run("train", run_name=self.run.run_name, run_id=self.run.run_id):
+            yield
+
+    def after_step(
+        self, step: int, output: LossOutput, grad_norm: float, lr: float, world_size: int
+    ) -> None:
+        if not self.active:
+            return
+        parts = (output.loss, output.forward, output.backward, output.num_tokens)
+        self._sums.append(torch.stack([part.detach().float() for part in parts]))
+        if step % self.log_every and step != self.total:
+            return
+        loss, forward, backward, tokens = torch.stack(self._sums).sum(0).tolist()
+        num_steps = len(self._sums)
+        elapsed = time.perf_counter() - self._window_started
+        tokens_per_s = tokens * world_size / max(elapsed, 1e-9)
+        metrics = {
+            "train/sampled_loss": loss / num_steps,
+            "train/sampled_loss_forward": forward / num_steps,
+            "train/sampled_loss_backward": backward / num_steps,
+            "tokens_per_s": tokens_per_s,
+            "lr": lr,
+            "grad_norm": grad_norm,
+        }
+        mlflow.log_metrics(metrics, step=step)
+        self.shared.curves.setdefault("train/sampled_loss", []).append((step, loss / num_steps))
+        rate = (step - self._start_step) / max(time.perf_counter() - self._started, 1e-9)
+        eta = (self.total - step) / rate if rate > 0 else math.inf
+        print(
+            f"[train] step {step}/{self.total}  sampled loss {loss / num_steps:.3f}  "
+            f"{tokens_per_s:,.0f} tokens/s  grad norm {grad_norm:.2f}  ETA {_duration(eta)}",
+            flush=True,
+        )
+        self._reset_window()
+
+    def after_validation(self, step: int, sums: PerplexitySums, best: BiLM | None) -> None:
+        """Log the validation perplexities; keep the model as ``best/`` when it improved."""
+        if not self.active:
+            return
+        values = {
+            "val/perplexity": sums.perplexity,
+            "val/perplexity_forward": sums.forward_perplexity,
+            "val/perplexity_backward": sums.backward_perplexity,
+        }
+        mlflow.log_metrics(values, step=step)
+        for name, value in values.items():
+            self.shared.curves.setdefault(name, []).append((step, value))
+        if best is not None:
+            RunDirectory(self.run.run_dir).put_model(best, "best")
+            mlflow.log_metric("val/best_perplexity", sums.perplexity, step=step)
+        print(
+            f"[train] step {step}: heldout perplexity {sums.perplexity:.2f} (forward "
+            f"{sums.forward_perplexity:.2f}, backward {sums.backward_perplexity:.2f})"
+            f"{'  best so far' if best is not None else ''}",
+            flush=True,
+        )
+        self.plot()
+
+    def plot(self) -> None:
+        """The training-loss and validation-perplexity figures, replaced at each call."""
+        curves = self.shared.curves
+        if not self.active:
+            return
+        log_curves(
+            {"sampled loss": curves.get("train/sampled_loss", [])},
+            "curves/train_sampled_loss.png",
+            ylabel="sampled softmax loss",
+            title="training loss (sampled softmax: not comparable to perplexity)",
+        )
+        log_curves(
+            {
+                direction: curves.get(f"val/perplexity{suffix}", [])
+                for direction, suffix in (
+                    ("mean", ""),
+                    ("forward", "_forward"),
+                    ("backward", "_backward"),
+                )
+            },
+            "curves/val_perplexity.png",
+            title="heldout perplexity (full softmax)",
+            ylabel="perplexity",
+            log_y=True,
+        )
+
+
+def _enable_system_metrics() -> None:
+    """CPU/GPU/memory metrics next to the training curves, when psutil is there to read them."""
+    try:
+        import psutil  # noqa: F401
+    except ImportError:
+        return
+    mlflow.enable_system_metrics_logging()
+
+
+def _duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
