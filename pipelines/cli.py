@@ -16,9 +16,8 @@ from types import ModuleType
 from typing import Any
 
 import click
-import typer
 
-from pipelines.common.cli_runner import run_app
+from pipelines.common.cli_runner import run_app, run_command
 
 STAGES = {  # command name -> (module, typer command function)
     "prepare": ("pipelines.prepare.stage", "prepare_command"),
@@ -42,12 +41,28 @@ class StageCommands(click.Group):
         return self.stage_names
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        """The stage's typer command run as its ``main`` runs it, on every argument unparsed.
+
+        A stage is a typer command, and typer (0.26+) parses with its own copy of click, so it
+        runs behind a plain click command rather than as a sub-command of this click group.
+        """
         if cmd_name not in self.stage_names:
             return None
         module, function = STAGES[cmd_name]
-        stage = typer.Typer(add_completion=False)
-        stage.command(cmd_name)(getattr(_import_uncollected(module), function))
-        return typer.main.get_command(stage)
+        command = getattr(_import_uncollected(module), function)
+
+        @click.pass_context
+        def run(invoked: click.Context, args: tuple[str, ...]) -> None:
+            raise SystemExit(run_command(command, list(args), prog_name=invoked.command_path))
+
+        return click.Command(
+            cmd_name,
+            callback=run,
+            params=[click.Argument(["args"], nargs=-1, type=click.UNPROCESSED)],
+            help=command.__doc__,
+            context_settings={"ignore_unknown_options": True},
+            add_help_option=False,
+        )
 
 
 def _import_uncollected(name: str) -> ModuleType:

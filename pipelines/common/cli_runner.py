@@ -16,11 +16,13 @@ import typer
 from elmo_core.errors import ElmoError
 
 
-def run_app(app: typer.Typer | click.Command, argv: list[str] | None = None) -> int:
+def run_app(
+    app: typer.Typer | click.Command, argv: list[str] | None = None, prog_name: str | None = None
+) -> int:
     """Run a typer app or click command as a function: the exit status, with user errors
     printed as one line."""
     try:
-        app(args=argv, standalone_mode=False)
+        app(args=argv, prog_name=prog_name, standalone_mode=False)
     except ElmoError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -36,8 +38,10 @@ def run_app(app: typer.Typer | click.Command, argv: list[str] | None = None) -> 
     return 0
 
 
-def run_command(command: Callable[..., Any], argv: list[str] | None = None) -> int:
+def run_command(
+    command: Callable[..., Any], argv: list[str] | None = None, prog_name: str | None = None
+) -> int:
     """A stage's ``main``: run its one typer command as ``python -m pipelines.<stage>`` does."""
     app = typer.Typer(add_completion=False)
     app.command()(command)
-    return run_app(app, argv)
+    return run_app(app, argv, prog_name)
