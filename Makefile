@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup test test-integration bench lint demo run deploy e2e
+.PHONY: setup test test-unit test-integration bench lint demo run deploy e2e
 
 setup: $(VENV)/.installed
 
@@ -20,12 +20,17 @@ $(VENV)/.installed: pyproject.toml constraints.txt $(C_SOURCES)
 test: setup
 	$(PY) -m pytest -q
 
+# The unit tests alone (no tests/integration): under 3 minutes on 2 cores.
+test-unit: setup
+	$(PY) -m pytest -q tests/unit tests/test_layering.py
+
 test-integration: setup
 	$(PY) -m pytest -q tests/integration
 
 lint: setup
 	$(VENV)/bin/ruff check elmo_core pipelines flows tests benchmarks
 	$(VENV)/bin/ruff format --check elmo_core pipelines flows tests benchmarks
+	$(VENV)/bin/mypy
 
 # The whole pipeline on this machine: embedded Prefect, local Ray, SQLite MLflow under ELMO_HOME.
 run demo: setup
