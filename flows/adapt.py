@@ -14,14 +14,14 @@ from prefect.runtime import flow_run
 from flows import tasks
 from flows.artifacts import adapt_markdown, publish, task_rows
 from flows.params import AdaptParams
-from flows.services import check_services
-from flows.tracking import parent_run
+from pipelines.common.flow_runs import parent_run
+from pipelines.common.services import check_services
 
 
 @flow(name="adapt")
 def adapt(params: AdaptParams) -> list[str]:
     """Adapt ``params.bilm`` to every task; returns the registered task model URIs."""
-    check_services("local")
+    check_services(ray_jobs=False)
     tasks.check_tasks(params.tasks)
     with parent_run("adapt", flow_run.get_name(), flow_run.get_id(), params) as parent:
         results = tasks.adapt(params.bilm, params.tasks, parent, params.bilm_options)

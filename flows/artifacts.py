@@ -13,8 +13,8 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import BaseModel
 
 from elmo_core.data.manifest import Manifest
-from flows.tracking import run_links
 from pipelines.adapt.stage import AdaptResult
+from pipelines.common.flow_runs import run_links
 from pipelines.evaluate.stage import EvaluationResult
 from pipelines.train.stage import TrainResult
 

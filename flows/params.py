@@ -20,12 +20,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from elmo_core.config import PrepareConfig, resolve_config
 from elmo_core.errors import ConfigError
-from pipelines.common.settings import elmo_home
+from pipelines.common.settings import RAY_JOBS_ENV, elmo_home
 from pipelines.train.config import TrainJobConfig, resolve_train_config
+from pipelines.train.ray_job import TrainJob
 
 Preset = Literal["tiny", "small", "medium", "original"]
 Mode = Literal["local", "ray-job"]
-RAY_JOBS_ENV = "RAY_API_SERVER_ADDRESS"
 DEFAULT_BILM = "models:/elmo-bilm@champion"
 
 
@@ -102,6 +102,10 @@ class TrainingParams(Params):
             return resolve_train_config(self.model, None, self.train_overrides())
         except ConfigError as err:
             raise ValueError(f"training.overrides: {err}") from None
+
+    def train_job(self, dataset: str) -> TrainJob:
+        """The Ray Job that trains on ``dataset``: ``python -m pipelines.train`` with these."""
+        return TrainJob(model=self.model, overrides=self.train_overrides(), dataset=dataset)
 
     def resolved_mode(self) -> Mode:
         if self.mode is not None:

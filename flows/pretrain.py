@@ -15,15 +15,15 @@ from prefect.runtime import flow_run
 
 from flows.artifacts import PretrainSummary
 from flows.params import PretrainParams
-from flows.services import check_services
 from flows.tasks import adapt, check_tasks, evaluate, prepare, register, summarize, train
-from flows.tracking import parent_run
+from pipelines.common.flow_runs import parent_run
+from pipelines.common.services import check_services
 
 
 @flow(name="pretrain")
 def pretrain(params: PretrainParams) -> PretrainSummary:
     """Pretrain a biLM on a corpus, register it, and adapt it to the configured tasks."""
-    check_services(params.training.resolved_mode())
+    check_services(ray_jobs=params.training.resolved_mode() == "ray-job")
     check_tasks(params.tasks)
     with parent_run("pretrain", flow_run.get_name(), flow_run.get_id(), params) as parent:
         dataset = prepare(params.data)

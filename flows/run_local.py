@@ -25,7 +25,6 @@ SMOKE_TRAINING = [
     "train.validate_every=100",
     "train.validation_sentences=100",
 ]
-SENTENCES = ("She went to the bank to withdraw money.", "They sat on the bank of the river.")
 
 
 def smoke_parameters(repo: Path = REPO) -> dict[str, Any]:
@@ -35,35 +34,6 @@ def smoke_parameters(repo: Path = REPO) -> dict[str, Any]:
         "training": {"model": "tiny", "overrides": SMOKE_TRAINING},
         "tasks": [str(repo / SMOKE_TASK)],
     }
-
-
-def sample_embedding(uri: str = "models:/elmo-bilm@champion") -> str:
-    """Load the registered biLM as users do and show the two "bank" vectors of its top layer."""
-    import mlflow
-    import pandas as pd
-
-    from pipelines.common.tracking import use_tracking
-
-    use_tracking()
-    model = mlflow.pyfunc.load_model(uri)
-    output = model.predict(pd.DataFrame({"sentence": list(SENTENCES)}))
-    lines = [f"mlflow.pyfunc.load_model({uri!r}).predict(...):"]
-    for tokens, layers in zip(output["tokens"], output["embeddings"], strict=True):
-        index = tokens.index("bank")
-        top = layers[-1][index]
-        shown = ", ".join(f"{value:+.3f}" for value in top[:6])
-        lines.append(f"  {' '.join(tokens)}")
-        lines.append(f"    'bank', top layer ({len(top)} dims): [{shown}, ...]")
-    return "\n".join(lines)
-
-
-def mlflow_ui_hint() -> str:
-    from pipelines.common.settings import mlflow_tracking_uri
-
-    uri = mlflow_tracking_uri()
-    if uri.startswith(("http://", "https://")):
-        return f"MLflow UI: {uri}"
-    return f"MLflow UI: mlflow ui --backend-store-uri {uri}   (then open http://127.0.0.1:5000)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from flows.params import PretrainParams
     from flows.pretrain import pretrain
+    from pipelines.common import demo
 
     parameters = smoke_parameters()
     if args.max_steps is not None:
@@ -86,8 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = pretrain(PretrainParams.model_validate(parameters))
     print(f"\nregistered {summary.model_uri} (heldout perplexity {summary.perplexity:.1f})")
     print(f"task models: {', '.join(summary.task_models) or 'none'}")
-    print(mlflow_ui_hint())
-    print(sample_embedding())
+    print(demo.mlflow_ui_hint())
+    print(demo.sample_embedding())
     return 0
 
 

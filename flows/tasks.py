@@ -21,7 +21,6 @@ from prefect.states import State
 from elmo_core.data.reader import load_manifest
 from elmo_core.errors import ElmoError
 from elmo_core.tasks import load_task_config
-from flows import jobs
 from flows.artifacts import (
     RegisteredModel,
     dataset_rows,
@@ -31,17 +30,20 @@ from flows.artifacts import (
     task_rows,
 )
 from flows.cache import PrepareCachePolicy, dataset_exists
-from flows.params import RAY_JOBS_ENV, DataParams, TrainingParams
+from flows.params import DataParams, TrainingParams
 from pipelines.adapt import stage as adapt_stage
 from pipelines.adapt.stage import AdaptResult
-from pipelines.common.settings import elmo_home
+from pipelines.common.flow_runs import FLOW_RUN_TAG
+from pipelines.common.settings import RAY_JOBS_ENV, elmo_home
 from pipelines.common.tracking import use_tracking
 from pipelines.evaluate import stage as evaluate_stage
 from pipelines.evaluate.stage import EvaluationResult
 from pipelines.prepare import stage as prepare_stage
 from pipelines.registry import register as register_stage
 from pipelines.registry.policy import CHAMPION, apply_champion_policy
+from pipelines.train import ray_job
 from pipelines.train import stage as train_stage
+from pipelines.train.ray_job import TrainJob
 from pipelines.train.stage import TrainResult
 
 
@@ -64,7 +66,7 @@ def result_storage() -> Path:
 
 
 def flow_tags() -> dict[str, str]:
-    return {"prefect.flow_run_id": str(flow_run.get_id() or "")}
+    return {FLOW_RUN_TAG: str(flow_run.get_id() or "")}
 
 
 # --- prepare ------------------------------------------------------------------------------------
@@ -104,32 +106,25 @@ def _train_in_process(dataset: str, training: TrainingParams, parent_run_id: str
     retry_delay_seconds=[5, 20, 60],
     retry_condition_fn=_transient,
 )
-def _submit_train_job(dataset: str, training: TrainingParams, parent_run_id: str) -> str:
-    address = os.environ[RAY_JOBS_ENV]
-    return jobs.submit_train_job(
-        address, training, dataset, parent_run_id, flow_tags()["prefect.flow_run_id"]
-    )
+def _submit_train_job(job: TrainJob, parent_run_id: str) -> str:
+    return ray_job.submit_train_job(os.environ[RAY_JOBS_ENV], job, parent_run_id, flow_tags())
 
 
 @task(name="train")
-def _await_train_job(job_id: str, dataset: str, training: TrainingParams) -> TrainResult:
-    jobs.wait_for_job(os.environ[RAY_JOBS_ENV], job_id)
-    run_dir = jobs.run_directory(training, dataset)
-    result = jobs.finished_run(run_dir)
-    if result is None:
-        raise RuntimeError(f"Ray job {job_id} succeeded but left no FINISHED.json in {run_dir.url}")
-    return result
+def _await_train_job(job_id: str, job: TrainJob) -> TrainResult:
+    return ray_job.await_train_job(os.environ[RAY_JOBS_ENV], job_id, job)
 
 
 def train(dataset: str, training: TrainingParams, parent_run_id: str) -> TrainResult:
     """Train in process (local Ray / RAY_ADDRESS) or as a Ray Job; a finished run is reused."""
     if training.resolved_mode() == "local":
         return _train_in_process(dataset, training, parent_run_id)
-    finished = jobs.finished_run(jobs.run_directory(training, dataset))
+    job = training.train_job(dataset)
+    finished = ray_job.already_finished(job)
     if finished is not None:
-        return finished.model_copy(update={"already_finished": True})
-    job_id = _submit_train_job(dataset, training, parent_run_id)
-    return _await_train_job(job_id, dataset, training)
+        return finished
+    job_id = _submit_train_job(job, parent_run_id)
+    return _await_train_job(job_id, job)
 
 
 # --- evaluate, register, adapt --------------------------------------------------------------------

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+RAY_JOBS_ENV = "RAY_API_SERVER_ADDRESS"  # the Ray jobs API (dashboard) that training is sent to
+
 
 def elmo_home() -> Path:
     """The absolute project state directory, created on first use."""

@@ -53,7 +53,7 @@ print(json.dumps(banks))
 FAILING_JOB_SCRIPT = """
 import os
 from ray.job_submission import JobSubmissionClient
-from flows.jobs import TrainJobFailed, wait_for_job
+from pipelines.train.ray_job import TrainJobFailed, wait_for_job
 address = os.environ["RAY_API_SERVER_ADDRESS"]
 job = JobSubmissionClient(address).submit_job(
     entrypoint="python -m pipelines.train --data /nonexistent/dataset --model tiny")

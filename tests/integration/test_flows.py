@@ -27,8 +27,8 @@ from flows.artifacts import PretrainSummary
 from flows.params import DataParams, PretrainParams
 from flows.pretrain import pretrain
 from flows.run_local import REPO
-from flows.services import ServiceUnreachable
 from flows.tasks import prepare
+from pipelines.common.services import ServiceUnreachable
 from pipelines.common.settings import mlflow_tracking_uri
 
 pytestmark = pytest.mark.integration

@@ -15,8 +15,7 @@ import urllib.request
 from urllib.parse import urlparse
 
 from elmo_core.errors import ElmoError
-from flows.params import RAY_JOBS_ENV, Mode
-from pipelines.common.settings import mlflow_tracking_uri
+from pipelines.common.settings import RAY_JOBS_ENV, mlflow_tracking_uri
 
 TIMEOUT_S = 5.0
 
@@ -31,12 +30,13 @@ class ServiceUnreachable(ElmoError):
         self.variable = variable
 
 
-def check_services(mode: Mode) -> None:
-    """MLflow, when it is a server; Ray's jobs API for ``ray-job``, else ``RAY_ADDRESS`` if set."""
+def check_services(*, ray_jobs: bool) -> None:
+    """MLflow, when it is a server; Ray's jobs API when ``ray_jobs`` (training will be submitted
+    there), else ``RAY_ADDRESS`` if set."""
     uri = mlflow_tracking_uri()
     if uri.startswith(("http://", "https://")):
         _check_http(uri, "MLFLOW_TRACKING_URI", "the MLflow tracking server does not answer")
-    if mode == "ray-job":
+    if ray_jobs:
         address = os.environ.get(RAY_JOBS_ENV)
         if not address:
             message = "training mode 'ray-job' needs the Ray jobs API address"

@@ -9,15 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from flows.jobs import (
+from pipelines.train.checkpoints import RunDirectory
+from pipelines.train.ray_job import (
     RayJobsUnreachable,
+    TrainJob,
+    already_finished,
     connect_jobs,
     finished_run,
-    run_directory,
-    train_entrypoint,
 )
-from flows.params import TrainingParams
-from pipelines.train.checkpoints import RunDirectory
 
 
 @pytest.fixture
@@ -29,11 +28,14 @@ def dataset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     return str(root)
 
 
-def test_the_entrypoint_is_the_train_command_with_the_flows_storage(dataset: str) -> None:
-    training = TrainingParams(model="tiny", overrides=["train.max_steps=5"], num_workers=2)
-    run_dir = run_directory(training, dataset)
+def _job(dataset: str, *overrides: str) -> TrainJob:
+    return TrainJob(model="tiny", overrides=list(overrides), dataset=dataset)
 
-    argv = shlex.split(train_entrypoint(training, dataset, run_dir, "parent123"))
+
+def test_the_entrypoint_is_the_train_command_with_the_run_directorys_storage(dataset: str) -> None:
+    job = _job(dataset, "train.max_steps=5", "run.num_workers=2", "run.use_gpu=false")
+
+    argv = shlex.split(job.entrypoint("parent123"))
 
     assert argv[:5] == ["python", "-m", "pipelines.train", "--data", dataset]
     assert argv[argv.index("--model") + 1] == "tiny"
@@ -49,20 +51,18 @@ def test_the_entrypoint_is_the_train_command_with_the_flows_storage(dataset: str
 
 
 def test_the_run_directory_is_named_by_config_and_data_not_by_scaling(dataset: str) -> None:
-    one = run_directory(TrainingParams(model="tiny"), dataset)
-    four = run_directory(TrainingParams(model="tiny", num_workers=4), dataset)
-    longer = run_directory(TrainingParams(model="tiny", overrides=["train.max_steps=9"]), dataset)
+    one = _job(dataset, "run.num_workers=1").run_directory()
+    four = _job(dataset, "run.num_workers=4").run_directory()
+    longer = _job(dataset, "train.max_steps=9", "run.num_workers=1").run_directory()
 
     assert one.url == four.url
     assert one.url != longer.url
     assert Path(one.url).name.startswith("bilm-")
 
 
-def test_a_finished_run_is_read_back_from_its_record(tmp_path: Path) -> None:
-    run_dir = RunDirectory(str(tmp_path / "bilm-x"))
-    assert finished_run(run_dir) is None
+def _write_finished(run_dir: RunDirectory) -> None:
     record = {
-        "run_name": "bilm-x",
+        "run_name": Path(run_dir.url).name,
         "run_dir": run_dir.url,
         "model_dir": f"{run_dir.url}/model",
         "best_model_dir": None,
@@ -74,12 +74,30 @@ def test_a_finished_run_is_read_back_from_its_record(tmp_path: Path) -> None:
         "stopped_early": False,
         "seconds": 1.0,
     }
-    (tmp_path / "bilm-x").mkdir()
-    (tmp_path / "bilm-x" / "FINISHED.json").write_text(json.dumps(record))
+    Path(run_dir.url).mkdir(parents=True)
+    (Path(run_dir.url) / "FINISHED.json").write_text(json.dumps(record))
+
+
+def test_a_finished_run_is_read_back_from_its_record(tmp_path: Path) -> None:
+    run_dir = RunDirectory(str(tmp_path / "bilm-x"))
+    assert finished_run(run_dir) is None
+    _write_finished(run_dir)
 
     result = finished_run(run_dir)
 
     assert result is not None and (result.steps, result.mlflow_run_id) == (5, "r1")
+    assert not result.already_finished
+
+
+def test_a_job_whose_run_finished_before_needs_no_submission(dataset: str) -> None:
+    job = _job(dataset, "train.max_steps=5")
+    assert already_finished(job) is None
+    _write_finished(job.run_directory())
+
+    result = already_finished(job)
+
+    assert result is not None and result.already_finished
+    assert result.run_dir == job.run_directory().url
 
 
 def test_an_unreachable_jobs_api_is_named() -> None:

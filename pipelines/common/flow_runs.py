@@ -12,7 +12,6 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from urllib.parse import urlparse
 
-import mlflow
 from mlflow.entities import Param, RunStatus
 from mlflow.tracking import MlflowClient
 from pydantic import BaseModel
@@ -31,9 +30,14 @@ MAX_PARAMS_PER_BATCH = 100
 
 @contextmanager
 def parent_run(
-    flow: str, run_name: str, flow_run_id: str, params: BaseModel, tags: Mapping[str, str] = {}
+    flow: str,
+    run_name: str | None,
+    flow_run_id: str | None,
+    params: BaseModel,
+    tags: Mapping[str, str] = {},
 ) -> Iterator[str]:
-    """Open the flow run's parent run (tagged with the Prefect flow run id); yields its id.
+    """Open the flow run's parent run (tagged with the flow run's id, "" outside a flow run);
+    yields its run id.
 
     The run ends FINISHED when the block completes and FAILED when it raises.
     """
@@ -45,7 +49,7 @@ def parent_run(
     run = client.create_run(
         experiment.experiment_id,
         run_name=run_name,
-        tags={STAGE_TAG: flow, FLOW_RUN_TAG: flow_run_id, **tags},
+        tags={STAGE_TAG: flow, FLOW_RUN_TAG: flow_run_id or "", **tags},
     )
     run_id = run.info.run_id
     flat = [Param(key, value) for key, value in flatten_params(params).items()]
@@ -59,23 +63,12 @@ def parent_run(
     client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))
 
 
-def child_runs(parent_run_id: str) -> list[mlflow.entities.Run]:
-    """The stage and task runs nested under ``parent_run_id``, oldest first."""
-    client = MlflowClient()
-    parent = client.get_run(parent_run_id)
-    return client.search_runs(
-        [parent.info.experiment_id],
-        filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}'",
-        order_by=["attributes.start_time ASC"],
-    )
-
-
 def run_links(run_ids: Mapping[str, str]) -> list[str]:
     """Markdown lines pointing at each run: UI links for an http tracking server, otherwise the
     run ids and the command that opens the UI on the local store."""
-    uri = mlflow.get_tracking_uri()
-    client = MlflowClient()
+    uri = use_tracking()
     if urlparse(uri).scheme in ("http", "https"):
+        client = MlflowClient()
         base = uri.rstrip("/")
         lines = []
         for label, run_id in run_ids.items():

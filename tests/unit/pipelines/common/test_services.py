@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from flows.services import ServiceUnreachable, check_services
+from pipelines.common.services import ServiceUnreachable, check_services
 
 
 def _closed_port() -> int:
@@ -45,7 +45,7 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # type: igno
 
 
 def test_embedded_defaults_need_no_server() -> None:
-    check_services("local")
+    check_services(ray_jobs=False)
 
 
 def test_an_unreachable_mlflow_server_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -53,7 +53,7 @@ def test_an_unreachable_mlflow_server_is_named(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", address)
 
     with pytest.raises(ServiceUnreachable, match=f"MLFLOW_TRACKING_URI={address}: the MLflow"):
-        check_services("local")
+        check_services(ray_jobs=False)
 
 
 def test_any_http_answer_counts_as_reachable(
@@ -61,7 +61,7 @@ def test_any_http_answer_counts_as_reachable(
 ) -> None:
     monkeypatch.setenv("MLFLOW_TRACKING_URI", http_server)
     monkeypatch.setenv("RAY_API_SERVER_ADDRESS", http_server)
-    check_services("ray-job")
+    check_services(ray_jobs=True)
 
 
 def test_an_unreachable_ray_jobs_api_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -69,12 +69,12 @@ def test_an_unreachable_ray_jobs_api_is_named(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("RAY_API_SERVER_ADDRESS", address)
 
     with pytest.raises(ServiceUnreachable, match=f"RAY_API_SERVER_ADDRESS={address}: the Ray"):
-        check_services("ray-job")
+        check_services(ray_jobs=True)
 
 
 def test_ray_job_mode_without_an_address_says_which_variable_is_missing() -> None:
     with pytest.raises(ServiceUnreachable, match="RAY_API_SERVER_ADDRESS=: training mode"):
-        check_services("ray-job")
+        check_services(ray_jobs=True)
 
 
 def test_an_unreachable_ray_cluster_address_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -82,7 +82,7 @@ def test_an_unreachable_ray_cluster_address_is_named(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("RAY_ADDRESS", address)
 
     with pytest.raises(ServiceUnreachable, match=f"RAY_ADDRESS={address}: the Ray cluster"):
-        check_services("local")
+        check_services(ray_jobs=False)
     monkeypatch.setenv("RAY_ADDRESS", "not-an-address")
     with pytest.raises(ServiceUnreachable, match="expected host:port"):
-        check_services("local")
+        check_services(ray_jobs=False)
