@@ -48,12 +48,18 @@ def test_embedded_defaults_need_no_server() -> None:
     check_services(ray_jobs=False)
 
 
-def test_an_unreachable_mlflow_server_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("variable", "ray_jobs", "server"),
+    [("MLFLOW_TRACKING_URI", False, "the MLflow"), ("RAY_API_SERVER_ADDRESS", True, "the Ray")],
+)
+def test_an_unreachable_http_server_is_named(
+    monkeypatch: pytest.MonkeyPatch, variable: str, ray_jobs: bool, server: str
+) -> None:
     address = f"http://127.0.0.1:{_closed_port()}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", address)
+    monkeypatch.setenv(variable, address)
 
-    with pytest.raises(ServiceUnreachable, match=f"MLFLOW_TRACKING_URI={address}: the MLflow"):
-        check_services(ray_jobs=False)
+    with pytest.raises(ServiceUnreachable, match=f"{variable}={address}: {server}"):
+        check_services(ray_jobs=ray_jobs)
 
 
 def test_any_http_answer_counts_as_reachable(
@@ -62,14 +68,6 @@ def test_any_http_answer_counts_as_reachable(
     monkeypatch.setenv("MLFLOW_TRACKING_URI", http_server)
     monkeypatch.setenv("RAY_API_SERVER_ADDRESS", http_server)
     check_services(ray_jobs=True)
-
-
-def test_an_unreachable_ray_jobs_api_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    address = f"http://127.0.0.1:{_closed_port()}"
-    monkeypatch.setenv("RAY_API_SERVER_ADDRESS", address)
-
-    with pytest.raises(ServiceUnreachable, match=f"RAY_API_SERVER_ADDRESS={address}: the Ray"):
-        check_services(ray_jobs=True)
 
 
 def test_ray_job_mode_without_an_address_says_which_variable_is_missing() -> None:
