@@ -7,10 +7,7 @@ PY := $(VENV)/bin/python
 
 setup: $(VENV)/.installed
 
-# The C extensions are built by the install: a changed C file reinstalls (rebuilds) them too.
-C_SOURCES := $(wildcard elmo_core/*/*.c elmo_core/*/*/*.c elmo_core/*/*/*.h)
-
-$(VENV)/.installed: pyproject.toml constraints.txt $(C_SOURCES)
+$(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'

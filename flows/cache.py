@@ -32,11 +32,10 @@ from flows.params import DataParams
 
 
 def code_files() -> list[Path]:
-    """The source files a prepared dataset depends on, in a stable order: the C extensions'
-    sources too (they split, hash and count the tokens), where the install kept them."""
+    """The source files a prepared dataset depends on, in a stable order."""
     core = Path(elmo_core.__file__).parent
     stage = Path(pipelines.prepare.__file__).parent  # the prepare stage's package, whole
-    files = {path for suffix in ("py", "c", "h") for path in core.rglob(f"*.{suffix}")}
+    files = set(core.rglob("*.py"))
     files.update(stage.glob("*.py"))
     return sorted(files)
 

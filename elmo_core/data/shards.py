@@ -49,14 +49,8 @@ from elmo_core.text.char_ids import (
     MAX_TOKEN_BYTES,
     PAD_CHAR,
 )
-from elmo_core.text.string_buffers import string_buffers
-from elmo_core.text.tokenize import BlockTokens, Tokenizer
+from elmo_core.text.tokenize import Tokenizer
 from elmo_core.text.vocab import UNK_ID
-
-try:  # optional at install time: see pyproject.toml's ext-modules
-    from elmo_core.text._token_hash import TokenIndex
-except ImportError:  # pragma: no cover - exercised where no C compiler was available
-    TokenIndex = None
 
 SHARD_FORMAT = "elmo-shards"
 SHARD_FORMAT_VERSION = 3
@@ -120,15 +114,12 @@ def read_sentences(
         raise DataError("input file not found", path=path)
     next_line, next_index = 1, 0
     for block in _line_blocks(path):
-        fast = tokenizer.tokenize_block(block)
-        if fast is not None:
-            sentences, line_of, num_lines = _block_sentences(fast, next_line, stats)
-        else:
-            sentences, line_of, num_lines = _line_sentences(
-                block, path, next_line, tokenizer, cfg, stats
-            )
-        next_line += num_lines
-        sentences, line_of = _limit_length(sentences, line_of, cfg, stats)
+        lines = _decode_lines(block, path, next_line, cfg.on_invalid_utf8, stats)
+        sentences, origin = tokenizer.tokenize_lines(lines)
+        stats.lines += len(lines)
+        stats.blank_lines += len(lines) - _num_distinct(origin)
+        sentences, line_of = _limit_length(sentences, origin + next_line, cfg, stats)
+        next_line += len(lines)
         if len(sentences):
             index = np.arange(next_index, next_index + len(sentences), dtype=np.int64)
             yield SentenceChunk(sentences, line_of, index)
@@ -137,36 +128,9 @@ def read_sentences(
         raise DataError("input file is empty (no non-blank line)", path=path)
 
 
-def _block_sentences(
-    block: BlockTokens, first_line: int, stats: FileStats
-) -> tuple[pa.ListArray, np.ndarray, int]:
-    """One sentence per non-blank line of a block split whole: (sentences, line numbers, lines)."""
-    num_lines = len(block.line_offsets) - 1
-    keep = np.diff(block.line_offsets) > 0
-    stats.lines += num_lines
-    stats.blank_lines += num_lines - int(keep.sum())
-    offsets = np.append(block.line_offsets[:-1][keep], block.line_offsets[-1]).astype(np.int32)
-    line_of = np.flatnonzero(keep).astype(np.int64) + first_line
-    return pa.ListArray.from_arrays(pa.array(offsets), block.tokens), line_of, num_lines
-
-
-def _line_sentences(
-    block: bytes,
-    path: Path,
-    first_line: int,
-    tokenizer: Tokenizer,
-    cfg: PrepareConfig,
-    stats: FileStats,
-) -> tuple[pa.ListArray, np.ndarray, int]:
-    """Decode a block's lines, drop blank ones, tokenize the rest: (sentences, lines, lines)."""
-    lines = _decode_lines(block, path, first_line, cfg.on_invalid_utf8, stats)
-    numbers = np.arange(first_line, first_line + len(lines), dtype=np.int64)
-    blank = pc.equal(pc.binary_length(pc.utf8_trim_whitespace(lines)), 0)
-    keep = pc.invert(blank)
-    stats.lines += len(lines)
-    stats.blank_lines += len(lines) - pc.sum(keep.cast(pa.int64())).as_py()
-    sentences, origin = tokenizer.tokenize_lines(lines.filter(keep))
-    return sentences, numbers[keep.to_numpy(zero_copy_only=False)][origin], len(lines)
+def _num_distinct(ascending: np.ndarray) -> int:
+    """How many distinct values an ascending array holds (lines that gave a sentence)."""
+    return int(np.count_nonzero(np.diff(ascending))) + 1 if len(ascending) else 0
 
 
 def _line_blocks(path: Path, block_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
@@ -186,8 +150,10 @@ def _line_blocks(path: Path, block_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
 def _decode_lines(
     block: bytes, path: Path, first_line: int, on_invalid: str, stats: FileStats
 ) -> pa.StringArray:
+    offsets = pa.py_buffer(np.array([0, len(block)], dtype=np.int32))
+    whole = pa.BinaryArray.from_buffers(pa.binary(), 1, [None, offsets, pa.py_buffer(block)])
     try:
-        text = pa.array([block], type=pa.binary()).cast(pa.string())
+        text = whole.cast(pa.string())  # Arrow's UTF-8 check, no copy
     except pa.ArrowInvalid:
         return _decode_lines_slowly(block, path, first_line, on_invalid, stats)
     lines = pc.split_pattern(text, "\n").values
@@ -289,33 +255,24 @@ def shard_permutation(seed: int, shard: int, num_rows: int) -> np.ndarray:
 
 
 class TypeIndex:
-    """Type ids of tokens: the type table's tokens hashed once, then probed by each block.
+    """Type ids of tokens: each block's dictionary of distinct tokens looked up in the type table.
 
-    Compiled (:mod:`elmo_core.text._token_hash`) where it is built. The fallback, Arrow's
-    ``index_in``, hashes each block's dictionary and probes it with every type instead.
+    Arrow's ``index_in`` hashes the smaller side, the block's dictionary, and probes it with
+    every type (a block holds far fewer distinct tokens than the corpus has types).
     """
 
     def __init__(self, type_tokens: pa.Array) -> None:
         self.type_tokens = type_tokens
-        self._index = None if TokenIndex is None else TokenIndex(*string_buffers(type_tokens))
 
     def type_ids(self, dictionary: pa.Array) -> np.ndarray:
         """``(D,)`` int32: the type id of each entry of a block's dictionary of distinct tokens."""
-        if self._index is not None:
-            found = self._index.find(*string_buffers(dictionary))
-            ids = np.frombuffer(found, dtype=np.int32)
-        else:
-            ids = self._index_in(dictionary)
-        if len(ids) and ids.min() < 0:
-            raise DataError("a token is missing from the word-type table: did an input change?")
-        return ids
-
-    def _index_in(self, dictionary: pa.Array) -> np.ndarray:
         position = pc.fill_null(pc.index_in(self.type_tokens, value_set=dictionary), -1)
         position = position.to_numpy()
         found = position >= 0
         ids = np.full(len(dictionary), -1, dtype=np.int32)
         ids[position[found]] = np.flatnonzero(found)
+        if len(ids) and ids.min() < 0:
+            raise DataError("a token is missing from the word-type table: did an input change?")
         return ids
 
 

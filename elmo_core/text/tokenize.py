@@ -11,9 +11,8 @@ parameters (:meth:`Tokenizer.describe`), so that inference rebuilds the exact sa
   prefixes keep "Mr." and "U.S." intact), then Moses tokenization by sacremoses, case kept.
 
 Both have a vectorised entry point, :meth:`Tokenizer.tokenize_lines`, used by prepare on blocks
-of lines held as Arrow arrays; the whitespace one never loops over tokens in Python, and also
-splits raw UTF-8 blocks directly (:meth:`Tokenizer.tokenize_block`,
-:mod:`elmo_core.text.whitespace_block`).
+of lines held as Arrow arrays. The whitespace one is :func:`split_whitespace`, Arrow's split and
+dictionary-encoding kernels: nothing loops over tokens in Python.
 """
 
 from __future__ import annotations
@@ -29,33 +28,44 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from elmo_core.errors import DataError
-from elmo_core.text.whitespace_block import BlockTokens, split_whitespace_block
 
-# The characters Python's str.split() treats as whitespace beyond " \t\n\v\f\r", in RE2 syntax:
-# Arrow's RE2 scans a block ~5x faster than Python's re did on its UTF-8 bytes.
+# The characters Python's str.split() treats as whitespace beyond " \t\n\v\f\r", in RE2 syntax.
 _NON_ASCII_SPACE = (
     r"[\x1c-\x1f\x{85}\x{a0}\x{1680}\x{2000}-\x{200a}\x{2028}\x{2029}\x{202f}\x{205f}\x{3000}]"
 )
 
 
 def split_whitespace(lines: pa.Array) -> pa.ListArray:
-    """``list<string>`` of each line's whitespace-separated tokens (empty list for a blank line).
+    """Each line's tokens as Python's ``line.split()`` (an empty list for a blank line), as
+    ``list<dictionary<int32, string>>``: the tokens dictionary-encoded in first-occurrence order.
 
-    Arrow's ``utf8_split_whitespace`` keeps empty strings between repeated separators (like
-    ``str.split(" ")``); they are removed here so the result equals Python's ``line.split()``.
+    Arrow's ASCII kernel splits ~2x faster than its Unicode one and is exact unless the lines
+    hold another space (NBSP, U+3000, the separators 0x1c-0x1f, ...). Such a space stays inside
+    a token there, so it is looked for in the distinct tokens only (a few percent of the bytes)
+    and, where one is found, the lines are split again by the Unicode kernel. Both kernels give
+    an empty string for leading and trailing whitespace; those are removed.
     """
-    unicode_space = bool(pc.any(pc.match_substring_regex(lines, _NON_ASCII_SPACE)).as_py())
-    # The ASCII kernel is ~2.5x faster; it is exact unless the block holds other Unicode spaces.
-    split = pc.utf8_split_whitespace(lines) if unicode_space else pc.ascii_split_whitespace(lines)
+    tokens = _split_encoded(pc.ascii_split_whitespace(lines))
+    dictionary = tokens.values.dictionary
+    if len(dictionary) and pc.any(pc.match_substring_regex(dictionary, _NON_ASCII_SPACE)).as_py():
+        tokens = _split_encoded(pc.utf8_split_whitespace(lines))
+    return tokens
+
+
+def _split_encoded(split: pa.ListArray) -> pa.ListArray:
+    """``split`` without its empty strings, the tokens dictionary-encoded."""
     flat = pc.list_flatten(split)
-    parents = pc.list_parent_indices(split)
-    keep = pc.greater(pc.binary_length(flat), 0)
-    flat = pc.filter(flat, keep)
-    parents = pc.filter(parents, keep).to_numpy(zero_copy_only=False)
-    lengths = np.bincount(parents, minlength=len(lines))
-    offsets = np.zeros(len(lines) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    return pa.ListArray.from_arrays(pa.array(offsets), flat)
+    lengths = pc.binary_length(flat)
+    offsets = split.offsets
+    if len(flat) and pc.min(lengths).as_py() == 0:
+        keep = pc.greater(lengths, 0)
+        flat = pc.filter(flat, keep)
+        parents = pc.filter(pc.list_parent_indices(split), keep)
+        lengths = np.bincount(parents.to_numpy(zero_copy_only=False), minlength=len(split))
+        bounds = np.zeros(len(split) + 1, dtype=np.int32)
+        np.cumsum(lengths, out=bounds[1:])
+        offsets = pa.array(bounds)
+    return pa.ListArray.from_arrays(offsets, pc.dictionary_encode(flat))
 
 
 class Tokenizer(ABC):
@@ -72,7 +82,8 @@ class Tokenizer(ABC):
         """One raw text (a line, a paragraph) → its sentences, each a list of tokens."""
 
     def tokenize_lines(self, lines: pa.Array) -> tuple[pa.ListArray, np.ndarray]:
-        """Non-blank lines → (``list<string>`` sentences, index of the line each came from).
+        """Lines → (``list<string>`` sentences, index of the line each came from); a blank line
+        gives none.
 
         The default loops over lines in Python; subclasses override it with Arrow kernels.
         """
@@ -84,14 +95,6 @@ class Tokenizer(ABC):
                     sentences.append(sentence)
                     origin.append(row)
         return pa.array(sentences, type=pa.list_(pa.string())), np.asarray(origin, dtype=np.int64)
-
-    def tokenize_block(self, block: bytes) -> BlockTokens | None:
-        """A raw block of whole lines → one sentence per line, without decoding lines first.
-
-        None when this tokenizer has no such path (sentences may span or split lines) or the
-        block is not valid UTF-8: the caller then decodes and calls :meth:`tokenize_lines`.
-        """
-        return None
 
     @staticmethod
     def from_manifest(description: Mapping[str, Any]) -> Tokenizer:
@@ -123,10 +126,15 @@ class WhitespaceTokenizer(Tokenizer):
         return [tokens] if (tokens := text.split()) else []
 
     def tokenize_lines(self, lines: pa.Array) -> tuple[pa.ListArray, np.ndarray]:
-        return split_whitespace(lines), np.arange(len(lines), dtype=np.int64)
-
-    def tokenize_block(self, block: bytes) -> BlockTokens | None:
-        return split_whitespace_block(block)
+        sentences = split_whitespace(lines)
+        offsets = sentences.offsets.to_numpy()
+        origin = np.flatnonzero(np.diff(offsets))
+        if len(origin) == len(lines):
+            return sentences, origin
+        # a blank line has no tokens: its sentence ends where it starts, so dropping its
+        # offset leaves every other sentence's tokens in place
+        kept = np.append(offsets[origin], offsets[-1]).astype(np.int32)
+        return pa.ListArray.from_arrays(pa.array(kept), sentences.values), origin
 
 
 # End punctuation, optional closing quotes/brackets, whitespace, then a likely sentence start.

@@ -374,8 +374,8 @@ def encode_file(task: EncodeTask) -> EncodedFile:
         for chunk in task.read.reread():
             types = np.take(type_index.type_ids(chunk.dictionary), chunk.ids)
             heldout = task.read.heldout_rows(chunk.index)
+            table = sentence_table(types, chunk.offsets)
             if task.heldout_parts and heldout.any():
-                table = sentence_table(types, chunk.offsets)
                 parts.write(
                     table if heldout.all() else table.filter(pa.array(heldout)),
                     chunk.lines[heldout],
@@ -385,7 +385,7 @@ def encode_file(task: EncodeTask) -> EncodedFile:
                 shards = train_shard_of(
                     cfg.seed, file_index, chunk.index[rows], task.num_train_shards
                 )
-                spill.write(chunk.offsets, types, rows, shards)
+                spill.write(table["types"].chunk(0), rows, shards)
         written = parts.close()
         if spill is not None:
             spill.close()

@@ -5,8 +5,8 @@ Pass 2 sends each training sentence to the output shard a seeded hash picks
 input file (:class:`ShardSpill`); :func:`gather_shard` then reads one shard's rows from every
 file's spill in file order, puts them in a seeded random order
 (:func:`elmo_core.data.shards.shard_permutation`) and writes the shard. Rows are moved as flat
-arrays plus offsets (:func:`elmo_core.data.rows.permute_rows`). Only type ids are spilled and
-stored: readers derive the targets from them.
+Arrow list arrays by Arrow's ``take``, which copies each row's values whole. Only type ids are
+spilled and stored: readers derive the targets from them.
 """
 
 from __future__ import annotations
@@ -22,8 +22,12 @@ import pyarrow.parquet as pq
 
 from elmo_core.config import PrepareConfig
 from elmo_core.data.manifest import ShardInfo
-from elmo_core.data.rows import permute_rows
-from elmo_core.data.shards import flat_lists, sentence_table, shard_permutation, write_parquet
+from elmo_core.data.shards import (
+    ID_LIST_TYPE,
+    TRAIN_SCHEMA,
+    shard_permutation,
+    write_parquet,
+)
 
 SPILL_SCHEMA = pa.schema([("types", pa.list_(pa.int32()))])
 
@@ -55,25 +59,17 @@ class ShardSpill:
         self.temporary.mkdir(parents=True)
         self.writers: dict[int, pa.ipc.RecordBatchFileWriter] = {}
 
-    def write(
-        self, offsets: np.ndarray, types: np.ndarray, rows: np.ndarray, shards: np.ndarray
-    ) -> None:
-        """Append sentences ``rows`` (of flat ``types`` cut at ``offsets``) to their ``shards``,
-        in the order given."""
+    def write(self, sentences: pa.ListArray, rows: np.ndarray, shards: np.ndarray) -> None:
+        """Append ``sentences[rows]`` to their ``shards``, in the order given."""
         # NumPy's stable sort is a radix sort on 16-bit keys, several times faster than on int64.
         top = int(shards.max())
         narrow = shards.astype(np.uint16) if top < 1 << 16 else shards
         by_shard = np.argsort(narrow, kind="stable")
-        new_offsets, values = permute_rows(offsets, types, rows[by_shard])
-        shards = shards[by_shard]
-        bounds = np.searchsorted(shards, np.arange(top + 2))
+        grouped = sentences.take(pa.array(rows[by_shard]))
+        bounds = np.searchsorted(shards[by_shard], np.arange(top + 2))
         for shard in np.flatnonzero(np.diff(bounds)):
             start, stop = bounds[shard], bounds[shard + 1]
-            piece = new_offsets[start : stop + 1]
-            lists = pa.ListArray.from_arrays(
-                pa.array((piece - piece[0]).astype(np.int32)), values[piece[0] : piece[-1]]
-            )
-            batch = pa.record_batch([lists], schema=SPILL_SCHEMA)
+            batch = pa.record_batch([grouped.slice(start, stop - start)], schema=SPILL_SCHEMA)
             self._writer(int(shard)).write_batch(batch)
 
     def _writer(self, shard: int) -> pa.ipc.RecordBatchFileWriter:
@@ -123,8 +119,9 @@ def gather_shard(task: GatherTask) -> ShardInfo:
             with pa.OSFile(str(path)) as source:
                 pieces.append(pa.ipc.open_file(source).read_all())
     table = pa.concat_tables(pieces) if pieces else SPILL_SCHEMA.empty_table()
-    values, offsets = flat_lists(table["types"].combine_chunks())
     order = shard_permutation(task.cfg.seed, task.shard, len(table))
-    offsets, types = permute_rows(offsets, values.to_numpy(), order)
-    table = sentence_table(types, offsets)
-    return write_shard(table, task.root, task.name, task.cfg)
+    shuffled = table["types"].combine_chunks().take(pa.array(order))
+    types = pa.ListArray.from_arrays(shuffled.offsets, shuffled.values, type=ID_LIST_TYPE)
+    return write_shard(
+        pa.Table.from_arrays([types], schema=TRAIN_SCHEMA), task.root, task.name, task.cfg
+    )

@@ -1,10 +1,11 @@
+import random
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from elmo_core.config import PrepareConfig
-from elmo_core.data import shards
 from elmo_core.data.shards import (
     FileStats,
     TypeIndex,
@@ -77,12 +78,7 @@ def test_missing_input_is_a_data_error(tmp_path):
         _read(tmp_path / "nowhere.txt")
 
 
-@pytest.mark.parametrize("compiled", [True, False])
-def test_type_index_finds_each_dictionary_entry_and_refuses_unknown_tokens(compiled, monkeypatch):
-    if compiled and shards.TokenIndex is None:
-        pytest.skip("C module not built")
-    if not compiled:
-        monkeypatch.setattr(shards, "TokenIndex", None)  # Arrow's index_in instead
+def test_type_index_finds_each_dictionary_entry_and_refuses_unknown_tokens():
     words = ["<S>", "</S>", "<UNK>", "the", "cat", "zyzzyva", "東京", "x" * 60]
     words += [f"type-{i}" for i in range(5000)]
     index = TypeIndex(pa.array(["unused", *words])[1:])  # a slice: offsets not from 0
@@ -122,3 +118,23 @@ def test_char_ids_column_round_trips_through_parquet(tmp_path):
     np.testing.assert_array_equal(
         char_ids_matrix(back.combine_chunks().slice(3)), char_id_rows(tokens)[3:]
     )
+
+
+def test_any_invalid_utf8_fails_naming_its_line_and_valid_text_never(tmp_path):
+    """Pieces of characters (split around spaces too), which only the whole block may reveal."""
+    pieces = [b"a", b" ", b"\n", b"\xc2\xa0", b"\xe2\x80", b"\xa6", b"\xc2", b"\x85"]
+    pieces += [b"\xe3\x80\x80", b"\xf0\x9f\x98", b"\x80", b"\xed\xa0\x80", b"\xc0\xaf", b"\xff"]
+    pieces += ["é東".encode()]
+    rng = random.Random(1)
+    path = tmp_path / "piece.txt"
+    for _ in range(300):
+        block = b"x\n" + b"".join(rng.choice(pieces) for _ in range(rng.randint(0, 8)))
+        path.write_bytes(block)
+        try:
+            expected = [line.split() for line in block.decode("utf-8").split("\n")]
+        except UnicodeDecodeError as err:
+            line = block[: err.start].count(b"\n") + 1
+            with pytest.raises(DataError, match=f"piece.txt:{line}: invalid UTF-8"):
+                _read(path, on_invalid_utf8="fail")
+            continue
+        assert _read(path, on_invalid_utf8="fail")[0] == [s for s in expected if s], block

@@ -1,4 +1,7 @@
+import random
+
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from elmo_core.errors import DataError
@@ -28,11 +31,38 @@ def test_split_whitespace_finds_each_non_ascii_space_alone_in_a_block():
         assert split_whitespace(pa.array(lines)).to_pylist() == [line.split() for line in lines]
 
 
+SPACES = [chr(c) for c in range(0x110000) if f"a{chr(c)}b".split() == ["a", "b"]]
+
+
+def test_each_line_splits_as_python_split_for_every_space():
+    lines = ["", "  ", "x\u200by ü\ufeff", *(f"é{s}b{s}" for s in SPACES if s != "\n"), "\u3000x"]
+    assert split_whitespace(pa.array(lines)).to_pylist() == [line.split() for line in lines]
+
+
+def test_random_text_splits_as_python_split():
+    """Spaces next to look-alikes: the lead bytes of a space followed by other continuations."""
+    pieces = ["a", "Zz", "é", "東京", "\u00a1", "\u2080", "\u200b", "\u1681", "\u3001", "\x00"]
+    pieces += [" ", "\t", "\r", "\x1c", "\u00a0", "\u2003", "\u2029", "\u3000", "x" * 70]
+    rng = random.Random(0)
+    for _ in range(300):
+        lines = ["".join(rng.choice(pieces) for _ in range(rng.randint(0, 24))) for _ in range(3)]
+        assert split_whitespace(pa.array(lines)).to_pylist() == [line.split() for line in lines]
+
+
+def test_split_tokens_are_dictionary_encoded_in_first_occurrence_order():
+    words = [f"w{i % 997}é{'x' * (i % 23)}" for i in range(20_000)]
+    lines = [" ".join(words[i : i + 7]) for i in range(0, len(words), 7)]
+    tokens = split_whitespace(pa.array(lines)).values
+    expected = pc.dictionary_encode(pa.array(words))
+    assert tokens.dictionary.equals(expected.dictionary)
+    assert tokens.indices.equals(expected.indices)
+
+
 def test_whitespace_tokenizer_keeps_case_and_one_sentence_per_line():
     tokenizer = WhitespaceTokenizer()
-    sentences, origin = tokenizer.tokenize_lines(pa.array(["The U.S. , said", "Hi ."]))
+    sentences, origin = tokenizer.tokenize_lines(pa.array(["The U.S. , said", " ", "Hi ."]))
     assert sentences.to_pylist() == [["The", "U.S.", ",", "said"], ["Hi", "."]]
-    assert origin.tolist() == [0, 1]
+    assert origin.tolist() == [0, 2]  # a blank line gives no sentence
     assert tokenizer.tokenize("Hello  World") == [["Hello", "World"]]
 
 

@@ -1,26 +1,15 @@
-"""Per-split type counts: the compiled table and the Arrow fallback sum the same way."""
+"""Per-split type counts summed by Arrow and NumPy: blocks, files, folds."""
 
 from __future__ import annotations
 
 import random
-import shutil
 from collections import Counter
 
 import numpy as np
 import pyarrow as pa
-import pytest
 
 from elmo_core.text import type_counts
 from elmo_core.text.type_counts import COUNT_SCHEMA, TypeCounts, fold_counts, merge_counts
-
-BACKENDS = [
-    pytest.param(False, id="arrow"),
-    pytest.param(
-        True,
-        id="compiled",
-        marks=pytest.mark.skipif(type_counts.TokenCounts is None, reason="C module not built"),
-    ),
-]
 
 
 def as_dict(table: pa.Table) -> dict[str, tuple[int, int, int]]:
@@ -36,9 +25,8 @@ def table(rows: dict[str, tuple[int, int, int]]) -> pa.Table:
     )
 
 
-@pytest.mark.parametrize("compiled", BACKENDS)
-def test_blocks_and_files_sum_per_split_keep_the_first_seen_and_zeros_add_nothing(compiled):
-    counts = TypeCounts(compiled)
+def test_blocks_and_files_sum_per_split_keep_the_first_seen_and_zeros_add_nothing():
+    counts = TypeCounts()
     counts.add(pa.array(["a", "b", "é"]), np.array([2, 0, 1]), np.array([5, 6, 7]), "train")
     tokens = pa.array(["b", "c", "a"]).slice(1)
     counts.add(tokens, np.array([4, 3]), np.array([8, 9]), "heldout")
@@ -46,16 +34,15 @@ def test_blocks_and_files_sum_per_split_keep_the_first_seen_and_zeros_add_nothin
     assert as_dict(counts.table()) == {
         "a": (12, 3, 5), "é": (1, 0, 7), "c": (0, 4, 8), "new": (0, 7, 101),
     }  # fmt: skip
-    assert as_dict(TypeCounts(compiled).table()) == {}
+    assert as_dict(TypeCounts().table()) == {}
 
 
-@pytest.mark.parametrize("compiled", BACKENDS)
-def test_random_blocks_sum_as_a_counter(compiled):
+def test_random_blocks_sum_as_a_counter():
     rng = random.Random(0)
     words = [f"w{i}" + "x" * (i % 13) for i in range(300)]  # short and > 8-byte tokens
     expected = {"train": Counter(), "heldout": Counter()}
     first: dict[str, int] = {}
-    counts = TypeCounts(compiled)
+    counts = TypeCounts()
     for block_number in range(40):
         split = rng.choice(["train", "heldout"])
         block = Counter(rng.choice(words) for _ in range(rng.randint(0, 200)))
@@ -84,9 +71,3 @@ def test_fold_waits_until_new_rows_outnumber_the_total_then_sums(monkeypatch):
         "f": (1, 0, 2), "g": (7, 2, 4),
     }  # fmt: skip
     assert as_dict(merge_counts([])) == {}
-
-
-def test_compiled_module_is_built_where_a_compiler_is():
-    if not (shutil.which("cc") or shutil.which("gcc")):
-        pytest.skip("no C compiler on this machine")
-    assert type_counts.TokenCounts is not None

@@ -12,10 +12,8 @@ import numpy as np
 import pytest
 
 from elmo_core.config import PrepareConfig
-from elmo_core.data import rows, shards
 from elmo_core.data.reader import iter_sentences, load_manifest, load_vocab, load_word_types
 from elmo_core.errors import DataError
-from elmo_core.text import type_counts, whitespace_block
 from elmo_core.text.char_ids import token_to_ids
 from elmo_core.text.tokenize import MosesTokenizer, Tokenizer
 from elmo_core.text.vocab import SPECIALS
@@ -133,18 +131,6 @@ def test_one_and_two_workers_write_identical_shards(tmp_path):
     one = prepare_files(config(workers=1), corpus, str(tmp_path / "one")).manifest
     two = prepare_files(config(workers=2), corpus, str(tmp_path / "two")).manifest
     assert one.splits == two.splits and one.word_types == two.word_types
-
-
-def test_without_the_compiled_modules_the_dataset_is_byte_identical(tmp_path, monkeypatch):
-    """The NumPy/Arrow fallbacks (no C compiler at install) write the very same files."""
-    corpus = write_corpus(tmp_path / "corpus", num_train=2, num_heldout=1, lines=60)
-    compiled = prepare_files(config(), corpus, str(tmp_path / "compiled")).manifest
-    monkeypatch.setattr(whitespace_block, "split_and_encode", None)
-    monkeypatch.setattr(shards, "TokenIndex", None)
-    monkeypatch.setattr(type_counts, "TokenCounts", None)
-    monkeypatch.setattr(rows, "take_rows", None)
-    fallback = prepare_files(config(), corpus, str(tmp_path / "fallback")).manifest
-    assert compiled.splits == fallback.splits and compiled.word_types == fallback.word_types
 
 
 def test_rerun_skips_finished_shards_and_rebuilds_deleted_or_corrupted_ones(tmp_path):
