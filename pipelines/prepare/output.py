@@ -3,8 +3,8 @@
 Every file is first written under ``local_root`` with a temporary name and renamed (atomic on one
 filesystem); for a remote output ``local_root`` is a staging directory under ``ELMO_HOME`` and each
 finished file is then uploaded whole (an object store never shows a partial object). The state
-record ``prepare_state.json`` lists the finished shards and word-type table with their sha256;
-a re-run verifies each one and redoes what is missing or no longer matches.
+record (:mod:`pipelines.prepare.state`) lists the finished shards and word-type table with their
+sha256; a re-run verifies each one and redoes what is missing or no longer matches.
 """
 
 from __future__ import annotations
@@ -15,32 +15,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from elmo_core.data.manifest import ShardInfo
 from elmo_core.files import atomic_write, remove_temporaries, sha256_file
 from pipelines.prepare.download import is_remote_url
+from pipelines.prepare.state import PrepareState
 
 STATE_NAME = "prepare_state.json"
 WORK_NAME = ".prepare-work"
 WORD_TYPES_NAME = "word_types.parquet"
-
-
-class PrepareState(BaseModel):
-    """The resumption record: which run (fingerprint), its counting result, finished files."""
-
-    fingerprint: str
-    count: dict[str, Any] | None = None  # pipelines.prepare.stage.CountSummary as JSON
-    word_types: str | None = None  # sha256 of the finished word_types.parquet
-    shards: dict[str, ShardInfo] = {}
-
-    def restart_with(self, count: BaseModel) -> None:
-        """A new counting result: what was built from another type order is void."""
-        dumped = count.model_dump(mode="json")
-        if (self.count or {}).get("type_order") != dumped["type_order"]:
-            self.shards = {}
-            self.word_types = None
-        self.count = dumped
 
 
 class DatasetOutput:

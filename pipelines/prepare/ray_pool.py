@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
 from elmo_core.errors import DataError
-from pipelines.prepare.pool import limit_arrow_threads
+from pipelines.prepare.tuning import limit_arrow_threads
 
 T = TypeVar("T")
 R = TypeVar("R")

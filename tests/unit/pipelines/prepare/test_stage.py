@@ -17,8 +17,8 @@ from elmo_core.errors import DataError
 from elmo_core.text.char_ids import token_to_ids
 from elmo_core.text.tokenize import MosesTokenizer, Tokenizer
 from elmo_core.text.vocab import SPECIALS
-from pipelines.prepare import stage as prepare_module
-from pipelines.prepare.passes import encode_file
+from pipelines.prepare import run as run_module
+from pipelines.prepare.encode import encode_file
 from pipelines.prepare.stage import main, prepare_files
 
 LONG_TOKEN = "Überlänge" * 8  # 88 UTF-8 bytes: cut to 48 by the char ids
@@ -167,7 +167,7 @@ def test_a_crash_in_pass_2_resumes_without_counting_again(tmp_path, monkeypatch)
             raise KeyboardInterrupt
         return encode_file(task)
 
-    monkeypatch.setattr(prepare_module, "encode_file", crash_on_second_file)
+    monkeypatch.setattr(run_module, "encode_file", crash_on_second_file)
     with pytest.raises(KeyboardInterrupt):
         prepare_files(config(), corpus, str(out))
     assert not (out / "manifest.json").exists()

@@ -1,4 +1,4 @@
-"""The word-type table of prepare's passes: the type order, then word_types.parquet from it."""
+"""The word-type table: the type order, then word_types.parquet from it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from elmo_core.files import sha256_file
 from elmo_core.text.char_ids import token_to_ids
 from elmo_core.text.type_counts import COUNT_SCHEMA
 from elmo_core.text.vocab import SPECIALS, Vocabulary
-from pipelines.prepare.passes import (
+from pipelines.prepare.word_types import (
     WordTypesTask,
     build_type_order,
     read_type_tokens,
