@@ -17,9 +17,11 @@ dictionary-encoding kernels: nothing loops over tokens in Python.
 
 from __future__ import annotations
 
+import itertools
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 from typing import Any, ClassVar
 
@@ -29,13 +31,15 @@ import pyarrow.compute as pc
 
 from elmo_core.errors import DataError
 
+MIN_LINES_PER_THREAD = 1 << 14  # fewer lines are not worth a thread
+
 # The characters Python's str.split() treats as whitespace beyond " \t\n\v\f\r", in RE2 syntax.
 _NON_ASCII_SPACE = (
     r"[\x1c-\x1f\x{85}\x{a0}\x{1680}\x{2000}-\x{200a}\x{2028}\x{2029}\x{202f}\x{205f}\x{3000}]"
 )
 
 
-def split_whitespace(lines: pa.Array) -> pa.ListArray:
+def split_whitespace(lines: pa.Array, threads: int | None = None) -> pa.ListArray:
     """Each line's tokens as Python's ``line.split()`` (an empty list for a blank line), as
     ``list<dictionary<int32, string>>``: the tokens dictionary-encoded in first-occurrence order.
 
@@ -44,12 +48,46 @@ def split_whitespace(lines: pa.Array) -> pa.ListArray:
     a token there, so it is looked for in the distinct tokens only (a few percent of the bytes)
     and, where one is found, the lines are split again by the Unicode kernel. Both kernels give
     an empty string for leading and trailing whitespace; those are removed.
+
+    Arrow's kernels release the GIL: ``threads`` (default: Arrow's CPU count, which prepare sets
+    to a worker's share of the cores) split and encode that many slices of the lines at once,
+    and their dictionaries are then merged in order, which gives the very same result.
     """
+    threads = pa.cpu_count() if threads is None else threads
+    num = min(threads, len(lines) // MIN_LINES_PER_THREAD)
+    if num <= 1:
+        return _split_slice(lines)
+    bounds = [len(lines) * i // num for i in range(num + 1)]
+    slices = [lines.slice(a, b - a) for a, b in itertools.pairwise(bounds)]
+    with ThreadPoolExecutor(num) as pool:
+        return concat_encoded(list(pool.map(_split_slice, slices)))
+
+
+def _split_slice(lines: pa.Array) -> pa.ListArray:
     tokens = _split_encoded(pc.ascii_split_whitespace(lines))
     dictionary = tokens.values.dictionary
     if len(dictionary) and pc.any(pc.match_substring_regex(dictionary, _NON_ASCII_SPACE)).as_py():
         tokens = _split_encoded(pc.utf8_split_whitespace(lines))
     return tokens
+
+
+def concat_encoded(pieces: list[pa.ListArray]) -> pa.ListArray:
+    """``list<dictionary<int32, string>>`` arrays (offsets from 0) concatenated, their
+    dictionaries merged in first-occurrence order: as if the whole had been encoded at once."""
+    dictionary = pieces[0].values.dictionary
+    ids = [pieces[0].values.indices.to_numpy()]
+    offsets = [pieces[0].offsets.to_numpy()]
+    for piece in pieces[1:]:
+        entries = piece.values.dictionary
+        found = pc.fill_null(pc.index_in(entries, value_set=dictionary), -1)
+        mapping = found.to_numpy().astype(np.int32)  # a writable copy
+        new = mapping < 0  # entries first seen in this piece, in their order
+        mapping[new] = np.arange(len(dictionary), len(dictionary) + int(new.sum()), dtype=np.int32)
+        dictionary = pa.concat_arrays([dictionary, entries.filter(pa.array(new))])
+        ids.append(mapping[piece.values.indices.to_numpy()])
+        offsets.append(piece.offsets.to_numpy()[1:] + offsets[-1][-1])
+    tokens = pa.DictionaryArray.from_arrays(pa.array(np.concatenate(ids)), dictionary)
+    return pa.ListArray.from_arrays(pa.array(np.concatenate(offsets)), tokens)
 
 
 def _split_encoded(split: pa.ListArray) -> pa.ListArray:

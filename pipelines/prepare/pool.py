@@ -15,7 +15,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import pyarrow as pa
 
-from pipelines.prepare.tuning import limit_arrow_threads, tune_process
+from pipelines.prepare.tuning import cores_per_worker, set_worker_threads, tune_process
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -23,7 +23,9 @@ R_co = TypeVar("R_co", covariant=True)
 
 
 class WorkerPool:
-    """``workers`` spawned processes (created on first use), or in-process when ``workers == 1``."""
+    """``workers`` spawned processes (created on first use), or in-process when ``workers == 1``;
+    each with its share of the cores for Arrow's threads (:func:`~pipelines.prepare.tuning.
+    cores_per_worker`)."""
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
@@ -32,7 +34,7 @@ class WorkerPool:
 
     def __enter__(self) -> WorkerPool:
         if self.workers == 1:
-            limit_arrow_threads()
+            set_worker_threads(cores_per_worker(1))
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -57,7 +59,8 @@ class WorkerPool:
 
     def _processes(self) -> Any:
         if self._pool is None:
-            self._pool = _start_method().Pool(self.workers, initializer=tune_process)
+            threads = (cores_per_worker(self.workers),)
+            self._pool = _start_method().Pool(self.workers, tune_process, threads)
         return self._pool
 
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
 from elmo_core.errors import DataError
-from pipelines.prepare.tuning import limit_arrow_threads
+from pipelines.prepare.tuning import set_worker_threads
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -87,9 +87,9 @@ class RayPending(Generic[R]):
 
 
 def run_on_node(function: Callable[[T], R], task: T) -> R:
-    """Run a prepare task in a Ray worker: one Arrow thread, as in a local pool process (the
-    parallelism is over tasks); a path this node cannot see is a user error naming the node."""
-    limit_arrow_threads()
+    """Run a prepare task in a Ray worker: one Arrow thread, the task's one CPU (the parallelism
+    is over tasks); a path this node cannot see is a user error naming the node."""
+    set_worker_threads(1)
     try:
         return function(task)
     except FileNotFoundError as err:

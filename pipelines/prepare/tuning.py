@@ -6,7 +6,8 @@ processes (:mod:`pipelines.prepare.pool`, :mod:`pipelines.prepare.ray_pool`) and
 ``elmo prepare`` command's own process, never to a caller's (a flow's) process that merely calls
 :func:`pipelines.prepare.stage.prepare` in-process:
 
-- one Arrow compute and one I/O thread per process: the parallelism is over files;
+- a worker's share of the cores for Arrow's compute threads (the whole machine for one
+  worker: the tokenizer splits a block's lines on that many threads), one I/O thread;
 - glibc keeps NumPy's freed blocks for reuse instead of returning each to the kernel
   (otherwise every block's temporaries are mapped and page-faulted afresh: a quarter of the
   time went to the kernel). Arrow keeps its own allocator (mimalloc), so its long-lived
@@ -22,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import importlib.abc
+import os
 import sys
 from typing import Any
 
@@ -33,9 +35,14 @@ MMAP_THRESHOLD_MAX = 32 << 20  # glibc's ceiling on 64-bit: larger requests are 
 TRIM_THRESHOLD = 1 << 30  # free heap kept before glibc returns memory to the kernel
 
 
-def limit_arrow_threads() -> None:
-    """One Arrow compute and one I/O thread per process: the parallelism is over files."""
-    pa.set_cpu_count(1)
+def cores_per_worker(workers: int) -> int:
+    """A worker's share of the cores this process may run on (at least one)."""
+    return max(1, len(os.sched_getaffinity(0)) // workers)
+
+
+def set_worker_threads(threads: int) -> None:
+    """``threads`` Arrow compute threads (what a worker's kernels may use at once), one I/O."""
+    pa.set_cpu_count(threads)
     pa.set_io_thread_count(1)
 
 
@@ -88,9 +95,9 @@ def freeze_loaded_objects() -> None:
     gc.freeze()
 
 
-def tune_process() -> None:
-    """Everything above, for a process that exists to run prepare."""
-    limit_arrow_threads()
+def tune_process(threads: int = 1) -> None:
+    """Everything above, for a process that exists to run prepare with ``threads`` threads."""
+    set_worker_threads(threads)
     keep_freed_memory()
     keep_pandas_out()
     freeze_loaded_objects()

@@ -5,6 +5,7 @@ import pyarrow.compute as pc
 import pytest
 
 from elmo_core.errors import DataError
+from elmo_core.text import tokenize
 from elmo_core.text.tokenize import (
     MosesTokenizer,
     Tokenizer,
@@ -56,6 +57,20 @@ def test_split_tokens_are_dictionary_encoded_in_first_occurrence_order():
     expected = pc.dictionary_encode(pa.array(words))
     assert tokens.dictionary.equals(expected.dictionary)
     assert tokens.indices.equals(expected.indices)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_slices_split_on_threads_give_the_same_tokens_and_dictionary(threads, monkeypatch):
+    monkeypatch.setattr(tokenize, "MIN_LINES_PER_THREAD", 10)
+    rng = random.Random(1)
+    words = [f"w{i}" for i in range(300)] + ["a\u00a0b", "x\x1cy", "é"]
+    lines = [" ".join(rng.choices(words, k=rng.randint(0, 9))) for _ in range(200)]
+    alone = split_whitespace(pa.array(lines), threads=1)
+    together = split_whitespace(pa.array(lines), threads=threads)
+    assert together.values.dictionary.equals(alone.values.dictionary)
+    assert together.values.indices.equals(alone.values.indices)
+    assert together.offsets.equals(alone.offsets)
+    assert together.to_pylist() == [line.split() for line in lines]
 
 
 def test_whitespace_tokenizer_keeps_case_and_one_sentence_per_line():
