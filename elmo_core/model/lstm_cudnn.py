@@ -4,7 +4,8 @@
 clips (DESIGN.md §4: "offer the cuDNN path when clipping is turned off"): the same gate order
 (i, f, g, o), ``h = (σ(o)·tanh(c))·W_projectionᵀ``. Our parameters map onto it one to one, so this
 variant keeps :class:`~elmo_core.model.lstm.ProjectedLSTM`'s parameters, state dict, dropout and
-residual placement, and only replaces the per-step Python loop of each layer by one kernel call:
+residual placement (the stack's loop stays in the base class), and only overrides its layer call:
+each layer's per-step Python loop becomes one kernel call:
 
 * ``weight_ih_l0 = input_weight (4H, I)``, ``weight_hh_l0 = recurrent_weight (4H, P)``,
 * ``bias_ih_l0 = bias (4H)`` (the effective bias, forget +1 included), ``bias_hh_l0 = 0``,
@@ -29,7 +30,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from elmo_core.config import LSTMConfig
 from elmo_core.errors import ConfigError
-from elmo_core.model.lstm import LSTMState, ProjectedLSTM, ProjectedLSTMLayer
+from elmo_core.model.lstm import LayerCall, ProjectedLSTM, ProjectedLSTMLayer
 
 # Our weights are separate parameters, not one flattened buffer, and the CPU kernel has no oneDNN
 # path with projections; both are expected here and only cost a copy or a slower CPU kernel.
@@ -60,36 +61,24 @@ class CudnnProjectedLSTM(ProjectedLSTM):
             for index in range(config.num_layers)
         ]
 
-    def forward(
-        self, inputs: torch.Tensor, mask: torch.Tensor, state: LSTMState | None = None
-    ) -> tuple[list[torch.Tensor], LSTMState]:
-        """``inputs (B, T, I)``, ``mask (B, T)`` bool -> ``[(B, T, P)] * L`` and the new state."""
+    def layer_call(self, mask: torch.Tensor) -> LayerCall:
+        """One kernel call per layer for a right-padded ``mask (B, T)``, else the masked loop."""
         lengths = mask.sum(dim=1)  # (B,)
         steps = torch.arange(mask.shape[1], device=mask.device)  # (T,)
         if not torch.equal(mask, steps < lengths.unsqueeze(1)):
-            return super().forward(inputs, mask, state)  # holes in a row: the masked loop
-        if state is None:
-            state = self.zero_state(inputs.shape[0], inputs.device, inputs.dtype)
-        outputs, final_h, final_c = [], [], []
-        layer_input = inputs  # (B, T, I)
-        for index, (layer, kernel) in enumerate(zip(self.layers, self._kernels, strict=True)):
-            dropped = self.dropout(layer_input)  # (B, T, I)
-            output, h, c = _run_layer(
-                kernel,
-                cast(ProjectedLSTMLayer, layer),
-                dropped,
-                mask,
-                lengths,
-                state.h[index],
-                state.c[index],
+            return super().layer_call(mask)  # holes in a row: the masked loop
+        # Packing needs the lengths on the host; a batch without padding needs no packing.
+        packed_lengths = None if bool(mask.all()) else lengths.clamp(min=1).cpu()
+
+        def run_layer(
+            index: int, inputs: torch.Tensor, h: torch.Tensor, c: torch.Tensor
+        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            layer = cast(ProjectedLSTMLayer, self.layers[index])
+            return _run_layer(
+                self._kernels[index], layer, inputs, mask, lengths, packed_lengths, h, c
             )
-            if index > 0 and self.config.use_skip_connections:
-                output = output + dropped  # as the reference: the residual is added after
-            outputs.append(output)
-            final_h.append(h)
-            final_c.append(c)
-            layer_input = output
-        return outputs, LSTMState(torch.stack(final_h), torch.stack(final_c))
+
+        return run_layer
 
 
 def _run_layer(
@@ -98,10 +87,15 @@ def _run_layer(
     inputs: torch.Tensor,
     mask: torch.Tensor,
     lengths: torch.Tensor,
+    packed_lengths: torch.Tensor | None,
     h: torch.Tensor,
     c: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One layer over right-padded rows: outputs ``(B, T, P)`` zero where masked, ``h``, ``c``."""
+    """One layer over right-padded rows: outputs ``(B, T, P)`` zero where masked, ``h``, ``c``.
+
+    ``packed_lengths`` are the host-side lengths to pack by (an empty row runs one step, undone
+    below), or None when no row has padding.
+    """
     weights = {
         "weight_ih_l0": layer.input_weight,
         "weight_hh_l0": layer.recurrent_weight,
@@ -110,19 +104,16 @@ def _run_layer(
         "weight_hr_l0": layer.projection_weight,
     }
     initial = (h.unsqueeze(0).contiguous(), c.unsqueeze(0).contiguous())  # (1, B, P), (1, B, H)
-    full = bool(mask.all())
     sequence = (
         inputs
-        if full
-        else pack_padded_sequence(  # an empty row runs one step, undone below
-            inputs, lengths.clamp(min=1).cpu(), batch_first=True, enforce_sorted=False
-        )
+        if packed_lengths is None
+        else pack_padded_sequence(inputs, packed_lengths, batch_first=True, enforce_sorted=False)
     )
     with warnings.catch_warnings():
         for message in _EXPECTED_WARNINGS:
             warnings.filterwarnings("ignore", message=message)
         result, (new_h, new_c) = functional_call(kernel, weights, (sequence, initial))
-    if full:  # batch-first output is a transposed view; dropout draws follow memory order
+    if packed_lengths is None:  # batch-first output is a transposed view; dropout follows memory
         return result.contiguous(), new_h[0], new_c[0]
     output, _ = pad_packed_sequence(result, batch_first=True, total_length=inputs.shape[1])
     has_tokens = (lengths > 0).unsqueeze(1)  # (B, 1)
