@@ -45,7 +45,7 @@ from elmo_core.tasks.readers import AnyDataset
 from elmo_core.tasks.task_model import EncodedSplit, example_sentences
 from elmo_core.tasks.trainer import BASELINE, TaskSplit, _build, _train_epoch, train_task
 from pipelines.adapt.stage import cache_splits, read_splits
-from pipelines.models.bilm_loader import load_bilm_source, resolve_bilm
+from pipelines.models.bilm_loader import load_bilm, resolve_bilm
 from pipelines.prepare.corpus_sources import CorpusFiles
 from pipelines.prepare.stage import prepare_files
 
@@ -222,7 +222,7 @@ def accuracy_part(
     started = time.perf_counter()
     source = args.bilm or pretrain(args.data_root, args.pretrain_steps, work)
     pretrain_s = 0.0 if args.bilm else time.perf_counter() - started
-    bilm = load_bilm_source(resolve_bilm(source), work / "bilm").bilm
+    bilm = load_bilm(resolve_bilm(source), work / "bilm").bilm
     rows = accuracy_rows(bilm, tasks, args, work / "cache")
     print(f"biLM: {source} (pretraining here: {pretrain_s:.0f} s)")
     print(f"baseline: {BASELINE}")

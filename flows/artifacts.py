@@ -15,23 +15,11 @@ from pydantic import BaseModel
 from elmo_core.data.manifest import Manifest
 from pipelines.adapt.stage import AdaptResult
 from pipelines.common.flow_runs import run_links
-from pipelines.evaluate.stage import EvaluationResult
+from pipelines.evaluate.result import EvaluationResult
+from pipelines.registry.register import RegisteredBiLM
 from pipelines.train.stage import TrainResult
 
 Rows = list[dict[str, Any]]
-
-
-class RegisteredModel(BaseModel):
-    """The registered biLM version and what the champion policy made of it."""
-
-    name: str
-    version: int
-    uri: str
-    run_id: str
-    perplexity: float | None
-    champion: bool
-    decision: str  # the policy's reason, shown in the summary
-    newly_registered: bool
 
 
 class PretrainSummary(BaseModel):
@@ -103,7 +91,7 @@ def task_rows(results: Sequence[AdaptResult]) -> Rows:
 def summary_markdown(
     train: TrainResult,
     evaluation: EvaluationResult,
-    model: RegisteredModel,
+    model: RegisteredBiLM,
     results: Sequence[AdaptResult],
     run_ids: dict[str, str],
 ) -> str:
@@ -118,7 +106,7 @@ def summary_markdown(
         f"model in `{train.model_dir}`",
         f"- heldout perplexity {evaluation.perplexity:.2f} (forward "
         f"{evaluation.forward_perplexity:.2f}, backward {evaluation.backward_perplexity:.2f})",
-        f"- registered `{model.uri}`{' (champion)' if model.champion else ''}: {model.decision}",
+        f"- registered `{model.uri}`{' (champion)' if model.champion else ''}: {_decision(model)}",
         *[f"- task `{r.task}`: `{r.model_uri}`, test {r.metric} gain {_gain(r)}" for r in results],
         "",
         "## MLflow runs",
@@ -143,6 +131,10 @@ def adapt_markdown(bilm: str, results: Sequence[AdaptResult], run_ids: dict[str,
         *run_links(run_ids),
     ]
     return "\n".join(lines)
+
+
+def _decision(model: RegisteredBiLM) -> str:
+    return "champion policy not applied" if model.decision is None else model.decision.reason
 
 
 def _gain(result: AdaptResult) -> str:

@@ -12,7 +12,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from mlflow.tracking import MlflowClient
 from prefect import Task, task
 from prefect.client.schemas.objects import TaskRun
 from prefect.runtime import flow_run
@@ -22,7 +21,6 @@ from elmo_core.data.reader import load_manifest
 from elmo_core.errors import ElmoError
 from elmo_core.tasks import load_task_config
 from flows.artifacts import (
-    RegisteredModel,
     dataset_rows,
     perplexity_rows,
     publish,
@@ -35,12 +33,11 @@ from pipelines.adapt import stage as adapt_stage
 from pipelines.adapt.stage import AdaptResult
 from pipelines.common.flow_runs import FLOW_RUN_TAG
 from pipelines.common.settings import RAY_JOBS_ENV, elmo_home
-from pipelines.common.tracking import use_tracking
 from pipelines.evaluate import stage as evaluate_stage
-from pipelines.evaluate.stage import EvaluationResult
+from pipelines.evaluate.result import EvaluationResult
 from pipelines.prepare import stage as prepare_stage
 from pipelines.registry import register as register_stage
-from pipelines.registry.policy import CHAMPION, apply_champion_policy
+from pipelines.registry.register import RegisteredBiLM
 from pipelines.train import ray_job
 from pipelines.train import stage as train_stage
 from pipelines.train.ray_job import TrainJob
@@ -139,38 +136,18 @@ def evaluate(run: TrainResult, dataset: str, parent_run_id: str) -> EvaluationRe
 @task(name="register")
 def register(
     run: TrainResult, dataset: str, evaluation: EvaluationResult, name: str, parent_run_id: str
-) -> RegisteredModel:
-    """Register the run's model (once per training run) and apply the champion policy."""
-    version = _registered_version(name, run.mlflow_run_id)
-    newly = version is None
-    if version is None:
-        version = register_stage.register(
-            run.model_dir,
-            dataset,
-            evaluation=evaluation,
-            run_id=run.mlflow_run_id,
-            name=name,
-            parent_run_id=parent_run_id,
-            tags=flow_tags(),
-        ).version
-    decision = apply_champion_policy(name, version)
-    return RegisteredModel(
-        name=name,
-        version=version,
-        uri=f"models:/{name}/{version}",
+) -> RegisteredBiLM:
+    """The run's version of ``name``: registered and judged by the champion policy once per
+    training run (a re-run gets the same version and decision back)."""
+    return register_stage.register(
+        run.model_dir,
+        dataset,
+        evaluation=evaluation,
         run_id=run.mlflow_run_id,
-        perplexity=evaluation.perplexity,
-        champion=decision.alias == CHAMPION,
-        decision=decision.reason,
-        newly_registered=newly,
+        name=name,
+        parent_run_id=parent_run_id,
+        tags=flow_tags(),
     )
-
-
-def _registered_version(name: str, run_id: str) -> int | None:
-    """The version already registered from ``run_id`` (a re-run of a finished flow), if any."""
-    client = MlflowClient(use_tracking())
-    found = client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'")
-    return max((int(v.version) for v in found), default=None)
 
 
 def check_tasks(paths: list[str]) -> None:
@@ -200,7 +177,7 @@ def summarize(
     dataset: str,
     run: TrainResult,
     evaluation: EvaluationResult,
-    model: RegisteredModel,
+    model: RegisteredBiLM,
     results: list[AdaptResult],
     parent_run_id: str,
 ) -> None:

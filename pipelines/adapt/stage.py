@@ -54,7 +54,13 @@ from pipelines.common.tracking import (
     stage_run,
     use_tracking,
 )
-from pipelines.models.bilm_loader import BiLMReference, load_bilm_source, resolve_bilm
+from pipelines.models.bilm_loader import (
+    OPTIONS_HELP,
+    SOURCE_HELP,
+    BiLMReference,
+    load_bilm,
+    resolve_bilm,
+)
 
 TASK_TAG = "elmo.task"
 BASELINE_TAG = "elmo.baseline"
@@ -111,7 +117,8 @@ def adapt(
 ) -> list[AdaptResult]:
     """Adapt ``bilm`` to every task, the tasks in parallel as Ray tasks; results in task order."""
     _check_tasks(tasks)
-    reference = resolve_bilm(bilm, bilm_options)  # a bad source fails before any job starts
+    # A bad source fails before any job starts; an alias is pinned, so every job loads one version.
+    reference = resolve_bilm(bilm, bilm_options, options_key="bilm_options")
     use_tracking()
     mlflow.set_experiment(EXPERIMENT)  # create the store once, before jobs write to it at once
     cache_dir = str(elmo_home() / "cache" / "activations")
@@ -126,7 +133,7 @@ def run_adapt_job(job: AdaptJob) -> AdaptResult:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     datasets = read_splits(task)
     with tempfile.TemporaryDirectory(prefix="elmo-adapt-") as scratch:
-        source = load_bilm_source(job.bilm, Path(scratch) / "bilm-source")
+        source = load_bilm(job.bilm, Path(scratch) / "bilm-source")
         started = time.perf_counter()
         splits = cache_splits(source.bilm.to(device), datasets, job.cache_dir)
         cache_seconds = time.perf_counter() - started
@@ -255,12 +262,8 @@ def _run_on_ray(jobs: Sequence[AdaptJob], resources: AdaptResources) -> list[Ada
 
 def adapt_command(
     task: Annotated[list[Path], typer.Option(help="task config YAML (repeat for several)")],
-    bilm: Annotated[
-        str, typer.Option(help="model/checkpoint/run dir, bilm-tf HDF5 or models:/ URI")
-    ],
-    bilm_options: Annotated[
-        str | None, typer.Option(help="bilm-tf options.json (with an HDF5 --bilm)")
-    ] = None,
+    bilm: Annotated[str, typer.Option(help=SOURCE_HELP)],
+    bilm_options: Annotated[str | None, typer.Option(help=OPTIONS_HELP)] = None,
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="key=value override for every task")
     ] = None,

@@ -32,12 +32,12 @@ from mlflow.types.schema import Array, ColSpec, Schema, TensorSpec
 
 from elmo_core.errors import WeightsError
 from elmo_core.model.bilm import BiLM
-from elmo_core.model.serialization import load_bilm
 from elmo_core.tasks.config import TaskConfig, TaskType
 from elmo_core.tasks.task_model import TaskModel
 from elmo_core.tasks.trainer import predict
 from elmo_core.text.tokenize import MosesTokenizer, Tokenizer
-from pipelines.models.bilm_pyfunc import BILM_ARTIFACT, token_lists
+from pipelines.models.bilm_loader import BILM_ARTIFACT, load_bilm, resolve_bilm
+from pipelines.models.bilm_pyfunc import token_lists
 
 TASK_ARTIFACT = "task_model"
 WEIGHTS_FILE = "model.pt"
@@ -130,7 +130,7 @@ class TaskPredictor(PythonModel):
         device = "cuda" if torch.cuda.is_available() else "cpu"
         model, tokenizer = load_task_model(task_dir)
         self._model = model.to(device)
-        self._bilm = load_bilm(bilm_dir, map_location=device).to(device).eval()
+        self._bilm = load_bilm(resolve_bilm(bilm_dir)).bilm.to(device)
         if tokenizer is not None:
             self._tokenizer = Tokenizer.from_manifest(tokenizer)
 

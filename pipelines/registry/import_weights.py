@@ -40,8 +40,10 @@ from elmo_core.text.tokenize import Tokenizer
 from elmo_core.text.vocab import read_vocab, vocab_text
 from pipelines.common.cli_runner import run_command
 from pipelines.common.tracking import STAGE_TAG
-from pipelines.registry.policy import apply_champion_policy, promote
-from pipelines.registry.register import DEFAULT_NAME, DatasetFiles, RegisteredBiLM, register_bilm
+from pipelines.models.bilm_loader import LoadedBiLM
+from pipelines.registry.policy import PromotionDecision, apply_champion_policy, promote
+from pipelines.registry.register import DatasetFiles, RegisteredBiLM, register_bilm
+from pipelines.registry.tags import DEFAULT_NAME
 
 STAGE = "import-weights"
 OPTIONS_TAG = "elmo.import.options"
@@ -84,7 +86,7 @@ def import_weights(
         root = Path(scratch)
         files = describe_import(root, sources, tokenizer, vocab_file, bilm.vocab_size)
         registered = register_bilm(
-            save_bilm(bilm, root / "bilm"),
+            LoadedBiLM(bilm, save_bilm(bilm, root / "bilm")),
             files,
             evaluation=None,
             name=name,
@@ -95,11 +97,12 @@ def import_weights(
     if alias is None:
         return registered
     try:
-        promote(name, registered.version, alias)
+        previous = promote(name, registered.version, alias)
     except ConfigError:  # MLflow refused the alias name: the version gets the rule's alias
         apply_champion_policy(name, registered.version)
         raise
-    return dataclasses.replace(registered, alias=alias)
+    decision = PromotionDecision(alias, "promoted explicitly", previous)
+    return dataclasses.replace(registered, decision=decision)
 
 
 def describe_import(

@@ -18,8 +18,10 @@ Decided cases (docs/registry.md states the same rule):
 * equal perplexity → the champion stays (moving costs users a changed model for no gain);
 * a version that is already champion stays champion (nothing is rewritten).
 
-Every decision leaves its reason in the version tag ``elmo.promotion_reason``; a dethroned
-champion gets ``elmo.superseded_by`` (the new champion's version number) and keeps its history.
+Every decision is recorded on the version (``elmo.promotion_alias``, ``elmo.promotion_reason`` and
+the champion it was measured against, ``elmo.promotion_previous_champion``), where
+:func:`recorded_decision` reads it back; a dethroned champion gets ``elmo.superseded_by`` (the new
+champion's version number) and keeps its history. Tag names live in :mod:`pipelines.registry.tags`.
 :func:`promote` sets any alias by hand (``elmo promote --name elmo-bilm --version 3``), for the
 cases the rule refuses on purpose.
 Aliases are MLflow's (``set_registered_model_alias``), never stages. Two registrations deciding
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Annotated, Final, Literal
+from typing import Annotated, Final
 
 import typer
 from mlflow import MlflowClient
@@ -41,19 +43,20 @@ from mlflow.exceptions import MlflowException
 from elmo_core.errors import ConfigError
 from pipelines.common.cli_runner import run_command
 from pipelines.common.tracking import use_tracking
-from pipelines.registry.register import (
+from pipelines.registry.tags import (
     DEFAULT_NAME,
     HELDOUT_HASH_TAG,
     PERPLEXITY_TAG,
+    PREVIOUS_CHAMPION_TAG,
+    PROMOTION_ALIAS_TAG,
     PROTOCOL_TAG,
+    REASON_TAG,
+    SUPERSEDED_BY_TAG,
     VOCAB_HASH_TAG,
 )
 
-Alias = Literal["champion", "challenger"]
 CHAMPION: Final = "champion"
 CHALLENGER: Final = "challenger"
-REASON_TAG = "elmo.promotion_reason"
-SUPERSEDED_BY_TAG = "elmo.superseded_by"
 # What must be equal for two perplexities to be compared: (tag, what it names, always required).
 COMPARABILITY = (
     (HELDOUT_HASH_TAG, "heldout data", True),
@@ -64,9 +67,12 @@ COMPARABILITY = (
 
 @dataclass(frozen=True)
 class PromotionDecision:
-    """The alias a version got, why, and the champion it was measured against (if any)."""
+    """The alias a version got, why, and the champion it was measured against (if any).
 
-    alias: Alias
+    The rule gives ``champion`` or ``challenger``; a person may set any alias (:func:`promote`).
+    """
+
+    alias: str
     reason: str
     previous_champion: int | None
 
@@ -82,11 +88,22 @@ def apply_champion_policy(
         return PromotionDecision(CHAMPION, "already champion", version)
     decision = decide(candidate, champion)
     if decision.alias == CHAMPION:
-        _crown(client, name, version, champion, decision.reason)
+        _crown(client, name, version, champion, decision)
     else:
-        client.set_model_version_tag(name, str(version), REASON_TAG, decision.reason)
+        _record(client, name, version, decision)
         client.set_registered_model_alias(name, CHALLENGER, str(version))
     return decision
+
+
+def recorded_decision(version: ModelVersion) -> PromotionDecision | None:
+    """The decision the rule (or an explicit promotion) recorded on ``version``; None if none."""
+    tags = version.tags
+    if PROMOTION_ALIAS_TAG not in tags or REASON_TAG not in tags:
+        return None
+    previous = tags.get(PREVIOUS_CHAMPION_TAG)
+    return PromotionDecision(
+        tags[PROMOTION_ALIAS_TAG], tags[REASON_TAG], None if previous is None else int(previous)
+    )
 
 
 def promote(
@@ -105,7 +122,9 @@ def promote(
         raise ConfigError(f"cannot promote: {err.message}", key="version") from None
     holder = _alias_holder(client, name, alias)
     if alias == CHAMPION:
-        _crown(client, name, version, holder, "promoted explicitly")
+        previous = None if holder is None else int(holder.version)
+        decision = PromotionDecision(CHAMPION, "promoted explicitly", previous)
+        _crown(client, name, version, holder, decision)
     else:
         try:
             client.set_registered_model_alias(name, alias, str(version))
@@ -121,7 +140,7 @@ def current_champion(name: str, client: MlflowClient) -> ModelVersion | None:
 
 def decide(candidate: ModelVersion, champion: ModelVersion | None) -> PromotionDecision:
     """The rule itself, on the tags of a new version and of another one holding ``champion``."""
-    perplexity = _perplexity(candidate)
+    perplexity = perplexity_of(candidate)
     previous = None if champion is None else int(champion.version)
     if perplexity is None:
         reason = "no heldout perplexity: only an explicit promotion makes it champion"
@@ -133,7 +152,7 @@ def decide(candidate: ModelVersion, champion: ModelVersion | None) -> PromotionD
     mismatch = _incomparable(candidate, champion)
     if mismatch is not None:
         return PromotionDecision(CHALLENGER, mismatch, previous)
-    best = _perplexity(champion)
+    best = perplexity_of(champion)
     assert best is not None  # _incomparable checked it
     if perplexity < best:
         reason = f"heldout perplexity {perplexity:.6g} beats champion v{previous}'s {best:.6g}"
@@ -145,7 +164,7 @@ def decide(candidate: ModelVersion, champion: ModelVersion | None) -> PromotionD
 
 def _incomparable(candidate: ModelVersion, champion: ModelVersion) -> str | None:
     """Why the two perplexities cannot be compared, or None when they can."""
-    if _perplexity(champion) is None:
+    if perplexity_of(champion) is None:
         return f"not comparable: champion v{champion.version} has no heldout perplexity"
     for tag, what, required in COMPARABILITY:
         ours, theirs = candidate.tags.get(tag), champion.tags.get(tag)
@@ -159,7 +178,7 @@ def _incomparable(candidate: ModelVersion, champion: ModelVersion) -> str | None
     return None
 
 
-def _perplexity(version: ModelVersion) -> float | None:
+def perplexity_of(version: ModelVersion) -> float | None:
     """The version's heldout perplexity; None when absent or not a finite positive number."""
     try:
         value = float(version.tags[PERPLEXITY_TAG])
@@ -169,19 +188,33 @@ def _perplexity(version: ModelVersion) -> float | None:
 
 
 def _crown(
-    client: MlflowClient, name: str, version: int, champion: ModelVersion | None, reason: str
+    client: MlflowClient,
+    name: str,
+    version: int,
+    champion: ModelVersion | None,
+    decision: PromotionDecision,
 ) -> None:
-    """Make ``version`` champion: reason first (an alias never lacks its why), the old champion
-    marked superseded, and ``challenger`` dropped if this version held it (one is not both).
+    """Make ``version`` champion: the decision first (an alias never lacks its why), the old
+    champion marked superseded, and ``challenger`` dropped if this version held it (one is not
+    both).
 
     Version numbers are compared as ints: stores return them as ints or strings."""
-    client.set_model_version_tag(name, str(version), REASON_TAG, reason)
+    _record(client, name, version, decision)
     if champion is not None and int(champion.version) != version:
         client.set_model_version_tag(name, str(champion.version), SUPERSEDED_BY_TAG, str(version))
     challenger = _alias_holder(client, name, CHALLENGER)
     if challenger is not None and int(challenger.version) == version:
         client.delete_registered_model_alias(name, CHALLENGER)
     client.set_registered_model_alias(name, CHAMPION, str(version))
+
+
+def _record(client: MlflowClient, name: str, version: int, decision: PromotionDecision) -> None:
+    """Write ``decision`` on the version, where :func:`recorded_decision` reads it back."""
+    client.set_model_version_tag(name, str(version), PROMOTION_ALIAS_TAG, decision.alias)
+    client.set_model_version_tag(name, str(version), REASON_TAG, decision.reason)
+    if decision.previous_champion is not None:
+        previous = str(decision.previous_champion)
+        client.set_model_version_tag(name, str(version), PREVIOUS_CHAMPION_TAG, previous)
 
 
 def _alias_holder(client: MlflowClient, name: str, alias: str) -> ModelVersion | None:

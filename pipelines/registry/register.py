@@ -1,18 +1,24 @@
-"""register: a trained biLM becomes a new version of the MLflow model ``elmo-bilm``.
+"""register: a trained biLM becomes a version of the MLflow model ``elmo-bilm``, once per run.
 
 The version is a pyfunc model logged from code (:mod:`pipelines.models.bilm_pyfunc`) whose artifacts
 are our biLM directory, the dataset's ``vocab.txt`` and ``manifest.json`` (the tokenizer used at
-inference). Its tags carry what a promotion policy compares (heldout perplexities) and what makes
-two numbers comparable at all (the heldout, vocabulary and manifest hashes). A bilm-tf HDF5 export
-(``options.json`` + ``weights.hdf5``, DESIGN.md §3) is logged next to it in the run, for tools that
-read the original format. After registering, :mod:`pipelines.registry.policy` decides whether the
-version takes the ``champion`` or the ``challenger`` alias (``apply_policy=False`` skips that).
+inference). Its tags (:mod:`pipelines.registry.tags`) carry what a promotion policy compares
+(heldout perplexities) and what makes two numbers comparable at all (the heldout, vocabulary and
+manifest hashes). A bilm-tf HDF5 export (``options.json`` + ``weights.hdf5``, DESIGN.md §3) is
+logged next to it in the run, for tools that read the original format. After registering,
+:mod:`pipelines.registry.policy` decides once whether the version takes the ``champion`` or the
+``challenger`` alias (``apply_policy=False`` skips that), and the record returned carries its
+decision.
 
-Released bilm-tf weights come in through :func:`register_bilm` with files of their own (no
-dataset; maybe no vocabulary): see :mod:`pipelines.registry.import_weights`.
+Registering into a training run is idempotent: when that run already produced a version of the
+model, :func:`register` returns it with the decision recorded on it — no second version, no second
+policy decision — so re-running a finished pipeline reports what happened the first time.
 
-Loading back: ``mlflow.pyfunc.load_model("models:/elmo-bilm/3")`` embeds text;
-:func:`load_registered_bilm` gives the :class:`~elmo_core.model.bilm.BiLM` itself.
+The biLM may be named in any way :mod:`pipelines.models.bilm_loader` resolves. Released bilm-tf
+weights come in through :func:`register_bilm` with files of their own (no dataset; maybe no
+vocabulary): see :mod:`pipelines.registry.import_weights`. Loading back:
+``mlflow.pyfunc.load_model("models:/elmo-bilm/3")`` embeds text; ``load_bilm(resolve_bilm(
+"models:/elmo-bilm/3"))`` gives the :class:`~elmo_core.model.bilm.BiLM` itself.
 """
 
 from __future__ import annotations
@@ -24,70 +30,82 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import version as package_version
 from pathlib import Path
-from typing import Annotated, Protocol
+from typing import Annotated
 
 import fsspec
 import mlflow
 import torch
 import typer
-from mlflow.models import Model
-from pydantic import BaseModel, ConfigDict, ValidationError
+from mlflow import MlflowClient
+from mlflow.entities.model_registry import ModelVersion
 
 from elmo_core.data.manifest import MANIFEST_NAME, join_url, load_manifest
-from elmo_core.errors import ConfigError, DataError, WeightsError
+from elmo_core.errors import ConfigError, DataError
 from elmo_core.model.bilm import BiLM
-from elmo_core.model.serialization import load_bilm
 from pipelines.common.cli_runner import run_command
 from pipelines.common.tracking import stage_run, use_tracking
+from pipelines.evaluate.result import EvaluationResult
 from pipelines.models import bilm_pyfunc
+from pipelines.models.bilm_loader import (
+    BILM_ARTIFACT,
+    MANIFEST_ARTIFACT,
+    OPTIONS_HELP,
+    SOURCE_HELP,
+    VOCAB_ARTIFACT,
+    LoadedBiLM,
+    load_bilm,
+    resolve_bilm,
+)
+from pipelines.registry.policy import (
+    CHAMPION,
+    PromotionDecision,
+    apply_champion_policy,
+    perplexity_of,
+    recorded_decision,
+)
+from pipelines.registry.tags import (
+    BACKWARD_PERPLEXITY_TAG,
+    BILM_TF_TAG,
+    DATASET_TAG,
+    DEFAULT_NAME,
+    FORWARD_PERPLEXITY_TAG,
+    HELDOUT_HASH_TAG,
+    HELDOUT_SPLIT_TAG,
+    HELDOUT_TOKENS_TAG,
+    MANIFEST_HASH_TAG,
+    PERPLEXITY_TAG,
+    PROTOCOL_TAG,
+    VOCAB_HASH_TAG,
+)
 
-DEFAULT_NAME = "elmo-bilm"
 MODEL_ARTIFACT = "bilm"  # the logged model's name inside the run
 BILM_TF_ARTIFACTS = "bilm_tf"  # run artifact folder of the HDF5 export
-
-# Model version tags (strings, as MLflow stores them).
-FORWARD_PERPLEXITY_TAG = "elmo.perplexity.forward"
-BACKWARD_PERPLEXITY_TAG = "elmo.perplexity.backward"
-PERPLEXITY_TAG = "elmo.perplexity"  # geometric mean: exp(mean(½(CE_f + CE_b)))
-HELDOUT_HASH_TAG = "elmo.heldout_hash"
-HELDOUT_SPLIT_TAG = "elmo.heldout_split"
-HELDOUT_TOKENS_TAG = "elmo.heldout_tokens"
-PROTOCOL_TAG = "elmo.perplexity_protocol"
-VOCAB_HASH_TAG = "elmo.vocab_sha256"
-MANIFEST_HASH_TAG = "elmo.manifest_sha256"
-DATASET_TAG = "elmo.dataset"
-BILM_TF_TAG = "elmo.bilm_tf"
-
-
-class Evaluation(Protocol):
-    """What register reads from :class:`pipelines.evaluate.stage.EvaluationResult`."""
-
-    @property
-    def forward_perplexity(self) -> float: ...
-    @property
-    def backward_perplexity(self) -> float: ...
-    @property
-    def perplexity(self) -> float: ...
-    @property
-    def num_tokens(self) -> int: ...
-    @property
-    def split(self) -> str: ...
-    @property
-    def protocol(self) -> object: ...
-    @property
-    def heldout_hash(self) -> str: ...
 
 
 @dataclass(frozen=True)
 class RegisteredBiLM:
-    """The new model version; ``perplexity`` is None when registered without an evaluation."""
+    """A registered version and what the champion policy decided for it.
+
+    ``perplexity`` is None when registered without an evaluation, ``decision`` when the policy was
+    not applied; ``newly_registered`` is False when the run had registered it before.
+    """
 
     name: str
     version: int
     uri: str  # models:/<name>/<version>
     run_id: str
     perplexity: float | None
-    alias: str | None = None  # the alias the registry policy gave it, if it ran
+    decision: PromotionDecision | None = None
+    newly_registered: bool = True
+
+    @property
+    def alias(self) -> str | None:
+        """The alias the decision gave the version (it may have moved on since)."""
+        return None if self.decision is None else self.decision.alias
+
+    @property
+    def champion(self) -> bool:
+        return self.alias == CHAMPION
 
 
 @dataclass(frozen=True)
@@ -105,10 +123,11 @@ class DatasetFiles:
 
 
 def register(
-    model_dir: str | Path,
+    source: str | Path,
     dataset_url: str,
     *,
-    evaluation: Evaluation | None,
+    evaluation: EvaluationResult | None,
+    options: str | Path | None = None,
     run_id: str | None = None,
     name: str = DEFAULT_NAME,
     hdf5_export: bool = True,
@@ -116,14 +135,21 @@ def register(
     tags: Mapping[str, str] | None = None,
     apply_policy: bool = True,
 ) -> RegisteredBiLM:
-    """Log ``model_dir`` as a pyfunc model into ``run_id`` (or a new register run) and register it.
+    """Register the biLM ``source`` as a version of ``name``, logged into ``run_id`` (or a new
+    register run); a run that already registered a version of ``name`` gets that one back.
 
     ``dataset_url`` is the prepared dataset the biLM was trained on (local or fsspec URL).
     """
-    with tempfile.TemporaryDirectory(prefix="elmo-register-dataset-") as scratch:
-        dataset = fetch_dataset_files(dataset_url, Path(scratch))
+    reference = resolve_bilm(source, options)  # a bad source fails before anything is logged
+    if run_id is not None:
+        existing = version_of_run(name, run_id)
+        if existing is not None:
+            return _existing_version(existing, apply_policy)
+    with tempfile.TemporaryDirectory(prefix="elmo-register-") as scratch:
+        loaded = load_bilm(reference, Path(scratch) / "source")
+        dataset = fetch_dataset_files(dataset_url, Path(scratch) / "dataset")
         return register_bilm(
-            model_dir,
+            loaded,
             dataset,
             evaluation=evaluation,
             run_id=run_id,
@@ -136,10 +162,10 @@ def register(
 
 
 def register_bilm(
-    model_dir: str | Path,
+    source: LoadedBiLM,
     dataset: DatasetFiles,
     *,
-    evaluation: Evaluation | None,
+    evaluation: EvaluationResult | None,
     run_id: str | None = None,
     name: str = DEFAULT_NAME,
     hdf5_export: bool = True,
@@ -147,8 +173,7 @@ def register_bilm(
     tags: Mapping[str, str] | None = None,
     apply_policy: bool = True,
 ) -> RegisteredBiLM:
-    """:func:`register` with the files the model carries already at hand (local copies)."""
-    bilm = load_bilm(model_dir)  # a broken directory fails before anything is logged
+    """A new version from a loaded biLM and the files it carries (local copies), always new."""
     exporter = _bilm_tf_exporter() if hdf5_export else None
     with tempfile.TemporaryDirectory(prefix="elmo-register-") as scratch:
         version_tags = model_version_tags(evaluation, dataset)
@@ -161,23 +186,42 @@ def register_bilm(
         ) as run:
             if exporter is not None:
                 export_dir = Path(scratch) / BILM_TF_ARTIFACTS
-                exporter(bilm, export_dir / "options.json", export_dir / "weights.hdf5")
+                exporter(source.bilm, export_dir / "options.json", export_dir / "weights.hdf5")
                 mlflow.log_artifacts(str(export_dir), BILM_TF_ARTIFACTS)
                 version_tags[BILM_TF_TAG] = f"runs:/{run.info.run_id}/{BILM_TF_ARTIFACTS}"
-            info = log_bilm_model(Path(model_dir), dataset)
+            info = log_bilm_model(source.model_dir, dataset)
             registered = mlflow.register_model(info.model_uri, name, tags=version_tags)
-    alias = None
-    if apply_policy:
-        from pipelines.registry.policy import apply_champion_policy  # it reads our tag names
-
-        alias = apply_champion_policy(name, int(registered.version)).alias
+    version = int(registered.version)
     return RegisteredBiLM(
         name=name,
-        version=int(registered.version),
-        uri=f"models:/{name}/{registered.version}",
+        version=version,
+        uri=f"models:/{name}/{version}",
         run_id=run.info.run_id,
         perplexity=None if evaluation is None else float(evaluation.perplexity),
-        alias=alias,
+        decision=apply_champion_policy(name, version) if apply_policy else None,
+    )
+
+
+def version_of_run(name: str, run_id: str) -> ModelVersion | None:
+    """The version of ``name`` that ``run_id`` registered (the latest, should there be several)."""
+    client = MlflowClient(use_tracking())
+    found = client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'")
+    return max(found, key=lambda version: int(version.version), default=None)
+
+
+def _existing_version(version: ModelVersion, apply_policy: bool) -> RegisteredBiLM:
+    """The record of a version registered earlier; the policy runs only if it never did."""
+    decision = recorded_decision(version)
+    if decision is None and apply_policy:
+        decision = apply_champion_policy(version.name, int(version.version))
+    return RegisteredBiLM(
+        name=version.name,
+        version=int(version.version),
+        uri=f"models:/{version.name}/{version.version}",
+        run_id=str(version.run_id),
+        perplexity=perplexity_of(version),
+        decision=decision,
+        newly_registered=False,
     )
 
 
@@ -188,11 +232,11 @@ def log_bilm_model(model_dir: Path, dataset: DatasetFiles) -> mlflow.models.mode
     input example: validating it would load the whole biLM a second time while logging.
     """
     artifacts = {
-        bilm_pyfunc.BILM_ARTIFACT: str(model_dir),
-        bilm_pyfunc.MANIFEST_ARTIFACT: str(dataset.manifest),
+        BILM_ARTIFACT: str(model_dir),
+        MANIFEST_ARTIFACT: str(dataset.manifest),
     }
     if dataset.vocab is not None:
-        artifacts[bilm_pyfunc.VOCAB_ARTIFACT] = str(dataset.vocab)
+        artifacts[VOCAB_ARTIFACT] = str(dataset.vocab)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*input example was not provided")
         return mlflow.pyfunc.log_model(
@@ -235,7 +279,9 @@ def fetch_dataset_files(dataset_url: str, target: Path) -> DatasetFiles:
     return DatasetFiles(dataset_url, vocab, manifest_file, vocab_sha256, manifest_sha256)
 
 
-def model_version_tags(evaluation: Evaluation | None, dataset: DatasetFiles) -> dict[str, str]:
+def model_version_tags(
+    evaluation: EvaluationResult | None, dataset: DatasetFiles
+) -> dict[str, str]:
     """Tags of the new version; the perplexity tags are absent without an evaluation, the
     vocabulary's without a vocabulary."""
     tags = {DATASET_TAG: dataset.url, MANIFEST_HASH_TAG: dataset.manifest_sha256}
@@ -269,77 +315,36 @@ def _bilm_tf_exporter() -> Callable[[BiLM, Path, Path], None]:
     return save_bilm_tf
 
 
-def load_registered_bilm(uri: str, *, dst_path: str | Path | None = None) -> tuple[BiLM, Path]:
-    """The biLM of a registered version (``models:/elmo-bilm/3``, ``models:/elmo-bilm@champion``).
-
-    Downloads the model (into ``dst_path`` or a fresh temporary directory) and returns the biLM
-    with the local path of its directory in our format (``model_config.json`` + ``model.pt``).
-    """
-    use_tracking()
-    local = Path(
-        mlflow.artifacts.download_artifacts(
-            artifact_uri=uri, dst_path=None if dst_path is None else str(dst_path)
-        )
-    )
-    flavor = Model.load(str(local)).flavors.get("python_function", {})
-    artifacts = flavor.get("artifacts") or {}
-    if bilm_pyfunc.BILM_ARTIFACT not in artifacts:
-        raise WeightsError(
-            f"{uri} is not a registered biLM (no '{bilm_pyfunc.BILM_ARTIFACT}' artifact)",
-            path=str(local),
-        )
-    bilm_dir = local / artifacts[bilm_pyfunc.BILM_ARTIFACT]["path"]
-    return load_bilm(bilm_dir), bilm_dir
-
-
 # --- command line --------------------------------------------------------------------------------
 
 
-class EvaluationFile(BaseModel):
-    """``dataclasses.asdict(EvaluationResult)`` saved as JSON: the fields register reads."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    forward_perplexity: float
-    backward_perplexity: float
-    perplexity: float
-    num_tokens: int
-    split: str
-    protocol: str
-    heldout_hash: str
-
-    @classmethod
-    def read(cls, path: Path) -> EvaluationFile:
-        try:
-            return cls.model_validate_json(path.read_text(encoding="utf-8"))
-        except (OSError, ValidationError) as err:
-            raise DataError(f"not an evaluation result: {err}", path=str(path)) from None
-
-
 def register_command(
-    model_dir: Annotated[
-        Path, typer.Argument(help="biLM directory (model_config.json + model.pt)")
-    ],
+    source: Annotated[str, typer.Argument(help=SOURCE_HELP)],
     dataset: Annotated[str, typer.Argument(help="prepared dataset directory or fsspec URL")],
     evaluation: Annotated[
-        Path | None, typer.Option(help="evaluation result JSON (perplexities, heldout hash)")
+        Path | None, typer.Option(help="evaluation result JSON (elmo evaluate --output)")
     ] = None,
+    options: Annotated[str | None, typer.Option(help=OPTIONS_HELP)] = None,
     name: Annotated[str, typer.Option(help="registered model name")] = DEFAULT_NAME,
     run_id: Annotated[str | None, typer.Option(help="log into this (training) run")] = None,
     hdf5: Annotated[bool, typer.Option(help="also log a bilm-tf HDF5 export")] = True,
 ) -> None:
-    """Register a trained biLM as a new version of an MLflow model."""
+    """Register a trained biLM as a new version of an MLflow model (once per training run)."""
     result = register(
-        model_dir,
+        source,
         dataset,
-        evaluation=None if evaluation is None else EvaluationFile.read(evaluation),
+        evaluation=None if evaluation is None else EvaluationResult.read(evaluation),
+        options=options,
         run_id=run_id,
         name=name,
         hdf5_export=hdf5,
     )
     perplexity = "no evaluation" if result.perplexity is None else f"{result.perplexity:.2f}"
+    decision = "" if result.decision is None else f": {result.decision.reason}"
+    already = "" if result.newly_registered else ", registered before"
     typer.echo(
-        f"{result.uri} (run {result.run_id}, heldout perplexity {perplexity}, alias {result.alias})"
+        f"{result.uri} (run {result.run_id}{already}, heldout perplexity {perplexity}, "
+        f"alias {result.alias}{decision})"
     )
 
 

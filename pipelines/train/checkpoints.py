@@ -12,9 +12,9 @@ every rank from its own file. The run directory (``storage_path/name``) also hol
 checkpoints: ``mlflow_run_id.json``, ``best/`` (the model with the best validation perplexity),
 ``model/`` (the final model) and ``FINISHED.json``. It may be local or any fsspec URL (s3://).
 
-Continued pretraining starts from weights rather than a checkpoint (:func:`initial_bilm`): our model
-directory, a checkpoint directory, or a bilm-tf HDF5 file; a softmax whose vocabulary size differs
-from the dataset's is re-initialised.
+Continued pretraining starts from weights rather than a checkpoint (:func:`initial_bilm`): any biLM
+:mod:`pipelines.models.bilm_loader` resolves; a softmax whose vocabulary size differs from the
+dataset's is re-initialised.
 """
 
 from __future__ import annotations
@@ -34,10 +34,11 @@ import numpy as np
 import torch
 
 from elmo_core.config import ModelConfig
-from elmo_core.errors import ConfigError, WeightsError
+from elmo_core.errors import WeightsError
 from elmo_core.model.bilm import BiLM, BiLMState
 from elmo_core.model.lstm import LSTMState
-from elmo_core.model.serialization import load_bilm, save_bilm
+from elmo_core.model.serialization import save_bilm
+from pipelines.models.bilm_loader import BiLMReference, load_bilm
 
 log = logging.getLogger(__name__)
 
@@ -136,52 +137,42 @@ def read_checkpoint(
     return LoadedCheckpoint(directory / MODEL_DIR, trainer["optimizer"], shared, rank_state)
 
 
-def initial_bilm(
-    config: ModelConfig, vocab_size: int, init_from: str | None, init_options: str | None
-) -> BiLM:
-    """A fresh biLM, or one holding the weights of ``init_from`` (continued pretraining).
+def initial_bilm(config: ModelConfig, vocab_size: int, source: BiLMReference | None) -> BiLM:
+    """A fresh biLM, or one holding the weights of ``source`` (continued pretraining).
 
-    The token encoder and LSTMs must match ``config`` in shape; the softmax is kept only when the
-    source has one of ``vocab_size`` rows (a new vocabulary starts from a new softmax).
+    ``source`` was resolved and pinned by the driver (:mod:`pipelines.models.bilm_loader`); each
+    worker loads it here. The token encoder and LSTMs must match ``config`` in shape; the softmax
+    is kept only when the source has one of ``vocab_size`` rows (a new vocabulary starts from a
+    new softmax).
     """
     bilm = BiLM(config, vocab_size)
-    if init_from is None:
+    if source is None:
         return bilm
-    source = _load_source(init_from, init_options)
-    state = source.state_dict()
-    if source.vocab_size != vocab_size:
+    with tempfile.TemporaryDirectory(prefix="elmo-init-from-") as scratch:
+        start = load_bilm(source, Path(scratch)).bilm
+    state = start.state_dict()
+    if start.vocab_size != vocab_size:
         log.warning(
             "softmax re-initialised: %s has vocabulary size %s, the dataset %d",
-            init_from,
-            source.vocab_size,
+            source.location,
+            start.vocab_size,
             vocab_size,
         )
         state = {k: v for k, v in state.items() if not k.startswith("softmax.")}
     try:
         missing, unexpected = bilm.load_state_dict(state, strict=False)
     except RuntimeError as err:
-        raise WeightsError(f"weights do not fit the model config: {err}", path=init_from) from None
+        raise WeightsError(
+            f"weights do not fit the model config: {err}", path=source.location
+        ) from None
     missing = [name for name in missing if not name.startswith("softmax.")]
     if missing or unexpected:
         raise WeightsError(
             f"weights do not fit the model config: missing {missing[:5]}, unexpected "
             f"{unexpected[:5]}",
-            path=init_from,
+            path=source.location,
         )
     return bilm
-
-
-def _load_source(init_from: str, init_options: str | None) -> BiLM:
-    path = Path(init_from)
-    if path.suffix in (".hdf5", ".h5"):
-        if init_options is None:
-            raise ConfigError("a bilm-tf weight file needs its options file", key="init_options")
-        from elmo_core.interop.bilm_tf import load_bilm as load_bilm_tf  # h5py only when needed
-
-        return load_bilm_tf(init_options, path)
-    if (path / MODEL_DIR).is_dir():
-        return load_bilm(path / MODEL_DIR)  # a training checkpoint
-    return load_bilm(path)
 
 
 def rank_file(rank: int) -> str:

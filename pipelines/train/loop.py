@@ -38,6 +38,7 @@ from elmo_core.data.reader import load_manifest, load_word_types
 from elmo_core.model.bilm import BiLM, BiLMState, LossOutput
 from elmo_core.model.serialization import load_bilm
 from elmo_core.perplexity import PerplexitySums, evaluate_perplexity
+from pipelines.models.bilm_loader import BiLMReference
 from pipelines.train.checkpoints import (
     RankState,
     SharedState,
@@ -74,8 +75,7 @@ class WorkerConfig(StrictModel):
     validation_windows: int = Field(gt=0)
     mlflow_tracking_uri: str
     mlflow_run_id: str
-    init_from: str | None = None
-    init_options: str | None = None
+    init_from: BiLMReference | None = None  # pinned by the driver (train --init-from)
     fail_once: str | None = Field(
         None, description="test hook 'rank:step:marker': that rank kills itself once at that step"
     )
@@ -121,7 +121,7 @@ class Worker:
         self.char_table = load_word_types(cfg.data, self.manifest).char_ids
         vocab_size = self.manifest.vocab.size
         torch.manual_seed(self.train.seed)  # the same initial weights on every rank
-        self.bilm = initial_bilm(cfg.job.model, vocab_size, cfg.init_from, cfg.init_options)
+        self.bilm = initial_bilm(cfg.job.model, vocab_size, cfg.init_from)
         assert self.bilm.softmax is not None
         self.bilm.softmax.sparse = cfg.job.run.grad_exchange == "sparse"
         self.bilm.to(self.device).train()

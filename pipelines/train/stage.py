@@ -1,7 +1,8 @@
 """The train stage: distributed biLM pretraining on Ray Train (TorchTrainer, DDP).
 
     elmo train --data DATASET [--model PRESET|FILE] [--config FILE.yaml] [--set key=value ...]
-               [--init-from PATH] [--parent-run-id ID] [--no-register]
+               [--init-from SOURCE [--init-options OPTIONS.json]] [--parent-run-id ID]
+               [--no-register]
     python -m pipelines.train ...                               # the same main
     ray job submit --working-dir . -- python -m pipelines.train ...
     train(cfg, data) -> TrainResult                             # what flows call
@@ -36,6 +37,7 @@ from pipelines.common.cli_runner import run_command
 from pipelines.common.ray_cluster import connect_ray
 from pipelines.common.settings import mlflow_tracking_uri
 from pipelines.common.tracking import find_run, git_commit, log_config, stage_run
+from pipelines.models.bilm_loader import OPTIONS_HELP, SOURCE_HELP, BiLMReference, resolve_bilm
 from pipelines.train.checkpoints import (
     BEST_DIR,
     FINISHED_FILE,
@@ -87,16 +89,17 @@ def train(
     """Train (or resume, or recognise as finished) the run that ``cfg`` and ``data`` define."""
     started = time.perf_counter()
     dataset_sha256 = manifest_sha256(data)
-    name = run_name(cfg, dataset_sha256, init_from)
+    source = None
+    if init_from is not None:  # pinned here (an alias to its version); workers load the pin
+        source = resolve_bilm(init_from, init_options, options_key="init_options")
+    name = run_name(cfg, dataset_sha256, None if source is None else source.location)
     run_dir = RunDirectory(f"{storage_root(cfg.run)}/{name}")
     finished = run_dir.read_json(FINISHED_FILE)
     if finished is not None:
         log.info("run %s already finished: %s", name, run_dir.url)
         return TrainResult.model_validate({**finished, "already_finished": True})
-    run_id = _open_mlflow_run(
-        cfg, data, name, run_dir, dataset_sha256, init_from, parent_run_id, tags
-    )
-    worker_cfg = _worker_config(cfg, data, name, run_dir, run_id, init_from, init_options)
+    run_id = _open_mlflow_run(cfg, data, name, run_dir, dataset_sha256, source, parent_run_id, tags)
+    worker_cfg = _worker_config(cfg, data, name, run_dir, run_id, source)
     connect_ray()
     result = _trainer(cfg, name, worker_cfg).fit()  # [ray] resumes from storage_path/name
     return _finish(result, worker_cfg, run_dir, time.perf_counter() - started)
@@ -125,8 +128,7 @@ def _worker_config(
     name: str,
     run_dir: RunDirectory,
     run_id: str,
-    init_from: str | None,
-    init_options: str | None,
+    init_from: BiLMReference | None,
 ) -> WorkerConfig:
     from elmo_core.data.batching import training_steps
 
@@ -139,16 +141,9 @@ def _worker_config(
         validation_windows=validation_windows(data, cfg),
         mlflow_tracking_uri=mlflow_tracking_uri(),  # absolute: workers must reach the same store
         mlflow_run_id=run_id,
-        init_from=_absolute(init_from),
-        init_options=_absolute(init_options),
+        init_from=init_from,
         fail_once=os.environ.get(FAIL_ONCE_ENV),
     )
-
-
-def _absolute(path: str | None) -> str | None:
-    if path is None or "://" in path:
-        return path
-    return str(Path(path).expanduser().resolve())
 
 
 def _trainer(cfg: TrainJobConfig, name: str, worker_cfg: WorkerConfig) -> TorchTrainer:
@@ -176,7 +171,7 @@ def _open_mlflow_run(
     name: str,
     run_dir: RunDirectory,
     dataset_sha256: str,
-    init_from: str | None,
+    init_from: BiLMReference | None,
     parent_run_id: str | None,
     tags: dict[str, str] | None,
 ) -> str:
@@ -189,6 +184,8 @@ def _open_mlflow_run(
         run_id = existing.info.run_id
     else:
         all_tags = {"elmo.dataset": data, "elmo.run_dir": run_dir.url, **(tags or {})}
+        if init_from is not None:
+            all_tags |= init_from.tags
         with stage_run("train", run_name=name, parent_run_id=parent_run_id, tags=all_tags) as run:
             log_config(cfg)
             mlflow.log_params(
@@ -196,7 +193,7 @@ def _open_mlflow_run(
                     "dataset.url": data,
                     "dataset.manifest_sha256": dataset_sha256,
                     "git_commit": git_commit() or "unknown",
-                    "init_from": init_from or "none",
+                    "init_from": "none" if init_from is None else init_from.location,
                 }
             )
             run_id = run.info.run_id
@@ -254,12 +251,8 @@ def train_command(
     ] = None,
     config: Annotated[Path | None, typer.Option(help="YAML with model/train/run sections")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="section.key=value")] = None,
-    init_from: Annotated[
-        str | None, typer.Option(help="model dir, checkpoint or bilm-tf HDF5")
-    ] = None,
-    init_options: Annotated[
-        str | None, typer.Option(help="options.json of an HDF5 --init-from")
-    ] = None,
+    init_from: Annotated[str | None, typer.Option(help=f"start from this {SOURCE_HELP}")] = None,
+    init_options: Annotated[str | None, typer.Option(help=OPTIONS_HELP)] = None,
     parent_run_id: Annotated[str | None, typer.Option(help="MLflow parent run")] = None,
     no_register: Annotated[
         bool, typer.Option("--no-register", help="skip evaluate+register")
@@ -294,10 +287,12 @@ def _evaluate_and_register(result: TrainResult, data: str, parent_run_id: str | 
         result.model_dir,
         data,
         evaluation=scores,
-        run_id=result.mlflow_run_id,  # the version is logged into the training run
+        run_id=result.mlflow_run_id,  # the version is logged into the training run, once
         parent_run_id=parent_run_id,
     )
-    typer.echo(f"registered {registered.uri}")
+    verb = "registered" if registered.newly_registered else "already registered as"
+    decision = "" if registered.decision is None else f" ({registered.decision.reason})"
+    typer.echo(f"{verb} {registered.uri}, alias {registered.alias}{decision}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,9 +2,7 @@
 
 import hashlib
 import importlib.util
-import json
 import sys
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,14 +15,17 @@ from mlflow import MlflowClient
 
 from elmo_core.config import PrepareConfig
 from elmo_core.data.manifest import Manifest, SplitStats, VocabInfo, WordTypesInfo
-from elmo_core.errors import ConfigError, DataError
+from elmo_core.errors import ConfigError, DataError, WeightsError
 from elmo_core.model.bilm import BiLM
 from elmo_core.model.serialization import save_bilm
 from elmo_core.presets import tiny
 from elmo_core.text.char_ids import batch_to_ids
 from elmo_core.text.tokenize import MosesTokenizer
 from pipelines.common import tracking
+from pipelines.evaluate.result import EvaluationResult
+from pipelines.models.bilm_loader import VERSION_TAG, load_bilm, resolve_bilm
 from pipelines.registry import register as reg
+from pipelines.train.checkpoints import initial_bilm
 
 pytestmark = pytest.mark.integration
 
@@ -32,18 +33,18 @@ HAS_BILM_TF = importlib.util.find_spec("elmo_core.interop.bilm_tf") is not None
 VOCAB = "<S>\n</S>\n<UNK>\nthe\ncat\n"
 
 
-@dataclass(frozen=True)
-class Evaluation:
-    """The fields of pipelines.evaluate.stage.EvaluationResult that register reads."""
-
-    forward_perplexity: float
-    backward_perplexity: float
-    perplexity: float
-    num_tokens: int = 1234
-    split: str = "heldout"
-    files: tuple[str, ...] = ("heldout-00000",)
-    protocol: str = "full-softmax"
-    heldout_hash: str = "abc123"
+def _evaluation(forward: float, backward: float, perplexity: float) -> EvaluationResult:
+    """An evaluation of 1234 heldout tokens."""
+    return EvaluationResult(
+        forward_perplexity=forward,
+        backward_perplexity=backward,
+        perplexity=perplexity,
+        num_tokens=1234,
+        split="heldout",
+        files=["heldout-00000"],
+        protocol="batched",
+        heldout_hash="abc123",
+    )
 
 
 def _dataset(root: Path) -> Path:
@@ -73,7 +74,7 @@ def registry(tmp_path_factory, isolated_home):
         torch.manual_seed(0)
         model_dir = save_bilm(BiLM(tiny(), 100), root / "bilm")
         dataset = _dataset(root / "dataset")
-        evaluations = [Evaluation(40.5, 41.5, 41.0), Evaluation(30.25, 31.75, 31.0)]
+        evaluations = [_evaluation(40.5, 41.5, 41.0), _evaluation(30.25, 31.75, 31.0)]
         results = [
             reg.register(model_dir, str(dataset), evaluation=e, hdf5_export=HAS_BILM_TF)
             for e in evaluations
@@ -147,7 +148,8 @@ def test_predict_through_mlflow_validates_params_and_reads_both_columns(registry
 
 
 def test_load_registered_bilm_returns_the_saved_weights(registry, tmp_path):
-    bilm, bilm_dir = reg.load_registered_bilm("models:/elmo-bilm/1", dst_path=tmp_path)
+    loaded = load_bilm(resolve_bilm("models:/elmo-bilm/1"), tmp_path)
+    bilm, bilm_dir = loaded.bilm, loaded.model_dir
     assert (bilm_dir / "model.pt").is_file() and bilm_dir.is_relative_to(tmp_path)
     saved = torch.load(registry.model_dir / "model.pt", weights_only=True)
     loaded = bilm.state_dict()
@@ -167,11 +169,11 @@ def test_hdf5_export_is_logged_in_the_run_and_named_by_a_tag(registry, tmp_path)
     )
     assert sorted(path.name for path in local.iterdir()) == ["options.json", "weights.hdf5"]
     exported = load_bilm_tf(local / "options.json", local / "weights.hdf5")
-    original, _ = reg.load_registered_bilm("models:/elmo-bilm/1")
+    original = load_bilm(resolve_bilm("models:/elmo-bilm/1")).bilm
     char_ids = batch_to_ids([["The", "cat", "sat"]])
     with torch.no_grad():
-        ours = original.eval()(char_ids)["activations"]
-        theirs = exported(char_ids)["activations"]
+        ours = original.eval()(char_ids).activations
+        theirs = exported(char_ids).activations
     for layer, exported_layer in zip(ours, theirs, strict=True):
         torch.testing.assert_close(exported_layer, layer)
 
@@ -211,7 +213,7 @@ def test_vocabulary_differing_from_the_manifest_is_a_data_error(registry, tmp_pa
 
 def test_command_line_registers_with_an_evaluation_file(registry, tmp_path, capsys):
     evaluation = tmp_path / "evaluation.json"
-    evaluation.write_text(json.dumps({**asdict(Evaluation(12.5, 13.5, 13.0)), "run_id": None}))
+    _evaluation(12.5, 13.5, 13.0).write(evaluation)
     args = [str(registry.model_dir), str(registry.dataset), "--no-hdf5", "--name", "elmo-cli"]
     assert reg.main([*args, "--evaluation", str(evaluation)]) == 0
     assert "models:/elmo-cli/1" in capsys.readouterr().out
@@ -220,3 +222,42 @@ def test_command_line_registers_with_an_evaluation_file(registry, tmp_path, caps
     evaluation.write_text("{}")
     assert reg.main([*args, "--evaluation", str(evaluation)]) == 2
     assert "not an evaluation result" in capsys.readouterr().err
+
+
+def test_a_training_run_registers_one_version_and_one_decision_however_often_asked(registry):
+    with tracking.stage_run("train", run_name="train-twice") as run:
+        train_run_id = run.info.run_id
+    first, again = (
+        reg.register(
+            registry.model_dir,
+            str(registry.dataset),
+            evaluation=_evaluation(20.0, 21.0, 20.5),
+            run_id=train_run_id,
+            name="elmo-bilm-once",
+            hdf5_export=False,
+        )
+        for _ in range(2)
+    )
+    assert first.newly_registered and not again.newly_registered
+    assert (again.version, again.uri, again.run_id) == (1, "models:/elmo-bilm-once/1", train_run_id)
+    assert first.decision is not None and first.decision.reason.startswith("first champion")
+    assert again.decision == first.decision and again.champion
+    assert again.perplexity == first.perplexity == 20.5
+    assert len(registry.client.search_model_versions("name = 'elmo-bilm-once'")) == 1
+
+
+def test_init_from_a_registered_alias_is_pinned_to_its_version_and_loads_in_a_worker(registry):
+    champion = registry.client.get_model_version_by_alias("elmo-bilm", "champion").version
+    reference = resolve_bilm("models:/elmo-bilm@champion")
+    assert reference.location == f"models:/elmo-bilm/{champion}"
+    assert reference.tags[VERSION_TAG] == str(champion)
+    assert reference.tracking_uri == registry.uri
+    started = initial_bilm(tiny(), 100, reference)  # what each training worker does
+    saved = torch.load(registry.model_dir / "model.pt", weights_only=True)
+    assert all(torch.equal(started.state_dict()[key], saved[key]) for key in saved)
+
+
+def test_an_unknown_alias_is_a_weights_error_naming_the_uri(registry):
+    with pytest.raises(WeightsError, match="no such registered model version") as raised:
+        resolve_bilm("models:/elmo-bilm@nobody")
+    assert "models:/elmo-bilm@nobody" in str(raised.value)

@@ -7,7 +7,6 @@ from a registry it controls.
 """
 
 import hashlib
-from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,10 +18,12 @@ from elmo_core.config import PrepareConfig
 from elmo_core.data.manifest import Manifest, SplitStats, VocabInfo, WordTypesInfo
 from elmo_core.model.bilm import BiLM
 from elmo_core.model.serialization import save_bilm
+from elmo_core.perplexity import Protocol
 from elmo_core.presets import tiny
 from elmo_core.text.tokenize import WhitespaceTokenizer
 from pipelines import cli
 from pipelines.common import tracking
+from pipelines.evaluate.result import EvaluationResult
 from pipelines.registry import policy
 from pipelines.registry import register as reg
 
@@ -32,23 +33,20 @@ VOCAB = "<S>\n</S>\n<UNK>\nthe\ncat\n"
 VOCAB_SHA = hashlib.sha256(VOCAB.encode()).hexdigest()
 
 
-@dataclass(frozen=True)
-class Evaluation:
-    """The fields of pipelines.evaluate.stage.EvaluationResult that register reads."""
-
-    perplexity: float
-    heldout_hash: str = "heldout-a"
-    protocol: str = "batched"
-    num_tokens: int = 1000
-    split: str = "heldout"
-
-    @property
-    def forward_perplexity(self) -> float:
-        return self.perplexity * 0.98
-
-    @property
-    def backward_perplexity(self) -> float:
-        return self.perplexity * 1.02
+def _evaluation(
+    perplexity: float, heldout_hash: str = "heldout-a", protocol: Protocol = "batched"
+) -> EvaluationResult:
+    """An evaluation of 1000 heldout tokens with the geometric mean ``perplexity``."""
+    return EvaluationResult(
+        forward_perplexity=perplexity * 0.98,
+        backward_perplexity=perplexity * 1.02,
+        perplexity=perplexity,
+        num_tokens=1000,
+        split="heldout",
+        files=None,
+        protocol=protocol,
+        heldout_hash=heldout_hash,
+    )
 
 
 def _dataset(root: Path) -> Path:
@@ -80,14 +78,16 @@ def registry(tmp_path_factory, isolated_home):
         dataset = str(_dataset(root / "dataset"))
         results = [
             reg.register(model_dir, dataset, evaluation=evaluation, hdf5_export=False)
-            for evaluation in (Evaluation(41.0), Evaluation(31.0), Evaluation(35.0), None)
+            for evaluation in (_evaluation(41.0), _evaluation(31.0), _evaluation(35.0), None)
         ]
         client = MlflowClient(tracking.use_tracking())
         source = client.get_model_version("elmo-bilm", "1")
         yield SimpleNamespace(client=client, results=results, source=source)
 
 
-def _add_version(registry, name: str, evaluation: Evaluation | None, vocab_sha: str = VOCAB_SHA):
+def _add_version(
+    registry, name: str, evaluation: EvaluationResult | None, vocab_sha: str = VOCAB_SHA
+):
     """A new version of ``name`` (the same logged biLM), tagged as register tags it."""
     files = reg.DatasetFiles("test", None, Path("manifest.json"), vocab_sha, "-")
     tags = reg.model_version_tags(evaluation, files)
@@ -135,9 +135,9 @@ def test_first_version_without_perplexity_is_not_made_champion(registry):
 @pytest.mark.parametrize(
     ("evaluation", "vocab_sha", "differs"),
     [
-        (Evaluation(10.0, heldout_hash="heldout-b"), VOCAB_SHA, "heldout data"),
-        (Evaluation(10.0), "other-vocabulary", "vocabulary"),
-        (Evaluation(10.0, protocol="original"), VOCAB_SHA, "evaluation protocol"),
+        (_evaluation(10.0, heldout_hash="heldout-b"), VOCAB_SHA, "heldout data"),
+        (_evaluation(10.0), "other-vocabulary", "vocabulary"),
+        (_evaluation(10.0, protocol="original"), VOCAB_SHA, "evaluation protocol"),
     ],
     ids=["heldout", "vocabulary", "protocol"],
 )
@@ -145,7 +145,7 @@ def test_better_perplexity_on_other_data_is_challenger_with_the_reason(
     registry, evaluation, vocab_sha, differs
 ):
     name = f"incomparable-{differs.replace(' ', '-')}"
-    champion = _add_version(registry, name, Evaluation(40.0))
+    champion = _add_version(registry, name, _evaluation(40.0))
     policy.apply_champion_policy(name, champion, registry.client)
     version = _add_version(registry, name, evaluation, vocab_sha)
     decision = policy.apply_champion_policy(name, version, registry.client)
@@ -156,9 +156,9 @@ def test_better_perplexity_on_other_data_is_challenger_with_the_reason(
 
 
 def test_tie_keeps_the_champion_and_reapplying_changes_nothing(registry):
-    champion = _add_version(registry, "tie", Evaluation(30.0))
+    champion = _add_version(registry, "tie", _evaluation(30.0))
     policy.apply_champion_policy("tie", champion, registry.client)
-    tied = _add_version(registry, "tie", Evaluation(30.0))
+    tied = _add_version(registry, "tie", _evaluation(30.0))
     decision = policy.apply_champion_policy("tie", tied, registry.client)
     assert decision.alias == "challenger" and "ties champion v1's 30" in decision.reason
     again = policy.apply_champion_policy("tie", champion, registry.client)
@@ -167,7 +167,7 @@ def test_tie_keeps_the_champion_and_reapplying_changes_nothing(registry):
 
 
 def test_explicit_promotion_crowns_a_version_without_perplexity_until_the_next_one(registry):
-    measured = _add_version(registry, "explicit", Evaluation(30.0))
+    measured = _add_version(registry, "explicit", _evaluation(30.0))
     policy.apply_champion_policy("explicit", measured, registry.client)
     imported = _add_version(registry, "explicit", None)
     assert policy.apply_champion_policy("explicit", imported, registry.client).alias == "challenger"
@@ -178,7 +178,7 @@ def test_explicit_promotion_crowns_a_version_without_perplexity_until_the_next_o
     assert int(policy.current_champion("explicit", registry.client).version) == imported
     assert not [v for v in _versions(registry, "explicit") if "challenger" in v.aliases]
     # A champion chosen by hand has no perplexity to beat: nothing measured replaces it.
-    later = _add_version(registry, "explicit", Evaluation(5.0))
+    later = _add_version(registry, "explicit", _evaluation(5.0))
     decision = policy.apply_champion_policy("explicit", later, registry.client)
     assert decision.alias == "challenger" and "has no heldout perplexity" in decision.reason
     assert policy.promote("explicit", later, alias="staging", client=registry.client) is None

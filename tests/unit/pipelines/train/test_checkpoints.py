@@ -16,6 +16,7 @@ from elmo_core.model.bilm import BiLM
 from elmo_core.model.lstm import LSTMState
 from elmo_core.model.serialization import load_bilm, save_bilm
 from elmo_core.presets import tiny
+from pipelines.models.bilm_loader import resolve_bilm
 from pipelines.train.checkpoints import (
     RankState,
     RunDirectory,
@@ -134,7 +135,7 @@ def test_start_weights_come_from_a_model_or_checkpoint_directory(tmp_path: Path)
     save_bilm(source, tmp_path / "ckpt" / "model")
     for start in (tmp_path / "ckpt" / "model", tmp_path / "ckpt"):
         torch.manual_seed(2)
-        started = initial_bilm(tiny(), VOCAB, str(start), None)
+        started = initial_bilm(tiny(), VOCAB, resolve_bilm(start))
         for name, tensor in source.state_dict().items():
             torch.testing.assert_close(started.state_dict()[name], tensor)
 
@@ -145,7 +146,7 @@ def test_a_new_vocabulary_size_keeps_the_encoder_and_lstms_but_not_the_softmax(
     torch.manual_seed(1)
     source = BiLM(tiny(), VOCAB)
     save_bilm(source, tmp_path / "model")
-    started = initial_bilm(tiny(), VOCAB + 30, str(tmp_path / "model"), None)
+    started = initial_bilm(tiny(), VOCAB + 30, resolve_bilm(tmp_path / "model"))
     assert started.softmax is not None and started.softmax.weight.shape[0] == VOCAB + 30
     torch.testing.assert_close(started.forward_lstm.state_dict(), source.forward_lstm.state_dict())
     torch.testing.assert_close(
@@ -157,12 +158,12 @@ def test_weights_of_another_shape_are_a_weights_error(tmp_path: Path) -> None:
     save_bilm(BiLM(tiny(), VOCAB), tmp_path / "model")
     wider = tiny().model_copy(update={"lstm": LSTMConfig(cell_dim=48, projection_dim=16)})
     with pytest.raises(WeightsError, match="do not fit"):
-        initial_bilm(wider, VOCAB, str(tmp_path / "model"), None)
+        initial_bilm(wider, VOCAB, resolve_bilm(tmp_path / "model"))
 
 
 def test_a_bilm_tf_weight_file_needs_its_options_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as raised:
-        initial_bilm(tiny(), VOCAB, str(tmp_path / "weights.hdf5"), None)
+        resolve_bilm(tmp_path / "weights.hdf5", None, options_key="init_options")
     assert raised.value.key == "init_options"
 
 

@@ -1,0 +1,44 @@
+"""The evaluation record: what ``evaluate`` measured, what ``register`` tags a version with.
+
+One record for every reader: the evaluate stage returns it, ``elmo evaluate --output FILE`` writes
+it as JSON, ``elmo register --evaluation FILE`` reads it back, and the flows show it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from elmo_core.errors import DataError
+from elmo_core.files import atomic_write
+from elmo_core.perplexity import Protocol
+
+
+class EvaluationResult(BaseModel):
+    """Perplexities of one model on one selection of heldout data."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    forward_perplexity: float
+    backward_perplexity: float
+    perplexity: float  # geometric mean of the two directions
+    num_tokens: int
+    split: str
+    files: list[str] | None
+    protocol: Protocol
+    heldout_hash: str  # sha256 over the evaluated shards' sha256s
+    run_id: str | None = None  # the MLflow run holding the metrics
+
+    @classmethod
+    def read(cls, path: Path) -> EvaluationResult:
+        """The record saved by :meth:`write`; anything else is a DataError naming the file."""
+        try:
+            return cls.model_validate_json(path.read_text(encoding="utf-8"))
+        except (OSError, ValidationError) as err:
+            raise DataError(f"not an evaluation result: {err}", path=str(path)) from None
+
+    def write(self, path: Path) -> None:
+        """Save as JSON, whole or not at all."""
+        text = self.model_dump_json(indent=2)
+        atomic_write(path, lambda target: target.write_text(text, encoding="utf-8"))
