@@ -212,7 +212,7 @@ def check_agreement(
     with torch.no_grad():
         model.eval()
         expected = baseline(inference)[-1]
-        got = model(inference)["activations"][-1]
+        got = model(inference).activations[-1]
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
         model.train()
         torch.manual_seed(0)

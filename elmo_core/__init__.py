@@ -17,6 +17,7 @@ from elmo_core.errors import ConfigError, DataError, ElmoError, WeightsError
 
 _LAZY = {
     "BiLM": "elmo_core.model.bilm",
+    "BiLMOutput": "elmo_core.model.bilm",
     "CharCNN": "elmo_core.model.char_cnn",
     "Elmo": "elmo_core.model.elmo",
     "Highway": "elmo_core.model.highway",
@@ -30,7 +31,7 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
-    from elmo_core.model.bilm import BiLM
+    from elmo_core.model.bilm import BiLM, BiLMOutput
     from elmo_core.model.char_cnn import CharCNN
     from elmo_core.model.elmo import Elmo
     from elmo_core.model.highway import Highway
@@ -53,6 +54,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "BiLM",
+    "BiLMOutput",
     "CharCNN",
     "ConfigError",
     "DataError",

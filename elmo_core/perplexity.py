@@ -21,6 +21,7 @@ import itertools
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal
 
 import numpy as np
@@ -31,8 +32,7 @@ from elmo_core.data.batching import TokenStream, Window, window_char_ids
 from elmo_core.data.manifest import load_manifest
 from elmo_core.data.reader import load_word_types, select_shards
 from elmo_core.errors import ConfigError
-from elmo_core.model.bilm import BiLM
-from elmo_core.model.lstm import LSTMState, ProjectedLSTM
+from elmo_core.model.bilm import BiLM, BiLMState, DirectionOutput
 
 Protocol = Literal["batched", "original"]
 PROTOCOL_SHAPES: dict[str, tuple[int, int]] = {"batched": (128, 20), "original": (256, 1)}
@@ -132,21 +132,14 @@ def evaluate_perplexity(
     was_training = bilm.training
     bilm.eval()
     sums = PerplexitySums()
-    states: list[LSTMState | None] = [None, None]  # (forward, backward), carried per row
+    state: BiLMState | None = None  # (forward, backward), carried per row
     try:
         with torch.no_grad():
             for forward, backward in _window_pairs(streams, protocol, max_windows):
-                for index, (lstm, window) in enumerate(
-                    ((bilm.forward_lstm, forward), (bilm.backward_lstm, backward))
-                ):
-                    nll, count, states[index] = _direction_nll(
-                        bilm, lstm, window, char_table, states[index], device
-                    )
-                    sums = sums + (
-                        PerplexitySums(forward_nll=nll, forward_tokens=count)
-                        if index == 0
-                        else PerplexitySums(backward_nll=nll, backward_tokens=count)
-                    )
+                window_sums, state = _window_sums(
+                    bilm, forward, backward, char_table, state, device
+                )
+                sums = sums + window_sums
                 bar.update()
                 bar.set_postfix(ppl=f"{sums.perplexity:.2f}")
     finally:
@@ -168,21 +161,39 @@ def _window_pairs(
         yield forward, backward
 
 
-def _direction_nll(
+def _window_sums(
     bilm: BiLM,
-    lstm: ProjectedLSTM,
-    window: Window,
+    forward: Window,
+    backward: Window,
     char_table: np.ndarray,
-    state: LSTMState | None,
+    state: BiLMState | None,
     device: str | torch.device,
-) -> tuple[float, int, LSTMState]:
-    """Summed exact NLL of one direction's window; padding leaves each row's state as it was."""
+) -> tuple[PerplexitySums, BiLMState]:
+    """Exact NLL sums of one window of each stream, by the biLM's own per-direction forward."""
+    forward_ids, forward_targets = _window_tensors(forward, char_table, device)
+    backward_ids, backward_targets = _window_tensors(backward, char_table, device)
+    (forward_nll, forward_count), (backward_nll, backward_count), state = bilm.score_window(
+        forward_ids,
+        forward_targets,
+        backward_ids,
+        backward_targets,
+        partial(_summed_nll, bilm),
+        state,
+    )
+    return PerplexitySums(forward_nll, backward_nll, forward_count, backward_count), state
+
+
+def _window_tensors(
+    window: Window, char_table: np.ndarray, device: str | torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A window's char ids ``(B, T, W)`` and targets ``(B, T)`` on ``device``."""
+    char_ids = torch.from_numpy(window_char_ids(window.inputs, char_table))  # (B, T, W)
+    return char_ids.to(device), torch.from_numpy(window.targets).to(device)
+
+
+def _summed_nll(bilm: BiLM, output: DirectionOutput, targets: torch.Tensor) -> tuple[float, int]:
+    """Summed full-softmax NLL of one direction's scored positions, and their number."""
     assert bilm.softmax is not None
-    char_ids = torch.from_numpy(window_char_ids(window.inputs, char_table)).to(device)  # (B, T, W)
-    targets = torch.from_numpy(window.targets).to(device)  # (B, T)
-    mask = (char_ids != 0).any(dim=-1)  # (B, T)
-    embedded = bilm.token_encoder.encode_types(char_ids.long())  # (B, T, P)
-    outputs, state = lstm(embedded, mask, state)
-    scored = (targets >= 0) & mask  # (B, T)
-    nll = bilm.softmax.nll(outputs[-1][scored], targets[scored])  # (N,)
-    return float(nll.double().sum()), int(scored.sum()), state
+    scored = output.scored(targets)  # (B, T)
+    nll = bilm.softmax.nll(output.top[scored], targets[scored])  # (N,)
+    return float(nll.double().sum()), int(scored.sum())

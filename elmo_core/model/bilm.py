@@ -8,8 +8,11 @@ Two entry points, matching the two ways bilm-tf runs the same weights (DESIGN.md
   layers ``[x; x]``, ``[f_k; b_k]`` come back aligned by position. Stateless by default, so the
   same sentence always gives the same vectors; ``stateful=True`` carries each row's final states
   to the next call as bilm-tf's inference graph did.
-* ``training_loss(...)`` — the language-model objective on two independent streams of windows
-  (the backward stream is already reversed), with the LSTM state carried by the caller.
+* ``score_window(...)`` — the language model on two independent streams of windows (the
+  backward stream is already reversed), with the LSTM state carried by the caller: each
+  direction's top layer, handed to a scoring function. ``training_loss`` scores it with the
+  sampled softmax, :mod:`elmo_core.perplexity` with the full one, so training and evaluation run
+  the same per-direction forward.
 
 Shape legend: B rows, T window, W chars per token, P projection, H cell, L layers, V vocabulary,
 N scored positions.
@@ -17,7 +20,8 @@ N scored positions.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple, TypeVar
 
 import torch
 from torch import nn
@@ -31,6 +35,26 @@ from elmo_core.model.softmax import SampledSoftmax
 from elmo_core.text.char_ids import BOS_IDS, EOS_IDS
 
 BiLMState = tuple[LSTMState, LSTMState]  # (forward stack, backward stack)
+Score = TypeVar("Score")  # what a scoring function makes of one direction's window
+
+
+class BiLMOutput(NamedTuple):
+    """What ``BiLM.forward`` returns: the layers ELMo mixes, where they are real, the new state."""
+
+    activations: list[torch.Tensor]  # L + 1 × (B, T + 2, 2P): [x; x], then [f_k; b_k]
+    mask: torch.Tensor  # (B, T + 2) bool: real tokens and their markers
+    state: BiLMState  # (forward, backward) stacks after this call
+
+
+class DirectionOutput(NamedTuple):
+    """One direction's top layer over a stream window, as the softmax sees it."""
+
+    top: torch.Tensor  # (B, T, P): the last layer's output after the top dropout
+    mask: torch.Tensor  # (B, T) bool: real tokens (an all-zero token is padding)
+
+    def scored(self, targets: torch.Tensor) -> torch.Tensor:
+        """``(B, T)`` positions whose target counts: a real token with a non-negative target."""
+        return (targets >= 0) & self.mask
 
 
 class LossOutput(NamedTuple):
@@ -89,9 +113,7 @@ class BiLM(nn.Module):
         """Forget the carried states: the next call starts every row from zero."""
         self._carried = None
 
-    def forward(
-        self, char_ids: torch.Tensor, state: BiLMState | None = None
-    ) -> dict[str, torch.Tensor | list[torch.Tensor] | BiLMState]:
+    def forward(self, char_ids: torch.Tensor, state: BiLMState | None = None) -> BiLMOutput:
         """``char_ids (B, T, W)`` without markers -> ``activations``, ``mask``, ``state``.
 
         ``activations``: ``L + 1`` tensors ``(B, T + 2, 2P)`` — ``[x; x]`` then ``[f_k; b_k]`` —
@@ -118,7 +140,7 @@ class BiLM(nn.Module):
         new_state = (forward_state, backward_state)
         if self.stateful:
             self._store(new_state)
-        return {"activations": activations, "mask": mask, "state": new_state}
+        return BiLMOutput(activations, mask, new_state)
 
     def training_loss(
         self,
@@ -130,44 +152,66 @@ class BiLM(nn.Module):
     ) -> tuple[LossOutput, BiLMState]:
         """Language-model loss on two independent streams of windows (bilm-tf ``total_loss``).
 
-        ``*_inputs (B, T, W)`` char ids already holding ``<S>``/``</S>`` (the backward stream in
-        reversed order), ``*_targets (B, T)`` vocabulary ids, negative where not scored; an
-        all-zero token is padding and leaves the state untouched. The returned state is attached
-        to the graph; the caller detaches it between windows (truncated BPTT). Never uses the
-        ``stateful`` carry.
+        Arguments as ``score_window``. The softmax is sampled in train mode and exact in eval
+        mode. The returned state is attached to the graph; the caller detaches it between windows
+        (truncated BPTT).
         """
         if self.softmax is None:
             raise ConfigError("a BiLM built without vocab_size has no softmax", key="vocab_size")
-        forward_state, backward_state = state if state is not None else (None, None)
+        (forward_loss, num_tokens), (backward_loss, _), state = self.score_window(
+            forward_inputs,
+            forward_targets,
+            backward_inputs,
+            backward_targets,
+            self._mean_loss,
+            state,
+        )
+        return LossOutput(forward_loss, backward_loss, num_tokens), state
+
+    def score_window(
+        self,
+        forward_inputs: torch.Tensor,
+        forward_targets: torch.Tensor,
+        backward_inputs: torch.Tensor,
+        backward_targets: torch.Tensor,
+        score: Callable[[DirectionOutput, torch.Tensor], Score],
+        state: BiLMState | None = None,
+    ) -> tuple[Score, Score, BiLMState]:
+        """Each direction's top layer on its stream window, scored by ``score(output, targets)``.
+
+        ``*_inputs (B, T, W)`` char ids already holding ``<S>``/``</S>`` (the backward stream in
+        reversed order), ``*_targets (B, T)`` vocabulary ids, negative where not scored; an
+        all-zero token is padding and leaves the state untouched. The token types of both streams
+        are encoded in one call; each direction is scored before the next one runs (the order of
+        the random draws of dropout and of the sampled softmax). Never uses the ``stateful`` carry.
+        """
+        states = state if state is not None else (None, None)
         char_ids = torch.stack([forward_inputs, backward_inputs]).long()  # (2, B, T, W)
         embedded = self.token_encoder.encode_types(char_ids)  # (2, B, T, P): types of both, once
-        forward_loss, num_tokens, forward_state = self._direction_loss(
-            self.forward_lstm, char_ids[0], embedded[0], forward_targets, forward_state
-        )
-        backward_loss, _, backward_state = self._direction_loss(
-            self.backward_lstm, char_ids[1], embedded[1], backward_targets, backward_state
-        )
-        return LossOutput(forward_loss, backward_loss, num_tokens), (forward_state, backward_state)
+        lstms = (self.forward_lstm, self.backward_lstm)
+        targets = (forward_targets, backward_targets)
+        scores, new_states = [], []
+        for index, lstm in enumerate(lstms):
+            mask = (char_ids[index] != 0).any(dim=-1)  # (B, T)
+            outputs, new_state = lstm(embedded[index], mask, states[index])
+            output = DirectionOutput(self.dropout(outputs[-1]), mask)  # top (B, T, P)
+            scores.append(score(output, targets[index]))
+            new_states.append(new_state)
+        return scores[0], scores[1], (new_states[0], new_states[1])
 
-    def _direction_loss(
-        self,
-        lstm: ProjectedLSTM,
-        char_ids: torch.Tensor,
-        embedded: torch.Tensor,
-        targets: torch.Tensor,
-        state: LSTMState | None,
-    ) -> tuple[torch.Tensor, torch.Tensor, LSTMState]:
+    def _mean_loss(
+        self, output: DirectionOutput, targets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean softmax loss over the scored positions, and their number."""
         assert self.softmax is not None
-        mask = (char_ids != 0).any(dim=-1)  # (B, T)
-        outputs, state = lstm(embedded, mask, state)
-        top = self.dropout(outputs[-1])  # (B, T, P)
-        scored = (targets >= 0) & mask  # (B, T)
+        top = output.top
+        scored = output.scored(targets)  # (B, T)
         losses = self.softmax(
             top.reshape(-1, top.shape[-1]), targets.clamp(min=0).reshape(-1)
         )  # (B·T,): unscored positions are computed (no host sync) and weighted out
         num_scored = scored.sum()
         mean = (losses * scored.reshape(-1)).sum() / num_scored.clamp(min=1)
-        return mean, num_scored, state
+        return mean, num_scored
 
     def _add_sentence_markers(
         self, char_ids: torch.Tensor

@@ -41,9 +41,10 @@ def remove_sentence_boundaries(
 class Elmo(nn.Module):
     """``num_output_representations`` ELMo vectors per token from one biLM.
 
-    ``bilm`` is any module with the :class:`~elmo_core.model.bilm.BiLM` contract:
-    ``forward(char_ids (B, T, W)) -> {"activations": L + 1 × (B, T+2, 2P), "mask": (B, T+2)}``
-    and a ``config`` (:class:`~elmo_core.config.ModelConfig`). Unless ``requires_grad``, the biLM
+    ``bilm`` is any module with the :class:`~elmo_core.model.bilm.BiLM` contract —
+    ``forward(char_ids (B, T, W))`` returning a :class:`~elmo_core.model.bilm.BiLMOutput` with
+    ``activations`` L + 1 × (B, T+2, 2P) and ``mask`` (B, T+2) — and a ``config``
+    (:class:`~elmo_core.config.ModelConfig`). Unless ``requires_grad``, the biLM
     is frozen: its parameters take no gradient and it runs in eval mode under ``no_grad``.
     ``scalar_mix_parameters`` fixes every mix's (unnormalised) weights instead of learning them.
     """
@@ -114,8 +115,7 @@ class Elmo(nn.Module):
         frozen = contextlib.nullcontext() if self.requires_grad else torch.no_grad()
         with frozen:
             output = self.bilm(char_ids)
-        layers: list[torch.Tensor] = output["activations"]  # L+1 × (B, T+2, 2P)
-        mask: torch.Tensor = output["mask"]  # (B, T+2)
+        layers, mask = output.activations, output.mask  # L+1 × (B, T+2, 2P), (B, T+2)
         if not self.keep_sentence_boundaries:
             stripped = [remove_sentence_boundaries(layer, mask) for layer in layers]
             layers = [layer for layer, _ in stripped]  # L+1 × (B, T, 2P)

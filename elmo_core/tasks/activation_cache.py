@@ -119,9 +119,7 @@ def live_activations(
             output = bilm(batch_to_ids([list(tokens) for tokens in sentences]).to(device))
     finally:
         bilm.train(was_training)
-    stripped = [
-        remove_sentence_boundaries(layer, output["mask"]) for layer in output["activations"]
-    ]
+    stripped = [remove_sentence_boundaries(layer, output.mask) for layer in output.activations]
     layers = torch.stack([layer for layer, _ in stripped]).float()  # (L, B, T, D)
     return layers, stripped[0][1]
 

@@ -107,7 +107,7 @@ def _max_difference(bilm: BiLM, fixtures: Path) -> list[float]:
         batch = [sentences[k][i].split() for k in range(3)]
         with torch.no_grad():
             output = bilm(batch_to_ids(batch))
-        top, mask = output["activations"][-1], output["mask"]  # (3, T+2, 2P), (3, T+2)
+        top, mask = output.activations[-1], output.mask  # (3, T+2, 2P), (3, T+2)
         worst = 0.0
         for k, tokens in enumerate(batch):
             assert int(mask[k].sum()) == len(tokens) + 2

@@ -20,6 +20,7 @@ from elmo_core.presets import tiny
 from elmo_core.text.char_ids import batch_to_ids
 from pipelines import cli
 from pipelines.common import tracking
+from pipelines.models.bilm_loader import load_bilm, resolve_bilm
 from pipelines.registry import policy
 from pipelines.registry import register as reg
 from pipelines.registry.import_weights import STAGE, WEIGHTS_TAG, import_weights
@@ -57,9 +58,7 @@ def _layers(bilm: BiLM, tokens: list[str]) -> np.ndarray:
     """The biLM's layers for one sentence, boundaries stripped: ``(L, T, 2P)``."""
     with torch.no_grad():
         output = bilm(batch_to_ids([tokens]))
-    stripped = [
-        remove_sentence_boundaries(layer, output["mask"])[0] for layer in output["activations"]
-    ]
+    stripped = [remove_sentence_boundaries(layer, output.mask)[0] for layer in output.activations]
     return torch.stack(stripped, dim=1)[0].numpy()
 
 
@@ -85,7 +84,7 @@ def test_import_without_softmax_is_challenger_and_records_its_sources(release):
     run = release.client.get_run(release.imported.run_id)
     assert run.data.tags[tracking.STAGE_TAG] == STAGE
     assert run.data.tags[WEIGHTS_TAG] == str(release.files.weights.resolve())
-    loaded, _ = reg.load_registered_bilm("models:/elmo-bilm/1")
+    loaded = load_bilm(resolve_bilm("models:/elmo-bilm/1")).bilm
     assert loaded.softmax is None
 
 
@@ -103,7 +102,7 @@ def test_command_imports_softmax_and_vocabulary_and_promotes_when_asked(release,
     assert (local / "artifacts" / "vocab.txt").read_text() == OUR_VOCAB
     manifest = json.loads((local / "artifacts" / "manifest.json").read_text())
     assert manifest["tokenizer"]["name"] == "moses"
-    loaded, _ = reg.load_registered_bilm("models:/elmo-bilm/2")
+    loaded = load_bilm(resolve_bilm("models:/elmo-bilm/2")).bilm
     torch.testing.assert_close(loaded.softmax.weight, release.bilm.softmax.weight)
     model = mlflow.pyfunc.load_model("models:/elmo-bilm@champion")
     out = model.predict(pd.DataFrame({"sentence": ["The cat sat."]}))

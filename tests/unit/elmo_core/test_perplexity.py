@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from elmo_core.config import ModelConfig
-from elmo_core.data.batching import TokenStream
+from elmo_core.data.batching import TokenStream, window_char_ids
 from elmo_core.data.reader import iter_sentences, load_manifest, load_word_types
 from elmo_core.errors import ConfigError
 from elmo_core.model.bilm import BiLM
@@ -150,3 +150,39 @@ def test_sums_add_and_average_geometrically():
     assert total.perplexity == pytest.approx(math.exp(0.5 * (1 + 5 / 3)))
     assert math.isnan(PerplexitySums().perplexity)
     assert np.isclose(total.perplexity**2, total.forward_perplexity * total.backward_perplexity)
+
+
+def test_perplexity_scores_what_the_training_loss_scores_in_eval_mode(bilm, dataset):
+    """One per-direction forward: the training loss (exact softmax in eval mode, no dropout),
+    run window by window with the state carried, sums to the perplexity's NLL."""
+    streams = [
+        TokenStream(
+            dataset,
+            "heldout",
+            batch_size=3,
+            unroll_steps=5,
+            reverse=reverse,
+            shuffle=False,
+            repeat=False,
+        )
+        for reverse in (False, True)
+    ]
+    char_table = load_word_types(dataset).char_ids
+    bilm.eval()
+    state, forward_nll, backward_nll, count = None, 0.0, 0.0, 0
+    with torch.no_grad():
+        while (forward := streams[0].next_window()) is not None:
+            backward = streams[1].next_window()
+            tensors = [
+                torch.from_numpy(array)
+                for window in (forward, backward)
+                for array in (window_char_ids(window.inputs, char_table), window.targets)
+            ]
+            loss, state = bilm.training_loss(*tensors, state=state)
+            forward_nll += float(loss.forward) * int(loss.num_tokens)
+            backward_nll += float(loss.backward) * int(loss.num_tokens)
+            count += int(loss.num_tokens)
+    sums = evaluate_perplexity(bilm, dataset, batch_size=3, unroll_steps=5, progress=False)
+    assert sums.num_tokens == sums.backward_tokens == count > 0
+    assert sums.forward_nll == pytest.approx(forward_nll, rel=1e-6)
+    assert sums.backward_nll == pytest.approx(backward_nll, rel=1e-6)

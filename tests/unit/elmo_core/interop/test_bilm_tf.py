@@ -430,5 +430,5 @@ def test_a_file_at_the_released_2x4096_shapes_loads(tmp_path):
         kernel = stored["RNN_1/RNN/MultiRNNCell/Cell1/LSTMCell/W_P_0"][...]
     assert torch.equal(bilm.backward_lstm.layers[1].projection_weight, torch.from_numpy(kernel.T))
     with torch.no_grad():
-        layers = bilm(batch_to_ids([SENTENCES[0]]))["activations"]
+        layers = bilm(batch_to_ids([SENTENCES[0]])).activations
     assert [layer.shape for layer in layers] == [(1, 6, 1024)] * 3

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from elmo_core.errors import ConfigError
-from elmo_core.model.bilm import BiLM
+from elmo_core.model.bilm import BiLM, BiLMOutput, DirectionOutput
 from elmo_core.model.lstm import LSTMState
 from elmo_core.presets import tiny
 from elmo_core.text.char_ids import BOS_IDS, EOS_IDS, batch_to_ids
@@ -30,13 +30,13 @@ def _assert_same(a: torch.Tensor, b: torch.Tensor) -> None:
 
 def test_activations_have_one_layer_per_lstm_layer_plus_the_tokens():
     out = _model()(batch_to_ids([SENTENCE, SHORTER]))
-    assert len(out["activations"]) == tiny().lstm.num_layers + 1
-    for layer in out["activations"]:
+    assert len(out.activations) == tiny().lstm.num_layers + 1
+    for layer in out.activations:
         assert layer.shape == (2, len(SENTENCE) + 2, 2 * P)
     expected_mask = torch.zeros(2, len(SENTENCE) + 2, dtype=torch.bool)
     expected_mask[0, :6] = True
     expected_mask[1, :3] = True
-    assert torch.equal(out["mask"], expected_mask)
+    assert torch.equal(out.mask, expected_mask)
 
 
 def test_sentence_markers_are_added_around_each_rows_real_tokens():
@@ -53,8 +53,8 @@ def test_sentence_markers_are_added_around_each_rows_real_tokens():
     assert torch.equal(encoded[1, 0], bos) and torch.equal(encoded[1, 2], eos)
     assert torch.equal(encoded[1, 1], ids[1, 0])
     assert torch.all(encoded[1, 3:] == 0)
-    assert torch.all(encoded[2] == 0) and not out["mask"][2].any()  # an empty row stays empty
-    for layer in out["activations"]:
+    assert torch.all(encoded[2] == 0) and not out.mask[2].any()  # an empty row stays empty
+    for layer in out.activations:
         assert torch.all(layer[2] == 0)
 
 
@@ -62,7 +62,7 @@ def test_layer_zero_is_the_token_embedding_twice_and_zero_where_masked():
     model = _model()
     ids = batch_to_ids([SENTENCE, SHORTER])
     out = model(ids)
-    layer0, mask = out["activations"][0], out["mask"]
+    layer0, mask = out.activations[0], out.mask
     _assert_same(layer0[..., :P], layer0[..., P:])
     words = model.token_encoder(ids[0])  # (4, P): the real tokens without markers
     _assert_same(layer0[0, 1:5, :P], words)
@@ -73,7 +73,7 @@ def test_padding_never_changes_the_outputs_of_real_tokens():
     model = _model()
     ids = batch_to_ids([SENTENCE])
     padded = torch.cat([ids, torch.zeros(1, 3, 50, dtype=ids.dtype)], dim=1)
-    plain, extra = model(ids)["activations"], model(padded)["activations"]
+    plain, extra = model(ids).activations, model(padded).activations
     for short, long in zip(plain, extra, strict=True):
         _assert_same(long[:, : len(SENTENCE) + 2], short)
         assert torch.all(long[:, len(SENTENCE) + 2 :] == 0)
@@ -81,8 +81,8 @@ def test_padding_never_changes_the_outputs_of_real_tokens():
 
 def test_results_do_not_depend_on_batch_composition():
     model = _model()
-    alone = model(batch_to_ids([SENTENCE]))["activations"]
-    batch = model(batch_to_ids([LONGER, SENTENCE, SHORTER, []]))["activations"]
+    alone = model(batch_to_ids([SENTENCE])).activations
+    batch = model(batch_to_ids([LONGER, SENTENCE, SHORTER, []])).activations
     width = len(SENTENCE) + 2
     for single, batched in zip(alone, batch, strict=True):
         _assert_same(batched[1, :width], single[0])
@@ -92,7 +92,7 @@ def test_backward_direction_reads_the_sentence_reversed_and_is_aligned_by_positi
     model = _model()
     ids = batch_to_ids([SENTENCE])
     changed = batch_to_ids([["the", "dog", "sat", "down"]])  # token 1 → marker position 2
-    before, after = model(ids)["activations"], model(changed)["activations"]
+    before, after = model(ids).activations, model(changed).activations
     for k in (1, 2):
         forward_before, backward_before = before[k][0, :, :P], before[k][0, :, P:]
         forward_after, backward_after = after[k][0, :, :P], after[k][0, :, P:]
@@ -109,29 +109,29 @@ def test_backward_direction_reads_the_sentence_reversed_and_is_aligned_by_positi
 
 def test_stateless_by_default_the_same_sentence_gives_the_same_vectors():
     model = _model()
-    first = model(batch_to_ids([SENTENCE]))["activations"]
+    first = model(batch_to_ids([SENTENCE])).activations
     model(batch_to_ids([LONGER]))
-    again = model(batch_to_ids([SENTENCE]))["activations"]
+    again = model(batch_to_ids([SENTENCE])).activations
     for a, b in zip(first, again, strict=True):
         _assert_same(a, b)
 
 
 def test_stateful_mode_carries_states_and_reset_restores_fresh_behaviour():
     model = _model(stateful=True)
-    fresh = _model()(batch_to_ids([SENTENCE]))["activations"][2]
+    fresh = _model()(batch_to_ids([SENTENCE])).activations[2]
     model(batch_to_ids([LONGER]))
-    carried = model(batch_to_ids([SENTENCE]))["activations"][2]
+    carried = model(batch_to_ids([SENTENCE])).activations[2]
     assert not torch.allclose(carried, fresh)
     model.reset_states()
-    _assert_same(model(batch_to_ids([SENTENCE]))["activations"][2], fresh)
+    _assert_same(model(batch_to_ids([SENTENCE])).activations[2], fresh)
 
 
 def test_stateful_mode_equals_passing_the_returned_state():
     stateful, stateless = _model(stateful=True), _model()
     first = stateless(batch_to_ids([LONGER]))
     stateful(batch_to_ids([LONGER]))
-    expected = stateless(batch_to_ids([SENTENCE]), state=first["state"])["activations"]
-    for a, b in zip(stateful(batch_to_ids([SENTENCE]))["activations"], expected, strict=True):
+    expected = stateless(batch_to_ids([SENTENCE]), state=first.state).activations
+    for a, b in zip(stateful(batch_to_ids([SENTENCE])).activations, expected, strict=True):
         _assert_same(a, b)
 
 
@@ -142,10 +142,10 @@ def test_stateful_mode_keeps_rows_outside_the_batch_and_starts_new_rows_at_zero(
     four = batch_to_ids([SENTENCE, SENTENCE, SENTENCE, SENTENCE])
     stateful(three)
     stateful(one)
-    got = stateful(four)["activations"]
+    got = stateful(four).activations
 
-    first_states = stateless(three)["state"]
-    second_states = stateless(one, state=_rows(first_states, [0]))["state"]
+    first_states = stateless(three).state
+    second_states = stateless(one, state=_rows(first_states, [0])).state
     start = []
     for first, second in zip(first_states, second_states, strict=True):
         h = torch.zeros(first.h.shape[0], 4, first.h.shape[2], dtype=first.h.dtype)
@@ -153,7 +153,7 @@ def test_stateful_mode_keeps_rows_outside_the_batch_and_starts_new_rows_at_zero(
         h[:, 0], c[:, 0] = second.h[:, 0], second.c[:, 0]
         h[:, 1:3], c[:, 1:3] = first.h[:, 1:3], first.c[:, 1:3]
         start.append(LSTMState(h, c))
-    expected = stateless(four, state=(start[0], start[1]))["activations"]
+    expected = stateless(four, state=(start[0], start[1])).activations
     for a, b in zip(got, expected, strict=True):
         _assert_same(a, b)
 
@@ -218,6 +218,43 @@ def test_carried_state_over_two_windows_equals_one_long_window():
     for direction in ("forward", "backward"):
         combined = (2 * getattr(first, direction) + 3 * getattr(second, direction)) / 5
         torch.testing.assert_close(combined, getattr(whole, direction))
+
+
+def test_forward_returns_a_typed_result_that_unpacks():
+    model = _model()
+    activations, mask, (forward_state, backward_state) = model(batch_to_ids([SENTENCE]))
+    assert isinstance(model(batch_to_ids([SENTENCE])), BiLMOutput)
+    assert len(activations) == model.num_layers and mask.shape == (1, len(SENTENCE) + 2)
+    assert forward_state.h.shape == backward_state.h.shape == (tiny().lstm.num_layers, 1, P)
+
+
+def test_score_window_scores_each_direction_top_layer_after_dropout():
+    model = _model(vocab_size=VOCAB).train()
+    inputs, targets, back_inputs, back_targets = _training_batch(torch.Generator().manual_seed(0))
+    inputs[1, 3:] = 0  # padding at the end of a row
+    torch.manual_seed(3)
+    expected = []
+    for lstm, ids in ((model.forward_lstm, inputs), (model.backward_lstm, back_inputs)):
+        mask = (ids != 0).any(-1)  # (B, T)
+        outputs, _ = lstm(model.token_encoder(ids), mask)
+        expected.append((model.dropout(outputs[-1]), mask))
+
+    calls = []
+    for name in ("forward_lstm", "backward_lstm"):
+        getattr(model, name).register_forward_hook(lambda *_, name=name: calls.append(name))
+
+    def score(output: DirectionOutput, direction_targets: torch.Tensor) -> DirectionOutput:
+        calls.append("score")
+        assert torch.equal(direction_targets, targets if len(calls) == 2 else back_targets)
+        return output
+
+    torch.manual_seed(3)
+    forward, backward, _ = model.score_window(inputs, targets, back_inputs, back_targets, score)
+    assert calls == ["forward_lstm", "score", "backward_lstm", "score"]  # the draws' order
+    for got, (top, mask) in zip((forward, backward), expected, strict=True):
+        _assert_same(got.top, top)
+        assert torch.equal(got.mask, mask) and (got.top[mask] == 0).any()  # dropout is on
+    assert forward.scored(targets).sum() == 8  # two padding positions are not scored
 
 
 def test_training_loss_without_a_vocabulary_is_a_config_error():

@@ -18,9 +18,9 @@ def test_activations_and_loss_under_bf16_autocast_are_close_to_float32(impl):
     model = BiLM(config, vocab_size=100).eval()
     ids = batch_to_ids([["a", "rose", "is", "a", "rose"], ["is", "a"]])
     with torch.no_grad():
-        expected = model(ids)["activations"]
+        expected = model(ids).activations
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            got = model(ids)["activations"]
+            got = model(ids).activations
     for layer, want in zip(got, expected, strict=True):
         scale = want.abs().max()
         torch.testing.assert_close(layer.float(), want, rtol=0, atol=0.05 * float(scale))

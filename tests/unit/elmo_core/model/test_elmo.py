@@ -5,6 +5,7 @@ import pytest
 import torch
 from torch import nn
 
+from elmo_core.model.bilm import BiLMOutput
 from elmo_core.model.elmo import Elmo, remove_sentence_boundaries
 from elmo_core.presets import tiny
 from elmo_core.text.char_ids import batch_to_ids
@@ -26,7 +27,7 @@ class FakeBiLM(nn.Module):
         self.scale = nn.Parameter(torch.ones(num_lstm_layers + 1))
         self.calls_in_training_mode: list[bool] = []
 
-    def forward(self, char_ids: torch.Tensor, state=None) -> dict:
+    def forward(self, char_ids: torch.Tensor, state=None) -> BiLMOutput:
         self.calls_in_training_mode.append(self.training)
         batch_size, num_tokens, _ = char_ids.shape
         values = char_ids.float().sum(-1)  # (B, T)
@@ -42,7 +43,7 @@ class FakeBiLM(nn.Module):
             (k + 1) * self.scale[k] * padded.unsqueeze(-1).expand(-1, -1, self.width)
             for k in range(len(self.scale))
         ]
-        return {"activations": activations, "mask": mask, "state": None}
+        return BiLMOutput(activations, mask, state=None)
 
 
 def _char_ids() -> torch.Tensor:
@@ -177,7 +178,7 @@ def test_with_the_real_tiny_bilm():
     torch.testing.assert_close(alone[0, :2], first[1, :2], rtol=1e-5, atol=1e-5)
     # The mix is the mean of the biLM's layers with the boundaries stripped.
     with torch.no_grad():
-        activations = bilm(char_ids)["activations"]
+        activations = bilm(char_ids).activations
     mean = torch.stack(activations).mean(0)[:, 1:-1]  # (B, T, 2P)
     torch.testing.assert_close(first[0], mean[0], rtol=1e-5, atol=1e-5)
     first.sum().backward()

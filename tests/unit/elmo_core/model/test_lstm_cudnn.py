@@ -127,6 +127,6 @@ def test_bilm_gives_the_same_activations_with_either_stack():
     reference = BiLM(tiny().model_copy(update={"lstm": lstm, "lstm_impl": "reference"})).double()
     reference.load_state_dict(fused.state_dict())
     ids = batch_to_ids([["a", "rose", "is", "a", "rose"], ["is", "a"], []])
-    expected = reference.eval()(ids)["activations"]
-    for got, want in zip(fused(ids)["activations"], expected, strict=True):
+    expected = reference.eval()(ids).activations
+    for got, want in zip(fused(ids).activations, expected, strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-12)

@@ -19,8 +19,8 @@ def test_save_then_load_gives_identical_weights_and_outputs(tmp_path):
         assert torch.equal(tensor, loaded.state_dict()[name]), name
     ids = batch_to_ids([["The", "cat", "sat"], ["Hi"]])
     with torch.no_grad():
-        expected = bilm(ids)["activations"]
-        actual = loaded(ids)["activations"]
+        expected = bilm(ids).activations
+        actual = loaded(ids).activations
     for left, right in zip(expected, actual, strict=True):
         assert torch.equal(left, right)
     assert not list((tmp_path / "model").glob(".*"))  # no temporary files left behind

@@ -41,7 +41,7 @@ def test_layers_are_the_bilm_activations_without_boundaries(embedder):
     (layers,) = _arrays(out)
     assert layers.shape == (NUM_LAYERS, len(tokens), WIDTH)
     with torch.no_grad():
-        activations = embedder.bilm(batch_to_ids([tokens]))["activations"]
+        activations = embedder.bilm(batch_to_ids([tokens])).activations
     expected = np.stack([layer[0, 1:-1].numpy() for layer in activations])
     np.testing.assert_allclose(layers, expected, rtol=1e-5, atol=1e-6)
 
