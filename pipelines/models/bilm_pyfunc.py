@@ -234,8 +234,7 @@ class BiLMEmbedder(PythonModel):
         char_ids = batch_to_ids(sentences).to(self._device())  # (N, T, W)
         with torch.inference_mode():
             output = self.bilm(char_ids)
-        activations = cast(list[torch.Tensor], output["activations"])  # L × (N, T+2, 2P)
-        mask = cast(torch.Tensor, output["mask"])  # (N, T+2)
+        activations, mask = output.activations, output.mask  # L × (N, T+2, 2P), (N, T+2)
         stripped = [remove_sentence_boundaries(layer, mask)[0] for layer in activations]
         return torch.stack(stripped, dim=1)  # (N, L, T, 2P)
 
