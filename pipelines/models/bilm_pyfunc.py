@@ -7,7 +7,7 @@ needs ``elmo_core``/``pipelines`` installed and never unpickles a class. The mod
 our biLM directory (``bilm``: ``model_config.json`` + ``model.pt``), the dataset's ``vocab.txt``
 (``vocab``) and its ``manifest.json`` (``manifest``), whose ``tokenizer`` entry rebuilds the exact
 tokenizer the training data went through (Moses for text corpora, whitespace for the 1B Word
-Benchmark).
+Benchmark); the names and the biLM's loading are :mod:`pipelines.models.bilm_loader`'s.
 
 Inference follows ELMo's defaults (DESIGN.md §3): eval mode, stateless (the same sentence always
 gives the same vectors), sentence boundaries stripped. ``mlflow.pyfunc.load_model(uri)
@@ -20,7 +20,6 @@ Shapes: N sentences in a batch, T tokens, L layers (token layer + LSTM layers), 
 from __future__ import annotations
 
 import importlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -36,13 +35,16 @@ from mlflow.types.schema import AnyType, Array, ColSpec, ParamSchema, ParamSpec,
 from elmo_core.errors import ConfigError, DataError
 from elmo_core.model.bilm import BiLM
 from elmo_core.model.elmo import remove_sentence_boundaries
-from elmo_core.model.serialization import load_bilm
 from elmo_core.text.char_ids import batch_to_ids
 from elmo_core.text.tokenize import Tokenizer
+from pipelines.models.bilm_loader import (
+    BILM_ARTIFACT,
+    MANIFEST_ARTIFACT,
+    load_bilm,
+    manifest_tokenizer,
+    resolve_bilm,
+)
 
-BILM_ARTIFACT = "bilm"
-VOCAB_ARTIFACT = "vocab"
-MANIFEST_ARTIFACT = "manifest"
 SENTENCE_COLUMN = "sentence"
 TOKENS_COLUMN = "tokens"
 EMBEDDINGS_COLUMN = "embeddings"
@@ -154,11 +156,11 @@ class BiLMEmbedder(PythonModel):
     def load(self, bilm_dir: str | Path, manifest_file: str | Path) -> None:
         """Load our biLM directory and the manifest's tokenizer (what ``load_context`` does)."""
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        self._bilm = load_bilm(bilm_dir, map_location=device).to(device).eval()
-        description = json.loads(Path(manifest_file).read_text(encoding="utf-8"))
-        if "tokenizer" not in description:
+        self._bilm = load_bilm(resolve_bilm(bilm_dir)).bilm.to(device)
+        tokenizer = manifest_tokenizer(Path(manifest_file))
+        if tokenizer is None:
             raise DataError("the manifest names no tokenizer", path=str(manifest_file))
-        self._tokenizer = Tokenizer.from_manifest(description["tokenizer"])
+        self._tokenizer = Tokenizer.from_manifest(tokenizer)
 
     @property
     def bilm(self) -> BiLM:
