@@ -12,8 +12,12 @@ from typing import Any
 
 import click
 import typer
+from typer._click import exceptions as typer_click
 
 from elmo_core.errors import ElmoError
+
+# typer parses with its own copy of click, whose exceptions are not click's: both are usage errors.
+CLICK_ERRORS = (click.ClickException, typer_click.ClickException)
 
 
 def run_app(
@@ -30,11 +34,9 @@ def run_app(
         return int(done.exit_code or 0)
     except SystemExit as done:
         return int(done.code or 0)
-    except Exception as err:  # click's usage errors
-        if isinstance(err, click.ClickException):
-            err.show()
-            return err.exit_code
-        raise
+    except CLICK_ERRORS as err:  # a usage error: the usage line and the problem, status 2
+        err.show()
+        return err.exit_code
     return 0
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from pipelines.cli import STAGES, main
 
 
@@ -26,3 +28,12 @@ def test_prepare_does_not_import_the_training_stack():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.splitlines()[-1] == "0 []"
+
+
+@pytest.mark.parametrize("stage", sorted(STAGES))
+def test_a_mistyped_option_prints_the_usage_and_the_problem_and_exits_2(stage, capsys):
+    assert main([stage, "--no-such-option", "x"]) == 2
+    err = capsys.readouterr().err
+    assert "Usage: " in err and f" {stage} [OPTIONS]" in err
+    assert "No such option: --no-such-option" in err
+    assert "Traceback" not in err
