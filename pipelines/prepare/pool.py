@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
@@ -23,9 +24,12 @@ R_co = TypeVar("R_co", covariant=True)
 
 
 class WorkerPool:
-    """``workers`` spawned processes (created on first use), or in-process when ``workers == 1``;
-    each with its share of the cores for Arrow's threads (:func:`~pipelines.prepare.tuning.
-    cores_per_worker`)."""
+    """``workers`` spawned processes (created on first use), each with its share of the cores
+    for Arrow's threads (:func:`~pipelines.prepare.tuning.cores_per_worker`); or, when
+    ``workers == 1``, this process, running as many tasks at once as it has cores, on threads:
+    the tasks' time is in Arrow and NumPy kernels, which release the GIL. A worker holds a
+    block of text per task it runs, so one worker on two cores peaks at about the memory of two
+    worker processes."""
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
@@ -46,7 +50,9 @@ class WorkerPool:
 
     def imap(self, function: Callable[[T], R], tasks: Sequence[T]) -> Iterator[R]:
         """Results as they finish (any order)."""
-        if self.workers == 1 or len(tasks) <= 1:
+        if self.workers == 1:
+            return _on_threads(function, tasks, min(pa.cpu_count(), len(tasks)))
+        if len(tasks) <= 1:
             return map(function, tasks)
         return self._processes().imap_unordered(function, tasks)
 
@@ -62,6 +68,20 @@ class WorkerPool:
             threads = (cores_per_worker(self.workers),)
             self._pool = _start_method().Pool(self.workers, tune_process, threads)
         return self._pool
+
+
+def _on_threads(function: Callable[[T], R], tasks: Sequence[T], threads: int) -> Iterator[R]:
+    """Results of ``threads`` threads as they finish; the tasks not started are dropped when
+    the caller stops (an error)."""
+    if threads <= 1:
+        yield from map(function, tasks)
+        return
+    pool = ThreadPoolExecutor(threads)
+    try:
+        for done in as_completed([pool.submit(function, task) for task in tasks]):
+            yield done.result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 class TaskPool(Protocol):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -50,3 +51,20 @@ def test_one_worker_runs_a_submitted_task_in_process_at_once() -> None:
     with WorkerPool(1) as pool:
         pending = pool.submit(ran.append, "now")
         assert ran == ["now"] and pending.get() is None
+
+
+def test_one_worker_runs_tasks_on_threads_and_an_error_drops_those_not_started() -> None:
+    with WorkerPool(1) as pool:
+        assert sorted(pool.imap(abs, [-3, -1, -2, 5])) == [1, 2, 3, 5]
+    started = []
+
+    def fail_first(task: int) -> int:
+        started.append(task)
+        if task == 0:
+            raise ValueError("the first task fails")
+        time.sleep(0.05)
+        return task
+
+    with WorkerPool(1) as pool, pytest.raises(ValueError, match="first task"):
+        list(pool.imap(fail_first, list(range(40))))
+    assert len(started) < 40
