@@ -4,12 +4,13 @@
     python -m pipelines.prepare --corpus ... --out ...        # the same main
     prepare(cfg, corpus, out) -> PrepareResult                # what flows call
 
-Two streaming passes over the inputs, parallel over files (``cfg.workers`` processes, one Arrow
-thread each, or Ray tasks; see :mod:`pipelines.prepare.pool`): count word types → vocabulary and
-the order of the word types; encode → heldout parts in source order, training rows scattered to
-shards by a seeded hash and shuffled within each shard, and beside them the word-type table with
-its char ids. :class:`~pipelines.prepare.run.PrepareRun` runs the steps; the layout and schemas
-are documented in :mod:`elmo_core.data.shards` and :mod:`elmo_core.data.manifest`.
+Two streaming passes over the inputs, parallel over files (``cfg.workers`` processes, each with
+its share of the cores, or Ray tasks; see :mod:`pipelines.prepare.pool`): count word types →
+vocabulary and the order of the word types; encode → heldout parts in source order, training rows
+scattered to shards by a seeded hash and shuffled within each shard, and beside them the
+word-type table with its char ids. :class:`~pipelines.prepare.run.PrepareRun` runs the steps;
+the layout and schemas are documented in :mod:`elmo_core.data.shards` and
+:mod:`elmo_core.data.manifest`.
 
 Resumption: ``prepare_state.json`` in the output (:mod:`pipelines.prepare.state`) records the
 config fingerprint, the counting result, the word-type table and every finished shard with its
