@@ -6,8 +6,9 @@ processes (:mod:`pipelines.prepare.pool`, :mod:`pipelines.prepare.ray_pool`) and
 ``elmo prepare`` command's own process, never to a caller's (a flow's) process that merely calls
 :func:`pipelines.prepare.stage.prepare` in-process:
 
-- a worker's share of the cores for Arrow's compute threads (the whole machine for one
-  worker: the tokenizer splits a block's lines on that many threads), one I/O thread;
+- a worker's share of the cores as its thread count (``pa.cpu_count()``: the whole machine for
+  one worker, which runs that many tasks at once, each splitting its block's lines on that
+  many threads), one I/O thread;
 - glibc keeps NumPy's freed blocks for reuse instead of returning each to the kernel
   (otherwise every block's temporaries are mapped and page-faulted afresh: a quarter of the
   time went to the kernel). Arrow keeps its own allocator (mimalloc), so its long-lived
