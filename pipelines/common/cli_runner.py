@@ -6,8 +6,13 @@ pipelines.<stage>``, so that neither imports more stages than the one it runs.
 
 from __future__ import annotations
 
+import functools
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
 from typing import Any
 
 import click
@@ -15,6 +20,7 @@ import typer
 from typer._click import exceptions as typer_click
 
 from elmo_core.errors import ElmoError
+from pipelines.common.services import check_services
 
 # typer parses with its own copy of click, whose exceptions are not click's: both are usage errors.
 CLICK_ERRORS = (click.ClickException, typer_click.ClickException)
@@ -30,6 +36,9 @@ def run_app(
     except ElmoError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the stage has ended its MLflow run as KILLED
+        print("interrupted", file=sys.stderr)
+        return 130
     except typer.Exit as done:
         return int(done.exit_code or 0)
     except SystemExit as done:
@@ -43,7 +52,38 @@ def run_app(
 def run_command(
     command: Callable[..., Any], argv: list[str] | None = None, prog_name: str | None = None
 ) -> int:
-    """A stage's ``main``: run its one typer command as ``python -m pipelines.<stage>`` does."""
+    """A stage's ``main``: run its one typer command as ``python -m pipelines.<stage>`` does.
+
+    Once its options parse, the command first checks that the configured MLflow server and Ray
+    address answer, so a dead one is named in a second rather than after minutes of work; SIGTERM
+    (a cancelled job) interrupts it as Ctrl-C does, so its MLflow run ends KILLED.
+    """
     app = typer.Typer(add_completion=False)
-    app.command()(command)
-    return run_app(app, argv, prog_name)
+    app.command()(_checking_services(command))
+    with _sigterm_interrupts():
+        return run_app(app, argv, prog_name)
+
+
+def _checking_services(command: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(command)  # typer reads the options from the wrapped signature
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        check_services(ray_jobs=False)
+        return command(*args, **kwargs)
+
+    return checked
+
+
+@contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")

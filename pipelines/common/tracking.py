@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import mlflow
-from mlflow.entities import Run
+from mlflow.entities import Run, RunStatus
 from pydantic import BaseModel
 
 from pipelines.common.settings import elmo_home, mlflow_tracking_uri
@@ -44,21 +44,43 @@ def stage_run(
     parent_run_id: str | None = None,
     tags: Mapping[str, str] | None = None,
 ) -> Iterator[mlflow.ActiveRun]:
-    """Start (or resume, given ``run_id``) the MLflow run of one stage.
+    """Start (or resume, given ``run_id``) the MLflow run of one stage; it ends as what happened.
 
-    The parent comes from ``parent_run_id`` or ``ELMO_MLFLOW_PARENT_RUN_ID``; the run is tagged
-    with its stage name so the flow's summary can find its children.
+    FINISHED when the block completes, KILLED when it is interrupted (Ctrl-C, SIGTERM: see
+    :mod:`pipelines.common.cli_runner`), FAILED on any other exception; MLflow's own context
+    manager would call an interrupted run FAILED. The parent comes from ``parent_run_id`` or
+    ``ELMO_MLFLOW_PARENT_RUN_ID``; the run is tagged with its stage name so the flow's summary can
+    find its children.
     """
     use_tracking()
     ensure_experiment()
-    parent = parent_run_id or os.environ.get(PARENT_RUN_ENV) or None
-    all_tags = {STAGE_TAG: stage, **(tags or {})}
     if run_id is not None:
-        with mlflow.start_run(run_id=run_id) as run:
-            yield run
-        return
-    with mlflow.start_run(run_name=run_name, parent_run_id=parent, tags=all_tags) as run:
+        run = mlflow.start_run(run_id=run_id)
+    else:
+        parent = parent_run_id or os.environ.get(PARENT_RUN_ENV) or None
+        all_tags = {STAGE_TAG: stage, **(tags or {})}
+        run = mlflow.start_run(run_name=run_name, parent_run_id=parent, tags=all_tags)
+    try:
         yield run
+    except KeyboardInterrupt:
+        mlflow.end_run(RunStatus.to_string(RunStatus.KILLED))
+        raise
+    except BaseException:
+        mlflow.end_run(RunStatus.to_string(RunStatus.FAILED))
+        raise
+    mlflow.end_run(RunStatus.to_string(RunStatus.FINISHED))
+
+
+@contextmanager
+def shared_run(run_id: str) -> Iterator[mlflow.ActiveRun]:
+    """Log into a run that another process owns (a training worker into the driver's run),
+    leaving it RUNNING: the owner's :func:`stage_run` decides how it ends."""
+    use_tracking()
+    run = mlflow.start_run(run_id=run_id)
+    try:
+        yield run
+    finally:
+        mlflow.end_run(RunStatus.to_string(RunStatus.RUNNING))
 
 
 def ensure_experiment() -> None:

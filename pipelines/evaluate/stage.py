@@ -34,6 +34,7 @@ from elmo_core.data.reader import select_shards
 from elmo_core.errors import DataError
 from elmo_core.perplexity import PerplexitySums, Protocol, evaluate_perplexity
 from pipelines.common.cli_runner import run_command
+from pipelines.common.locations import absolute_location
 from pipelines.common.tracking import stage_run
 from pipelines.evaluate.result import EvaluationResult
 from pipelines.models.bilm_loader import SOURCE_HELP, BiLMReference, load_bilm, resolve_bilm
@@ -52,6 +53,7 @@ def evaluate(
 ) -> EvaluationResult:
     """Perplexity of ``checkpoint`` on ``data``'s ``split``, tracked as an ``evaluate`` run."""
     files = list(files) if files else None
+    data = absolute_location(data)  # Ray tasks run in another directory
     bilm = resolve_bilm(checkpoint)  # a bad source fails before any run or task starts
     heldout = heldout_hash(data, split, files)
     params = {
@@ -198,9 +200,10 @@ def evaluate_command(
         batch_size=batch_size,
     )
     typer.echo(
-        f"{split} ({result.protocol}, {result.num_tokens:,} tokens): forward perplexity "
-        f"{result.forward_perplexity:.3f}, backward {result.backward_perplexity:.3f}, "
-        f"geometric mean {result.perplexity:.3f}"
+        f"{split} perplexity {result.perplexity:.3f} (forward {result.forward_perplexity:.3f}, "
+        f"backward {result.backward_perplexity:.3f}) on every {split} token scored "
+        f"({result.num_tokens:,}, {result.protocol} protocol"
+        f"{', files ' + ', '.join(files) if files else ''})"
     )
     if output is not None:
         result.write(output)

@@ -1,6 +1,6 @@
-"""Training checkpoints and the run directory: everything needed to continue a run exactly.
+"""Training checkpoints: everything needed to continue a run exactly.
 
-A checkpoint is one directory that Ray Train assembles from every rank's report::
+A checkpoint is one directory to which every rank adds its part::
 
     model/           the biLM in our format (save_bilm)              rank 0
     trainer.pt       optimiser state, step, best validation, MLflow run id, curves   rank 0
@@ -8,9 +8,8 @@ A checkpoint is one directory that Ray Train assembles from every rank's report:
 
 With the same seed, N steps straight equal k steps + resume + N − k steps: the weights and
 optimiser come from the shared files, the data position, dropout/sampling RNG and LSTM states of
-every rank from its own file. The run directory (``storage_path/name``) also holds what outlives
-checkpoints: ``mlflow_run_id.json``, ``best/`` (the model with the best validation perplexity),
-``model/`` (the final model) and ``FINISHED.json``. It may be local or any fsspec URL (s3://).
+every rank from its own file. Where checkpoints are kept, and which are complete, is
+:mod:`pipelines.train.checkpoint_store`'s business.
 
 Continued pretraining starts from weights rather than a checkpoint (:func:`initial_bilm`): any biLM
 :mod:`pipelines.models.bilm_loader` resolves; a softmax whose vocabulary size differs from the
@@ -19,17 +18,13 @@ dataset's is re-initialised.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import random
-import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import fsspec
 import numpy as np
 import torch
 
@@ -44,9 +39,6 @@ log = logging.getLogger(__name__)
 
 MODEL_DIR = "model"
 TRAINER_FILE = "trainer.pt"
-BEST_DIR = "best"
-FINISHED_FILE = "FINISHED.json"
-RUN_ID_FILE = "mlflow_run_id.json"
 
 
 @dataclass
@@ -217,53 +209,3 @@ def restore_rng(state: dict[str, Any]) -> None:
     random.setstate((version, tuple(internal), gauss))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-class RunDirectory:
-    """``storage_path/name``, local or remote: small JSON records and whole model directories."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url.rstrip("/")
-        self.fs, self.path = fsspec.core.url_to_fs(self.url)
-        self.local = "file" in self.fs.protocol
-
-    def join(self, name: str) -> str:
-        return f"{self.url}/{name}"
-
-    def read_json(self, name: str) -> dict[str, Any] | None:
-        path = f"{self.path}/{name}"
-        if not self.fs.exists(path):
-            return None
-        with self.fs.open(path, "rt", encoding="utf-8") as handle:
-            loaded: dict[str, Any] = json.load(handle)
-        return loaded
-
-    def write_json(self, name: str, record: dict[str, Any]) -> None:
-        """Whole or not at all: a local file is renamed into place, an object PUT is atomic."""
-        text = json.dumps(record, indent=2)
-        self.fs.makedirs(self.path, exist_ok=True)
-        if self.local:
-            descriptor, temporary = tempfile.mkstemp(prefix=f".{name}.", dir=self.path)
-            with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-                handle.write(text)
-            os.replace(temporary, f"{self.path}/{name}")
-        else:
-            self.fs.pipe(f"{self.path}/{name}", text.encode())
-
-    def put_model(self, bilm: BiLM, name: str) -> str:
-        """Save ``bilm`` as ``name/`` in the run directory, replacing the previous one."""
-        with tempfile.TemporaryDirectory() as staging:
-            save_bilm(bilm, staging)
-            self.put_directory(Path(staging), name)
-        return self.join(name)
-
-    def put_directory(self, local: Path, name: str) -> None:
-        target = f"{self.path}/{name}"
-        if self.local:
-            incoming = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=self.path))
-            shutil.copytree(local, incoming, dirs_exist_ok=True)
-            if Path(target).exists():
-                shutil.rmtree(target)
-            os.replace(incoming, target)
-        else:
-            self.fs.put(str(local), target, recursive=True)

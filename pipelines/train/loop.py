@@ -39,6 +39,7 @@ from elmo_core.model.bilm import BiLM, BiLMState, LossOutput
 from elmo_core.model.serialization import load_bilm
 from elmo_core.perplexity import PerplexitySums, evaluate_perplexity
 from pipelines.models.bilm_loader import BiLMReference
+from pipelines.train.checkpoint_store import CheckpointStore, StoredCheckpoint
 from pipelines.train.checkpoints import (
     RankState,
     SharedState,
@@ -57,6 +58,7 @@ from pipelines.train.gradient_exchange import (
     exclude_from_ddp,
 )
 from pipelines.train.progress import Progress, TrackedRun
+from pipelines.train.run_directory import RunDirectory
 from pipelines.train.runtime import Metrics, WorkerRuntime
 
 log = logging.getLogger(__name__)
@@ -76,16 +78,19 @@ class WorkerConfig(StrictModel):
     mlflow_tracking_uri: str
     mlflow_run_id: str
     init_from: BiLMReference | None = None  # pinned by the driver (train --init-from)
+    resume_step: int | None = Field(
+        None, description="the complete checkpoint to resume from, chosen by the driver"
+    )
     fail_once: str | None = Field(
         None, description="test hook 'rank:step:marker': that rank kills itself once at that step"
     )
 
 
 def train_loop(cfg: WorkerConfig, runtime: WorkerRuntime) -> None:
-    """Build this rank's worker, resume from the runtime's latest checkpoint if any, and train."""
+    """Build this rank's worker, resume from the checkpoint the driver chose if any, and train."""
     worker = Worker(cfg, runtime)
-    with runtime.latest_checkpoint() as directory:
-        if directory is not None:
+    if cfg.resume_step is not None:
+        with worker.store.opened(StoredCheckpoint(cfg.resume_step), runtime.rank) as directory:
             worker.restore(directory)
     worker.run()
 
@@ -115,6 +120,7 @@ class Worker:
 
     def __init__(self, cfg: WorkerConfig, runtime: WorkerRuntime) -> None:
         self.cfg, self.runtime = cfg, runtime
+        self.store = CheckpointStore(RunDirectory(cfg.run_dir))
         self.rank, self.world_size, self.device = runtime.rank, runtime.world_size, runtime.device
         self.train = cfg.job.train
         self.manifest = load_manifest(cfg.data)
@@ -202,6 +208,9 @@ class Worker:
             rank=self.rank,
             total_steps=self.cfg.total_steps,
             log_every=self.train.log_every,
+            validation_sentences=min(
+                self.train.validation_sentences, self.manifest.split("heldout").num_sentences
+            ),
         )
         with progress.tracking():
             while self.shared.step < self.cfg.total_steps and not self.stop_early:
@@ -214,7 +223,7 @@ class Worker:
                     self.validate(progress)
                 if step % self.train.checkpoint_every == 0 and step < self.cfg.total_steps:
                     self.checkpoint(output)
-            self.checkpoint(output if self.shared.step > self.resumed_from else None)
+            self.checkpoint(output if self.shared.step > self.resumed_from else None, final=True)
             progress.plot()
 
     def step(self) -> tuple[LossOutput, float]:
@@ -270,8 +279,18 @@ class Worker:
         patience = self.train.early_stopping_patience
         self.stop_early = patience is not None and self.shared.validations_since_best >= patience
 
-    def checkpoint(self, output: LossOutput | None) -> None:
-        """Every rank writes its part and reports it; under Ray Train the parts become one."""
+    def checkpoint(self, output: LossOutput | None, *, final: bool = False) -> None:
+        """Every rank saves its part and reports; then rank 0 commits the checkpoint."""
+        step = self.shared.step
+        if step != self.resumed_from:  # else a resumed, finished run: the checkpoint is stored
+            self._save_part(step)
+        metrics = self._report_metrics(output)
+        self.runtime.report(metrics)  # a barrier: every part is saved
+        if self.rank == 0:
+            keep = self.cfg.job.run.checkpoints_to_keep
+            self.store.commit(step, self.world_size, keep, summary={**metrics, "final": final})
+
+    def _save_part(self, step: int) -> None:
         rank_state = RankState(
             capture_rng(),
             self.streams[0].state_dict(),
@@ -287,10 +306,11 @@ class Worker:
                 shared=self.shared,
                 rank_state=rank_state,
             )
-            self.runtime.report(self._report_metrics(output), Path(directory))
+            self.store.save_part(step, Path(directory))
 
     def _report_metrics(self, output: LossOutput | None) -> Metrics:
-        """What every rank reports with its checkpoint (rank 0's stay with the checkpoint)."""
+        """What every rank reports with its checkpoint; rank 0's go into its ``COMPLETE`` record,
+        where the driver reads the outcome of the run."""
         return {
             "step": self.shared.step,
             "resumed_from_step": self.resumed_from,

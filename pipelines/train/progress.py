@@ -21,8 +21,9 @@ import torch
 
 from elmo_core.model.bilm import BiLM, LossOutput
 from elmo_core.perplexity import PerplexitySums
-from pipelines.common.tracking import log_curves, stage_run
-from pipelines.train.checkpoints import RunDirectory, SharedState
+from pipelines.common.tracking import log_curves, shared_run
+from pipelines.train.checkpoints import SharedState
+from pipelines.train.run_directory import BEST_DIR, RunDirectory
 
 
 @dataclass(frozen=True)
@@ -39,10 +40,18 @@ class Progress:
     """Rank 0's reporting: a console line, MLflow metrics and curve figures; silent elsewhere."""
 
     def __init__(
-        self, run: TrackedRun, shared: SharedState, *, rank: int, total_steps: int, log_every: int
+        self,
+        run: TrackedRun,
+        shared: SharedState,
+        *,
+        rank: int,
+        total_steps: int,
+        log_every: int,
+        validation_sentences: int,
     ) -> None:
         self.run, self.shared, self.active = run, shared, rank == 0
         self.total, self.log_every = total_steps, log_every
+        self.sample = f"{validation_sentences:,}-sentence heldout sample"
         self._start_step, self._started = shared.step, time.perf_counter()
         self._reset_window()
 
@@ -52,13 +61,13 @@ class Progress:
 
     @contextmanager
     def tracking(self) -> Iterator[None]:
-        """Rank 0 resumes the run's MLflow run (created by the driver) for the whole loop."""
+        """Rank 0 logs into the run's MLflow run (the driver's) for the whole loop."""
         if not self.active:
             yield
             return
         os.environ["MLFLOW_TRACKING_URI"] = self.run.tracking_uri
         _enable_system_metrics()
-        with stage_run("train", run_name=self.run.run_name, run_id=self.run.run_id):
+        with shared_run(self.run.run_id):  # the driver's run: it decides how the run ends
             yield
 
     def after_step(
@@ -94,24 +103,29 @@ class Progress:
         self._reset_window()
 
     def after_validation(self, step: int, sums: PerplexitySums, best: BiLM | None) -> None:
-        """Log the validation perplexities; keep the model as ``best/`` when it improved."""
+        """Log the validation perplexities; keep the model as ``best/`` when it improved.
+
+        Validation scores a fixed sample of the heldout split, not all of it: it is named
+        "validation" everywhere, and "heldout perplexity" is the evaluate stage's, on every
+        heldout sentence, so the two numbers are never mistaken for each other.
+        """
         if not self.active:
             return
         values = {
-            "val/perplexity": sums.perplexity,
-            "val/perplexity_forward": sums.forward_perplexity,
-            "val/perplexity_backward": sums.backward_perplexity,
+            "validation/perplexity": sums.perplexity,
+            "validation/perplexity_forward": sums.forward_perplexity,
+            "validation/perplexity_backward": sums.backward_perplexity,
         }
         mlflow.log_metrics(values, step=step)
         for name, value in values.items():
             self.shared.curves.setdefault(name, []).append((step, value))
         if best is not None:
-            RunDirectory(self.run.run_dir).put_model(best, "best")
-            mlflow.log_metric("val/best_perplexity", sums.perplexity, step=step)
+            RunDirectory(self.run.run_dir).put_model(best, BEST_DIR)
+            mlflow.log_metric("validation/best_perplexity", sums.perplexity, step=step)
         print(
-            f"[train] step {step}: heldout perplexity {sums.perplexity:.2f} (forward "
-            f"{sums.forward_perplexity:.2f}, backward {sums.backward_perplexity:.2f})"
-            f"{'  best so far' if best is not None else ''}",
+            f"[train] step {step}: validation perplexity {sums.perplexity:.2f} (forward "
+            f"{sums.forward_perplexity:.2f}, backward {sums.backward_perplexity:.2f}) on a "
+            f"{self.sample}{'  best so far' if best is not None else ''}",
             flush=True,
         )
         self.plot()
@@ -129,15 +143,15 @@ class Progress:
         )
         log_curves(
             {
-                direction: curves.get(f"val/perplexity{suffix}", [])
+                direction: curves.get(f"validation/perplexity{suffix}", [])
                 for direction, suffix in (
                     ("mean", ""),
                     ("forward", "_forward"),
                     ("backward", "_backward"),
                 )
             },
-            "curves/val_perplexity.png",
-            title="heldout perplexity (full softmax)",
+            "curves/validation_perplexity.png",
+            title=f"validation perplexity (full softmax, {self.sample})",
             ylabel="perplexity",
             log_y=True,
         )

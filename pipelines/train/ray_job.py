@@ -22,7 +22,6 @@ from ray.job_submission import JobStatus, JobSubmissionClient
 
 from pipelines.common.settings import mlflow_tracking_uri
 from pipelines.common.tracking import PARENT_RUN_ENV
-from pipelines.train.checkpoints import FINISHED_FILE, RunDirectory
 from pipelines.train.config import (
     TrainJobConfig,
     manifest_sha256,
@@ -30,6 +29,7 @@ from pipelines.train.config import (
     run_name,
     storage_root,
 )
+from pipelines.train.run_directory import FINISHED_FILE, RunDirectory
 from pipelines.train.stage import TrainResult
 
 LOG_TAIL_LINES = 60

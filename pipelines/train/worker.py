@@ -2,17 +2,15 @@
 
 It runs :func:`pipelines.train.loop.train_loop` with :class:`RayRuntime`, where every Ray touch
 point is (marked ``# [ray]``): the context (rank, world size, device), the model prepared for DDP,
-``get_checkpoint`` to resume and ``report`` to checkpoint. Ray Train assembles the ranks' reported
-directories into one checkpoint under ``storage_path/name`` and restarts the group from the latest
-one after a failure.
+and ``report`` (a barrier on all ranks). Checkpoints go to the run directory, not through Ray
+(:mod:`pipelines.train.checkpoint_store`); the driver restarts a failed group from the newest one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+import logging
+import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import ray.train
@@ -20,13 +18,24 @@ import ray.train.torch
 import torch
 from torch import nn
 
+from elmo_core.errors import ElmoError
 from pipelines.train.loop import WorkerConfig, train_loop
 from pipelines.train.runtime import Metrics
+
+# Ray Train logs a worker's exception with its traceback from this logger before the driver sees
+# it; a user error (ElmoError) reaches the driver's terminal as its one line instead.
+RAY_TRAIN_ERROR_LOGGER = "ray.train.v2._internal.util"
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
     """Ray Train's entry point on each worker."""
+    logging.getLogger(RAY_TRAIN_ERROR_LOGGER).addFilter(_drop_user_error_tracebacks)
     train_loop(WorkerConfig.model_validate(config), RayRuntime.current())
+
+
+def _drop_user_error_tracebacks(record: logging.LogRecord) -> bool:
+    """Ray logs inside its ``except`` block, so the exception being handled is the user's."""
+    return not isinstance(sys.exc_info()[1], ElmoError)
 
 
 @dataclass(frozen=True)
@@ -46,15 +55,5 @@ class RayRuntime:
     def wrap_model(self, module: nn.Module) -> nn.Module:
         return ray.train.torch.prepare_model(module)  # [ray] device + DDP when world > 1
 
-    @contextmanager
-    def latest_checkpoint(self) -> Iterator[Path | None]:
-        checkpoint = ray.train.get_checkpoint()  # [ray] the latest one after a restart or resume
-        if checkpoint is None:
-            yield None
-            return
-        with checkpoint.as_directory() as directory:
-            yield Path(directory)
-
-    def report(self, metrics: Metrics, checkpoint_dir: Path) -> None:
-        checkpoint = ray.train.Checkpoint.from_directory(checkpoint_dir)
-        ray.train.report(dict(metrics), checkpoint=checkpoint)  # [ray] a barrier on all ranks
+    def report(self, metrics: Metrics) -> None:
+        ray.train.report(dict(metrics))  # [ray] a barrier on all ranks

@@ -20,9 +20,10 @@ from elmo_core.model.serialization import load_bilm
 from pipelines.common import tracking
 from pipelines.prepare.corpus_sources import CorpusFiles
 from pipelines.prepare.stage import prepare_files
-from pipelines.train.checkpoints import FINISHED_FILE
 from pipelines.train.config import resolve_train_config
+from pipelines.train.run_directory import FINISHED_FILE
 from pipelines.train.stage import FAIL_ONCE_ENV, main, train
+from pipelines.train.supervision import TrainingFailed
 
 pytestmark = pytest.mark.integration
 
@@ -82,7 +83,7 @@ def test_two_workers_survive_a_killed_worker_and_record_the_run(
     assert load_bilm(result.model_dir).vocab_size > NUM_WORDS
     assert result.best_model_dir is not None and load_bilm(result.best_model_dir)
 
-    validation = store.get_metric_history(result.mlflow_run_id, "val/perplexity")
+    validation = store.get_metric_history(result.mlflow_run_id, "validation/perplexity")
     by_step = {m.step: m.value for m in validation}
     assert sorted(by_step) == [8, 16, 24] and by_step[24] < by_step[8]  # the loss falls
     assert result.best_perplexity == pytest.approx(min(by_step.values()))
@@ -102,8 +103,8 @@ def test_two_workers_survive_a_killed_worker_and_record_the_run(
         "tokens_per_s",
         "lr",
         "grad_norm",
-        "val/perplexity_forward",
-        "val/perplexity_backward",
+        "validation/perplexity_forward",
+        "validation/perplexity_backward",
     } <= set(run.data.metrics)
     artifacts = {a.path for a in store.list_artifacts(result.mlflow_run_id)}
     artifacts |= {a.path for a in store.list_artifacts(result.mlflow_run_id, "curves")}
@@ -111,7 +112,7 @@ def test_two_workers_survive_a_killed_worker_and_record_the_run(
         "config.json",
         "train_result.json",
         "curves/train_sampled_loss.png",
-        "curves/val_perplexity.png",
+        "curves/validation_perplexity.png",
     } <= artifacts
 
     # The same command again from the CLI: recognised as finished, then evaluated and registered.
@@ -121,11 +122,14 @@ def test_two_workers_survive_a_killed_worker_and_record_the_run(
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert f"{result.run_name} already finished" in printed and "registered models:/" in printed
+    assert main(args) == 0  # and again: one training run is one model version
+    assert "already registered as models:/elmo-bilm/1" in capsys.readouterr().out
     versions = store.search_model_versions("name = 'elmo-bilm'")
     assert [v.run_id for v in versions] == [result.mlflow_run_id]
+    assert store.get_run(result.mlflow_run_id).info.status == "FINISHED"
 
 
-def test_a_stopped_run_resumed_by_the_same_command_equals_a_straight_run(
+def test_a_killed_run_resumes_from_its_newest_checkpoint_and_equals_a_straight_run(
     ray_session, store, dataset, tmp_path, monkeypatch
 ) -> None:
     def config(name: str):
@@ -135,24 +139,34 @@ def test_a_stopped_run_resumed_by_the_same_command_equals_a_straight_run(
             [
                 *SMALL_RUN,
                 "train.max_steps=12",
-                "train.checkpoint_every=4",
+                "train.checkpoint_every=2",
                 "train.validate_every=6",
                 "run.max_failures=0",
+                "run.checkpoints_to_keep=2",
                 f"run.name={name}",
                 f"run.storage_path={tmp_path / 'runs'}",
             ],
         )
 
     straight = train(config("straight"), dataset)
-    monkeypatch.setenv(FAIL_ONCE_ENV, f"0:6:{tmp_path / 'stopped'}")
-    with pytest.raises(Exception):  # noqa: B017 - Ray's TrainingFailedError: the run stopped
+    monkeypatch.setenv(FAIL_ONCE_ENV, f"0:7:{tmp_path / 'stopped'}")
+    with pytest.raises(TrainingFailed):  # SIGKILLed at step 7, and no restart allowed
         train(config("resumed"), dataset)
-    assert not (tmp_path / "runs" / "resumed" / FINISHED_FILE).exists()
+    run_dir = tmp_path / "runs" / "resumed"
+    assert not (run_dir / FINISHED_FILE).exists()
+    checkpoints = sorted(path.name for path in (run_dir / "checkpoints").iterdir())
+    assert checkpoints == ["step_000004", "step_000006"]  # 2, 4, 6 were complete; 2 kept
+    killed = tracking.find_run("resumed", "train")
+    assert killed is not None and killed.info.status == "FAILED"
     monkeypatch.delenv(FAIL_ONCE_ENV)
     resumed = train(config("resumed"), dataset)
 
-    assert resumed.resumed_from_step == 4 and resumed.steps == straight.steps == 12
+    assert resumed.resumed_from_step == 6 and resumed.steps == straight.steps == 12
+    assert resumed.mlflow_run_id == killed.info.run_id
+    assert store.get_run(resumed.mlflow_run_id).info.status == "FINISHED"
     assert resumed.best_perplexity == straight.best_perplexity
     expected = load_bilm(straight.model_dir).state_dict()
     for name, tensor in load_bilm(resumed.model_dir).state_dict().items():
         assert torch.equal(tensor, expected[name]), name
+    kept = sorted(path.name for path in (run_dir / "checkpoints").iterdir())
+    assert kept == ["step_000010", "step_000012"]

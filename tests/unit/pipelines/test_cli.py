@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 
@@ -37,3 +38,39 @@ def test_a_mistyped_option_prints_the_usage_and_the_problem_and_exits_2(stage, c
     assert "Usage: " in err and f" {stage} [OPTIONS]" in err
     assert "No such option: --no-such-option" in err
     assert "Traceback" not in err
+
+
+REQUIRED_ARGS = {  # the least each stage parses; the server check comes before any of it is used
+    "prepare": ["--corpus", "python-docs", "--out", "out"],
+    "train": ["--data", "dataset"],
+    "evaluate": ["--checkpoint", "model", "--data", "dataset"],
+    "register": ["model", "dataset"],
+    "promote": ["--version", "1"],
+    "import-weights": ["--options", "options.json", "--weights", "weights.hdf5"],
+    "adapt": ["--task", "task.yaml", "--bilm", "model"],
+}
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.parametrize("stage", sorted(STAGES))
+def test_every_stage_names_an_mlflow_server_that_does_not_answer_before_any_work(
+    stage, capsys, monkeypatch
+):
+    address = f"http://127.0.0.1:{_closed_port()}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", address)
+    assert main([stage, *REQUIRED_ARGS[stage]]) == 2
+    err = capsys.readouterr().err
+    assert f"error: MLFLOW_TRACKING_URI={address}: the MLflow tracking server does not" in err
+    assert "Traceback" not in err
+
+
+def test_every_stage_names_a_ray_address_that_does_not_answer(capsys, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{_closed_port()}")
+    assert main(["train", *REQUIRED_ARGS["train"]]) == 2
+    assert "RAY_ADDRESS=127.0.0.1:" in capsys.readouterr().err

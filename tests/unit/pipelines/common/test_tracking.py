@@ -1,3 +1,4 @@
+import contextlib
 from pathlib import Path
 
 import mlflow
@@ -77,3 +78,29 @@ def test_embedded_store_keeps_artifacts_under_elmo_home(store):
     experiment = store.get_experiment_by_name(tracking.EXPERIMENT)
     home = tracking.elmo_home()
     assert experiment.artifact_location == (home / "artifacts").as_uri()
+
+
+@pytest.mark.parametrize(
+    ("raised", "status"),
+    [(None, "FINISHED"), (ValueError("bad"), "FAILED"), (KeyboardInterrupt(), "KILLED")],
+)
+def test_a_stage_run_ends_as_what_happened(store, raised, status):
+    expected = pytest.raises(type(raised)) if raised else contextlib.nullcontext()
+    with expected, tracking.stage_run("evaluate", run_name=f"ends-{status}") as run:
+        run_id = run.info.run_id
+        if raised:
+            raise raised
+    assert store.get_run(run_id).info.status == status
+    assert mlflow.active_run() is None
+
+
+def test_a_shared_run_leaves_the_owner_to_decide_how_it_ends(store):
+    with tracking.stage_run("train", run_name="owned") as run:
+        run_id = run.info.run_id
+        mlflow.end_run("RUNNING")  # as if the owner were another process: the worker logs below
+        with tracking.shared_run(run_id):
+            mlflow.log_metric("loss", 1.0, step=1)
+        assert store.get_run(run_id).info.status == "RUNNING"
+        mlflow.start_run(run_id=run_id)  # the owner again, as stage_run left it
+    assert store.get_run(run_id).info.status == "FINISHED"
+    assert [m.value for m in store.get_metric_history(run_id, "loss")] == [1.0]

@@ -1,4 +1,4 @@
-"""Checkpoints restore everything a step depends on; start weights; the run directory."""
+"""Checkpoints restore everything a step depends on; start weights."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from elmo_core.presets import tiny
 from pipelines.models.bilm_loader import resolve_bilm
 from pipelines.train.checkpoints import (
     RankState,
-    RunDirectory,
     SharedState,
     capture_rng,
     initial_bilm,
@@ -165,21 +164,3 @@ def test_a_bilm_tf_weight_file_needs_its_options_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as raised:
         resolve_bilm(tmp_path / "weights.hdf5", None, options_key="init_options")
     assert raised.value.key == "init_options"
-
-
-@pytest.mark.parametrize("local", [True, False])
-def test_run_directory_records_and_models_replace_whole(tmp_path: Path, local: bool) -> None:
-    url = str(tmp_path / "run") if local else f"memory://{tmp_path.name}/run"
-    run_dir = RunDirectory(url)
-    assert run_dir.read_json("FINISHED.json") is None
-    run_dir.write_json("FINISHED.json", {"steps": 3})
-    run_dir.write_json("FINISHED.json", {"steps": 4})
-    assert run_dir.read_json("FINISHED.json") == {"steps": 4}
-    first, second = BiLM(tiny(), VOCAB), BiLM(tiny(), VOCAB)
-    run_dir.put_model(first, "best")
-    run_dir.put_model(second, "best")
-    names = sorted(Path(p).name for p in run_dir.fs.ls(run_dir.path, detail=False))
-    assert names == ["FINISHED.json", "best"]  # nothing half-written left behind
-    if local:
-        kept = load_bilm(tmp_path / "run" / "best")
-        torch.testing.assert_close(kept.state_dict(), second.state_dict())

@@ -1,6 +1,7 @@
 """The per-worker training loop on CPU, without Ray: the same seed gives the same losses, and a run
-stopped after its checkpoint at step 3 and resumed equals 6 straight steps, loss for loss and
-weight for weight. Progress goes to a real MLflow SQLite store under ``tmp_path``."""
+stopped while saving its step-6 checkpoint, resumed from the complete one at step 3, equals 6
+straight steps, loss for loss and weight for weight. Progress goes to a real MLflow SQLite store
+under ``tmp_path``."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ from mlflow import MlflowClient
 
 from elmo_core.model.serialization import load_bilm
 from pipelines.common import tracking
+from pipelines.train.checkpoint_store import CheckpointStore
 from pipelines.train.checkpoints import MODEL_DIR
 from pipelines.train.config import resolve_train_config
 from pipelines.train.loop import WorkerConfig, train_loop
+from pipelines.train.run_directory import RunDirectory
 from pipelines.train.runtime import LocalRuntime, Metrics
 
 STEPS = 6
@@ -30,13 +33,16 @@ RECIPE = [
 
 
 class Preempted(Exception):
-    """The job stopped right after a checkpoint (a preempted machine)."""
+    """The job stopped while a checkpoint was being saved (a preempted machine)."""
 
 
-class PreemptedAfterFirstCheckpoint(LocalRuntime):
-    def report(self, metrics: Metrics, checkpoint_dir: Path) -> None:
-        super().report(metrics, checkpoint_dir)
-        raise Preempted
+class PreemptedDuringSecondCheckpoint(LocalRuntime):
+    """Stops after the second checkpoint's parts are saved, before it is committed."""
+
+    def report(self, metrics: Metrics) -> None:
+        if len(self.reported) == 1:
+            raise Preempted
+        super().report(metrics)
 
 
 @pytest.fixture
@@ -58,7 +64,9 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> MlflowClient:
     return MlflowClient(tracking.use_tracking())
 
 
-def _config(dataset: str, tmp_path: Path, name: str) -> WorkerConfig:
+def _config(
+    dataset: str, tmp_path: Path, name: str, resume_step: int | None = None
+) -> WorkerConfig:
     """What the driver would resolve: the tiny model, 6 steps, an MLflow run opened for it."""
     with tracking.stage_run("train", run_name=name) as run:
         run_id = run.info.run_id
@@ -72,6 +80,7 @@ def _config(dataset: str, tmp_path: Path, name: str) -> WorkerConfig:
         validation_windows=2,
         mlflow_tracking_uri=tracking.use_tracking(),
         mlflow_run_id=run_id,
+        resume_step=resume_step,
     )
 
 
@@ -84,8 +93,14 @@ def _losses(store: MlflowClient, cfg: WorkerConfig) -> list[float]:
     return _history(store, cfg, "train/sampled_loss")
 
 
-def _final_weights(runtime: LocalRuntime) -> dict[str, torch.Tensor]:
-    return load_bilm(runtime.checkpoints()[-1] / MODEL_DIR).state_dict()
+def _store(cfg: WorkerConfig) -> CheckpointStore:
+    return CheckpointStore(RunDirectory(cfg.run_dir))
+
+
+def _final_weights(cfg: WorkerConfig) -> dict[str, torch.Tensor]:
+    final = _store(cfg).newest()
+    assert final is not None and final.step == STEPS
+    return load_bilm(Path(cfg.run_dir) / final.name / MODEL_DIR).state_dict()
 
 
 def _assert_same_weights(
@@ -100,9 +115,9 @@ def test_the_same_seed_gives_the_same_losses_and_weights(store, dataset, tmp_pat
     runs = []
     for name in ("first", "second"):
         cfg = _config(dataset, tmp_path, name)
-        runtime = LocalRuntime(tmp_path / name / "checkpoints")
+        runtime = LocalRuntime()
         train_loop(cfg, runtime)
-        runs.append((_losses(store, cfg), _final_weights(runtime), runtime.reported))
+        runs.append((_losses(store, cfg), _final_weights(cfg), runtime.reported))
 
     (first_losses, first_weights, first_reports), (second_losses, second_weights, _) = runs
     assert len(first_losses) == STEPS and all(loss > 0 for loss in first_losses)
@@ -116,21 +131,25 @@ def test_three_steps_checkpoint_resume_three_steps_equals_six_straight(
     store, dataset, tmp_path
 ) -> None:
     straight_cfg = _config(dataset, tmp_path, "straight")
-    straight = LocalRuntime(tmp_path / "straight-checkpoints")
+    straight = LocalRuntime()
     train_loop(straight_cfg, straight)
 
-    resumed_cfg = _config(dataset, tmp_path, "resumed")
-    checkpoints = tmp_path / "resumed-checkpoints"
+    stopped_cfg = _config(dataset, tmp_path, "resumed")
     with pytest.raises(Preempted):
-        train_loop(resumed_cfg, PreemptedAfterFirstCheckpoint(checkpoints))
-    assert len(_losses(store, resumed_cfg)) == 3
-    resumed = LocalRuntime(checkpoints)  # a new session on the same storage: resumes
+        train_loop(stopped_cfg, PreemptedDuringSecondCheckpoint())
+    assert len(_losses(store, stopped_cfg)) == STEPS  # trained on, but step 6 is not committed
+    checkpoints = _store(stopped_cfg)
+    assert [c.step for c in checkpoints.remove_incomplete()] == [STEPS]  # what the driver does
+    newest = checkpoints.newest()
+    assert newest is not None and newest.step == 3
+    resumed_cfg = stopped_cfg.model_copy(update={"resume_step": newest.step})
+    resumed = LocalRuntime()
     train_loop(resumed_cfg, resumed)
 
     assert [report["resumed_from_step"] for report in resumed.reported] == [3]
     assert [report["step"] for report in resumed.reported] == [STEPS]
-    assert _losses(store, resumed_cfg) == _losses(store, straight_cfg)
-    _assert_same_weights(_final_weights(resumed), _final_weights(straight))
+    straight_losses = _losses(store, straight_cfg)
+    # steps 4-6 were logged twice, before the stop and after the resume: the same values
+    assert sorted(_losses(store, resumed_cfg)) == sorted(straight_losses + straight_losses[3:])
+    _assert_same_weights(_final_weights(resumed_cfg), _final_weights(straight_cfg))
     assert resumed.reported[-1]["best_perplexity"] == straight.reported[-1]["best_perplexity"]
-    validation = [_history(store, cfg, "val/perplexity") for cfg in (resumed_cfg, straight_cfg)]
-    assert len(validation[0]) == 2 and validation[0] == validation[1]

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.train.checkpoints import RunDirectory
 from pipelines.train.ray_job import (
     RayJobsUnreachable,
     TrainJob,
@@ -17,6 +16,7 @@ from pipelines.train.ray_job import (
     connect_jobs,
     finished_run,
 )
+from pipelines.train.run_directory import RunDirectory
 
 
 @pytest.fixture
