@@ -32,7 +32,7 @@ def run_app(
     """Run a typer app or click command as a function: the exit status, with user errors
     printed as one line."""
     try:
-        app(args=argv, prog_name=prog_name, standalone_mode=False)
+        status = app(args=argv, prog_name=prog_name, standalone_mode=False)
     except ElmoError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -46,7 +46,7 @@ def run_app(
     except CLICK_ERRORS as err:  # a usage error: the usage line and the problem, status 2
         err.show()
         return err.exit_code
-    return 0
+    return status if isinstance(status, int) else 0  # a raised typer.Exit(code) returns code
 
 
 def run_command(

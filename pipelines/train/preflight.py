@@ -45,6 +45,12 @@ def plan_training(
     dataset_sha256 = manifest_sha256(data)
     manifest = load_manifest(data)
     _check_dataset(data, manifest, cfg.run.num_workers)
+    if cfg.model.num_samples >= manifest.vocab.size:
+        raise ConfigError(
+            f"{cfg.model.num_samples} sampled candidates, but the dataset's vocabulary has only "
+            f"{manifest.vocab.size} words: use fewer, or a bigger corpus",
+            key="model.num_samples",
+        )
     source = None
     if init_from is not None:
         source = resolve_bilm(init_from, init_options, options_key="init_options")

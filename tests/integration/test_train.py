@@ -9,18 +9,27 @@ same command, checked against a straight run weight for weight.
 from __future__ import annotations
 
 import json
+import os
 import random
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from elmo_core.config import PrepareConfig
+from elmo_core.errors import DataError
 from elmo_core.model.serialization import load_bilm
 from pipelines.common import tracking
 from pipelines.prepare.corpus_sources import CorpusFiles
 from pipelines.prepare.stage import prepare_files
-from pipelines.train.config import resolve_train_config
+from pipelines.train.config import manifest_sha256, resolve_train_config, run_name
 from pipelines.train.run_directory import FINISHED_FILE
 from pipelines.train.stage import FAIL_ONCE_ENV, main, train
 from pipelines.train.supervision import TrainingFailed
@@ -170,3 +179,73 @@ def test_a_killed_run_resumes_from_its_newest_checkpoint_and_equals_a_straight_r
         assert torch.equal(tensor, expected[name]), name
     kept = sorted(path.name for path in (run_dir / "checkpoints").iterdir())
     assert kept == ["step_000010", "step_000012"]
+
+
+def test_a_user_error_in_a_worker_is_raised_once_as_itself_and_the_run_failed(
+    ray_session, store, dataset, tmp_path, capsys
+) -> None:
+    corrupt = tmp_path / "dataset"
+    shutil.copytree(dataset, corrupt)
+    for shard in (corrupt / "train").glob("*.parquet"):  # same size: only the checksum tells
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        shard.write_bytes(bytes(data))
+    cfg = resolve_train_config(
+        "tiny",
+        None,
+        [*SMALL_RUN, "train.max_steps=4", "run.max_failures=3", f"run.storage_path={tmp_path}"],
+    )
+    with pytest.raises(DataError, match="checksum does not match") as raised:
+        train(cfg, str(corrupt))
+    assert raised.value.path is not None and raised.value.path.startswith(str(corrupt / "train"))
+    assert "restarting" not in capsys.readouterr().out  # not retried: it would fail again
+    failed = tracking.find_run(run_name(cfg, manifest_sha256(str(corrupt))), "train")
+    assert failed is not None and failed.info.status == "FAILED"
+
+
+@pytest.mark.timeout(400)
+def test_ctrl_c_stops_the_run_killed_and_the_same_command_resumes_it(
+    store, dataset, tmp_path
+) -> None:
+    args = ["--data", dataset, "--model", "tiny", "--no-register"]
+    overrides = [
+        *SMALL_RUN,
+        "train.max_steps=60",
+        "train.checkpoint_every=5",
+        "train.validate_every=50",
+        f"run.storage_path={tmp_path / 'runs'}",
+    ]
+    for override in overrides:
+        args += ["--set", override]
+    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking.use_tracking()}
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "pipelines.train", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+    )
+    deadline = time.monotonic() + 240
+    while not list((tmp_path / "runs").glob("*/checkpoints/*/COMPLETE")):
+        assert driver.poll() is None and time.monotonic() < deadline, driver.communicate()
+        time.sleep(0.5)
+    os.killpg(driver.pid, signal.SIGINT)  # Ctrl-C reaches the whole foreground group
+    out, err = driver.communicate(timeout=120)
+
+    assert driver.returncode == 130, err[-3000:]
+    stopped = re.search(r"interrupted: (bilm-\w+) stopped; the same command resumes it from its "
+                        r"checkpoint at step (\d+):\n  (.*)", err)  # fmt: skip
+    assert stopped, err[-3000:]
+    assert stopped.group(3) == shlex.join(["python", "-m", "pipelines.train", *args])
+    name, step = stopped.group(1), int(stopped.group(2))
+    killed = tracking.find_run(name, "train")
+    assert killed is not None and killed.info.status == "KILLED"
+
+    import ray
+
+    ray.shutdown()  # the resumed run starts its own, as the command would
+    resumed = train(resolve_train_config("tiny", None, overrides), dataset)
+    assert resumed.run_name == name and resumed.resumed_from_step >= step > 0
+    assert resumed.steps == 60
+    assert store.get_run(resumed.mlflow_run_id).info.status == "FINISHED"
