@@ -12,13 +12,14 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from urllib.parse import urlparse
 
-from mlflow.entities import Param, RunStatus
+from mlflow.entities import Param
 from mlflow.tracking import MlflowClient
 from pydantic import BaseModel
 
 from pipelines.common.tracking import (
     EXPERIMENT,
     STAGE_TAG,
+    ended_status,
     ensure_experiment,
     flatten_params,
     use_tracking,
@@ -39,7 +40,8 @@ def parent_run(
     """Open the flow run's parent run (tagged with the flow run's id, "" outside a flow run);
     yields its run id.
 
-    The run ends FINISHED when the block completes and FAILED when it raises.
+    The run ends FINISHED when the block completes, KILLED when it is interrupted and FAILED
+    when it raises.
     """
     use_tracking()
     ensure_experiment()
@@ -57,10 +59,10 @@ def parent_run(
         client.log_batch(run_id, params=flat[start : start + MAX_PARAMS_PER_BATCH])
     try:
         yield run_id
-    except BaseException:
-        client.set_terminated(run_id, RunStatus.to_string(RunStatus.FAILED))
+    except BaseException as error:
+        client.set_terminated(run_id, ended_status(error))
         raise
-    client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))
+    client.set_terminated(run_id, ended_status(None))
 
 
 def run_links(run_ids: Mapping[str, str]) -> list[str]:

@@ -62,13 +62,19 @@ def stage_run(
         run = mlflow.start_run(run_name=run_name, parent_run_id=parent, tags=all_tags)
     try:
         yield run
-    except KeyboardInterrupt:
-        mlflow.end_run(RunStatus.to_string(RunStatus.KILLED))
+    except BaseException as error:
+        mlflow.end_run(ended_status(error))
         raise
-    except BaseException:
-        mlflow.end_run(RunStatus.to_string(RunStatus.FAILED))
-        raise
-    mlflow.end_run(RunStatus.to_string(RunStatus.FINISHED))
+    mlflow.end_run(ended_status(None))
+
+
+def ended_status(error: BaseException | None) -> str:
+    """How a run ends: FINISHED without ``error``, KILLED when interrupted, else FAILED."""
+    if error is None:
+        return RunStatus.to_string(RunStatus.FINISHED)
+    if isinstance(error, KeyboardInterrupt):
+        return RunStatus.to_string(RunStatus.KILLED)
+    return RunStatus.to_string(RunStatus.FAILED)
 
 
 @contextmanager

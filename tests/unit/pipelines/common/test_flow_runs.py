@@ -57,6 +57,15 @@ def test_a_stage_run_nests_under_the_parent_and_a_failure_ends_it_failed(
     assert store.get_run(child.info.run_id).data.tags["mlflow.parentRunId"] == run_id
 
 
+def test_an_interrupted_flow_ends_its_parent_run_killed(store: MlflowClient) -> None:
+    params = _Params(name="x", values={})
+    interrupted = pytest.raises(KeyboardInterrupt)
+    with interrupted, flow_runs.parent_run("adapt", "cold-elk", "flow-3", params) as run_id:
+        raise KeyboardInterrupt
+
+    assert store.get_run(run_id).info.status == "KILLED"
+
+
 def test_run_links_on_the_embedded_store_list_ids_and_how_to_open_the_ui(
     store: MlflowClient,
 ) -> None:
