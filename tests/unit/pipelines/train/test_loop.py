@@ -111,7 +111,7 @@ def _assert_same_weights(
         assert torch.equal(tensor, expected[name]), name
 
 
-def test_the_same_seed_gives_the_same_losses_and_weights(store, dataset, tmp_path) -> None:
+def test_the_same_seed_gives_the_same_losses_and_weights(store, dataset, tmp_path, capsys) -> None:
     runs = []
     for name in ("first", "second"):
         cfg = _config(dataset, tmp_path, name)
@@ -125,6 +125,13 @@ def test_the_same_seed_gives_the_same_losses_and_weights(store, dataset, tmp_pat
     assert second_losses == first_losses
     _assert_same_weights(second_weights, first_weights)
     assert [report["step"] for report in first_reports] == [3, STEPS]
+    # validation scores a sample of the heldout split: never called "heldout perplexity"
+    printed = capsys.readouterr().out
+    assert "validation perplexity" in printed and "on a 20-sentence heldout sample" in printed
+    assert "heldout perplexity" not in printed
+    assert {"validation/perplexity", "validation/best_perplexity"} <= set(
+        store.get_run(cfg.mlflow_run_id).data.metrics
+    )
 
 
 def test_three_steps_checkpoint_resume_three_steps_equals_six_straight(
