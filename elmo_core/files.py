@@ -4,6 +4,10 @@ Every writer of a dataset shard, a model file or a manifest goes through :func:`
 content is written under a temporary name in the same directory and renamed into place, so a
 crash leaves either the old file or the new one, never half of one (DESIGN.md §5). Reading a
 file that may be remote goes through :func:`open_url`.
+
+``tempfile`` creates its files 0600 and directories 0700 whatever the umask; what it stages is
+given the mode an ordinary ``open``/``mkdir`` would have (:func:`follow_umask`), so a team's
+shared dataset or run directory is readable by whom the umask allows.
 """
 
 from __future__ import annotations
@@ -20,13 +24,49 @@ ResultT = TypeVar("ResultT")
 _TEMPORARY_NAME = re.compile(r"\..+\.[a-z0-9_]{8}")  # mkstemp(prefix=".NAME."): 8 random chars
 
 
+def current_umask() -> int:
+    """The process's umask, read without changing it (``/proc``), else by setting it back."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def follow_umask(path: Path) -> None:
+    """Give ``path`` (a file, or a directory and all under it) the mode the umask allows:
+    0666 for files, 0777 for directories, less the umask."""
+    mask = current_umask()
+    if not path.is_dir():
+        path.chmod(0o666 & ~mask)
+        return
+    path.chmod(0o777 & ~mask)
+    for entry in path.rglob("*"):
+        entry.chmod((0o777 if entry.is_dir() else 0o666) & ~mask)
+
+
+def make_staging_dir(parent: Path, prefix: str) -> Path:
+    """A new, uniquely named directory under ``parent`` with the umask's mode."""
+    staging = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    follow_umask(staging)
+    return staging
+
+
 def atomic_write(path: Path, write: Callable[[Path], ResultT]) -> ResultT:
-    """``write(temporary)``, then rename ``temporary`` to ``path``; returns what it returned."""
+    """``write(temporary)``, then rename ``temporary`` to ``path``; returns what it returned.
+
+    The file ends with the umask's mode, as if ``write`` had opened ``path`` itself.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     os.close(descriptor)
     try:
         result = write(Path(temporary))
+        follow_umask(Path(temporary))
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)

@@ -19,7 +19,7 @@ from typing import Any
 
 import fsspec
 
-from elmo_core.files import atomic_write
+from elmo_core.files import atomic_write, follow_umask, make_staging_dir
 from elmo_core.model.bilm import BiLM
 from elmo_core.model.serialization import save_bilm
 
@@ -96,8 +96,9 @@ class RunDirectory:
             return
         parent = Path(target).parent
         parent.mkdir(parents=True, exist_ok=True)
-        incoming = Path(tempfile.mkdtemp(prefix=f".{Path(target).name}.", dir=parent))
+        incoming = make_staging_dir(parent, prefix=f".{Path(target).name}.")
         shutil.copytree(local, incoming, dirs_exist_ok=True)
+        follow_umask(incoming)  # copytree kept the staging directory's 0700
         if Path(target).exists():
             shutil.rmtree(target)
         incoming.rename(target)

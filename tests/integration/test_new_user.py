@@ -40,8 +40,18 @@ def test_prepare_train_evaluate_with_relative_paths_from_a_fresh_directory(tmp_p
     sentences = [" ".join(rng.choices(words, k=rng.randint(3, 9))) for _ in range(600)]
     (tmp_path / "corpus.txt").write_text("\n".join(sentences) + "\n", encoding="utf-8")
 
-    _elmo(tmp_path, "prepare", "--corpus", "corpus.txt", "--out", "data", "--format", "text",
-          "--set", "heldout_fraction=0.1")
+    _elmo(
+        tmp_path,
+        "prepare",
+        "--corpus",
+        "corpus.txt",
+        "--out",
+        "data",
+        "--format",
+        "text",
+        "--set",
+        "heldout_fraction=0.1",
+    )
     assert (tmp_path / "data" / "manifest.json").is_file()
 
     trained = _elmo(

@@ -45,3 +45,19 @@ def test_the_temporary_of_a_killed_writer_is_found_and_removed(tmp_path):
     assert remove_temporaries(tmp_path) == left
     assert sorted(p.name for p in tmp_path.iterdir()) == [".keep", "out.txt"]
     assert (tmp_path / "out.txt").read_text() == "old"
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_written_files_and_staging_directories_follow_the_umask(tmp_path, umask):
+    import os
+
+    from elmo_core.files import make_staging_dir
+
+    previous = os.umask(umask)
+    try:
+        atomic_write(tmp_path / "out.txt", lambda temporary: temporary.write_text("x"))
+        staging = make_staging_dir(tmp_path, prefix=".staging.")
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "out.txt").stat().st_mode & 0o777 == 0o666 & ~umask
+    assert staging.stat().st_mode & 0o777 == 0o777 & ~umask

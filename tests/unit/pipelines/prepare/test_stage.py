@@ -317,3 +317,18 @@ def test_a_second_run_into_the_same_output_reads_the_new_word_type_table(tmp_pat
     for split in ("train", "heldout"):
         got = [batch.types.tolist() for batch in iter_sentences(out, split)]
         assert got == [batch.types.tolist() for batch in iter_sentences(fresh, split)]
+
+
+def test_a_shared_dataset_follows_the_umask(tmp_path):
+    """A team's umask 002: every file group-writable 0664, every directory 0775."""
+    import os
+
+    corpus = write_corpus(tmp_path / "corpus", num_train=1, num_heldout=1, lines=40)
+    previous = os.umask(0o002)
+    try:
+        prepare_files(config(), corpus, str(tmp_path / "out"))
+    finally:
+        os.umask(previous)
+    written = list((tmp_path / "out").rglob("*"))
+    assert {path.stat().st_mode & 0o777 for path in written if path.is_file()} == {0o664}
+    assert {path.stat().st_mode & 0o777 for path in written if path.is_dir()} == {0o775}

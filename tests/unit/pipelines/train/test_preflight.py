@@ -84,8 +84,11 @@ def test_a_storage_path_that_cannot_be_written_names_the_key(dataset, tmp_path):
     assert raised.value.key == "run.storage_path"
 
 
-def test_the_checks_never_start_ray(dataset):
+def test_the_checks_never_start_ray(dataset, monkeypatch):
     import ray
 
+    def refuse(*args, **kwargs):
+        raise AssertionError("plan_training started Ray")
+
+    monkeypatch.setattr(ray, "init", refuse)
     plan_training(_config(), dataset)
-    assert not ray.is_initialized()
