@@ -11,7 +11,7 @@ which sentence depends on T. Here rows pull in time order (the row that runs out
 first, ties by row index), which is exactly bilm-tf's order for T = 1 and the same for every T.
 So an evaluation with T = 20 scores the same streams as bilm-tf's one-token-per-step test.
 
-The source is this rank's (shard, row group) units of the split (:func:`partition_shards`). With
+The source is this rank's units of the split (:func:`partition_split`). With
 ``shuffle`` the unit order and the sentence order within each unit are drawn per epoch from
 ``(seed, epoch)``; only one row group is decoded at a time. With ``repeat`` the source wraps
 around forever, so every rank runs the same global number of steps.
@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from elmo_core.config import TrainConfig
-from elmo_core.data.manifest import Manifest, ShardInfo, load_manifest
-from elmo_core.data.reader import SentenceBatch, partition_shards, read_row_group, select_shards
+from elmo_core.data.manifest import Manifest, load_manifest
+from elmo_core.data.reader import ReadUnit, SentenceBatch, partition_split, read_unit, select_shards
 from elmo_core.errors import DataError
 
 __all__ = ["TokenStream", "Window", "training_steps", "window_char_ids"]
@@ -77,7 +77,7 @@ class _SentenceSource:
     def __init__(
         self,
         dataset_url: str,
-        units: list[tuple[ShardInfo, int]],
+        units: list[ReadUnit],
         files: Sequence[str] | None,
         *,
         vocab_size: int,
@@ -119,9 +119,8 @@ class _SentenceSource:
         if self._shuffle:
             unit_order = np.random.default_rng([self._seed, self.epoch]).permutation(unit_order)
         position = int(unit_order[self.unit])
-        shard, group = self._units[position]
-        self._batch = read_row_group(
-            self._url, shard, group, self._files, vocab_size=self._vocab_size
+        self._batch = read_unit(
+            self._url, self._units[position], self._files, vocab_size=self._vocab_size
         )
         count = self._batch.num_sentences
         if self._shuffle:
@@ -158,17 +157,13 @@ class TokenStream:
         if batch_size < 1 or unroll_steps < 1:
             raise ValueError(f"batch_size {batch_size} and unroll_steps {unroll_steps} must be ≥ 1")
         manifest = manifest or load_manifest(dataset_url)
-        units = [
-            (shard, group)
-            for shard, groups in partition_shards(
-                select_shards(manifest, split, files), rank, world_size
-            )
-            for group in groups
-        ]
+        units = partition_split(
+            dataset_url, select_shards(manifest, split, files), rank, world_size
+        )
         if repeat and not units:
             raise DataError(
-                f"rank {rank} of {world_size} has no {split} data to repeat: use "
-                "fewer workers or smaller row groups",
+                f"rank {rank} of {world_size} has no {split} data to repeat: the split has "
+                f"fewer sentences than workers; use fewer workers",
                 path=dataset_url,
             )
         self.batch_size, self.unroll_steps, self.reverse = batch_size, unroll_steps, reverse

@@ -6,11 +6,13 @@ The one way later stages (training streams, evaluation) read shards::
     for batch in iter_sentences(url, "train", rank=rank, world_size=world_size):
         batch.types, batch.targets, batch.offsets   # flat int32 ids, (S+1,) sentence offsets
 
-Each yielded :class:`SentenceBatch` is one Parquet row group. Partitioning is by shard
-(round-robin: shard i goes to rank i % world_size) when there are at least as many shards as
-workers, else by (shard, row group) pairs, so no worker reads the whole corpus and the union of all
-ranks is the whole split, each sentence once. Every shard's sha256 is checked against the
-manifest when it is opened; a mismatch is a :class:`DataError` naming the shard.
+Each yielded :class:`SentenceBatch` is one Parquet row group (or this rank's rows of it).
+Partitioning is by shard (round-robin: shard i goes to rank i % world_size) when there are at
+least as many shards as workers, else by (shard, row group) pairs, so no worker reads the whole
+corpus; a split with fewer row groups than workers (a small dataset) is dealt sentence by
+sentence, so any split with at least one sentence per worker feeds every worker. Either way the
+union of all ranks is the whole split, each sentence once. Every shard's sha256 is checked
+against the manifest when it is opened; a mismatch is a :class:`DataError` naming the shard.
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ __all__ = [
     "load_manifest",
     "load_vocab",
     "load_word_types",
-    "partition_shards",
-    "read_row_group",
+    "ReadUnit",
+    "partition_split",
+    "read_unit",
     "select_shards",
 ]
 
@@ -136,19 +139,45 @@ def _matches(name: str, pattern: str) -> bool:
     return pattern in name
 
 
-def partition_shards(
-    shards: Sequence[ShardInfo], rank: int, world_size: int
-) -> list[tuple[ShardInfo, list[int]]]:
-    """This rank's (shard, row groups) work: whole shards round-robin, else row groups."""
+@dataclass(frozen=True)
+class ReadUnit:
+    """A rank's share of one row group: its rows ``first::step`` (all of them by default)."""
+
+    shard: ShardInfo
+    group: int
+    first: int = 0
+    step: int = 1
+
+
+def partition_split(
+    dataset_url: str, shards: Sequence[ShardInfo], rank: int, world_size: int
+) -> list[ReadUnit]:
+    """This rank's units: whole shards round-robin, else row groups, else dealt sentences.
+
+    Dealing reads the row groups' sizes from the Parquet footers; it only happens when the split
+    has fewer row groups than workers, so a few small files.
+    """
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} outside world size {world_size}")
     if len(shards) >= world_size:
-        return [(shard, list(range(shard.num_row_groups))) for shard in shards[rank::world_size]]
-    units = [(shard, group) for shard in shards for group in range(shard.num_row_groups)]
-    mine: dict[str, tuple[ShardInfo, list[int]]] = {}
-    for shard, group in units[rank::world_size]:
-        mine.setdefault(shard.path, (shard, []))[1].append(group)
-    return list(mine.values())
+        return [
+            ReadUnit(shard, group)
+            for shard in shards[rank::world_size]
+            for group in range(shard.num_row_groups)
+        ]
+    groups = [(shard, group) for shard in shards for group in range(shard.num_row_groups)]
+    if len(groups) >= world_size:
+        return [ReadUnit(shard, group) for shard, group in groups[rank::world_size]]
+    units, offset = [], 0  # sentence i of the split (in shard, group order) goes to i % world_size
+    for shard in shards:
+        with fsspec.open(join_url(dataset_url, shard.path), "rb") as handle:
+            metadata = pq.ParquetFile(handle).metadata
+        for group in range(shard.num_row_groups):
+            first = (rank - offset) % world_size
+            if first < metadata.row_group(group).num_rows:
+                units.append(ReadUnit(shard, group, first, world_size))
+            offset += metadata.row_group(group).num_rows
+    return units
 
 
 def iter_sentences(
@@ -167,22 +196,20 @@ def iter_sentences(
     """
     manifest = manifest or load_manifest(dataset_url)
     shards = select_shards(manifest, split, files)
-    for shard, groups in partition_shards(shards, rank, world_size):
-        for group in groups:
-            batch = read_row_group(dataset_url, shard, group, files, vocab_size=manifest.vocab.size)
-            if batch.num_sentences:
-                yield batch
+    for unit in partition_split(dataset_url, shards, rank, world_size):
+        batch = read_unit(dataset_url, unit, files, vocab_size=manifest.vocab.size)
+        if batch.num_sentences:
+            yield batch
 
 
-def read_row_group(
+def read_unit(
     dataset_url: str,
-    shard: ShardInfo,
-    group: int,
+    unit: ReadUnit,
     files: Sequence[str] | None = None,
     *,
     vocab_size: int,
 ) -> SentenceBatch:
-    """One row group of a shard (only its bytes are read once the shard has been verified).
+    """A unit's rows of a row group (only its bytes are read once the shard has been verified).
 
     Shards store type ids only; the targets are the vocabulary's own ids (type id = vocabulary
     id below ``vocab_size``, the manifest's ``vocab.size``) and ``<UNK>`` for every other type.
@@ -191,13 +218,18 @@ def read_row_group(
     size or modification time changes, so a training stream that visits row groups in shuffled
     order does not re-hash whole shards for every group.
     """
-    url = join_url(dataset_url, shard.path)
-    _verify_shard(url, shard.sha256)
+    url = join_url(dataset_url, unit.shard.path)
+    _verify_shard(url, unit.shard.sha256)
     with fsspec.open(url, "rb") as handle:
-        table = pq.ParquetFile(handle).read_row_group(group)
-    batch = _to_batch(table, shard.path, group, vocab_size)
+        table = pq.ParquetFile(handle).read_row_group(unit.group)
+    batch = _to_batch(table, unit.shard.path, unit.group, vocab_size)
+    if unit.step > 1:
+        dealt = np.zeros(batch.num_sentences, dtype=bool)
+        dealt[unit.first :: unit.step] = True
+        batch = _keep(batch, dealt)
     if files is not None and batch.source_files is not None:
-        batch = _keep_files(batch, files)
+        keep = np.array([any(_matches(f, p) for p in files) for f in batch.source_files], bool)
+        batch = _keep(batch, keep)
     return batch
 
 
@@ -209,7 +241,9 @@ def _verify_shard(url: str, sha256: str) -> None:
         fs, path = fsspec.core.url_to_fs(url)
         info = fs.info(path)
     except FileNotFoundError:
-        raise DataError("shard listed in the manifest is missing", path=url) from None
+        raise DataError(
+            "shard listed in the manifest is missing: re-run prepare, which repairs it", path=url
+        ) from None
     version = (
         f"{info.get('size')}:{info.get('mtime') or info.get('LastModified') or info.get('ETag')}"
     )
@@ -220,7 +254,11 @@ def _verify_shard(url: str, sha256: str) -> None:
         for chunk in iter(lambda: handle.read(1 << 22), b""):
             digest.update(chunk)
     if digest.hexdigest() != sha256:
-        raise DataError("shard checksum does not match the manifest (corrupt or changed)", path=url)
+        raise DataError(
+            "shard checksum does not match the manifest (corrupt or changed): re-run prepare, "
+            "which repairs it",
+            path=url,
+        )
     _VERIFIED.add((url, sha256, version))
 
 
@@ -242,9 +280,8 @@ def _to_batch(table: pa.Table, shard: str, group: int, vocab_size: int) -> Sente
     )
 
 
-def _keep_files(batch: SentenceBatch, files: Sequence[str]) -> SentenceBatch:
-    assert batch.source_files is not None and batch.lines is not None
-    keep = np.array([any(_matches(f, p) for p in files) for f in batch.source_files], dtype=bool)
+def _keep(batch: SentenceBatch, keep: np.ndarray) -> SentenceBatch:
+    """The batch's sentences where ``keep`` (S,) is true."""
     if keep.all():
         return batch
     starts, ends = batch.offsets[:-1][keep], batch.offsets[1:][keep]
@@ -258,6 +295,8 @@ def _keep_files(batch: SentenceBatch, files: Sequence[str]) -> SentenceBatch:
         offsets=offsets,
         shard=batch.shard,
         row_group=batch.row_group,
-        source_files=[f for f, k in zip(batch.source_files, keep, strict=True) if k],
-        lines=batch.lines[keep],
+        source_files=None
+        if batch.source_files is None
+        else [f for f, k in zip(batch.source_files, keep, strict=True) if k],
+        lines=None if batch.lines is None else batch.lines[keep],
     )

@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from elmo_core.config import PrepareConfig
+from elmo_core.data.manifest import load_manifest
 from elmo_core.errors import DataError
 from elmo_core.model.serialization import load_bilm
 from pipelines.common import tracking
@@ -135,6 +136,36 @@ def test_two_workers_survive_a_killed_worker_and_record_the_run(
     assert "already registered as models:/elmo-bilm/1" in capsys.readouterr().out
     versions = store.search_model_versions("name = 'elmo-bilm'")
     assert [v.run_id for v in versions] == [result.mlflow_run_id]
+    assert store.get_run(result.mlflow_run_id).info.status == "FINISHED"
+
+
+def test_a_dataset_with_fewer_row_groups_than_workers_trains_on_two(
+    ray_session, store, tmp_path
+) -> None:
+    """One row group per split and two workers: sentences are dealt, so both ranks train."""
+    rng = random.Random(1)
+    (tmp_path / "train.txt").write_text("\n".join(_sentences(rng, 60)) + "\n")
+    (tmp_path / "heldout.txt").write_text("\n".join(_sentences(rng, 8)) + "\n")
+    corpus = CorpusFiles(
+        str(tmp_path), "text", [tmp_path / "train.txt"], [tmp_path / "heldout.txt"]
+    )
+    small = str(tmp_path / "small")
+    prepare_files(PrepareConfig(format="text"), corpus, small)
+    splits = load_manifest(small).splits
+    assert [shard.num_row_groups for split in splits.values() for shard in split.shards] == [1, 1]
+    cfg = resolve_train_config(
+        "tiny",
+        None,
+        [
+            *SMALL_RUN,
+            "train.max_steps=4",
+            "train.validate_every=4",
+            "run.num_workers=2",
+            f"run.storage_path={tmp_path / 'runs'}",
+        ],
+    )
+    result = train(cfg, small)
+    assert result.steps == 4 and result.best_perplexity is not None
     assert store.get_run(result.mlflow_run_id).info.status == "FINISHED"
 
 

@@ -158,12 +158,17 @@ def test_ranks_read_disjoint_parts_that_cover_the_split(make_dataset):
     assert total == everything and all(sum(p.values()) for p in parts)
 
 
-def test_a_rank_without_data_cannot_repeat(make_dataset):
+def test_one_row_group_feeds_two_ranks_and_a_rank_without_a_sentence_cannot_repeat(make_dataset):
     dataset = make_dataset(THREE, heldout_fraction=0.0)  # one shard, one row group
-    with pytest.raises(DataError, match="no train data"):
-        TokenStream(dataset, batch_size=2, unroll_steps=3, rank=1, world_size=2)
+    ranks = [
+        TokenStream(dataset, batch_size=1, unroll_steps=3, rank=rank, world_size=2, shuffle=False)
+        for rank in range(2)
+    ]
+    assert all(stream.next_window().num_tokens for stream in ranks)
+    with pytest.raises(DataError, match="fewer sentences than workers"):
+        TokenStream(dataset, batch_size=2, unroll_steps=3, rank=3, world_size=4)
     single_pass = TokenStream(
-        dataset, batch_size=2, unroll_steps=3, rank=1, world_size=2, repeat=False
+        dataset, batch_size=2, unroll_steps=3, rank=3, world_size=4, repeat=False
     )
     assert single_pass.next_window() is None
 

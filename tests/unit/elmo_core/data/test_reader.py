@@ -9,7 +9,7 @@ import pytest
 
 from elmo_core.config import PrepareConfig
 from elmo_core.data.manifest import ShardInfo, load_manifest
-from elmo_core.data.reader import iter_sentences, partition_shards, select_shards
+from elmo_core.data.reader import iter_sentences, partition_split, select_shards
 from elmo_core.errors import DataError
 from pipelines.prepare.stage import prepare_files
 
@@ -62,12 +62,46 @@ def test_fewer_shards_than_workers_partitions_row_groups():
         ShardInfo(path=f"p{i}", sha256="", num_sentences=1, num_tokens=1, num_row_groups=3)
         for i in range(2)
     ]
-    plans = [partition_shards(shards, rank, 4) for rank in range(4)]
-    units = [(s.path, g) for plan in plans for s, groups in plan for g in groups]
-    assert sorted(units) == [(f"p{i}", g) for i in range(2) for g in range(3)]
+    plans = [partition_split("unread", shards, rank, 4) for rank in range(4)]
+    units = [(unit.shard.path, unit.group, unit.step) for plan in plans for unit in plan]
+    assert sorted(units) == [(f"p{i}", g, 1) for i in range(2) for g in range(3)]
     assert all(plans)
     with pytest.raises(ValueError):
-        partition_shards(shards, 4, 4)
+        partition_split("unread", shards, 4, 4)
+
+
+@pytest.fixture(scope="module")
+def one_row_group(tmp_path_factory) -> str:
+    """Seven train sentences in one shard of one row group: fewer row groups than workers."""
+    root = tmp_path_factory.mktemp("one-row-group")
+    corpus = root / "corpus.txt"
+    corpus.write_text("\n".join(f"sentence {i} of seven" for i in range(7)) + "\n")
+    cfg = PrepareConfig(format="text", heldout_fraction=0.0)
+    prepare_files(cfg, _TextCorpus(corpus), str(root / "out"))
+    return str(root / "out")
+
+
+class _TextCorpus:
+    def __init__(self, path: Path) -> None:
+        self.source, self.train, self.heldout = str(path), [path], []
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 7])
+def test_fewer_row_groups_than_workers_deals_sentences_to_every_rank(one_row_group, world_size):
+    shards = load_manifest(one_row_group).splits["train"].shards
+    assert sum(shard.num_row_groups for shard in shards) == 1
+    whole = [
+        batch.types[batch.offsets[i] : batch.offsets[i + 1]].tolist()
+        for batch in iter_sentences(one_row_group)
+        for i in range(batch.num_sentences)
+    ]
+    for rank in range(world_size):
+        mine = [
+            batch.types[batch.offsets[i] : batch.offsets[i + 1]].tolist()
+            for batch in iter_sentences(one_row_group, rank=rank, world_size=world_size)
+            for i in range(batch.num_sentences)
+        ]
+        assert mine == whole[rank::world_size]
 
 
 def test_heldout_files_are_selected_by_name(dataset):
