@@ -27,6 +27,9 @@ def connect_ray(num_cpus: int | None = None) -> None:
 
     ``RAY_ADDRESS`` (``auto``, ``ray://...`` or ``host:port``) joins that cluster; otherwise a local
     Ray starts with ``num_cpus`` (default: all cores) and its temporary files under ``ELMO_HOME``.
+    The local start is explicit (``address="local"``): a bare ``ray.init`` would join any Ray
+    already running on the machine (a ``ray start`` head left by someone) and then refuse
+    ``num_cpus``.
     """
     if ray.is_initialized():
         return
@@ -38,6 +41,7 @@ def connect_ray(num_cpus: int | None = None) -> None:
     cpus = num_cpus or os.cpu_count() or 1
     log.info("starting a local Ray with %d CPUs", cpus)
     ray.init(
+        address="local",
         num_cpus=cpus,
         include_dashboard=False,
         object_store_memory=_local_object_store_bytes(),

@@ -34,7 +34,9 @@ class RunDirectory:
 
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")
-        self.fs, self.path = fsspec.core.url_to_fs(self.url)
+        # Ranks and the driver write here at once: a cached listing (fsspec's default for object
+        # stores) would show the driver checkpoints that rank 0 has since pruned.
+        self.fs, self.path = fsspec.core.url_to_fs(self.url, use_listings_cache=False)
         self.local = "file" in self.fs.protocol
 
     def join(self, name: str) -> str:

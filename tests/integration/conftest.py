@@ -1,10 +1,11 @@
-"""Fixtures of the integration tests: one real local Ray, an isolated tracking store, and a fresh
-Python process to load models in."""
+"""Fixtures of the integration tests: one real local Ray, an isolated tracking store, a local S3
+server (moto), and a fresh Python process to load models in."""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -19,15 +20,42 @@ from mlflow import MlflowClient
 from pipelines.common import tracking
 
 
+def _start_local_ray() -> None:
+    """A new local Ray for the tests (2 CPUs, no dashboard, a small object store), even when
+    another runs on the machine."""
+    import ray
+
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        object_store_memory=200 * 1024**2,
+    )
+
+
 @pytest.fixture(scope="session")
 def ray_session() -> Iterator[None]:
-    """``ray.init`` once per session (2 CPUs, no dashboard, a small object store)."""
+    """``ray.init`` once per session: :func:`_start_local_ray`."""
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, object_store_memory=200 * 1024**2)
+        _start_local_ray()
     yield
     ray.shutdown()
+
+
+@pytest.fixture
+def without_session_ray() -> Iterator[None]:
+    """The session's local Ray (if one runs) shut down for a test that starts its own cluster,
+    and started again after it."""
+    import ray
+
+    was_running = ray.is_initialized()
+    ray.shutdown()
+    yield
+    ray.shutdown()
+    if was_running:
+        _start_local_ray()
 
 
 @contextmanager
@@ -80,3 +108,36 @@ def fresh_python() -> Callable[[str, str, Path], Any]:
         return json.loads(done.stdout.strip().splitlines()[-1])
 
     return run
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def s3_endpoint(monkeypatch, tmp_path) -> Iterator[str]:
+    """A moto S3 server on 127.0.0.1 with a ``datasets`` bucket; every AWS client of this process
+    and of the processes it starts (Ray nodes) is pointed at it."""
+    import s3fs
+    from moto.server import ThreadedMotoServer
+
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_SESSION_TOKEN": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": endpoint,
+        "ELMO_HOME": str(tmp_path / "home"),
+    }.items():
+        monkeypatch.setenv(key, value)
+    s3fs.S3FileSystem.clear_instance_cache()
+    s3fs.S3FileSystem().mkdir("datasets")
+    yield endpoint
+    s3fs.S3FileSystem.clear_instance_cache()
+    server.stop()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
@@ -11,37 +10,6 @@ from elmo_core.config import PrepareConfig
 from elmo_core.data.reader import iter_sentences, load_manifest, load_word_types
 
 pytestmark = pytest.mark.integration
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-@pytest.fixture
-def s3_endpoint(monkeypatch, tmp_path):
-    import s3fs
-    from moto.server import ThreadedMotoServer
-
-    port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    for key, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_SESSION_TOKEN": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": endpoint,
-        "ELMO_HOME": str(tmp_path / "home"),
-    }.items():
-        monkeypatch.setenv(key, value)
-    s3fs.S3FileSystem.clear_instance_cache()
-    s3fs.S3FileSystem().mkdir("datasets")
-    yield endpoint
-    s3fs.S3FileSystem.clear_instance_cache()
-    server.stop()
 
 
 def test_prepare_writes_to_s3_and_the_reader_streams_it_back(s3_endpoint, tmp_path):
