@@ -74,12 +74,17 @@ def atomic_write(path: Path, write: Callable[[Path], ResultT]) -> ResultT:
     return result
 
 
+def is_temporary(name: str) -> bool:
+    """Is ``name`` one of :func:`atomic_write`'s temporaries (``.NAME.XXXXXXXX``)?"""
+    return _TEMPORARY_NAME.fullmatch(name) is not None
+
+
 def remove_temporaries(directory: Path) -> list[Path]:
     """Remove what :func:`atomic_write` left in ``directory`` when its process was killed before
     its clean-up ran (``.NAME.XXXXXXXX``, the temporary's name); the paths removed."""
     removed = []
     for path in directory.glob(".*"):
-        if _TEMPORARY_NAME.fullmatch(path.name) and path.is_file():
+        if is_temporary(path.name) and path.is_file():
             path.unlink(missing_ok=True)
             removed.append(path)
     return removed

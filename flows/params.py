@@ -46,6 +46,7 @@ class DataParams(Params):
         default_factory=list, description="PrepareConfig overrides, e.g. 'max_vocab=50000'"
     )
     out: str | None = Field(None, description="dataset dir or URL; default ELMO_HOME/datasets/...")
+    overwrite: bool = Field(False, description="replace another dataset found in out")
 
     @model_validator(mode="after")
     def _overrides_resolve(self) -> DataParams:

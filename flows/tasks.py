@@ -78,7 +78,9 @@ def flow_tags() -> dict[str, str]:
     retry_condition_fn=_transient,
 )
 def _prepare(data: DataParams) -> str:
-    return prepare_stage.prepare(data.prepare_config(), data.corpus, data.dataset_dir()).dataset
+    return prepare_stage.prepare(
+        data.prepare_config(), data.corpus, data.dataset_dir(), overwrite=data.overwrite
+    ).dataset
 
 
 def prepare(data: DataParams) -> str:

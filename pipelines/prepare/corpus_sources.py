@@ -42,9 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Literal, cast
 
-from tqdm import tqdm
-
 from elmo_core.errors import ConfigError, DataError
+from pipelines.common.console_progress import ProgressBar, console_progress
 from pipelines.prepare.download import (
     COMPLETE_MARKER,
     cache_entry_dir,
@@ -236,9 +235,9 @@ def check_member(member: tarfile.TarInfo, tarball: Path) -> None:
 
 
 class _ProgressReader:
-    """A read-only file wrapper that advances a tqdm bar by the compressed bytes read."""
+    """A read-only file wrapper that advances a progress bar by the compressed bytes read."""
 
-    def __init__(self, raw: BinaryIO, bar: tqdm) -> None:
+    def __init__(self, raw: BinaryIO, bar: ProgressBar) -> None:
         self._raw, self._bar = raw, bar
 
     def read(self, size: int = -1) -> bytes:
@@ -252,15 +251,7 @@ def _open_decompressed(path: Path) -> Iterator[BinaryIO]:
     """The archive as an uncompressed stream (gzip detected by its magic bytes), with progress."""
     with (
         path.open("rb") as raw,
-        tqdm(
-            total=path.stat().st_size,
-            unit="B",
-            unit_scale=True,
-            unit_divisor=1024,
-            desc=f"extract {path.name}",
-            disable=None,  # only on a terminal
-            leave=False,
-        ) as bar,
+        console_progress(path.stat().st_size, f"extract {path.name}") as bar,
     ):
         gzipped = raw.read(2) == b"\x1f\x8b"
         raw.seek(0)

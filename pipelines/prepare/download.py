@@ -29,9 +29,8 @@ import uuid
 from pathlib import Path, PurePosixPath
 from typing import IO, BinaryIO
 
-from tqdm import tqdm
-
 from elmo_core.errors import DataError
+from pipelines.common.console_progress import console_progress
 
 CHUNK_BYTES = 1 << 20
 BACKOFF_S = 1.0  # first retry delay after a failure without progress; doubles each time
@@ -142,16 +141,9 @@ def _fetch_into(url: str, part: Path, *, timeout_s: float, progress: bool) -> No
 def _copy_with_progress(
     response: BinaryIO, out: IO[bytes], offset: int, total: int | None, name: str, progress: bool
 ) -> None:
-    """Append the response body to ``out`` with a tqdm bar (bytes, rate, ETA) on a terminal."""
-    with tqdm(
-        total=total,
-        initial=offset,
-        unit="B",
-        unit_scale=True,
-        unit_divisor=1024,
-        desc=f"download {name.removesuffix('.part')}",
-        disable=not progress or None,  # None: only when attached to a terminal
-        leave=False,
+    """Append the response body to ``out`` with progress (bytes, rate, ETA)."""
+    with console_progress(
+        total, f"download {name.removesuffix('.part')}", initial=offset, enabled=progress
     ) as bar:
         while True:
             try:

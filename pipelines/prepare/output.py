@@ -5,6 +5,10 @@ filesystem); for a remote output ``local_root`` is a staging directory under ``E
 finished file is then uploaded whole (an object store never shows a partial object). The state
 record (:mod:`pipelines.prepare.state`) lists the finished shards and word-type table with their
 sha256; a re-run verifies each one and redoes what is missing or no longer matches.
+
+An output that holds another dataset (another fingerprint) is refused unless ``overwrite`` asks
+for it to be replaced, and one that holds files prepare did not write is always refused
+(:meth:`DatasetOutput.claim`); a finished dataset holds no shard its manifest does not list.
 """
 
 from __future__ import annotations
@@ -17,14 +21,20 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from elmo_core.data.manifest import ShardInfo
-from elmo_core.files import atomic_write, remove_temporaries, sha256_file
+from elmo_core.data.manifest import MANIFEST_NAME, Manifest, ShardInfo
+from elmo_core.errors import DataError
+from elmo_core.files import atomic_write, is_temporary, remove_temporaries, sha256_file
 from pipelines.prepare.download import is_remote_url
 from pipelines.prepare.state import PrepareState
 
 STATE_NAME = "prepare_state.json"
 WORK_NAME = ".prepare-work"
 WORD_TYPES_NAME = "word_types.parquet"
+SHARD_DIRS = ("train", "heldout")
+# Everything prepare writes at the top of a dataset directory.
+DATASET_ENTRIES = frozenset(
+    {MANIFEST_NAME, STATE_NAME, WORK_NAME, WORD_TYPES_NAME, "vocab.txt", "vocab_counts.tsv"}
+) | frozenset(SHARD_DIRS)
 
 
 class DatasetOutput:
@@ -48,6 +58,44 @@ class DatasetOutput:
             self.local_root = Path(self.root)
         self.work = self.local_root / WORK_NAME / fingerprint[:16]
 
+    def claim(self, overwrite: bool) -> None:
+        """Make sure this run may write here, before anything is written.
+
+        An empty or missing directory, or this same run's (same fingerprint: a resume), is taken
+        as it is; another dataset is refused unless ``overwrite``, which removes it first; files
+        prepare does not write are never touched, so such a directory is refused either way.
+        """
+        entries = {name for name in self._entries() if not is_temporary(name)}
+        foreign = sorted(entries - DATASET_ENTRIES)
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+            raise DataError(
+                f"the output holds files prepare did not write ({shown}); choose an empty or "
+                "new --out",
+                path=self.url,
+            )
+        recorded = self._recorded_state()
+        if recorded is not None and recorded.fingerprint == self.fingerprint:
+            return  # this run's own output: resumed or verified
+        if not {MANIFEST_NAME, STATE_NAME} & entries:
+            return  # the leftovers of a run that finished nothing
+        if not overwrite:
+            raise DataError(
+                "the output holds another dataset (made from other inputs or settings); "
+                "--overwrite replaces it, or choose another --out",
+                path=self.url,
+            )
+        for name in entries:
+            self._remove(name)
+
+    def remove_unlisted_shards(self, manifest: Manifest) -> None:
+        """Remove any shard the manifest does not list (an earlier run's), before it is written."""
+        listed = {shard.path for split in manifest.splits.values() for shard in split.shards}
+        for directory in SHARD_DIRS:
+            for name in self._entries(directory):
+                if f"{directory}/{name}" not in listed and not is_temporary(name):
+                    self._remove(f"{directory}/{name}")
+
     def load_state(self) -> PrepareState:
         """The previous run's record if it is the same run, with unverifiable shards dropped."""
         fresh = PrepareState(fingerprint=self.fingerprint)
@@ -57,15 +105,8 @@ class DatasetOutput:
         for directory in (self.local_root, self.local_root / "train", self.local_root / "heldout"):
             remove_temporaries(directory)  # of a run killed mid-write (a pool terminated)
         self.work.mkdir(parents=True, exist_ok=True)
-        try:
-            if self.remote:
-                text = self.fs.cat_file(self._remote_path(STATE_NAME)).decode("utf-8")
-            else:
-                text = (self.local_root / STATE_NAME).read_text(encoding="utf-8")
-            state = PrepareState.model_validate_json(text)
-        except (FileNotFoundError, ValidationError, UnicodeDecodeError):
-            return fresh
-        if state.fingerprint != self.fingerprint:
+        state = self._recorded_state()
+        if state is None or state.fingerprint != self.fingerprint:
             return fresh
         state.shards = {
             name: info for name, info in state.shards.items() if self.verify(name, info.sha256)
@@ -142,6 +183,40 @@ class DatasetOutput:
         shutil.rmtree(self.local_root / WORK_NAME, ignore_errors=True)
         if self.remote:
             shutil.rmtree(self.local_root, ignore_errors=True)
+
+    def _entries(self, relative: str = "") -> list[str]:
+        """Names in the published directory ``relative`` (none when it does not exist)."""
+        if not self.remote:
+            directory = self.local_root / relative
+            return [entry.name for entry in directory.iterdir()] if directory.is_dir() else []
+        path = self._remote_path(relative).rstrip("/")
+        try:
+            return [
+                entry.rstrip("/").rsplit("/", 1)[-1] for entry in self.fs.ls(path, detail=False)
+            ]
+        except FileNotFoundError:
+            return []
+
+    def _recorded_state(self) -> PrepareState | None:
+        """The published ``prepare_state.json``, if it is there and readable."""
+        try:
+            if self.remote:
+                text = self.fs.cat_file(self._remote_path(STATE_NAME)).decode("utf-8")
+            else:
+                text = (self.local_root / STATE_NAME).read_text(encoding="utf-8")
+            return PrepareState.model_validate_json(text)
+        except (FileNotFoundError, ValidationError, UnicodeDecodeError):
+            return None
+
+    def _remove(self, relative: str) -> None:
+        if self.remote:
+            self.fs.rm(self._remote_path(relative), recursive=True)
+            return
+        path = self.local_root / relative
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
 
     def _remote_path(self, relative: str) -> str:
         return f"{self.root.rstrip('/')}/{relative}"

@@ -25,8 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tqdm import tqdm
-
 from elmo_core.config import PrepareConfig
 from elmo_core.data.manifest import (
     Manifest,
@@ -40,6 +38,7 @@ from elmo_core.data.shards import SHARD_FORMAT, SHARD_FORMAT_VERSION, FileStats
 from elmo_core.files import sha256_file
 from elmo_core.text.type_counts import TypeCounts, split_totals
 from elmo_core.text.vocab import build_vocab, read_vocab, vocab_counts_text, vocab_text, with_counts
+from pipelines.common.console_progress import console_progress
 from pipelines.prepare.count import FileCounts, count_file, vocab_with_marker_counts
 from pipelines.prepare.encode import EncodeTask, encode_file
 from pipelines.prepare.inputs import FileTask
@@ -209,8 +208,10 @@ class PrepareRun:
         spills = [self._spill_dir(task) for task in self.tasks if task.file.role == "train"]
         gather = [GatherTask(s, spills, self.output.local_root, self.cfg) for s in missing]
         results = self.pool.imap(gather_shard, gather)
-        for info in tqdm(results, total=len(gather), desc="shuffle", unit="shard", disable=None):
-            self.output.record_shard(self.state, info)
+        with console_progress(len(gather), "[prepare] shuffle", unit="shard") as bar:
+            for info in results:
+                self.output.record_shard(self.state, info)
+                bar.update(1)
         shutil.rmtree(self.output.work / "spill", ignore_errors=True)
         self.clock.lap("shuffle")
 
@@ -313,9 +314,9 @@ def num_train_shards(count: CountSummary, cfg: PrepareConfig) -> int:
 
 
 def _progress(results: Iterable[R], tasks: Sequence[FileTask], desc: str) -> Iterator[R]:
-    """tqdm over input bytes (rate and ETA), advanced as each file's result arrives."""
+    """Progress over input bytes (rate and ETA), advanced as each file's result arrives."""
     sizes = {task.file.index: task.file.path.stat().st_size for task in tasks}
-    with tqdm(total=sum(sizes.values()), desc=desc, unit="B", unit_scale=True, disable=None) as bar:
+    with console_progress(sum(sizes.values()), f"[prepare] {desc}") as bar:
         for result in results:
             item = getattr(result, "file", None)
             bar.update(sizes.get(item.index, 0) if item is not None else 0)

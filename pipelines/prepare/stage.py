@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from pipelines.prepare.inputs import FileTask, InputFile
 from pipelines.prepare.output import DatasetOutput
 from pipelines.prepare.pool import task_pool
 from pipelines.prepare.run import PrepareRun
+from pipelines.prepare.state import CountSummary
 from pipelines.prepare.tuning import tune_process
 
 
@@ -69,8 +71,9 @@ class PrepareResult:
     phase_seconds: dict[str, float]  # count, vocabulary, encode, shuffle: where the time went
 
 
-def prepare(cfg: PrepareConfig, corpus: str, out: str) -> PrepareResult:
-    """Locate ``corpus`` (path, URL, tarball, ``python-docs``) and prepare it into ``out``."""
+def prepare(cfg: PrepareConfig, corpus: str, out: str, *, overwrite: bool = False) -> PrepareResult:
+    """Locate ``corpus`` (path, URL, tarball, ``python-docs``) and prepare it into ``out``;
+    ``overwrite`` replaces another dataset found there."""
     from pipelines.common.settings import elmo_home
     from pipelines.prepare.corpus_sources import locate_corpus
 
@@ -81,24 +84,29 @@ def prepare(cfg: PrepareConfig, corpus: str, out: str) -> PrepareResult:
         sha256=cfg.sha256,
         heldout_files=cfg.heldout_files,
     )
-    return prepare_files(cfg, located, out)
+    return prepare_files(cfg, located, out, overwrite=overwrite)
 
 
-def prepare_files(cfg: PrepareConfig, corpus: CorpusInputs, out: str) -> PrepareResult:
+def prepare_files(
+    cfg: PrepareConfig, corpus: CorpusInputs, out: str, *, overwrite: bool = False
+) -> PrepareResult:
     """Prepare already-located local files into the dataset directory ``out``."""
     started = time.perf_counter()
     inputs = plan_inputs(corpus.train, corpus.heldout)
     tokenizer = Tokenizer.for_format(cfg.format).describe()
     output = DatasetOutput(out, fingerprint(cfg, corpus.source, tokenizer, inputs))
+    output.claim(overwrite)
     state = output.load_state()
     num_skipped = len(state.shards)
     tasks = file_tasks(cfg, inputs, tokenizer, output, by_fraction=not corpus.heldout)
     with task_pool(cfg.executor, cfg.workers) as pool:
         run = PrepareRun(cfg, corpus.source, tokenizer, tasks, pool, output, state)
         count = run.count()
+        warn_replaced_bytes(count.summary)
         run.encode(count)
         run.shuffle(count)
     manifest = run.manifest(count)
+    output.remove_unlisted_shards(manifest)
     output.write_text(MANIFEST_NAME, manifest.to_json())
     output.finish()
     return PrepareResult(
@@ -109,6 +117,19 @@ def prepare_files(cfg: PrepareConfig, corpus: CorpusInputs, out: str) -> Prepare
         seconds=time.perf_counter() - started,
         phase_seconds=run.clock.seconds,
     )
+
+
+def warn_replaced_bytes(summary: CountSummary) -> None:
+    """One line on the console when invalid UTF-8 was replaced: the manifest alone keeps the count,
+    and nobody reads a manifest to learn that their corpus has a wrong encoding."""
+    replaced = sum(stats.invalid_utf8_replacements for stats in summary.stats.values())
+    if replaced:
+        print(
+            f"[prepare] warning: {replaced:,} invalid UTF-8 byte sequence(s) in the corpus were "
+            "replaced by U+FFFD; --set on_invalid_utf8=fail stops at the first one, naming its "
+            "file and line",
+            file=sys.stderr,
+        )
 
 
 def plan_inputs(train: Sequence[Path], heldout: Sequence[Path]) -> list[InputFile]:
@@ -187,6 +208,7 @@ def prepare_command(
     seed: Annotated[int | None, typer.Option(help="shuffle / heldout seed")] = None,
     config: Annotated[Path | None, typer.Option(help="YAML file of PrepareConfig keys")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="key=value override")] = None,
+    overwrite: Annotated[bool, typer.Option(help="replace another dataset found in --out")] = False,
 ) -> None:
     """Prepare a corpus into Parquet shards, vocab.txt and manifest.json."""
     tune_process()  # this process exists to prepare (`elmo prepare` or `python -m`)
@@ -201,7 +223,7 @@ def prepare_command(
     }
     overrides = [f"{key}={json.dumps(value)}" for key, value in flags.items() if value is not None]
     cfg = resolve_config(PrepareConfig, None, config, [*overrides, *(set_ or [])])
-    result = prepare(cfg, corpus, out)
+    result = prepare(cfg, corpus, out, overwrite=overwrite)
     for name, split in result.manifest.splits.items():
         typer.echo(
             f"{name}: {split.num_sentences} sentences, {split.num_tokens} tokens, "

@@ -312,11 +312,62 @@ def test_a_second_run_into_the_same_output_reads_the_new_word_type_table(tmp_pat
         handle.write("words only the second corpus has\n")
     out, fresh = str(tmp_path / "out"), str(tmp_path / "fresh")
     prepare_files(config(), first, out)
-    prepare_files(config(), second, out)
+    prepare_files(config(), second, out, overwrite=True)
     prepare_files(config(), second, fresh)
     for split in ("train", "heldout"):
         got = [batch.types.tolist() for batch in iter_sentences(out, split)]
         assert got == [batch.types.tolist() for batch in iter_sentences(fresh, split)]
+
+
+def _shard_files(out: Path) -> set[str]:
+    return {str(path.relative_to(out)) for path in out.glob("*/*.parquet")}
+
+
+def test_another_dataset_in_the_output_is_refused_and_overwrite_replaces_it_whole(tmp_path):
+    corpus = write_corpus(tmp_path / "corpus", num_train=2, num_heldout=1, lines=120)
+    out = tmp_path / "out"
+    old = prepare_files(config(sentences_per_shard=50), corpus, str(out)).manifest
+    old_files = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(DataError, match=r"out: the output holds another dataset.*--overwrite"):
+        prepare_files(config(sentences_per_shard=500), corpus, str(out))
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == old_files  # untouched
+
+    new = prepare_files(config(sentences_per_shard=500), corpus, str(out), overwrite=True).manifest
+    listed = {shard.path for split in new.splits.values() for shard in split.shards}
+    assert len(listed) < sum(len(split.shards) for split in old.splits.values())
+    assert _shard_files(out) == listed  # none of the old dataset's extra shards is left
+    assert load_manifest(str(out)) == new
+
+
+def test_a_shard_the_manifest_does_not_list_is_removed_when_the_run_finishes(tmp_path):
+    corpus = write_corpus(tmp_path / "corpus", num_train=1, num_heldout=1, lines=40)
+    out = tmp_path / "out"
+    manifest = prepare_files(config(), corpus, str(out)).manifest
+    stray = out / "train" / "part-00042.parquet"
+    stray.write_bytes((out / manifest.splits["train"].shards[0].path).read_bytes())
+    prepare_files(config(), corpus, str(out))  # the same dataset: verified, then swept
+    assert not stray.exists()
+    assert _shard_files(out) == {s.path for split in manifest.splits.values() for s in split.shards}
+
+
+def test_an_output_with_files_prepare_did_not_write_is_refused_even_with_overwrite(tmp_path):
+    corpus = write_corpus(tmp_path / "corpus", num_train=1, num_heldout=1, lines=40)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("a colleague's notes")
+    with pytest.raises(DataError, match=r"holds files prepare did not write \(notes.txt\)"):
+        prepare_files(config(), corpus, str(out), overwrite=True)
+    assert [path.name for path in out.iterdir()] == ["notes.txt"]
+
+
+def test_replaced_invalid_utf8_is_one_warning_line_with_the_count(tmp_path, capsys):
+    corpus = write_corpus(tmp_path / "corpus", num_train=1, num_heldout=1, lines=20)
+    with corpus.train[0].open("ab") as handle:
+        handle.write(b"caf\xe9 au lait \xff\xfe\n")  # three bytes that are not UTF-8
+    prepare_files(config(), corpus, str(tmp_path / "out"))
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(warnings) == 1
+    assert re.search(r"warning: 3 invalid UTF-8 .* on_invalid_utf8=fail", warnings[0])
 
 
 def test_a_shared_dataset_follows_the_umask(tmp_path):
