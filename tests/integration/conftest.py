@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from functools import partial
@@ -127,6 +128,8 @@ def s3_endpoint(monkeypatch, tmp_path) -> Iterator[str]:
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
     server.start()
     endpoint = f"http://127.0.0.1:{port}"
+    # moto keeps its buckets per process, not per server: start each test from an empty store.
+    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"))
     for key, value in {
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
