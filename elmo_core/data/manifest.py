@@ -7,6 +7,7 @@ run lengths from it (``splits.train.num_tokens``), never from a hard-coded corpu
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any, Literal
 
@@ -134,3 +135,14 @@ def load_manifest(dataset_url: str) -> Manifest:
             "no manifest.json: not a prepared dataset, or prepare did not finish", path=url
         ) from None
     return Manifest.from_json(text, url)
+
+
+def manifest_sha256(dataset_url: str) -> str:
+    """sha256 of the dataset's ``manifest.json``: it names every shard by checksum, so it
+    identifies the dataset's content."""
+    url = join_url(dataset_url, MANIFEST_NAME)
+    try:
+        with open_url(url, "rb") as handle:
+            return hashlib.sha256(handle.read()).hexdigest()
+    except FileNotFoundError:
+        raise DataError("no manifest.json: not a prepared dataset", path=url) from None

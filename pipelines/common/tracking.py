@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +27,7 @@ EXPERIMENT = os.environ.get("ELMO_MLFLOW_EXPERIMENT", "elmo")
 PARENT_RUN_ENV = "ELMO_MLFLOW_PARENT_RUN_ID"
 STAGE_TAG = "elmo.stage"
 MAX_PARAM_CHARS = 6000
+DATASET_DIGEST_CHARS = 36  # the longest digest MLflow's stores keep
 
 
 def use_tracking() -> str:
@@ -117,6 +119,24 @@ def find_run(run_name: str, stage: str) -> Run | None:
         output_format="list",
     )
     return runs[0] if runs else None
+
+
+def log_dataset(dataset_url: str, context: str) -> None:
+    """Record the prepared dataset as the active run's input (MLflow's Datasets panel): named
+    by its directory, its digest the manifest's sha256 (which names every shard by checksum, so
+    two runs on the same data show the same digest), its source the URL it was read from;
+    ``context`` says how the run used it (``training``, ``evaluation``)."""
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.meta_dataset import MetaDataset
+
+    from elmo_core.data.manifest import manifest_sha256
+
+    with warnings.catch_warnings():  # "can be interpreted in multiple ways": both are the same
+        warnings.simplefilter("ignore", UserWarning)
+        source = resolve_dataset_source(dataset_url)
+    name = dataset_url.rstrip("/").rsplit("/", 1)[-1]
+    digest = manifest_sha256(dataset_url)[:DATASET_DIGEST_CHARS]
+    mlflow.log_input(MetaDataset(source, name=name, digest=digest), context=context)
 
 
 def flatten_params(config: BaseModel | Mapping[str, Any], prefix: str = "") -> dict[str, str]:

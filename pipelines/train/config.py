@@ -18,13 +18,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-import fsspec
 import yaml
 from pydantic import Field
 
 from elmo_core.config import ModelConfig, StrictModel, TrainConfig, resolve_config
-from elmo_core.data.manifest import MANIFEST_NAME, join_url
-from elmo_core.errors import ConfigError, DataError
+from elmo_core.errors import ConfigError
 from elmo_core.presets import PRESETS, model_preset
 from pipelines.common.settings import elmo_home
 
@@ -83,16 +81,6 @@ def _model_section(model: str) -> dict[str, Any]:
     if not isinstance(loaded, dict):
         raise ConfigError("a model file must be a mapping of ModelConfig keys", source=str(path))
     return loaded
-
-
-def manifest_sha256(dataset_url: str) -> str:
-    """sha256 of the dataset's ``manifest.json``: it names every shard by checksum."""
-    url = join_url(dataset_url, MANIFEST_NAME)
-    try:
-        with fsspec.open(url, "rb") as handle:
-            return hashlib.sha256(handle.read()).hexdigest()
-    except FileNotFoundError:
-        raise DataError("no manifest.json: not a prepared dataset", path=url) from None
 
 
 def run_name(cfg: TrainJobConfig, dataset_sha256: str, init_from: str | None = None) -> str:

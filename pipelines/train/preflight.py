@@ -14,13 +14,13 @@ from dataclasses import dataclass
 
 import fsspec
 
-from elmo_core.data.manifest import Manifest, join_url, load_manifest
+from elmo_core.data.manifest import Manifest, join_url, load_manifest, manifest_sha256
 from elmo_core.data.reader import load_word_types
 from elmo_core.errors import ConfigError, DataError
 from pipelines.common.locations import absolute_location
 from pipelines.models.bilm_loader import BiLMReference, resolve_bilm
 from pipelines.train.checkpoints import initial_bilm
-from pipelines.train.config import TrainJobConfig, manifest_sha256, run_name, storage_root
+from pipelines.train.config import TrainJobConfig, run_name, storage_root
 from pipelines.train.run_directory import RunDirectory
 
 

@@ -20,11 +20,11 @@ from collections.abc import Mapping
 from pydantic import BaseModel, ConfigDict
 from ray.job_submission import JobStatus, JobSubmissionClient
 
+from elmo_core.data.manifest import manifest_sha256
 from pipelines.common.settings import mlflow_tracking_uri
 from pipelines.common.tracking import PARENT_RUN_ENV
 from pipelines.train.config import (
     TrainJobConfig,
-    manifest_sha256,
     resolve_train_config,
     run_name,
     storage_root,

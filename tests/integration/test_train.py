@@ -24,13 +24,13 @@ import pytest
 import torch
 
 from elmo_core.config import PrepareConfig
-from elmo_core.data.manifest import load_manifest
+from elmo_core.data.manifest import load_manifest, manifest_sha256
 from elmo_core.errors import DataError
 from elmo_core.model.serialization import load_bilm
 from pipelines.common import tracking
 from pipelines.prepare.corpus_sources import CorpusFiles
 from pipelines.prepare.stage import prepare_files
-from pipelines.train.config import manifest_sha256, resolve_train_config, run_name
+from pipelines.train.config import resolve_train_config, run_name
 from pipelines.train.run_directory import FINISHED_FILE
 from pipelines.train.stage import FAIL_ONCE_ENV, main, train
 from pipelines.train.supervision import TrainingFailed

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from pathlib import Path
 
 import pytest
 
-from elmo_core.errors import ConfigError, DataError
+from elmo_core.errors import ConfigError
 from elmo_core.presets import tiny
 from pipelines.train.config import (
     TrainJobConfig,
-    manifest_sha256,
     resolve_train_config,
     run_name,
     storage_root,
@@ -76,13 +74,6 @@ def test_run_names_hash_what_is_trained_but_not_where_it_runs() -> None:
     assert run_name(base, "a" * 64, init_from="/weights") != name
     named = resolve_train_config("tiny", None, ["run.name=my-run"])
     assert run_name(named, "a" * 64) == "my-run"
-
-
-def test_manifest_hash_is_the_sha256_of_manifest_json(tmp_path: Path) -> None:
-    (tmp_path / "manifest.json").write_bytes(b'{"x": 1}\n')
-    assert manifest_sha256(str(tmp_path)) == hashlib.sha256(b'{"x": 1}\n').hexdigest()
-    with pytest.raises(DataError, match="manifest.json"):
-        manifest_sha256(str(tmp_path / "absent"))
 
 
 def test_storage_root_defaults_under_elmo_home_and_is_absolute(
