@@ -9,9 +9,10 @@ path and where the value came from (the preset, the YAML file, or the override).
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -166,6 +167,29 @@ def resolve_config(
         key = ".".join(str(part) for part in first["loc"]) or "<root>"
         source = _origin_of(key, origin)
         raise ConfigError(first["msg"], key=key, source=source) from None
+
+
+def override_keys(schema: type[BaseModel], prefix: str = "") -> list[str]:
+    """Every dotted key an override may set in ``schema``: sections and their fields."""
+    keys = []
+    for name, field in schema.model_fields.items():
+        dotted = f"{prefix}{name}"
+        keys.append(dotted)
+        nested = [
+            arg
+            for arg in (field.annotation, *get_args(field.annotation))
+            if isinstance(arg, type) and issubclass(arg, BaseModel)
+        ]
+        if nested:
+            keys += override_keys(nested[0], f"{dotted}.")
+    return keys
+
+
+def override_pattern(schema: type[BaseModel]) -> str:
+    """A regular expression that ``key=value`` overrides of ``schema`` match, for JSON schemas:
+    a form (Prefect's deployment form) can then refuse a misspelt key before a run is created."""
+    keys = "|".join(re.escape(key) for key in override_keys(schema))
+    return f"^(?:{keys})="
 
 
 def parse_override(text: str) -> tuple[str, Any]:

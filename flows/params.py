@@ -3,8 +3,9 @@
 The models forbid unknown keys and type every field, so the deployment's parameter schema (which
 Prefect builds from them) makes the server refuse ``num_workerz`` or ``num_workers: "four"`` with
 the field's path, and closed choices (model preset, training mode) show up as enums in the UI.
-Overrides use the CLI's ``section.key=value`` form and are resolved when the parameters are
-validated, so a misspelt override fails at the start of the flow run, not hours into it.
+Overrides use the CLI's ``section.key=value`` form; the schema gives their keys as a pattern, so
+the server refuses a misspelt key when the run is created, and they are resolved (values checked)
+when the parameters are validated at the start of the flow run, not hours into it.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from elmo_core.config import PrepareConfig, resolve_config
+from elmo_core.config import PrepareConfig, override_pattern, resolve_config
 from elmo_core.errors import ConfigError
 from pipelines.common.settings import RAY_JOBS_ENV, elmo_home
 from pipelines.train.config import TrainJobConfig, resolve_train_config
@@ -27,6 +28,10 @@ from pipelines.train.ray_job import TrainJob
 Preset = Literal["tiny", "small", "medium", "original"]
 Mode = Literal["local", "ray-job"]
 DEFAULT_BILM = "models:/elmo-bilm@champion"
+# ``key=value`` strings whose key the config has: the JSON schema carries the pattern, so the
+# Prefect server refuses ``train.max_step=50`` when the run is created, naming the entry.
+PrepareOverride = Annotated[str, Field(pattern=override_pattern(PrepareConfig))]
+TrainOverride = Annotated[str, Field(pattern=override_pattern(TrainJobConfig))]
 
 
 class Params(BaseModel):
@@ -42,7 +47,7 @@ class DataParams(Params):
         description="'python-docs' (bundled sample), a path, an http(s)/s3 URL or a tarball"
     )
     format: Literal["1b-benchmark", "text"] = "text"
-    prepare: list[str] = Field(
+    prepare: list[PrepareOverride] = Field(
         default_factory=list, description="PrepareConfig overrides, e.g. 'max_vocab=50000'"
     )
     out: str | None = Field(None, description="dataset dir or URL; default ELMO_HOME/datasets/...")
@@ -75,7 +80,7 @@ class TrainingParams(Params):
     """The biLM to train and where: a preset, ``--set``-style overrides, Ray Train scaling."""
 
     model: Preset = "original"
-    overrides: list[str] = Field(
+    overrides: list[TrainOverride] = Field(
         default_factory=list, description="train config overrides, e.g. 'train.max_steps=300'"
     )
     num_workers: int = Field(1, gt=0, description="Ray Train workers (one DDP rank each)")

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from elmo_core.config import ModelConfig, PrepareConfig, parse_override, resolve_config
@@ -64,3 +66,22 @@ def test_override_syntax():
 def test_prepare_config_rejects_conflicting_vocab_options():
     with pytest.raises(ConfigError, match="vocab_file excludes"):
         resolve_config(PrepareConfig, {"vocab_file": "v.txt", "max_vocab": 10})
+
+
+def test_override_keys_list_sections_and_fields_and_the_pattern_matches_only_those() -> None:
+    from pydantic import BaseModel
+
+    from elmo_core.config import override_keys, override_pattern
+
+    class Inner(BaseModel):
+        depth: int = 1
+
+    class Outer(BaseModel):
+        name: str = "x"
+        inner: Inner = Inner()
+        maybe: Inner | None = None
+
+    assert override_keys(Outer) == ["name", "inner", "inner.depth", "maybe", "maybe.depth"]
+    pattern = override_pattern(Outer)
+    assert re.search(pattern, "inner.depth=2") and re.search(pattern, "name=a=b")
+    assert not re.search(pattern, "inner.dept=2") and not re.search(pattern, "innerXdepth=2")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -27,11 +28,21 @@ def test_ill_typed_and_unknown_preset_values_are_rejected() -> None:
         PretrainParams.model_validate({"data": {"corpus": "c"}, "training": {"model": "huge"}})
 
 
-def test_a_misspelt_override_fails_at_validation_naming_its_key() -> None:
-    with pytest.raises(ValidationError, match=r"training.overrides: .*train.max_stepz"):
+def test_a_misspelt_override_fails_at_validation_naming_its_entry() -> None:
+    with pytest.raises(ValidationError, match=r"overrides.0\n.*pattern.*train.max_stepz=3"):
         TrainingParams(model="tiny", overrides=["train.max_stepz=3"])
     with pytest.raises(ValidationError, match=r"data.prepare: .*key 'max_vocab'"):
         DataParams(corpus="c", prepare=["max_vocab=lots"])
+
+
+def test_the_json_schema_carries_the_override_keys_for_the_server_to_check() -> None:
+    schema = PretrainParams.model_json_schema()["$defs"]
+    pattern = schema["TrainingParams"]["properties"]["overrides"]["items"]["pattern"]
+    assert re.search(pattern, "train.max_steps=300") and re.search(pattern, "model.dropout=0.2")
+    assert not re.search(pattern, "train.max_step=300")
+    assert not re.search(pattern, "max_steps=300")
+    prepare = schema["DataParams"]["properties"]["prepare"]["items"]["pattern"]
+    assert re.search(prepare, "max_vocab=50000") and not re.search(prepare, "max_vocabb=5")
 
 
 def test_scaling_fields_reach_the_resolved_train_config() -> None:
