@@ -12,7 +12,7 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from flows import tasks
-from flows.artifacts import adapt_markdown, publish, task_rows
+from flows.artifacts import adapt_markdown, publish_markdown
 from flows.params import AdaptParams
 from pipelines.common.flow_runs import parent_run
 from pipelines.common.services import check_services
@@ -23,9 +23,16 @@ def adapt(params: AdaptParams) -> list[str]:
     """Adapt ``params.bilm`` to every task; returns the registered task model URIs."""
     check_services(ray_jobs=False)
     tasks.check_tasks(params.tasks)
-    with parent_run("adapt", flow_run.get_name(), flow_run.get_id(), params) as parent:
+    title = f"adapt {params.bilm} · {flow_run.get_name()}"
+    with parent_run(
+        "adapt",
+        title,
+        flow_run.get_id(),
+        params,
+        tasks.flow_run_tags(),
+        tasks.flow_run_description(),
+    ) as parent:
         results = tasks.adapt(params.bilm, params.tasks, parent, params.bilm_options)
         run_ids = {"flow (parent)": parent, **{f"adapt {r.task}": r.run_id for r in results}}
-        summary = adapt_markdown(params.bilm, results, run_ids)
-        publish("adapt", {"tasks": task_rows(results)}, summary)
+        publish_markdown("adapt-summary", adapt_markdown(params.bilm, results, run_ids))
     return [result.model_uri for result in results]

@@ -1,7 +1,9 @@
-"""What a flow run shows in the Prefect UI: tables of numbers and a summary linking to MLflow.
+"""What a flow run shows in the Prefect UI: log lines, tables of numbers and a summary linking to
+MLflow.
 
-The builders are plain functions from stage results to rows and markdown, so they are tested
-without a Prefect server; :func:`publish` hands them to Prefect's artifact API.
+The builders are plain functions from stage results to lines, rows and markdown, so they are
+tested without a Prefect server; :func:`publish_table` and :func:`publish_markdown` hand them to
+Prefect's artifact API as each stage finishes. Numbers are rounded to what a reader compares.
 """
 
 from __future__ import annotations
@@ -37,18 +39,91 @@ class PretrainSummary(BaseModel):
 
 
 def dataset_rows(manifest: Manifest) -> Rows:
-    """One row per split: sentences, tokens, OOV rate, shards."""
+    """One row per split: sentences, tokens, OOV rate (%), shards."""
     return [
         {
             "split": name,
             "sentences": split.num_sentences,
             "tokens": split.num_tokens,
-            "oov_rate": round(split.oov_rate, 6),
+            "oov_%": round(100 * split.oov_rate, 3),
             "shards": len(split.shards),
             "vocabulary": manifest.vocab.size,
         }
         for name, split in manifest.splits.items()
     ]
+
+
+def dataset_lines(manifest: Manifest) -> list[str]:
+    """The dataset as log lines: one per split, then the vocabulary."""
+    lines = [
+        f"dataset {name}: {split.num_sentences:,} sentences, {split.num_tokens:,} tokens, "
+        f"OOV {100 * split.oov_rate:.2f}%, {len(split.shards)} shard(s)"
+        for name, split in manifest.splits.items()
+    ]
+    return [*lines, f"vocabulary {manifest.vocab.size:,}, {manifest.word_types.num_types:,} types"]
+
+
+def train_line(train: TrainResult) -> str:
+    """What the train stage did, in one line."""
+    if train.already_finished:
+        verb = "reused (already finished)"
+    elif train.resumed_from_step:
+        verb = f"resumed from step {train.resumed_from_step} and finished"
+    else:
+        verb = "trained"
+    best = (
+        ""
+        if train.best_perplexity is None
+        else (f", best validation perplexity {train.best_perplexity:.2f} (heldout sample)")
+    )
+    return (
+        f"biLM {train.run_name} {verb}: {train.steps}/{train.total_steps} steps in "
+        f"{train.seconds / 60:.1f} min{best}"
+    )
+
+
+def perplexity_line(evaluation: EvaluationResult) -> str:
+    return (
+        f"{evaluation.split} perplexity {evaluation.perplexity:.2f} (forward "
+        f"{evaluation.forward_perplexity:.2f}, backward {evaluation.backward_perplexity:.2f}) "
+        f"on {evaluation.num_tokens:,} tokens"
+    )
+
+
+def registry_line(model: RegisteredBiLM) -> str:
+    verb = "registered" if model.newly_registered else "already registered as"
+    return f"{verb} {model.uri}, alias @{model.alias}: {_decision(model)}"
+
+
+def task_line(result: AdaptResult) -> str:
+    metric = result.metric
+    elmo, baseline = result.elmo_test.get(metric), result.baseline_test.get(metric)
+    return (
+        f"task {result.task}: test {metric} {_score(elmo)} with ELMo, {_score(baseline)} "
+        f"without (gain {_gain(result)}) → {result.model_uri}"
+    )
+
+
+def summary_metrics(
+    evaluation: EvaluationResult, results: Sequence[AdaptResult]
+) -> dict[str, float]:
+    """The headline numbers of a flow run, for its MLflow parent run."""
+    split = evaluation.split
+    metrics = {
+        f"{split}_perplexity": evaluation.perplexity,
+        f"{split}_perplexity_forward": evaluation.forward_perplexity,
+        f"{split}_perplexity_backward": evaluation.backward_perplexity,
+    }
+    for result in results:
+        metric = result.metric
+        for name, value in (
+            (f"{result.task}/test_{metric}", result.elmo_test.get(metric)),
+            (f"{result.task}/test_{metric}_baseline", result.baseline_test.get(metric)),
+            (f"{result.task}/test_gain", result.gain.get(f"test_{metric}")),
+        ):
+            if value is not None:
+                metrics[name] = value
+    return metrics
 
 
 def perplexity_rows(evaluation: EvaluationResult) -> Rows:
@@ -57,7 +132,7 @@ def perplexity_rows(evaluation: EvaluationResult) -> Rows:
         {
             "split": evaluation.split,
             "direction": direction,
-            "perplexity": round(value, 4),
+            "perplexity": round(value, 2),
             "tokens": evaluation.num_tokens,
         }
         for direction, value in (
@@ -77,11 +152,11 @@ def task_rows(results: Sequence[AdaptResult]) -> Rows:
             {
                 "task": result.task,
                 "metric": metric,
-                "dev_elmo": result.elmo_dev.get(metric),
-                "dev_baseline": result.baseline_dev.get(metric),
-                "test_elmo": result.elmo_test.get(metric),
-                "test_baseline": result.baseline_test.get(metric),
-                "test_gain": result.gain.get(f"test_{metric}"),
+                "dev_elmo": _rounded(result.elmo_dev.get(metric)),
+                "dev_baseline": _rounded(result.baseline_dev.get(metric)),
+                "test_elmo": _rounded(result.elmo_test.get(metric)),
+                "test_baseline": _rounded(result.baseline_test.get(metric)),
+                "test_gain": _rounded(result.gain.get(f"test_{metric}")),
                 "model": result.model_uri,
             }
         )
@@ -96,18 +171,13 @@ def summary_markdown(
     run_ids: dict[str, str],
 ) -> str:
     """The run in a few lines: what was trained (or reused), the score, the models, MLflow links."""
-    verb = "reused (already finished)" if train.already_finished else "trained"
-    if train.resumed_from_step and not train.already_finished:
-        verb = f"resumed from step {train.resumed_from_step} and finished"
     lines = [
         "# ELMo pretraining",
         "",
-        f"- biLM `{train.run_name}` {verb}: {train.steps}/{train.total_steps} steps, "
-        f"model in `{train.model_dir}`",
-        f"- heldout perplexity {evaluation.perplexity:.2f} (forward "
-        f"{evaluation.forward_perplexity:.2f}, backward {evaluation.backward_perplexity:.2f})",
-        f"- registered `{model.uri}`{' (champion)' if model.champion else ''}: {_decision(model)}",
-        *[f"- task `{r.task}`: `{r.model_uri}`, test {r.metric} gain {_gain(r)}" for r in results],
+        f"- {train_line(train)}; model in `{train.model_dir}`",
+        f"- {perplexity_line(evaluation)}",
+        f"- {registry_line(model)}",
+        *[f"- {task_line(r)}" for r in results],
         "",
         "## MLflow runs",
         "",
@@ -124,7 +194,7 @@ def adapt_markdown(bilm: str, results: Sequence[AdaptResult], run_ids: dict[str,
         "# ELMo adaptation",
         "",
         f"- biLM `{bilm}`",
-        *[f"- task `{r.task}`: `{r.model_uri}`, test {r.metric} gain {_gain(r)}" for r in results],
+        *[f"- {task_line(r)}" for r in results],
         "",
         "## MLflow runs",
         "",
@@ -142,9 +212,20 @@ def _gain(result: AdaptResult) -> str:
     return "n/a" if value is None else f"{value:+.4f}"
 
 
-def publish(key: str, tables: dict[str, Rows], markdown: str) -> None:
-    """Create the flow run's table artifacts and its markdown summary."""
-    for name, rows in tables.items():
-        if rows:
-            create_table_artifact(rows, key=f"{key}-{name}", description=name.replace("-", " "))
-    create_markdown_artifact(markdown, key=f"{key}-summary", description="run summary")
+def _score(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4f}"
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+def publish_table(key: str, rows: Rows, description: str) -> None:
+    """A table artifact of the flow run (none for no rows)."""
+    if rows:
+        create_table_artifact(rows, key=key, description=description)
+
+
+def publish_markdown(key: str, markdown: str) -> None:
+    """The flow run's markdown summary."""
+    create_markdown_artifact(markdown, key=key, description="run summary")

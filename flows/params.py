@@ -65,6 +65,11 @@ class DataParams(Params):
         except ConfigError as err:
             raise ValueError(f"data.prepare: {err}") from None
 
+    def corpus_name(self) -> str:
+        """The corpus's last path component (``python-docs``, ``1-billion-word...``)."""
+        stem = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(self.corpus.rstrip("/")).name).strip("-")
+        return stem or "corpus"
+
     def dataset_dir(self) -> str:
         """``out``, or a directory under ``ELMO_HOME/datasets`` named by corpus and config, so a
         different corpus or config never overwrites another dataset."""
@@ -72,8 +77,7 @@ class DataParams(Params):
             return self.out
         identity = {"corpus": self.corpus, "config": self.prepare_config().dataset_params()}
         digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
-        stem = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(self.corpus.rstrip("/")).name).strip("-")
-        return str(elmo_home() / "datasets" / f"{stem or 'corpus'}-{digest}")
+        return str(elmo_home() / "datasets" / f"{self.corpus_name()}-{digest}")
 
 
 class TrainingParams(Params):

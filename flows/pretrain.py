@@ -15,7 +15,17 @@ from prefect.runtime import flow_run
 
 from flows.artifacts import PretrainSummary
 from flows.params import PretrainParams
-from flows.tasks import adapt, check_tasks, evaluate, prepare, register, summarize, train
+from flows.tasks import (
+    adapt,
+    check_tasks,
+    evaluate,
+    flow_run_description,
+    flow_run_tags,
+    prepare,
+    register,
+    summarize,
+    train,
+)
 from pipelines.common.flow_runs import parent_run
 from pipelines.common.services import check_services
 
@@ -25,8 +35,11 @@ def pretrain(params: PretrainParams) -> PretrainSummary:
     """Pretrain a biLM on a corpus, register it, and adapt it to the configured tasks."""
     check_services(ray_jobs=params.training.resolved_mode() == "ray-job")
     check_tasks(params.tasks)
-    with parent_run("pretrain", flow_run.get_name(), flow_run.get_id(), params) as parent:
-        dataset = prepare(params.data)
+    title = f"pretrain {params.data.corpus_name()} {params.training.model} · {flow_run.get_name()}"
+    with parent_run(
+        "pretrain", title, flow_run.get_id(), params, flow_run_tags(), flow_run_description()
+    ) as parent:
+        dataset = prepare(params.data, parent)
         run = train(dataset, params.training, parent)
         perplexity = evaluate(run, dataset, parent)
         model = register(run, dataset, perplexity, params.model_name, parent)

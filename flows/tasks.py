@@ -8,11 +8,16 @@ resumes a stopped run).
 
 from __future__ import annotations
 
+import json
 import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from prefect import Task, task
+from prefect import Task, get_run_logger, task
+from prefect.artifacts import create_link_artifact
 from prefect.client.schemas.objects import TaskRun
 from prefect.runtime import flow_run
 from prefect.states import State
@@ -21,17 +26,30 @@ from elmo_core.data.reader import load_manifest
 from elmo_core.errors import ElmoError
 from elmo_core.tasks import load_task_config
 from flows.artifacts import (
+    dataset_lines,
     dataset_rows,
+    perplexity_line,
     perplexity_rows,
-    publish,
+    publish_markdown,
+    publish_table,
+    registry_line,
     summary_markdown,
+    summary_metrics,
+    task_line,
     task_rows,
+    train_line,
 )
 from flows.cache import PrepareCachePolicy, dataset_exists
 from flows.params import DataParams, TrainingParams
 from pipelines.adapt import stage as adapt_stage
 from pipelines.adapt.stage import AdaptResult
-from pipelines.common.flow_runs import FLOW_RUN_TAG
+from pipelines.common.flow_runs import (
+    FLOW_RUN_TAG,
+    record_summary,
+    run_links,
+    tag_run,
+    training_progress,
+)
 from pipelines.common.settings import RAY_JOBS_ENV, elmo_home
 from pipelines.evaluate import stage as evaluate_stage
 from pipelines.evaluate.result import EvaluationResult
@@ -42,6 +60,10 @@ from pipelines.train import ray_job
 from pipelines.train import stage as train_stage
 from pipelines.train.ray_job import TrainJob
 from pipelines.train.stage import TrainResult
+
+FLOW_RUN_URL_TAG = "prefect.flow_run_url"
+FLOW_LOG_INTERVAL_ENV = "ELMO_FLOW_LOG_INTERVAL_S"
+DEFAULT_FLOW_LOG_INTERVAL_S = 60.0
 
 
 def _transient(task: Task[..., Any], task_run: TaskRun, state: State[Any]) -> bool:
@@ -63,7 +85,21 @@ def result_storage() -> Path:
 
 
 def flow_tags() -> dict[str, str]:
+    """What every stage's MLflow run carries: the Prefect flow run it belongs to."""
     return {FLOW_RUN_TAG: str(flow_run.get_id() or "")}
+
+
+def flow_run_tags() -> dict[str, str]:
+    """The parent run's link back to Prefect (when Prefect serves a UI)."""
+    url = flow_run.get_flow_run_ui_url()
+    return {FLOW_RUN_URL_TAG: url} if url else {}
+
+
+def flow_run_description() -> str:
+    """The parent run's description until the summary replaces it at the end."""
+    name, url = flow_run.get_name(), flow_run.get_flow_run_ui_url()
+    where = f"[{name}]({url})" if url else f"`{name}`"
+    return f"Prefect flow run {where} of flow `{flow_run.get_flow_name()}`: in progress."
 
 
 # --- prepare ------------------------------------------------------------------------------------
@@ -77,16 +113,29 @@ def flow_tags() -> dict[str, str]:
     retry_delay_seconds=[10, 60],
     retry_condition_fn=_transient,
 )
-def _prepare(data: DataParams) -> str:
-    return prepare_stage.prepare(
-        data.prepare_config(), data.corpus, data.dataset_dir(), overwrite=data.overwrite
-    ).dataset
+def _prepare(data: DataParams, parent_run_id: str | None = None) -> str:
+    result = prepare_stage.prepare(
+        data.prepare_config(),
+        data.corpus,
+        data.dataset_dir(),
+        overwrite=data.overwrite,
+        parent_run_id=parent_run_id,
+        tags=flow_tags(),
+    )
+    return result.dataset
 
 
-def prepare(data: DataParams) -> str:
-    """The dataset directory; cached across flow runs, rebuilt when its manifest is gone."""
+def prepare(data: DataParams, parent_run_id: str | None = None) -> str:
+    """The dataset directory; cached across flow runs, rebuilt when its manifest is gone. Its
+    statistics are logged and published as soon as it is there."""
     missing = not dataset_exists(data.dataset_dir())
-    return _prepare.with_options(result_storage=result_storage(), refresh_cache=missing)(data)
+    task = _prepare.with_options(result_storage=result_storage(), refresh_cache=missing)
+    dataset = task(data, parent_run_id)
+    manifest = load_manifest(dataset)
+    for line in dataset_lines(manifest):
+        get_run_logger().info(line)
+    publish_table("dataset-statistics", dataset_rows(manifest), "dataset statistics")
+    return dataset
 
 
 # --- train --------------------------------------------------------------------------------------
@@ -115,15 +164,56 @@ def _await_train_job(job_id: str, job: TrainJob) -> TrainResult:
 
 
 def train(dataset: str, training: TrainingParams, parent_run_id: str) -> TrainResult:
-    """Train in process (local Ray / RAY_ADDRESS) or as a Ray Job; a finished run is reused."""
-    if training.resolved_mode() == "local":
-        return _train_in_process(dataset, training, parent_run_id)
+    """Train in process (local Ray / RAY_ADDRESS) or as a Ray Job; a finished run is reused.
+    While it trains, the flow's log shows its progress at a steady interval."""
+    logger = get_run_logger()
+    with _training_progress_logged(parent_run_id):
+        if training.resolved_mode() == "local":
+            result = _train_in_process(dataset, training, parent_run_id)
+        else:
+            result = _train_as_ray_job(dataset, training, parent_run_id)
+    logger.info(train_line(result))
+    return result
+
+
+def _train_as_ray_job(dataset: str, training: TrainingParams, parent_run_id: str) -> TrainResult:
     job = training.train_job(dataset)
     finished = ray_job.already_finished(job)
     if finished is not None:
         return finished
     job_id = _submit_train_job(job, parent_run_id)
+    dashboard = ray_job.dashboard_url(os.environ[RAY_JOBS_ENV], job_id)
+    get_run_logger().info("training runs as Ray job %s: %s", job_id, dashboard)
+    create_link_artifact(dashboard, link_text=f"Ray job {job_id}", key="ray-train-job")
+    tag_run(parent_run_id, {ray_job.SUBMISSION_TAG: job_id})
     return _await_train_job(job_id, job)
+
+
+@contextmanager
+def _training_progress_logged(parent_run_id: str) -> Iterator[None]:
+    """Log :func:`training_progress` every ``ELMO_FLOW_LOG_INTERVAL_S`` seconds (default 60)
+    from a thread while the block trains; a failed look is skipped, never fatal."""
+    logger = get_run_logger()
+    interval = float(os.environ.get(FLOW_LOG_INTERVAL_ENV, DEFAULT_FLOW_LOG_INTERVAL_S))
+    stop = threading.Event()
+
+    def log_progress() -> None:
+        while not stop.wait(interval):
+            try:
+                line = training_progress(parent_run_id)
+            except Exception as err:  # the tracking server may be busy: try again next time
+                logger.debug("no training progress this time: %s", err)
+                continue
+            if line is not None:
+                logger.info(line)
+
+    thread = threading.Thread(target=log_progress, name="training-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 # --- evaluate, register, adapt --------------------------------------------------------------------
@@ -132,7 +222,12 @@ def train(dataset: str, training: TrainingParams, parent_run_id: str) -> TrainRe
 @task(name="evaluate")
 def evaluate(run: TrainResult, dataset: str, parent_run_id: str) -> EvaluationResult:
     """Full-softmax heldout perplexity of the final model."""
-    return evaluate_stage.evaluate(run.model_dir, dataset, parent_run_id=parent_run_id)
+    result = evaluate_stage.evaluate(
+        run.model_dir, dataset, parent_run_id=parent_run_id, tags=flow_tags()
+    )
+    get_run_logger().info(perplexity_line(result))
+    publish_table("heldout-perplexity", perplexity_rows(result), "heldout perplexity")
+    return result
 
 
 @task(name="register")
@@ -141,7 +236,7 @@ def register(
 ) -> RegisteredBiLM:
     """The run's version of ``name``: registered and judged by the champion policy once per
     training run (a re-run gets the same version and decision back)."""
-    return register_stage.register(
+    registered = register_stage.register(
         run.model_dir,
         dataset,
         evaluation=evaluation,
@@ -150,6 +245,8 @@ def register(
         parent_run_id=parent_run_id,
         tags=flow_tags(),
     )
+    get_run_logger().info(registry_line(registered))
+    return registered
 
 
 def check_tasks(paths: list[str]) -> None:
@@ -166,9 +263,13 @@ def adapt(
     if not task_paths:
         return []
     configs = [load_task_config(path) for path in task_paths]
-    return adapt_stage.adapt(
+    results = adapt_stage.adapt(
         configs, bilm, bilm_options=bilm_options, parent_run_id=parent_run_id, tags=flow_tags()
     )
+    for result in results:
+        get_run_logger().info(task_line(result))
+    publish_table("task-scores", task_rows(results), "task scores with and without ELMo")
+    return results
 
 
 # --- summary ------------------------------------------------------------------------------------
@@ -183,14 +284,21 @@ def summarize(
     results: list[AdaptResult],
     parent_run_id: str,
 ) -> None:
-    """Tables (dataset, perplexities, tasks) and a markdown summary linking to MLflow."""
+    """The markdown summary linking to MLflow, also made the parent run's description, with the
+    headline numbers as its metrics and the dataset statistics beside them."""
     run_ids = {"flow (parent)": parent_run_id, "train": run.mlflow_run_id}
     if evaluation.run_id:
         run_ids["evaluate"] = evaluation.run_id
     run_ids.update({f"adapt {r.task}": r.run_id for r in results})
-    tables = {
-        "dataset": dataset_rows(load_manifest(dataset)),
-        "perplexity": perplexity_rows(evaluation),
-        "tasks": task_rows(results),
-    }
-    publish("pretrain", tables, summary_markdown(run, evaluation, model, results, run_ids))
+    markdown = summary_markdown(run, evaluation, model, results, run_ids)
+    publish_markdown("pretrain-summary", markdown)
+    manifest = load_manifest(dataset)
+    record_summary(
+        parent_run_id,
+        summary_metrics(evaluation, results),
+        {"summary.md": markdown, "dataset.json": json.dumps(dataset_rows(manifest), indent=1)},
+        markdown,
+    )
+    for line in run_links(run_ids):
+        if line:
+            get_run_logger().info(line.removeprefix("- "))

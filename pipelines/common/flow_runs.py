@@ -8,24 +8,30 @@ parent's id explicitly (``parent_run_id=``); the Ray job gets it in its environm
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from urllib.parse import urlparse
 
-from mlflow.entities import Param
+from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 from pydantic import BaseModel
 
 from pipelines.common.tracking import (
+    DESCRIPTION_TAG,
     EXPERIMENT,
     STAGE_TAG,
     ended_status,
     ensure_experiment,
     flatten_params,
+    ui_url,
     use_tracking,
 )
 
 FLOW_RUN_TAG = "prefect.flow_run_id"
+TOTAL_STEPS_TAG = "elmo.total_steps"  # set by the train stage: what a progress line counts to
+TRAIN_LOSS_METRIC = "train/sampled_loss"
 MAX_PARAMS_PER_BATCH = 100
 
 
@@ -36,9 +42,10 @@ def parent_run(
     flow_run_id: str | None,
     params: BaseModel,
     tags: Mapping[str, str] = {},
+    description: str = "",
 ) -> Iterator[str]:
-    """Open the flow run's parent run (tagged with the flow run's id, "" outside a flow run);
-    yields its run id.
+    """Open the flow run's parent run (tagged with the flow run's id, "" outside a flow run),
+    with ``description`` on its page; yields its run id.
 
     The run ends FINISHED when the block completes, KILLED when it is interrupted and FAILED
     when it raises.
@@ -51,7 +58,12 @@ def parent_run(
     run = client.create_run(
         experiment.experiment_id,
         run_name=run_name,
-        tags={STAGE_TAG: flow, FLOW_RUN_TAG: flow_run_id or "", **tags},
+        tags={
+            STAGE_TAG: flow,
+            FLOW_RUN_TAG: flow_run_id or "",
+            DESCRIPTION_TAG: description,
+            **tags,
+        },
     )
     run_id = run.info.run_id
     flat = [Param(key, value) for key, value in flatten_params(params).items()]
@@ -66,16 +78,77 @@ def parent_run(
 
 
 def run_links(run_ids: Mapping[str, str]) -> list[str]:
-    """Markdown lines pointing at each run: UI links for an http tracking server, otherwise the
-    run ids and the command that opens the UI on the local store."""
+    """Markdown lines linking each run in the MLflow UI's model-training view; on the embedded
+    store, also the command that serves that UI."""
     uri = use_tracking()
+    client = MlflowClient()
+    lines = []
+    for label, run_id in run_ids.items():
+        experiment = client.get_run(run_id).info.experiment_id
+        lines.append(f"- {label}: [{run_id}]({ui_url(experiment, run_id)})")
     if urlparse(uri).scheme in ("http", "https"):
-        client = MlflowClient()
-        base = uri.rstrip("/")
-        lines = []
-        for label, run_id in run_ids.items():
-            experiment = client.get_run(run_id).info.experiment_id
-            lines.append(f"- {label}: [{run_id}]({base}/#/experiments/{experiment}/runs/{run_id})")
         return lines
-    lines = [f"- {label}: `{run_id}`" for label, run_id in run_ids.items()]
-    return [*lines, "", f"Open the MLflow UI: `mlflow ui --backend-store-uri {uri}`"]
+    return [*lines, "", f"Open the MLflow UI first: `mlflow ui --backend-store-uri {uri}`"]
+
+
+def tag_run(run_id: str, tags: Mapping[str, str]) -> None:
+    """Add tags to a run that another part of the flow owns (a Ray job's submission id)."""
+    use_tracking()
+    client = MlflowClient()
+    for key, value in tags.items():
+        client.set_tag(run_id, key, value)
+
+
+def record_summary(
+    parent_run_id: str,
+    metrics: Mapping[str, float],
+    artifacts: Mapping[str, str],
+    description: str,
+) -> None:
+    """Make the flow's parent run its summary: the headline numbers as metrics (comparable
+    across flow runs in the runs table), text files beside them, and a description."""
+    use_tracking()
+    client = MlflowClient()
+    now = int(time.time() * 1000)
+    finite = {key: value for key, value in metrics.items() if math.isfinite(value)}
+    client.log_batch(parent_run_id, metrics=[Metric(k, v, now, 0) for k, v in finite.items()])
+    for name, text in artifacts.items():
+        client.log_text(parent_run_id, text, name)
+    client.set_tag(parent_run_id, DESCRIPTION_TAG, description)
+
+
+def training_progress(parent_run_id: str) -> str | None:
+    """One line on the flow's training run as its MLflow run shows it now (step, rate, loss,
+    ETA), or None before its first logged step: what a flow's log says while training runs in
+    Ray workers, local or in a Ray job, whose console the flow never sees."""
+    use_tracking()
+    client = MlflowClient()
+    experiment = client.get_experiment_by_name(EXPERIMENT)
+    if experiment is None:
+        return None
+    runs = client.search_runs(
+        [experiment.experiment_id],
+        filter_string=f"tags.`mlflow.parentRunId` = '{parent_run_id}' "
+        f"and tags.`{STAGE_TAG}` = 'train'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
+    if not runs or not runs[0].data.metrics.get(TRAIN_LOSS_METRIC):
+        return None
+    run = runs[0]
+    step = client.get_metric_history(run.info.run_id, TRAIN_LOSS_METRIC)[-1].step
+    total = int(run.data.tags.get(TOTAL_STEPS_TAG, "0"))
+    elapsed = time.time() - run.info.start_time / 1000
+    eta = (total - step) * elapsed / step if 0 < step <= total else math.nan
+    metrics = run.data.metrics
+    return (
+        f"training {run.info.run_name}: step {step}/{total or '?'}, "
+        f"{metrics.get('tokens_per_s', math.nan):,.0f} tokens/s, "
+        f"sampled loss {metrics[TRAIN_LOSS_METRIC]:.3f}, ETA {_minutes(eta)}"
+    )
+
+
+def _minutes(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"

@@ -28,6 +28,19 @@ PARENT_RUN_ENV = "ELMO_MLFLOW_PARENT_RUN_ID"
 STAGE_TAG = "elmo.stage"
 MAX_PARAM_CHARS = 6000
 DATASET_DIGEST_CHARS = 36  # the longest digest MLflow's stores keep
+LOCAL_UI = "http://127.0.0.1:5000"  # where `mlflow ui` serves the embedded store
+DESCRIPTION_TAG = "mlflow.note.content"  # the run page's description
+
+
+def ui_url(experiment_id: str, run_id: str | None = None, server: str | None = None) -> str:
+    """A link into the MLflow UI that opens its model-training view: MLflow 3's UI opens the
+    GenAI view (traces, no runs in sight) unless the link carries ``workflowType``. ``server``
+    defaults to the tracking server, or ``mlflow ui``'s address for the embedded store."""
+    if server is None:
+        uri = mlflow_tracking_uri()
+        server = uri if uri.startswith(("http://", "https://")) else LOCAL_UI
+    route = f"/experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "")
+    return f"{server.rstrip('/')}/#{route}?workflowType=machine_learning"
 
 
 def use_tracking() -> str:
@@ -136,7 +149,8 @@ def log_dataset(dataset_url: str, context: str) -> None:
         source = resolve_dataset_source(dataset_url)
     name = dataset_url.rstrip("/").rsplit("/", 1)[-1]
     digest = manifest_sha256(dataset_url)[:DATASET_DIGEST_CHARS]
-    mlflow.log_input(MetaDataset(source, name=name, digest=digest), context=context)
+    dataset = MetaDataset(source, name=name, digest=digest)  # type: ignore[abstract]  # complete at run time
+    mlflow.log_input(dataset, context=context)
 
 
 def flatten_params(config: BaseModel | Mapping[str, Any], prefix: str = "") -> dict[str, str]:

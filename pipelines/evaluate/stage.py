@@ -35,7 +35,7 @@ from elmo_core.errors import DataError
 from elmo_core.perplexity import PerplexitySums, Protocol, evaluate_perplexity
 from pipelines.common.cli_runner import run_command
 from pipelines.common.locations import absolute_location
-from pipelines.common.tracking import stage_run
+from pipelines.common.tracking import log_dataset, stage_run
 from pipelines.evaluate.result import EvaluationResult
 from pipelines.models.bilm_loader import SOURCE_HELP, BiLMReference, load_bilm, resolve_bilm
 
@@ -49,9 +49,11 @@ def evaluate(
     protocol: Protocol = "batched",
     batch_size: int | None = None,
     parent_run_id: str | None = None,
+    tags: dict[str, str] | None = None,
     workers: int | None = None,
 ) -> EvaluationResult:
-    """Perplexity of ``checkpoint`` on ``data``'s ``split``, tracked as an ``evaluate`` run."""
+    """Perplexity of ``checkpoint`` on ``data``'s ``split``, tracked as an ``evaluate`` run
+    (metrics named ``<split>_perplexity...``: "validation perplexity" is training's sample)."""
     files = list(files) if files else None
     data = absolute_location(data)  # Ray tasks run in another directory
     bilm = resolve_bilm(checkpoint)  # a bad source fails before any run or task starts
@@ -69,9 +71,10 @@ def evaluate(
         "evaluate",
         run_name=f"evaluate-{_short_name(checkpoint)}",
         parent_run_id=parent_run_id,
-        tags=bilm.tags,
+        tags={**bilm.tags, **(tags or {})},
     ) as run:
         mlflow.log_params(params)
+        log_dataset(data, "evaluation")
         job = EvaluationPart(bilm, data, split, files, protocol, batch_size)
         num_tasks = _num_ray_tasks(workers)
         sums = _evaluate_on_ray(job, num_tasks) if num_tasks else evaluate_part(job)
@@ -79,10 +82,10 @@ def evaluate(
             raise DataError(f"no {split} tokens were scored (files {files})", path=data)
         mlflow.log_metrics(
             {
-                "perplexity_forward": sums.forward_perplexity,
-                "perplexity_backward": sums.backward_perplexity,
-                "perplexity": sums.perplexity,
-                "num_tokens": sums.num_tokens,
+                f"{split}_perplexity_forward": sums.forward_perplexity,
+                f"{split}_perplexity_backward": sums.backward_perplexity,
+                f"{split}_perplexity": sums.perplexity,
+                f"{split}_tokens": sums.num_tokens,
             }
         )
     return EvaluationResult(

@@ -40,6 +40,7 @@ from elmo_core.data.shards import SHARD_FORMAT, SHARD_FORMAT_VERSION
 from elmo_core.errors import DataError
 from elmo_core.text.tokenize import Tokenizer
 from pipelines.common.cli_runner import run_command
+from pipelines.common.locations import absolute_location
 from pipelines.prepare.inputs import FileTask, InputFile
 from pipelines.prepare.output import DatasetOutput
 from pipelines.prepare.pool import task_pool
@@ -71,20 +72,38 @@ class PrepareResult:
     phase_seconds: dict[str, float]  # count, vocabulary, encode, shuffle: where the time went
 
 
-def prepare(cfg: PrepareConfig, corpus: str, out: str, *, overwrite: bool = False) -> PrepareResult:
+def prepare(
+    cfg: PrepareConfig,
+    corpus: str,
+    out: str,
+    *,
+    overwrite: bool = False,
+    parent_run_id: str | None = None,
+    tags: dict[str, str] | None = None,
+) -> PrepareResult:
     """Locate ``corpus`` (path, URL, tarball, ``python-docs``) and prepare it into ``out``;
-    ``overwrite`` replaces another dataset found there."""
+    ``overwrite`` replaces another dataset found there. Recorded as the stage's MLflow run (a
+    child of ``parent_run_id``'s, inside a flow)."""
     from pipelines.common.settings import elmo_home
+    from pipelines.common.tracking import stage_run
     from pipelines.prepare.corpus_sources import locate_corpus
+    from pipelines.prepare.tracking import log_prepared
 
-    located = locate_corpus(
-        corpus,
-        cfg.format,
-        elmo_home() / "cache" / "corpora",
-        sha256=cfg.sha256,
-        heldout_files=cfg.heldout_files,
-    )
-    return prepare_files(cfg, located, out, overwrite=overwrite)
+    dataset = absolute_location(out)
+    name = f"prepare {dataset.rstrip('/').rsplit('/', 1)[-1]}"
+    all_tags = {"elmo.dataset": dataset, **(tags or {})}
+    with stage_run("prepare", run_name=name, parent_run_id=parent_run_id, tags=all_tags):
+        located = locate_corpus(
+            corpus,
+            cfg.format,
+            elmo_home() / "cache" / "corpora",
+            sha256=cfg.sha256,
+            heldout_files=cfg.heldout_files,
+        )
+        result = prepare_files(cfg, located, dataset, overwrite=overwrite)
+        shards = (result.num_shards_written, result.num_shards_skipped)
+        log_prepared(cfg, corpus, dataset, result.manifest, result.phase_seconds, shards)
+    return result
 
 
 def prepare_files(

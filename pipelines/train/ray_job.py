@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import shlex
 import time
+import uuid
 from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict
@@ -34,6 +35,7 @@ from pipelines.train.stage import TrainResult
 
 LOG_TAIL_LINES = 60
 POLL_S = 2.0
+SUBMISSION_TAG = "ray.job_submission_id"  # on the flow's parent run and the job's train run
 
 
 class RayJobsUnreachable(ConnectionError):
@@ -63,13 +65,16 @@ class TrainJob(BaseModel):
         name = run_name(cfg, manifest_sha256(self.dataset))
         return RunDirectory(f"{storage_root(cfg.run)}/{name}")
 
-    def entrypoint(self, parent_run_id: str) -> str:
+    def entrypoint(self, parent_run_id: str, tags: Mapping[str, str] = {}) -> str:
         """The job's command line, with the storage path passed explicitly so the job writes where
-        :meth:`run_directory` looks (it is part of the ``run`` section, which names leave out)."""
+        :meth:`run_directory` looks (it is part of the ``run`` section, which names leave out),
+        and ``tags`` for its MLflow run (the flow run's, like every stage's)."""
         storage = self.run_directory().url.rsplit("/", 1)[0]
         args = ["python", "-m", "pipelines.train", "--data", self.dataset, "--model", self.model]
         for override in [*self.overrides, f"run.storage_path={storage}"]:
             args += ["--set", override]
+        for key, value in tags.items():
+            args += ["--tag", f"{key}={value}"]
         args += ["--parent-run-id", parent_run_id, "--no-register"]
         return shlex.join(args)
 
@@ -99,13 +104,22 @@ def connect_jobs(address: str) -> JobSubmissionClient:
 def submit_train_job(
     address: str, job: TrainJob, parent_run_id: str, metadata: Mapping[str, str]
 ) -> str:
-    """Submit the training job (``metadata`` tags it, e.g. with the flow run); its submission id."""
+    """Submit the training job (``metadata`` tags it, e.g. with the flow run); its submission id,
+    chosen here so that the job's MLflow run is tagged with it too."""
     env = {PARENT_RUN_ENV: parent_run_id, "MLFLOW_TRACKING_URI": mlflow_tracking_uri()}
+    submission_id = f"elmo-train-{uuid.uuid4().hex[:12]}"
+    tags = {**metadata, SUBMISSION_TAG: submission_id}
     return connect_jobs(address).submit_job(
-        entrypoint=job.entrypoint(parent_run_id),
+        entrypoint=job.entrypoint(parent_run_id, tags),
+        submission_id=submission_id,
         runtime_env={"env_vars": env},
         metadata={**metadata, "elmo.stage": "train"},
     )
+
+
+def dashboard_url(address: str, job_id: str) -> str:
+    """The job's page on the Ray dashboard that serves the jobs API at ``address``."""
+    return f"{address.rstrip('/')}/#/jobs/{job_id}"
 
 
 def wait_for_job(address: str, job_id: str, *, poll_s: float = POLL_S) -> str:

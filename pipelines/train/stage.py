@@ -38,10 +38,11 @@ from pydantic import BaseModel
 from ray.train.torch import TorchTrainer
 
 from pipelines.common.cli_runner import run_command
+from pipelines.common.flow_runs import TOTAL_STEPS_TAG
 from pipelines.common.locations import absolute_location
 from pipelines.common.ray_cluster import connect_ray
 from pipelines.common.settings import mlflow_tracking_uri
-from pipelines.common.tracking import find_run, git_commit, log_config, stage_run
+from pipelines.common.tracking import find_run, git_commit, log_config, log_dataset, stage_run
 from pipelines.models.bilm_loader import OPTIONS_HELP, SOURCE_HELP
 from pipelines.train.checkpoint_store import CheckpointStore, StoredCheckpoint
 from pipelines.train.config import TrainJobConfig, resolve_train_config
@@ -102,6 +103,7 @@ def train(
         return TrainResult.model_validate({**finished, "already_finished": True})
     with _tracked_run(cfg, plan, parent_run_id, tags) as run_id:
         worker_cfg = _worker_config(cfg, plan, run_id)
+        mlflow.set_tag(TOTAL_STEPS_TAG, str(worker_cfg.total_steps))
         connect_ray()
         supervise(
             lambda resume: _trainer(cfg, plan, worker_cfg, resume),
@@ -177,6 +179,7 @@ def _tracked_run(
                 "init_from": "none" if plan.init_from is None else plan.init_from.location,
             }
         )
+        log_dataset(plan.data, "training")
         plan.run_dir.write_json(RUN_ID_FILE, {"run_id": run.info.run_id})
         yield run.info.run_id
 
@@ -242,15 +245,24 @@ def train_command(
     init_from: Annotated[str | None, typer.Option(help=f"start from this {SOURCE_HELP}")] = None,
     init_options: Annotated[str | None, typer.Option(help=OPTIONS_HELP)] = None,
     parent_run_id: Annotated[str | None, typer.Option(help="MLflow parent run")] = None,
+    tag: Annotated[
+        list[str] | None, typer.Option(help="KEY=VALUE tag of the MLflow run (repeatable)")
+    ] = None,
     no_register: Annotated[
         bool, typer.Option("--no-register", help="skip evaluate+register")
     ] = False,
 ) -> None:
     """Pretrain a biLM on Ray Train; evaluate and register the final model."""
     cfg = resolve_train_config(model, config, set_ or [])
+    tags = dict(_key_value(text) for text in tag or [])
     try:
         result = train(
-            cfg, data, init_from=init_from, init_options=init_options, parent_run_id=parent_run_id
+            cfg,
+            data,
+            init_from=init_from,
+            init_options=init_options,
+            parent_run_id=parent_run_id,
+            tags=tags,
         )
     except TrainingInterrupted as stopped:
         where = (
@@ -273,6 +285,13 @@ def train_command(
     if no_register:
         return
     _evaluate_and_register(result, absolute_location(data), parent_run_id)
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise typer.BadParameter(f"'{text}' is not KEY=VALUE", param_hint="--tag")
+    return key, value
 
 
 def _evaluate_and_register(result: TrainResult, data: str, parent_run_id: str | None) -> None:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from elmo_core.config import PrepareConfig
+from elmo_core.data.manifest import manifest_sha256
 from elmo_core.data.reader import load_manifest
 from elmo_core.model.bilm import BiLM
 from elmo_core.model.serialization import find_model_dir, load_bilm, save_bilm
@@ -64,8 +65,12 @@ def test_evaluate_a_model_directory_logs_metrics_and_params(store, dataset, mode
     assert result.num_tokens == expected.num_tokens > 0
     assert result.heldout_hash == heldout_hash(dataset, "heldout", None)
     run = store.get_run(result.run_id)
-    assert run.data.metrics["perplexity"] == pytest.approx(result.perplexity)
-    assert {"perplexity_forward", "perplexity_backward", "num_tokens"} <= set(run.data.metrics)
+    assert run.data.metrics["heldout_perplexity"] == pytest.approx(result.perplexity)
+    names = {"heldout_perplexity_forward", "heldout_perplexity_backward", "heldout_tokens"}
+    assert names <= set(run.data.metrics)
+    (dataset_input,) = run.inputs.dataset_inputs  # MLflow's Datasets panel: the manifest's hash
+    assert dataset_input.dataset.digest == manifest_sha256(dataset)[:36]
+    assert dataset_input.dataset.name == "dataset"
     assert run.data.params["checkpoint"] == str(model_dir)
     assert run.data.params["protocol"] == "batched"
     assert run.data.tags[tracking.STAGE_TAG] == "evaluate"

@@ -9,6 +9,7 @@ with messages that name the field or the address.
 from __future__ import annotations
 
 import random
+import re
 import shutil
 import socket
 from collections.abc import Iterator
@@ -20,9 +21,15 @@ import pytest
 from mlflow.tracking import MlflowClient
 from prefect import flow
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+from prefect.client.schemas.filters import (
+    FlowRunFilter,
+    FlowRunFilterId,
+    LogFilter,
+    LogFilterFlowRunId,
+)
 from prefect.testing.utilities import prefect_test_harness
 
+from elmo_core.data.manifest import manifest_sha256
 from flows.artifacts import PretrainSummary
 from flows.params import DataParams, PretrainParams
 from flows.pretrain import pretrain
@@ -57,6 +64,7 @@ def home(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         patch.setenv("ELMO_HOME", str(root / "home"))
         for name in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"):
             patch.delenv(name, raising=False)
+        patch.setenv("ELMO_FLOW_LOG_INTERVAL_S", "1")  # training progress in the flow's log
         with prefect_test_harness(server_startup_timeout=180):
             yield root / "home"
 
@@ -154,10 +162,69 @@ def test_each_flow_run_has_one_parent_mlflow_run_with_every_stage_as_its_child(
     assert parent.data.tags["prefect.flow_run_id"] == str(flow_run_id)
     assert parent.info.status == "FINISHED"
     assert parent.data.params["training.model"] == "tiny"
-    assert sorted(run.data.tags["elmo.stage"] for run in children) == ["adapt", "evaluate", "train"]
-    assert all(
-        run.data.tags.get("prefect.flow_run_id") in (None, str(flow_run_id)) for run in children
+    stages = sorted(run.data.tags["elmo.stage"] for run in children)
+    assert stages == ["adapt", "evaluate", "prepare", "register", "train"]
+    assert all(run.data.tags["prefect.flow_run_id"] == str(flow_run_id) for run in children)
+
+
+def test_the_parent_run_is_the_flow_runs_summary(
+    two_runs: list[tuple[PretrainSummary, UUID]],
+) -> None:
+    summary, _ = two_runs[0]
+    client = MlflowClient(mlflow_tracking_uri())
+    parent = client.get_run(summary.parent_run_id)
+
+    assert parent.info.run_name.startswith("pretrain corpus.txt tiny · ")
+    assert parent.data.metrics["heldout_perplexity"] == pytest.approx(summary.perplexity)
+    assert {"ner/test_f1", "ner/test_f1_baseline", "ner/test_gain"} <= set(parent.data.metrics)
+    artifacts = {item.path for item in client.list_artifacts(summary.parent_run_id)}
+    assert {"summary.md", "dataset.json"} <= artifacts
+    description = parent.data.tags["mlflow.note.content"]
+    assert "heldout perplexity" in description and "workflowType=machine_learning" in description
+
+
+def test_the_runs_that_read_the_dataset_record_it_as_their_mlflow_input(
+    two_runs: list[tuple[PretrainSummary, UUID]],
+) -> None:
+    summary, _ = two_runs[0]
+    client = MlflowClient(mlflow_tracking_uri())
+    children = client.search_runs(
+        [client.get_run(summary.parent_run_id).info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{summary.parent_run_id}'",
     )
+    inputs = {
+        run.data.tags["elmo.stage"]: run.inputs.dataset_inputs[0].dataset
+        for run in children
+        if run.data.tags["elmo.stage"] in ("prepare", "train", "evaluate")
+    }
+    assert len(inputs) == 3
+    assert {dataset.digest for dataset in inputs.values()} == {
+        manifest_sha256(summary.dataset)[:36]
+    }
+    assert {dataset.source_type for dataset in inputs.values()} == {"local"}
+
+
+def test_the_flow_log_says_what_happens_in_domain_terms(
+    two_runs: list[tuple[PretrainSummary, UUID]],
+) -> None:
+    _, flow_run_id = two_runs[0]
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(
+            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
+        )
+    text = "\n".join(log.message for log in logs)
+
+    for expected in (
+        r"dataset train: [\d,]+ sentences, [\d,]+ tokens, OOV [\d.]+%",
+        r"training bilm-\w+: step \d+/8, [\d,]+ tokens/s, sampled loss [\d.]+, ETA",
+        r"biLM bilm-\w+ trained: 8/8 steps",
+        r"heldout perplexity [\d.]+ \(forward [\d.]+, backward [\d.]+\)",
+        r"registered models:/elmo-bilm/1, alias @champion",
+        r"task ner: test f1 [\d.]+ with ELMo, [\d.]+ without",
+        r"flow \(parent\): \[\w+\]\(http://127.0.0.1:5000/#/experiments/\d+/runs/\w+"
+        r"\?workflowType=machine_learning\)",
+    ):
+        assert re.search(expected, text), expected
 
 
 def test_a_rerun_reuses_the_cached_dataset_the_finished_training_and_its_version(
@@ -187,15 +254,18 @@ def test_the_run_publishes_tables_and_a_summary_linking_to_mlflow(
     by_key = {artifact.key: artifact for artifact in artifacts}
 
     assert set(by_key) == {
-        "pretrain-dataset",
-        "pretrain-perplexity",
-        "pretrain-tasks",
+        "dataset-statistics",
+        "heldout-perplexity",
+        "task-scores",
         "pretrain-summary",
     }
     assert {artifact.type for artifact in artifacts} == {"table", "markdown"}
+    created = {key: artifact.created for key, artifact in by_key.items()}
+    assert created["dataset-statistics"] < created["heldout-perplexity"] < created["task-scores"]
     markdown = str(by_key["pretrain-summary"].data)
     assert summary.parent_run_id in markdown
     assert "mlflow ui --backend-store-uri sqlite:///" in markdown
+    assert "?workflowType=machine_learning" in markdown
     assert "heldout perplexity" in markdown and "elmo-ner" in markdown
 
 
@@ -215,12 +285,25 @@ def test_ill_typed_and_unknown_parameters_are_refused_with_the_field(home: Path)
             parameters={"params": {"data": {"corpus": "c"}, "training": {"num_workerz": 2}}},
             timeout=0,
         )
+    misspelt = {"overrides": ["train.max_steps=5", "train.max_step=50"]}
+    with pytest.raises(Exception, match=r"params.training.overrides.1.*'train.max_step=50'"):
+        run_deployment(
+            deployment_id,
+            parameters={"params": {"data": {"corpus": "c"}, "training": misspelt}},
+            timeout=0,
+        )
+    with pytest.raises(Exception, match=r"params.data.prepare.0.*'max_vocabb=5'"):
+        run_deployment(
+            deployment_id,
+            parameters={"params": {"data": {"corpus": "c", "prepare": ["max_vocabb=5"]}}},
+            timeout=0,
+        )
     state = pretrain(
         params={"data": {"corpus": "c"}, "training": {"overrides": ["train.max_stepz=1"]}},
         return_state=True,
     )
     assert state.is_failed()
-    assert "train.max_stepz" in state.message
+    assert "params.training.overrides.0: String should match pattern" in state.message
 
 
 def _closed_port() -> int:

@@ -66,13 +66,50 @@ def test_an_interrupted_flow_ends_its_parent_run_killed(store: MlflowClient) -> 
     assert store.get_run(run_id).info.status == "KILLED"
 
 
-def test_run_links_on_the_embedded_store_list_ids_and_how_to_open_the_ui(
+def test_run_links_open_the_model_training_view_and_say_how_to_serve_the_local_ui(
     store: MlflowClient,
 ) -> None:
-    lines = flow_runs.run_links({"flow (parent)": "abc", "train": "def"})
+    tracking.ensure_experiment()
+    with tracking.stage_run("train", run_name="t") as run:
+        run_id = run.info.run_id
+    experiment = run.info.experiment_id
 
-    assert lines[:2] == ["- flow (parent): `abc`", "- train: `def`"]
-    assert (
-        lines[-1]
-        == f"Open the MLflow UI: `mlflow ui --backend-store-uri {tracking.use_tracking()}`"
+    lines = flow_runs.run_links({"train": run_id})
+
+    assert lines[0] == (
+        f"- train: [{run_id}](http://127.0.0.1:5000/#/experiments/{experiment}/runs/{run_id}"
+        "?workflowType=machine_learning)"
     )
+    assert lines[-1] == (
+        f"Open the MLflow UI first: `mlflow ui --backend-store-uri {tracking.use_tracking()}`"
+    )
+
+
+def test_the_summary_lands_on_the_parent_run_as_metrics_files_and_description(
+    store: MlflowClient,
+) -> None:
+    params = _Params(name="x", values={})
+    with flow_runs.parent_run("pretrain", "p", "flow-4", params, description="running") as run_id:
+        assert store.get_run(run_id).data.tags["mlflow.note.content"] == "running"
+        flow_runs.record_summary(
+            run_id, {"heldout_perplexity": 41.5, "nan": float("nan")}, {"a.md": "# A"}, "done"
+        )
+    run = store.get_run(run_id)
+    assert run.data.metrics == {"heldout_perplexity": 41.5}
+    assert [item.path for item in store.list_artifacts(run_id)] == ["a.md"]
+    assert run.data.tags["mlflow.note.content"] == "done"
+
+
+def test_training_progress_reads_the_flows_training_run(store: MlflowClient) -> None:
+    import mlflow
+
+    params = _Params(name="x", values={})
+    with flow_runs.parent_run("pretrain", "p", "flow-5", params) as parent:
+        assert flow_runs.training_progress(parent) is None  # no training run yet
+        with tracking.stage_run("train", run_name="bilm-1", parent_run_id=parent):
+            mlflow.set_tag(flow_runs.TOTAL_STEPS_TAG, "100")
+            assert flow_runs.training_progress(parent) is None  # no step logged yet
+            mlflow.log_metrics({"train/sampled_loss": 5.25, "tokens_per_s": 1234.0}, step=40)
+            line = flow_runs.training_progress(parent)
+    assert line is not None
+    assert line.startswith("training bilm-1: step 40/100, 1,234 tokens/s, sampled loss 5.250, ETA")

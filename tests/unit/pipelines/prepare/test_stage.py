@@ -383,3 +383,33 @@ def test_a_shared_dataset_follows_the_umask(tmp_path):
     written = list((tmp_path / "out").rglob("*"))
     assert {path.stat().st_mode & 0o777 for path in written if path.is_file()} == {0o664}
     assert {path.stat().st_mode & 0o777 for path in written if path.is_dir()} == {0o775}
+
+
+def test_prepare_is_an_mlflow_run_with_sizes_the_manifest_and_the_dataset_as_input(
+    tmp_path, monkeypatch
+):
+    from mlflow import MlflowClient
+
+    from elmo_core.data.manifest import manifest_sha256
+    from pipelines.common import tracking
+    from pipelines.prepare.stage import prepare
+
+    monkeypatch.setenv("ELMO_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv(tracking.PARENT_RUN_ENV, raising=False)
+    corpus = write_corpus(tmp_path / "corpus", num_train=1, num_heldout=0, lines=60)
+    result = prepare(PrepareConfig(format="text"), str(corpus.train[0]), str(tmp_path / "ds"))
+
+    run = tracking.find_run("prepare ds", "prepare")
+    assert run is not None and run.info.status == "FINISHED"
+    train = result.manifest.splits["train"]
+    assert run.data.metrics["train_tokens"] == train.num_tokens
+    assert run.data.metrics["vocabulary_size"] == result.manifest.vocab.size
+    assert run.data.params["format"] == "text"
+    client = MlflowClient(tracking.use_tracking())
+    assert {item.path for item in client.list_artifacts(run.info.run_id)} >= {
+        "manifest.json",
+        "prepare_config.json",
+    }
+    (dataset_input,) = run.inputs.dataset_inputs
+    assert dataset_input.dataset.digest == manifest_sha256(result.dataset)[:36]

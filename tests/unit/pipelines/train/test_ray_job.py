@@ -35,7 +35,7 @@ def _job(dataset: str, *overrides: str) -> TrainJob:
 def test_the_entrypoint_is_the_train_command_with_the_run_directorys_storage(dataset: str) -> None:
     job = _job(dataset, "train.max_steps=5", "run.num_workers=2", "run.use_gpu=false")
 
-    argv = shlex.split(job.entrypoint("parent123"))
+    argv = shlex.split(job.entrypoint("parent123", {"prefect.flow_run_id": "f 1"}))
 
     assert argv[:5] == ["python", "-m", "pipelines.train", "--data", dataset]
     assert argv[argv.index("--model") + 1] == "tiny"
@@ -47,7 +47,13 @@ def test_the_entrypoint_is_the_train_command_with_the_run_directorys_storage(dat
         "run.use_gpu=false",
         f"run.storage_path={storage}",
     ]
-    assert argv[-3:] == ["--parent-run-id", "parent123", "--no-register"]
+    assert argv[-5:] == [
+        "--tag",
+        "prefect.flow_run_id=f 1",
+        "--parent-run-id",
+        "parent123",
+        "--no-register",
+    ]
 
 
 def test_the_run_directory_is_named_by_config_and_data_not_by_scaling(dataset: str) -> None:
