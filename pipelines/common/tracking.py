@@ -27,6 +27,8 @@ EXPERIMENT = os.environ.get("ELMO_MLFLOW_EXPERIMENT", "elmo")
 PARENT_RUN_ENV = "ELMO_MLFLOW_PARENT_RUN_ID"
 STAGE_TAG = "elmo.stage"
 MAX_PARAM_CHARS = 6000
+SYSTEM_METRICS_INTERVAL_ENV = "ELMO_SYSTEM_METRICS_INTERVAL_S"
+DEFAULT_SYSTEM_METRICS_S = 2.0
 DATASET_DIGEST_CHARS = 36  # the longest digest MLflow's stores keep
 LOCAL_UI = "http://127.0.0.1:5000"  # where `mlflow ui` serves the embedded store
 DESCRIPTION_TAG = "mlflow.note.content"  # the run page's description
@@ -58,6 +60,7 @@ def stage_run(
     run_id: str | None = None,
     parent_run_id: str | None = None,
     tags: Mapping[str, str] | None = None,
+    system_metrics: bool = True,
 ) -> Iterator[mlflow.ActiveRun]:
     """Start (or resume, given ``run_id``) the MLflow run of one stage; it ends as what happened.
 
@@ -65,22 +68,37 @@ def stage_run(
     :mod:`pipelines.common.cli_runner`), FAILED on any other exception; MLflow's own context
     manager would call an interrupted run FAILED. The parent comes from ``parent_run_id`` or
     ``ELMO_MLFLOW_PARENT_RUN_ID``; the run is tagged with its stage name so the flow's summary can
-    find its children.
+    find its children. ``system_metrics``: this process's CPU, memory, disk and network (GPU with
+    pynvml) beside the run's metrics; off where the work runs in other processes that log them.
     """
     use_tracking()
     ensure_experiment()
+    sample_system_metrics()
     if run_id is not None:
-        run = mlflow.start_run(run_id=run_id)
+        run = mlflow.start_run(run_id=run_id, log_system_metrics=system_metrics)
     else:
         parent = parent_run_id or os.environ.get(PARENT_RUN_ENV) or None
         all_tags = {STAGE_TAG: stage, **(tags or {})}
-        run = mlflow.start_run(run_name=run_name, parent_run_id=parent, tags=all_tags)
+        run = mlflow.start_run(
+            run_name=run_name,
+            parent_run_id=parent,
+            tags=all_tags,
+            log_system_metrics=system_metrics,
+        )
     try:
         yield run
     except BaseException as error:
         mlflow.end_run(ended_status(error))
         raise
     mlflow.end_run(ended_status(None))
+
+
+def sample_system_metrics() -> None:
+    """Sample system metrics every ``ELMO_SYSTEM_METRICS_INTERVAL_S`` seconds (default 2): at
+    MLflow's 10 s a stage of a minute or two shows a point or two, not a curve."""
+    interval = float(os.environ.get(SYSTEM_METRICS_INTERVAL_ENV, DEFAULT_SYSTEM_METRICS_S))
+    mlflow.set_system_metrics_sampling_interval(interval)
+    mlflow.set_system_metrics_samples_before_logging(1)
 
 
 def ended_status(error: BaseException | None) -> str:
@@ -95,9 +113,11 @@ def ended_status(error: BaseException | None) -> str:
 @contextmanager
 def shared_run(run_id: str) -> Iterator[mlflow.ActiveRun]:
     """Log into a run that another process owns (a training worker into the driver's run),
-    leaving it RUNNING: the owner's :func:`stage_run` decides how it ends."""
+    leaving it RUNNING: the owner's :func:`stage_run` decides how it ends. The system metrics
+    are this process's (a training worker's node: where the work runs)."""
     use_tracking()
-    run = mlflow.start_run(run_id=run_id)
+    sample_system_metrics()
+    run = mlflow.start_run(run_id=run_id, log_system_metrics=True)
     try:
         yield run
     finally:

@@ -163,13 +163,19 @@ def _tracked_run(
     found by name), else a new one with the config as params."""
     run_id = _recorded_run_id(plan)
     if run_id is not None:
-        with stage_run("train", run_name=plan.name, run_id=run_id):
+        with stage_run("train", run_name=plan.name, run_id=run_id, system_metrics=False):
             yield run_id
         return
     all_tags = {"elmo.dataset": plan.data, "elmo.run_dir": plan.run_dir.url, **(tags or {})}
     if plan.init_from is not None:
         all_tags |= plan.init_from.tags
-    with stage_run("train", run_name=plan.name, parent_run_id=parent_run_id, tags=all_tags) as run:
+    with stage_run(
+        "train",
+        run_name=plan.name,
+        parent_run_id=parent_run_id,
+        tags=all_tags,
+        system_metrics=False,  # rank 0 logs them, from where training runs
+    ) as run:
         log_config(cfg)
         mlflow.log_params(
             {

@@ -104,3 +104,28 @@ def test_a_shared_run_leaves_the_owner_to_decide_how_it_ends(store):
         mlflow.start_run(run_id=run_id)  # the owner again, as stage_run left it
     assert store.get_run(run_id).info.status == "FINISHED"
     assert [m.value for m in store.get_metric_history(run_id, "loss")] == [1.0]
+
+
+def test_a_stage_run_samples_system_metrics_often_enough_for_a_short_stage(store, monkeypatch):
+    import time
+
+    monkeypatch.setenv(tracking.SYSTEM_METRICS_INTERVAL_ENV, "0.2")
+    with tracking.stage_run("evaluate", run_name="short") as run:
+        time.sleep(1.5)
+    with tracking.stage_run("train", run_name="driver", system_metrics=False) as quiet:
+        time.sleep(0.5)
+
+    history = store.get_metric_history(run.info.run_id, "system/cpu_utilization_percentage")
+    assert len(history) >= 3
+    assert not any(
+        name.startswith("system/") for name in store.get_run(quiet.info.run_id).data.metrics
+    )
+
+
+def test_ui_links_open_the_model_training_view() -> None:
+    assert tracking.ui_url("3", "abc", server="http://mlflow:5000/") == (
+        "http://mlflow:5000/#/experiments/3/runs/abc?workflowType=machine_learning"
+    )
+    assert tracking.ui_url("3", server="http://mlflow:5000") == (
+        "http://mlflow:5000/#/experiments/3?workflowType=machine_learning"
+    )
