@@ -12,7 +12,9 @@ Benchmark); the names and the biLM's loading are :mod:`pipelines.models.bilm_loa
 Inference follows ELMo's defaults (DESIGN.md §3): eval mode, stateless (the same sentence always
 gives the same vectors), sentence boundaries stripped. ``mlflow.pyfunc.load_model(uri)
 .unwrap_python_model().bilm`` is the loaded :class:`~elmo_core.model.bilm.BiLM`, for building an
-:class:`~elmo_core.model.elmo.Elmo` on a registered biLM.
+:class:`~elmo_core.model.elmo.Elmo` on a registered biLM. Reading the request and reporting a bad
+one (an MlflowException, so that ``mlflow models serve`` answers 400 with what is wrong) are
+shared with the task models: :mod:`pipelines.models.pyfunc_request`.
 
 Shapes: N sentences in a batch, T tokens, L layers (token layer + LSTM layers), P projection.
 """
@@ -44,11 +46,19 @@ from pipelines.models.bilm_loader import (
     manifest_tokenizer,
     resolve_bilm,
 )
+from pipelines.models.pyfunc_request import (
+    BATCH_SIZE_SPEC,
+    DEFAULT_BATCH_SIZE,
+    batch_size_param,
+    checked_params,
+    mlflow_errors,
+    token_lists,
+    watch_dropped_params,
+)
 
 SENTENCE_COLUMN = "sentence"
 TOKENS_COLUMN = "tokens"
 EMBEDDINGS_COLUMN = "embeddings"
-DEFAULT_BATCH_SIZE = 64
 
 Output = Literal["layers", "layer", "mix"]
 OUTPUTS: tuple[Output, ...] = ("layers", "layer", "mix")
@@ -73,25 +83,21 @@ class EmbedOptions:
 
     @classmethod
     def from_params(cls, params: dict[str, Any] | None) -> EmbedOptions:
-        given = dict(params or {})
-        unknown = sorted(set(given) - set(cls.__dataclass_fields__))
-        if unknown:
-            raise ConfigError(f"unknown predict params {unknown}", key=f"params.{unknown[0]}")
+        """The options of ``params``; an unknown name (see :func:`checked_params`) or a bad value
+        is a ConfigError naming its ``params.<name>`` key."""
+        given = checked_params(params, cls.__dataclass_fields__)
         output = given.get("output", cls.output)
         if output not in OUTPUTS:
             raise ConfigError(
                 f"output must be one of {list(OUTPUTS)}, not {output!r}", key="params.output"
             )
-        batch_size = int(given.get("batch_size", cls.batch_size))
-        if batch_size < 1:
-            raise ConfigError("batch_size must be positive", key="params.batch_size")
         weights = given.get("weights")
         return cls(
             output=cast(Output, output),
             layer=int(given.get("layer", cls.layer)),
             weights=tuple(float(w) for w in (weights if weights is not None else ())),
             mean_pool=bool(given.get("mean_pool", cls.mean_pool)),
-            batch_size=batch_size,
+            batch_size=batch_size_param(given),
         )
 
 
@@ -116,31 +122,10 @@ def model_signature() -> ModelSignature:
             ParamSpec("layer", "long", defaults.layer),
             ParamSpec("weights", "double", [], shape=(-1,)),
             ParamSpec("mean_pool", "boolean", defaults.mean_pool),
-            ParamSpec("batch_size", "long", defaults.batch_size),
+            BATCH_SIZE_SPEC,
         ]
     )
     return ModelSignature(inputs=inputs, outputs=outputs, params=params)
-
-
-def token_lists(
-    frame: pd.DataFrame, tokens_column: str, text_column: str, tokenizer: Tokenizer
-) -> list[list[str]]:
-    """One token list per row: the tokens column when complete, else the text tokenized.
-
-    A row's text is one sequence: when the tokenizer finds several sentences in it, their tokens
-    are concatenated (the biLM sees them as one sentence).
-    """
-    if tokens_column in frame.columns and frame[tokens_column].notna().all():
-        return [[str(token) for token in tokens] for tokens in frame[tokens_column]]
-    if text_column in frame.columns and frame[text_column].notna().all():
-        return [
-            [token for sentence in tokenizer.tokenize(str(text)) for token in sentence]
-            for text in frame[text_column]
-        ]
-    raise DataError(
-        f"input needs a '{text_column}' (text) or '{tokens_column}' (list of strings) column "
-        f"with a value in every row; got columns {list(frame.columns)}"
-    )
 
 
 class BiLMEmbedder(PythonModel):
@@ -151,6 +136,7 @@ class BiLMEmbedder(PythonModel):
         self._tokenizer: Tokenizer | None = None
 
     def load_context(self, context: PythonModelContext) -> None:
+        watch_dropped_params()
         self.load(context.artifacts[BILM_ARTIFACT], context.artifacts[MANIFEST_ARTIFACT])
 
     def load(self, bilm_dir: str | Path, manifest_file: str | Path) -> None:
@@ -181,9 +167,14 @@ class BiLMEmbedder(PythonModel):
         model_input: pd.DataFrame,
         params: dict[str, Any] | None = None,
     ) -> pd.DataFrame:
-        """One output row per input row: its ``tokens`` and their ``embeddings`` (nested lists)."""
-        sentences = self.sentences_of(model_input)
-        vectors = self.embed(sentences, EmbedOptions.from_params(params))
+        """One output row per input row: its ``tokens`` and their ``embeddings`` (nested lists).
+
+        A bad input or param is an MlflowException (INVALID_PARAMETER_VALUE) saying what is wrong.
+        """
+        with mlflow_errors():
+            options = EmbedOptions.from_params(params)
+            sentences = self.sentences_of(model_input)
+            vectors = self.embed(sentences, options)
         return pd.DataFrame(
             {
                 TOKENS_COLUMN: sentences,

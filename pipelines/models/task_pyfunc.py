@@ -13,7 +13,9 @@ registered ``elmo-<task>`` model is loaded from files, never unpickled. Its arti
 
 Inputs: a ``sentence`` (raw text) or ``tokens`` (list of strings) column; for pair tasks
 ``premise`` and ``hypothesis`` (text) or ``premise_tokens`` and ``hypothesis_tokens``. Outputs:
-the ``tokens`` read and a ``label`` per row, or ``tags`` (one per token) for tagging tasks.
+the ``tokens`` read and a ``label`` per row, or ``tags`` (one per token) for tagging tasks. The
+one param is ``batch_size``. The request is read, and a bad one reported, as the biLM's is:
+:mod:`pipelines.models.pyfunc_request`.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import pandas as pd
 import torch
 from mlflow.models import ModelSignature
 from mlflow.pyfunc import PythonModel, PythonModelContext
-from mlflow.types.schema import Array, ColSpec, Schema, TensorSpec
+from mlflow.types.schema import Array, ColSpec, ParamSchema, Schema, TensorSpec
 
 from elmo_core.errors import WeightsError
 from elmo_core.model.bilm import BiLM
@@ -37,7 +39,14 @@ from elmo_core.tasks.task_model import TaskModel
 from elmo_core.tasks.trainer import predict
 from elmo_core.text.tokenize import MosesTokenizer, Tokenizer
 from pipelines.models.bilm_loader import BILM_ARTIFACT, load_bilm, resolve_bilm
-from pipelines.models.bilm_pyfunc import token_lists
+from pipelines.models.pyfunc_request import (
+    BATCH_SIZE_SPEC,
+    batch_size_param,
+    checked_params,
+    mlflow_errors,
+    token_lists,
+    watch_dropped_params,
+)
 
 TASK_ARTIFACT = "task_model"
 WEIGHTS_FILE = "model.pt"
@@ -93,7 +102,8 @@ def load_task_model(directory: str | Path) -> tuple[TaskModel, dict[str, Any] | 
 
 
 def model_signature(task_type: TaskType) -> ModelSignature:
-    """Optional text or token columns in (pair tasks: one of each per side); predictions out."""
+    """Optional text or token columns in (pair tasks: one of each per side); predictions out;
+    ``batch_size`` as the one param."""
     inputs: list[ColSpec | TensorSpec]
     outputs: list[ColSpec | TensorSpec]
     if task_type == "pair":
@@ -111,7 +121,9 @@ def model_signature(task_type: TaskType) -> ModelSignature:
             ColSpec(Array("string"), TAGS) if task_type == "tagging" else ColSpec("string", LABEL)
         )
         outputs = [ColSpec(Array("string"), TOKENS), prediction]
-    return ModelSignature(inputs=Schema(inputs), outputs=Schema(outputs))
+    return ModelSignature(
+        inputs=Schema(inputs), outputs=Schema(outputs), params=ParamSchema([BATCH_SIZE_SPEC])
+    )
 
 
 class TaskPredictor(PythonModel):
@@ -123,6 +135,7 @@ class TaskPredictor(PythonModel):
         self._tokenizer: Tokenizer = MosesTokenizer()
 
     def load_context(self, context: PythonModelContext) -> None:
+        watch_dropped_params()
         self.load(context.artifacts[TASK_ARTIFACT], context.artifacts[BILM_ARTIFACT])
 
     def load(self, task_dir: str | Path, bilm_dir: str | Path) -> None:
@@ -146,14 +159,19 @@ class TaskPredictor(PythonModel):
         model_input: pd.DataFrame,
         params: dict[str, Any] | None = None,
     ) -> pd.DataFrame:
-        """One output row per input row: the tokens read and their label or tags."""
+        """One output row per input row: the tokens read and their label or tags.
+
+        A bad input or param is an MlflowException (INVALID_PARAMETER_VALUE) saying what is wrong.
+        """
         task_type = self.model.task.type
-        if task_type == "pair":
-            premises, hypotheses = (self._column(model_input, side) for side in PAIR_SIDES)
-            pairs = list(zip(premises, hypotheses, strict=True))
-            return pd.DataFrame({LABEL: predict(self.model, pairs, self._bilm)})
-        sentences = self._column(model_input, None)
-        predictions = predict(self.model, sentences, self._bilm)
+        with mlflow_errors():
+            batch_size = batch_size_param(checked_params(params, [BATCH_SIZE_SPEC.name]))
+            if task_type == "pair":
+                premises, hypotheses = (self._column(model_input, side) for side in PAIR_SIDES)
+                pairs = list(zip(premises, hypotheses, strict=True))
+                return pd.DataFrame({LABEL: predict(self.model, pairs, self._bilm, batch_size)})
+            sentences = self._column(model_input, None)
+            predictions = predict(self.model, sentences, self._bilm, batch_size)
         return pd.DataFrame(
             {TOKENS: sentences, TAGS if task_type == "tagging" else LABEL: predictions}
         )

@@ -117,6 +117,12 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+@pytest.fixture(scope="session")
+def free_port() -> Callable[[], int]:
+    """``free_port()``: a port on 127.0.0.1 that nothing listens on now, for a server to use."""
+    return _free_port
+
+
 @pytest.fixture
 def s3_endpoint(monkeypatch, tmp_path) -> Iterator[str]:
     """A moto S3 server on 127.0.0.1 with a ``datasets`` bucket; every AWS client of this process

@@ -4,6 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from mlflow.exceptions import MlflowException
 
 from elmo_core.errors import ConfigError, DataError
 from elmo_core.model.bilm import BiLM
@@ -114,15 +115,19 @@ def test_mean_pool_gives_one_vector_per_layer_or_per_sentence(embedder):
         ({"layers": 2}, "params.layers"),
     ],
 )
-def test_bad_params_name_their_key(embedder, params, key):
-    with pytest.raises(ConfigError) as caught:
+def test_bad_params_are_invalid_parameter_errors_naming_their_key(embedder, params, key):
+    with pytest.raises(MlflowException, match=f"key '{key}'") as caught:
         embedder.predict(None, pd.DataFrame({"tokens": [["x"]]}), params=params)
-    assert caught.value.key == key
+    assert caught.value.error_code == "INVALID_PARAMETER_VALUE"
+    assert isinstance(caught.value.__cause__, ConfigError)
+    assert caught.value.__cause__.key == key
 
 
-def test_input_without_sentence_or_tokens_is_a_data_error(embedder):
-    with pytest.raises(DataError, match="'sentence'"):
+def test_input_without_sentence_or_tokens_is_an_invalid_parameter_error(embedder):
+    with pytest.raises(MlflowException, match="'sentence' \\(text\\) or 'tokens'") as caught:
         embedder.predict(None, pd.DataFrame({"text": ["hello"]}))
+    assert caught.value.error_code == "INVALID_PARAMETER_VALUE"
+    assert isinstance(caught.value.__cause__, DataError)
 
 
 def test_signature_declares_both_inputs_and_the_param_defaults():

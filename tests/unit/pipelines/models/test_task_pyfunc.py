@@ -8,6 +8,7 @@ from typing import Any
 import pandas as pd
 import pytest
 import torch
+from mlflow.exceptions import MlflowException
 
 from elmo_core.errors import DataError, WeightsError
 from elmo_core.model.bilm import BiLM
@@ -114,12 +115,43 @@ def test_pair_predictor_reads_premise_and_hypothesis_as_text_or_tokens(
     assert predictor.predict(None, tokens)["label"].tolist() == labels
 
 
-def test_missing_input_column_is_a_data_error_naming_both_layouts(
+def test_missing_input_column_is_an_invalid_parameter_error_naming_both_layouts(
     tmp_path: Path, bilm_dir: Path
 ) -> None:
     predictor = _predictor(_model("classification"), tmp_path, bilm_dir)
-    with pytest.raises(DataError, match="'sentence' \\(text\\) or 'tokens'"):
+    with pytest.raises(MlflowException, match="'sentence' \\(text\\) or 'tokens'") as caught:
         predictor.predict(None, pd.DataFrame({"text": ["hello"]}))
+    assert caught.value.error_code == "INVALID_PARAMETER_VALUE"
+    assert isinstance(caught.value.__cause__, DataError)
+
+
+def test_a_list_of_premises_in_one_row_is_refused_as_the_bilm_refuses_it(
+    tmp_path: Path, bilm_dir: Path
+) -> None:
+    predictor = _predictor(_model("pair"), tmp_path, bilm_dir)
+    frame = pd.DataFrame({"premise": [["A cat.", "A dog."]], "hypothesis": ["An animal."]})
+    with pytest.raises(MlflowException, match="'premise' holds one text per row"):
+        predictor.predict(None, frame)
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [({"batch_size": 0}, "batch_size must be positive"), ({"layer": 1}, "unknown predict params")],
+)
+def test_bad_params_are_invalid_parameter_errors(
+    tmp_path: Path, bilm_dir: Path, params: dict[str, Any], message: str
+) -> None:
+    predictor = _predictor(_model("tagging"), tmp_path, bilm_dir)
+    with pytest.raises(MlflowException, match=message) as caught:
+        predictor.predict(None, pd.DataFrame({"sentence": ["Hi!"]}), params=params)
+    assert caught.value.error_code == "INVALID_PARAMETER_VALUE"
+
+
+def test_batch_size_does_not_change_the_predictions(tmp_path: Path, bilm_dir: Path) -> None:
+    predictor = _predictor(_model("tagging"), tmp_path, bilm_dir)
+    frame = pd.DataFrame({"tokens": SENTENCES})
+    one_by_one = predictor.predict(None, frame, params={"batch_size": 1})
+    assert one_by_one["tags"].tolist() == predictor.predict(None, frame)["tags"].tolist()
 
 
 def test_a_directory_without_a_task_model_is_a_weights_error(tmp_path: Path) -> None:
@@ -143,3 +175,4 @@ def test_signature_names_the_inputs_and_outputs_of_each_task_type(
     )
     assert signature.inputs.input_names() == expected
     assert not any(spec.required for spec in signature.inputs.inputs)
+    assert [(spec.name, spec.default) for spec in signature.params.params] == [("batch_size", 64)]
