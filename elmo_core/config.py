@@ -15,7 +15,17 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from elmo_core.errors import ConfigError
 
@@ -82,10 +92,37 @@ class ModelConfig(StrictModel):
     )
 
 
+CorpusFormat = Literal["1b-benchmark", "text", "tokenized"]
+
+# The languages sacremoses ships Moses' nonbreaking prefixes for (``NonbreakingPrefixes``); any
+# other code would silently get the English ones.
+MosesLanguage = Literal[
+    "as", "bn", "ca", "cs", "de", "el", "en", "es", "et", "fi", "fr", "ga", "gu", "hi", "hu",
+    "is", "it", "kn", "lt", "lv", "ml", "mni", "mr", "nl", "or", "pa", "pl", "pt", "ro", "ru",
+    "sk", "sl", "sv", "ta", "tdt", "te", "yue", "zh",
+]  # fmt: skip
+
+
+class TokenizerConfig(StrictModel):
+    """How format ``text`` is tokenized: Moses with the rules of the corpus's language."""
+
+    lang: MosesLanguage = Field(
+        "en",
+        description="language code: Moses' tokenization rules and the nonbreaking prefixes "
+        "('Mr.', 'z.B.', 'Nr.') that do not end a sentence",
+    )
+
+
 class PrepareConfig(StrictModel):
     """Corpus → Parquet shards: the parameters recorded in the dataset manifest."""
 
-    format: Literal["1b-benchmark", "text"] = "text"
+    format: CorpusFormat = Field(
+        "text",
+        description="text: raw text, Moses sentence splitting and tokenization; tokenized: one "
+        "sentence per line, tokens separated by whitespace; 1b-benchmark: the 1B Word "
+        "Benchmark's layout (tokenized)",
+    )
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
     max_vocab: int | None = Field(None, gt=3)
     min_count: int = Field(1, ge=1)
     vocab_file: str | None = None
@@ -111,6 +148,30 @@ class PrepareConfig(StrictModel):
     def dataset_params(self) -> dict[str, Any]:
         """The parameters that decide the dataset's bytes: all but where and how widely it runs."""
         return self.model_dump(mode="json", exclude={"workers", "executor"})
+
+    @model_serializer(mode="wrap")
+    def _omit_default_tokenizer(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """English, the default, is left out of the record: datasets prepared before the
+        ``tokenizer`` section existed keep their manifest bytes and their identity."""
+        dumped: dict[str, Any] = handler(self)
+        if self.tokenizer == TokenizerConfig():
+            dumped.pop("tokenizer", None)
+        return dumped
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _language_needs_moses(
+        cls, tokenizer: TokenizerConfig, info: ValidationInfo
+    ) -> TokenizerConfig:
+        """Only ``text`` goes through Moses: a language given for tokenized input would be
+        silently ignored."""
+        corpus_format = info.data.get("format", "text")
+        if tokenizer != TokenizerConfig() and corpus_format != "text":
+            raise ValueError(
+                f"tokenizer.lang applies to format 'text' (Moses) only; format "
+                f"'{corpus_format}' is split on whitespace as it is"
+            )
+        return tokenizer
 
     @model_validator(mode="after")
     def _vocab_options_exclusive(self) -> PrepareConfig:

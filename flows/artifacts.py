@@ -35,6 +35,7 @@ class PretrainSummary(BaseModel):
     model_uri: str
     champion: bool
     task_models: list[str]
+    task_scores: list[str]  # per task: test score with and without ELMo (task_line)
     parent_run_id: str
 
 

@@ -46,7 +46,7 @@ class DataParams(Params):
     corpus: str = Field(
         description="'python-docs' (bundled sample), a path, an http(s)/s3 URL or a tarball"
     )
-    format: Literal["1b-benchmark", "text"] = "text"
+    format: Literal["1b-benchmark", "text", "tokenized"] = "text"
     prepare: list[PrepareOverride] = Field(
         default_factory=list, description="PrepareConfig overrides, e.g. 'max_vocab=50000'"
     )

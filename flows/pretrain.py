@@ -13,7 +13,7 @@ from __future__ import annotations
 from prefect import flow
 from prefect.runtime import flow_run
 
-from flows.artifacts import PretrainSummary
+from flows.artifacts import PretrainSummary, task_line
 from flows.params import PretrainParams
 from flows.tasks import (
     adapt,
@@ -54,5 +54,6 @@ def pretrain(params: PretrainParams) -> PretrainSummary:
         model_uri=model.uri,
         champion=model.champion,
         task_models=[result.model_uri for result in results],
+        task_scores=[task_line(result) for result in results],
         parent_run_id=parent,
     )

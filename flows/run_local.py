@@ -2,8 +2,11 @@
 
 Runs the ``pretrain`` flow with the embedded defaults — Prefect's ephemeral mode, a Ray started
 in-process, MLflow on ``$ELMO_HOME/mlflow.db`` — on the bundled ``python-docs`` corpus and the
-bundled NER task, with the same parameters as the ``pretrain/smoke`` deployment. It ends by
-printing how to open the MLflow UI and a sample embedding from ``models:/elmo-bilm@champion``.
+bundled NER task, with the same parameters as the ``pretrain/smoke`` deployment. It ends with what
+a user came for: the registered biLM and its heldout perplexity, the task scores with and without
+ELMo, the link into the MLflow UI, and "bank" in two senses through ``models:/elmo-bilm@champion``
+(:mod:`pipelines.common.demo`). Along the way it prints the stages' progress and nothing of the
+libraries' chatter (:mod:`pipelines.common.console_noise`, and Prefect's settings below).
 Any of ``PREFECT_API_URL``, ``MLFLOW_TRACKING_URI``, ``RAY_ADDRESS`` set in the environment switch
 that part to a real server (for example after ``eval "$(infra/local/status.sh)"``).
 """
@@ -12,8 +15,12 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from pipelines.common.console_noise import quiet_environment
+from pipelines.common.settings import RAY_JOBS_ENV, elmo_home
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE_TASK = "examples/tasks/ner.yaml"
@@ -40,13 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-steps", type=int, help="training steps (default: the smoke 200)")
     args = parser.parse_args(argv)
-    from pipelines.common.settings import elmo_home
-
-    # Prefect's own state (the ephemeral server's database) under ELMO_HOME too, unless set.
-    os.environ.setdefault("PREFECT_HOME", str(elmo_home() / "prefect"))
-    # Its first start creates that database; 20 s (Prefect's default) is short on a busy laptop.
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    quiet_environment()  # before mlflow and ray are imported
+    for name, value in embedded_settings(elmo_home(), os.environ).items():
+        os.environ.setdefault(name, value)
     from flows.params import PretrainParams
     from flows.pretrain import pretrain
     from pipelines.common import demo
@@ -55,11 +58,33 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_steps is not None:
         parameters["training"]["overrides"] += [f"train.max_steps={args.max_steps}"]
     summary = pretrain(PretrainParams.model_validate(parameters))
-    print(f"\nregistered {summary.model_uri} (heldout perplexity {summary.perplexity:.1f})")
-    print(f"task models: {', '.join(summary.task_models) or 'none'}")
+    champion = " (@champion)" if summary.champion else ""
+    print(f"\nbiLM {summary.model_uri}{champion}: heldout perplexity {summary.perplexity:.1f}")
+    print("\n".join(summary.task_scores))
     print(demo.mlflow_ui_hint())
-    print(demo.sample_embedding())
+    print(demo.sense_demo())
     return 0
+
+
+def embedded_settings(home: Path, environ: Mapping[str, str]) -> dict[str, str]:
+    """The embedded run's settings, read when Prefect and Ray are imported; what the environment
+    already sets wins. Prefect keeps its state under ELMO_HOME and prints the flow's and tasks'
+    lines, not its temporary server's (its "prefect" logger; the run loggers below it keep INFO).
+    """
+    settings = {
+        "PREFECT_HOME": str(home / "prefect"),
+        # Its first start creates the database; 20 s (Prefect's default) is short on a busy laptop.
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_LOGGING_LOGGERS_PREFECT_LEVEL": "WARNING",
+        "PREFECT_LOGGING_LOGGERS_PREFECT_FLOW_RUNS_LEVEL": "INFO",
+        "PREFECT_LOGGING_LOGGERS_PREFECT_TASK_RUNS_LEVEL": "INFO",
+    }
+    if not environ.get("RAY_ADDRESS") and not environ.get(RAY_JOBS_ENV):
+        # Only a local Ray, with Ray's default for a new one (token authentication) asked for
+        # explicitly: Ray then starts it without a warning about that default.
+        settings["RAY_AUTH_MODE"] = "token"
+    return settings
 
 
 if __name__ == "__main__":

@@ -289,6 +289,7 @@ def summarize(
     run_ids = {"flow (parent)": parent_run_id, "train": run.mlflow_run_id}
     if evaluation.run_id:
         run_ids["evaluate"] = evaluation.run_id
+    run_ids["register"] = model.run_id
     run_ids.update({f"adapt {r.task}": r.run_id for r in results})
     markdown = summary_markdown(run, evaluation, model, results, run_ids)
     publish_markdown("pretrain-summary", markdown)

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from elmo_core.config import PrepareConfig
+from elmo_core.config import CorpusFormat, PrepareConfig
 from elmo_core.errors import DataError
 from elmo_core.files import open_url
 
@@ -83,7 +83,7 @@ class Manifest(_Record):
     shard_format: str
     shard_format_version: int
     source: str
-    format: Literal["1b-benchmark", "text"]
+    format: CorpusFormat
     tokenizer: dict[str, Any]  # Tokenizer.describe(); Tokenizer.from_manifest rebuilds it
     params: PrepareConfig
     vocab: VocabInfo

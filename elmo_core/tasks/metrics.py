@@ -1,4 +1,4 @@
-"""Task metrics: CoNLL span F1 (as conlleval computes it) and accuracy.
+"""Task metrics: CoNLL span F1 (as conlleval computes it), accuracy, and the confusion matrix.
 
 Span F1 (Tjong Kim Sang & De Meulder 2003) counts an entity as correct only when its type, first
 and last token all match a gold entity; precision, recall and F1 are micro-averaged over all
@@ -10,6 +10,10 @@ chunk rules, which are right for both encodings:
   reads a stray ``I-X`` (as a new span rather than an error);
 * a span ends before ``O``, before any ``B-``, before a tag of another type, and at the end of
   the sentence — so ``B-X`` separates two adjacent entities of the same type in both encodings.
+
+Where a task's errors need a closer look than one number, :func:`confusion_matrix` counts which
+label was predicted for which gold label, and :func:`label_scores` reads each label's precision,
+recall and F1 off it (the label against all others, as scikit-learn's per-class report does).
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+import numpy as np
 
 SpanScheme = Literal["iob1", "iob2"]
 Span = tuple[str, int, int]
@@ -48,7 +54,8 @@ def tags_to_spans(tags: Sequence[str], scheme: SpanScheme = "iob2") -> set[Span]
 
 @dataclass(frozen=True)
 class SpanScores:
-    """Precision, recall and F1 with the counts they come from (0.0 where a ratio is 0/0)."""
+    """Precision, recall and F1 with the counts they come from (0.0 where a ratio is 0/0): of
+    entity spans, or of one label's items (:func:`label_scores`)."""
 
     precision: float
     recall: float
@@ -117,6 +124,44 @@ def accuracy(gold: Sequence[Any], predicted: Sequence[Any]) -> float:
     if not gold_items:
         raise ValueError("accuracy of no items is undefined")
     return sum(a == b for a, b in zip(gold_items, predicted_items, strict=True)) / len(gold_items)
+
+
+def confusion_matrix(
+    gold: Sequence[Any], predicted: Sequence[Any], labels: Sequence[str]
+) -> np.ndarray:
+    """Counts ``(C, C)`` in the order of ``labels``: row = gold label, column = predicted one.
+
+    Items are labels (classification, pairs) or, given lists of tag lists, tokens (flattened as
+    :func:`accuracy` does). A label outside ``labels`` raises ``ValueError``.
+    """
+    gold_items, predicted_items = _flatten(gold), _flatten(predicted)
+    if gold_items is not gold:
+        _check_parallel(gold, predicted)
+    if len(gold_items) != len(predicted_items):
+        raise ValueError(f"{len(gold_items)} gold items but {len(predicted_items)} predicted")
+    index = {label: i for i, label in enumerate(labels)}
+    unknown = sorted((set(gold_items) | set(predicted_items)) - index.keys())
+    if unknown:
+        raise ValueError(f"labels {unknown} are not in {list(labels)}")
+    matrix = np.zeros((len(labels), len(labels)), dtype=np.int64)
+    rows = np.array([index[item] for item in gold_items], dtype=np.int64)
+    columns = np.array([index[item] for item in predicted_items], dtype=np.int64)
+    np.add.at(matrix, (rows, columns), 1)
+    return matrix
+
+
+def label_scores(matrix: np.ndarray, labels: Sequence[str]) -> dict[str, SpanScores]:
+    """Each label's precision, recall and F1 against all other labels, from a confusion matrix.
+
+    A label neither in the gold data nor predicted is left out: it has no score to report.
+    """
+    correct = np.diagonal(matrix)
+    num_gold, num_predicted = matrix.sum(axis=1), matrix.sum(axis=0)
+    return {
+        label: SpanScores.from_counts(int(num_gold[i]), int(num_predicted[i]), int(correct[i]))
+        for i, label in enumerate(labels)
+        if num_gold[i] or num_predicted[i]
+    }
 
 
 def _split_tag(tag: str, index: int) -> tuple[str, str | None]:

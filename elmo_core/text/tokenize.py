@@ -4,11 +4,13 @@ Two tokenizers, chosen by the corpus format and recorded in the dataset manifest
 parameters (:meth:`Tokenizer.describe`), so that inference rebuilds the exact same one
 (:meth:`Tokenizer.from_manifest`) and tokenizes raw sentences as the training data was:
 
-- ``whitespace`` for the 1B Word Benchmark, which is already tokenized: one sentence per line,
-  split on (Unicode) whitespace only, case kept (the original bilm-tf reads it with
-  ``line.split()``).
-- ``moses`` for any other text: sentence splitting on end punctuation (Moses' English nonbreaking
-  prefixes keep "Mr." and "U.S." intact), then Moses tokenization by sacremoses, case kept.
+- ``whitespace`` for text that is already tokenized (formats ``tokenized`` and ``1b-benchmark``):
+  one sentence per line, split on (Unicode) whitespace only, case kept (the original bilm-tf reads
+  the 1B Word Benchmark with ``line.split()``).
+- ``moses`` for raw text (format ``text``), in the language ``tokenizer.lang`` (English by
+  default): sentence splitting on end punctuation, where the language's nonbreaking prefixes keep
+  "Mr.", "U.S." or German "z.B." and "Nr." intact, then sacremoses' Moses tokenization with that
+  language's rules, case kept.
 
 Both have a vectorised entry point, :meth:`Tokenizer.tokenize_lines`, used by prepare on blocks
 of lines held as Arrow arrays. The whitespace one is :func:`split_whitespace`, Arrow's split and
@@ -23,13 +25,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
-from typing import Any, ClassVar
+from typing import Any, ClassVar, get_args
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from elmo_core.errors import DataError
+from elmo_core.config import MosesLanguage
+from elmo_core.errors import ConfigError, DataError
 
 MIN_LINES_PER_THREAD = 1 << 14  # fewer lines are not worth a thread
 
@@ -147,9 +150,10 @@ class Tokenizer(ABC):
         raise DataError(f"unknown tokenizer {name!r} in manifest")
 
     @staticmethod
-    def for_format(corpus_format: str) -> Tokenizer:
-        """``whitespace`` for ``1b-benchmark`` (already tokenized), ``moses`` for ``text``."""
-        return WhitespaceTokenizer() if corpus_format == "1b-benchmark" else MosesTokenizer()
+    def for_format(corpus_format: str, lang: str = "en") -> Tokenizer:
+        """``moses`` in ``lang`` for raw ``text``; ``whitespace`` for the already tokenized
+        formats (``tokenized``, ``1b-benchmark``)."""
+        return MosesTokenizer(lang) if corpus_format == "text" else WhitespaceTokenizer()
 
 
 class WhitespaceTokenizer(Tokenizer):
@@ -175,17 +179,26 @@ class WhitespaceTokenizer(Tokenizer):
         return pa.ListArray.from_arrays(pa.array(kept), sentences.values), origin
 
 
-# End punctuation, optional closing quotes/brackets, whitespace, then a likely sentence start.
-_BOUNDARY = re.compile(r"""([.?!]+["'”’)\]]*)\s+(?=["'“‘(\[]*[A-Z0-9À-ÖØ-Þ])""")
+# Quotes and brackets that open or close a sentence, German „…“ and French « … » included.
+_OPENERS = "\"'“‘„‚«»(["
+_CLOSERS = "\"'”’“‘»«)]"
+# End punctuation, optional closers, whitespace, then the next sentence's first letter or digit
+# (group 2) after optional openers; whether that starts a sentence is decided in Python, where
+# upper case is known for every script.
+_BOUNDARY = re.compile(rf"([.?!]+[{re.escape(_CLOSERS)}]*)\s+(?=[{re.escape(_OPENERS)}]*(\w))")
 _LAST_WORD = re.compile(r"(\S+)$")
+MOSES_LANGUAGES = frozenset(get_args(MosesLanguage))
 
 
 class MosesTokenizer(Tokenizer):
     """Moses-style sentence splitting and tokenization (sacremoses), case kept.
 
     Sentence splitting follows Moses' ``split-sentences.perl`` in spirit: a boundary is end
-    punctuation followed by whitespace and an upper-case letter, digit or opening quote, unless
-    the word before is a nonbreaking prefix of the language ("Mr.", "Dr.", single letters).
+    punctuation followed by whitespace and an upper-case letter or a digit (in any script, after
+    optional opening quotes), unless the word before is a nonbreaking prefix of the language
+    ("Mr.", "Dr.", German "z.B." and "Nr.", single letters). Scripts without case (Chinese, the
+    Indic scripts) are not split within a line. ``lang`` must be one sacremoses ships prefixes
+    for: sacremoses itself would fall back to the English ones without a word.
     """
 
     name = "moses"
@@ -193,6 +206,12 @@ class MosesTokenizer(Tokenizer):
     def __init__(
         self, lang: str = "en", escape: bool = False, aggressive_dash_splits: bool = False
     ) -> None:
+        if lang not in MOSES_LANGUAGES:
+            raise ConfigError(
+                f"unknown language {lang!r}; sacremoses has Moses' nonbreaking prefixes for "
+                f"{', '.join(sorted(MOSES_LANGUAGES))}",
+                key="tokenizer.lang",
+            )
         self.lang = lang
         self.escape = escape
         self.aggressive_dash_splits = aggressive_dash_splits
@@ -225,10 +244,13 @@ class MosesTokenizer(Tokenizer):
         sentences: list[str] = []
         start = 0
         for match in _BOUNDARY.finditer(text):
+            first = match.group(2)
+            if not (first.isupper() or first.isdecimal()):
+                continue
             before = text[start : match.start(1)]
             word = _LAST_WORD.search(before)
             if match.group(1) == "." and word is not None:
-                stem = word.group(1).lstrip("\"'“‘([")
+                stem = word.group(1).lstrip(_OPENERS)
                 if stem in self._nonbreaking or (len(stem) == 1 and stem.isalpha()):
                     continue
             sentences.append(text[start : match.end(1)].strip())

@@ -12,7 +12,9 @@ same biLM and data), trains the ELMo model *and* the baseline — the same head 
 word embeddings without ELMo (no pretrained word vectors are available offline, so not the
 paper's GloVe baseline) — and reports the gain ELMo brings on dev and test (Peters et al. 2018,
 Table 1). The job is one MLflow ``adapt`` run: a child of the flow's run inside a flow, else a
-top-level run tagged with the biLM it used. The ELMo model is registered as ``elmo-<task>``, a
+top-level run tagged with the biLM it used; what it holds is :mod:`pipelines.adapt.tracking`'s
+(params, datasets, metrics), :mod:`pipelines.adapt.figures`' and
+:mod:`pipelines.adapt.error_analysis`'s. The ELMo model is registered as ``elmo-<task>``, a
 pyfunc model that labels raw sentences (:mod:`pipelines.models.task_pyfunc`).
 """
 
@@ -38,19 +40,26 @@ from elmo_core.tasks.config import SPLITS, TaskConfig
 from elmo_core.tasks.readers import AnyDataset, check_labels, task_labels
 from elmo_core.tasks.task_model import example_sentences
 from elmo_core.tasks.trainer import BASELINE, TaskResult, TaskSplit, main_metric, train_task
+from pipelines.adapt.error_analysis import evaluation_split, log_error_analysis, predict_split
+from pipelines.adapt.figures import log_figure, mix_figure
 from pipelines.adapt.tracking import (
-    log_mix_figure,
+    TaskModelVersion,
+    epoch_logger,
+    gains,
+    input_columns,
     log_outcome,
+    log_task_data,
     log_task_model,
-    outcome_metrics,
-    prefixed_logger,
+    source_tags,
+    task_params,
 )
 from pipelines.common.cli_runner import run_command
 from pipelines.common.settings import elmo_home, mlflow_tracking_uri
 from pipelines.common.tracking import (
     EXPERIMENT,
     PARENT_RUN_ENV,
-    log_config,
+    ensure_experiment,
+    log_curves,
     stage_run,
     use_tracking,
 )
@@ -58,12 +67,15 @@ from pipelines.models.bilm_loader import (
     OPTIONS_HELP,
     SOURCE_HELP,
     BiLMReference,
+    LoadedBiLM,
     load_bilm,
     resolve_bilm,
 )
+from pipelines.registry.tags import TASK_TAG
 
-TASK_TAG = "elmo.task"
 BASELINE_TAG = "elmo.baseline"
+MIX_FIGURE = "scalar_mix.png"
+DEV_CURVE_FIGURE = "dev_curve.png"
 
 
 class AdaptResources(BaseModel):
@@ -120,10 +132,11 @@ def adapt(
     # A bad source fails before any job starts; an alias is pinned, so every job loads one version.
     reference = resolve_bilm(bilm, bilm_options, options_key="bilm_options")
     use_tracking()
-    mlflow.set_experiment(EXPERIMENT)  # create the store once, before jobs write to it at once
+    ensure_experiment()  # create the store once, before jobs write to it at once
     cache_dir = str(elmo_home() / "cache" / "activations")
     parent = parent_run_id or os.environ.get(PARENT_RUN_ENV) or None
-    jobs = [AdaptJob(task, reference, cache_dir, parent, dict(tags or {})) for task in tasks]
+    run_tags = source_tags(parent) | dict(tags or {})  # the commit is the driver's checkout's
+    jobs = [AdaptJob(task, reference, cache_dir, parent, run_tags) for task in tasks]
     return _run_on_ray(jobs, resources or AdaptResources())
 
 
@@ -136,21 +149,22 @@ def run_adapt_job(job: AdaptJob) -> AdaptResult:
         source = load_bilm(job.bilm, Path(scratch) / "bilm-source")
         started = time.perf_counter()
         splits = cache_splits(source.bilm.to(device), datasets, job.cache_dir)
-        cache_seconds = time.perf_counter() - started
+        seconds = {"cache": time.perf_counter() - started}
         run_tags = {**job.bilm.tags, TASK_TAG: task.name, BASELINE_TAG: BASELINE, **job.tags}
         with stage_run(
             "adapt", run_name=f"adapt-{task.name}", parent_run_id=job.parent_run_id, tags=run_tags
         ) as run:
-            log_config(task)
-            mlflow.log_params({"bilm": job.bilm.location, "device": device})
-            mlflow.log_metric("cache_seconds", cache_seconds)
-            elmo, baseline = (_train(task, splits, use_elmo, device) for use_elmo in (True, False))
-            log_outcome(elmo, baseline)
-            log_mix_figure(elmo)
-            version = log_task_model(
-                elmo, source, Path(scratch), {**job.bilm.tags, **outcome_metrics(elmo, baseline)}
+            mlflow.log_params(task_params(task) | {"bilm": job.bilm.location, "device": device})
+            mlflow.log_dict(task.model_dump(mode="json"), "config.json")
+            log_task_data(task)
+            elmo, baseline = (
+                _train(task, splits, use_elmo, device, seconds) for use_elmo in (True, False)
             )
-    return _result(run.info.run_id, version, elmo, baseline)
+            example = input_columns(datasets["train"].examples[0])
+            model = log_task_model(elmo, baseline, source, job.bilm, Path(scratch), example)
+            log_outcome(elmo, baseline, seconds, model.model_id)
+            _log_analysis(task, elmo, baseline, source, datasets)
+    return _result(run.info.run_id, model, elmo, baseline)
 
 
 def read_splits(task: TaskConfig) -> dict[str, AnyDataset]:
@@ -179,8 +193,13 @@ def cache_splits(
 
 
 def _train(
-    task: TaskConfig, splits: Mapping[str, TaskSplit], use_elmo: bool, device: str
+    task: TaskConfig,
+    splits: Mapping[str, TaskSplit],
+    use_elmo: bool,
+    device: str,
+    seconds: dict[str, float],
 ) -> TaskResult:
+    """Train one of the two models, logging its curves; its time goes into ``seconds``."""
     prefix = "elmo" if use_elmo else "baseline"
     started = time.perf_counter()
     result = train_task(
@@ -189,32 +208,51 @@ def _train(
         splits.get("dev"),
         splits.get("test"),
         use_elmo,
-        epoch_callback=prefixed_logger(prefix),
+        epoch_callback=epoch_logger(prefix, main_metric(task)),
         device=device,
     )
-    mlflow.log_metric(f"{prefix}/seconds", time.perf_counter() - started)
+    seconds[prefix] = time.perf_counter() - started
     return result
 
 
-def _result(run_id: str, version: int, elmo: TaskResult, baseline: TaskResult) -> AdaptResult:
-    metric = main_metric(elmo.model.task)
-    name = f"elmo-{elmo.task}"
+def _log_analysis(
+    task: TaskConfig,
+    elmo: TaskResult,
+    baseline: TaskResult,
+    source: LoadedBiLM,
+    datasets: Mapping[str, AnyDataset],
+) -> None:
+    """The figures (mix, dev curves) and the error analysis of the evaluation split."""
+    log_figure(mix_figure(elmo), MIX_FIGURE)
+    metric = main_metric(task)
+    if "dev" in datasets:
+        curves = {
+            label: [(int(epoch["epoch"]), epoch[f"dev_{metric}"]) for epoch in result.history]
+            for label, result in (("ELMo", elmo), ("baseline", baseline))
+        }
+        title = f"{task.name}: dev {metric} by epoch (step), ELMo vs baseline"
+        log_curves(curves, DEV_CURVE_FIGURE, title=title, ylabel=f"dev {metric}")
+    split = evaluation_split(datasets)
+    if split is not None:
+        found = predict_split(elmo.model, datasets[split], split, source.bilm)
+        log_error_analysis(task, elmo.model.labels, found)
+
+
+def _result(
+    run_id: str, model: TaskModelVersion, elmo: TaskResult, baseline: TaskResult
+) -> AdaptResult:
     return AdaptResult(
         task=elmo.task,
         run_id=run_id,
-        model_name=name,
-        model_version=version,
-        model_uri=f"models:/{name}/{version}",
-        metric=metric,
+        model_name=model.name,
+        model_version=model.version,
+        model_uri=f"models:/{model.name}/{model.version}",
+        metric=main_metric(elmo.model.task),
         elmo_dev=elmo.dev_metrics,
         elmo_test=elmo.test_metrics,
         baseline_dev=baseline.dev_metrics,
         baseline_test=baseline.test_metrics,
-        gain={
-            key.removeprefix("gain/"): value
-            for key, value in outcome_metrics(elmo, baseline).items()
-            if key.startswith("gain/")
-        },
+        gain=gains(elmo, baseline),
         mix_weights=list(elmo.mix_weights or []),
         gamma=float(elmo.gamma if elmo.gamma is not None else 1.0),
     )

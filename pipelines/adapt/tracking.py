@@ -1,136 +1,306 @@
-"""What an adapt run records in MLflow: curves, final scores and gain, the mix, the task model.
+"""What an adapt run records in MLflow: its inputs, curves, final scores, the task model.
 
-Metric names, inside one ``adapt`` run:
+One name per quantity, inside one ``adapt`` run (``<metric>`` is the task's main score, ``f1``
+or ``accuracy``):
 
-- per epoch (step = epoch): ``elmo/train_loss``, ``elmo/dev_<score>``, ``elmo/mix_weight_<j>``,
-  ``elmo/gamma``; ``baseline/train_loss``, ``baseline/dev_<score>``;
-- final, at the best epoch: ``elmo/best_dev_<score>``, ``elmo/test_<score>`` and the same under
-  ``baseline/``; ``gain/dev_<metric>`` and ``gain/test_<metric>`` (ELMo − baseline) for the main
-  metric and accuracy;
-- the learned mix: ``mix_weight_<j>`` (softmax-normalised, layer 0 = the token layer) and
-  ``gamma`` (``output_*`` too when the head also mixes ELMo at its output), drawn as the bar
-  chart ``scalar_mix.png``.
+- per epoch (step = epoch), the curves the chart view opens on: ``elmo/train_loss``,
+  ``elmo/dev_<metric>``, ``elmo/mix_weight_<j>`` and ``elmo/gamma`` (``elmo/output_*`` too when
+  the head also mixes ELMo at its output); ``baseline/train_loss``, ``baseline/dev_<metric>``;
+- final, a few single values, linked to the logged task model: ``elmo/best_dev_<metric>`` (the
+  dev score of the epoch kept), ``elmo/test_<metric>``, the same under ``baseline/``, and
+  ``gain/dev_<metric>``, ``gain/test_<metric>`` (ELMo − baseline);
+- everything else is in ``scores.json``: every score of both models on dev and test (precision,
+  recall, accuracy, per-type F1), the epochs kept, the learned mix at the kept epoch and the
+  seconds each part took.
+
+Params are the task config's fields that apply to its format and type (``config.json`` holds it
+whole), plus the biLM and the device; the task's files are the run's datasets. Figures and
+tables are :mod:`pipelines.adapt.figures` and :mod:`pipelines.adapt.error_analysis`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import warnings
 from collections.abc import Callable, Mapping
-from importlib.metadata import version as package_version
+from dataclasses import dataclass
 from pathlib import Path
 
 import mlflow
-import torch
+from mlflow.data.dataset_source_registry import resolve_dataset_source
+from mlflow.data.meta_dataset import MetaDataset
 
+from elmo_core.tasks.config import SPLITS, TaskConfig
+from elmo_core.tasks.dataset import PairExample
+from elmo_core.tasks.task_model import Example
 from elmo_core.tasks.trainer import TaskResult, main_metric
+from pipelines.common.tracking import DATASET_DIGEST_CHARS, flatten_params, git_commit
 from pipelines.models import task_pyfunc
-from pipelines.models.bilm_loader import LoadedBiLM
+from pipelines.models.bilm_loader import BiLMReference, LoadedBiLM
+from pipelines.registry.model_card import ModelCard, example_frame, publish_card
+from pipelines.registry.register import model_requirements
+from pipelines.registry.tags import KIND_TAG, TASK_TAG, gain_tag, score_tag
 
-MIX_FIGURE = "scalar_mix.png"
 MODEL_ARTIFACT = "task_model"
+SCORES_FILE = "scores.json"
+SOURCE_NAME = "pipelines.adapt"
+# The fields of ReaderConfig that each format reads, and of HeadConfig that each task type builds
+# on (besides the encoder's hidden_dim, num_layers, dropout and elmo_at_output, which all use).
+READER_FIELDS: dict[str, tuple[str, ...]] = {
+    "conll2003": ("tag_scheme",),
+    "conllu": ("conllu_column",),
+    "sst": ("sst_phrases",),
+    "label_text": (),
+    "tsv": ("tsv_label_column", "tsv_header"),
+    "snli": ("snli_tokenization",),
+}
+HEAD_FIELDS: dict[str, tuple[str, ...]] = {
+    "tagging": ("crf",),
+    "classification": ("pooling",),
+    "pair": ("pair_head", "pooling"),
+}
+DATA_CONTEXTS = {"train": "training", "dev": "validation", "test": "testing"}
+MAX_LABELS_SHOWN = 12
+WHAT_IT_DOES = {
+    "tagging": "A tag for every token",
+    "classification": "A label for every sentence",
+    "pair": "A label for every premise–hypothesis pair",
+}
+OUTPUTS = {
+    "tagging": f"`{task_pyfunc.TOKENS}` (the tokens read), `{task_pyfunc.TAGS}` (one per token)",
+    "classification": f"`{task_pyfunc.TOKENS}` (the tokens read), `{task_pyfunc.LABEL}`",
+    "pair": f"`{task_pyfunc.LABEL}`",
+}
 
 
-def prefixed_logger(prefix: str) -> Callable[[int, dict[str, float]], None]:
-    """An ``epoch_callback`` for ``train_task`` logging ``<prefix>/<name>`` at step ``epoch``."""
+@dataclass(frozen=True)
+class TaskModelVersion:
+    """The registered ``elmo-<task>`` version and the logged model it was registered from."""
+
+    name: str
+    version: int
+    model_id: str
+
+
+def source_tags(parent_run_id: str | None) -> dict[str, str]:
+    """MLflow's source tags for a run created in a Ray worker, where MLflow's own guess would be
+    Ray's ``default_worker.py``: the stage's module, ``JOB`` inside a flow (a parent run) else
+    ``LOCAL``, and the driver's git commit when it runs from a checkout."""
+    tags = {
+        "mlflow.source.name": SOURCE_NAME,
+        "mlflow.source.type": "JOB" if parent_run_id else "LOCAL",
+    }
+    commit = git_commit()
+    if commit is not None:
+        tags["mlflow.source.git.commit"] = commit
+    return tags
+
+
+def task_params(task: TaskConfig) -> dict[str, str]:
+    """The task config as params, without the reader and head options its kind never reads."""
+    config = task.model_dump(mode="json")
+    config["reader"] = {key: config["reader"][key] for key in READER_FIELDS[task.format]}
+    type_specific = {field for fields in HEAD_FIELDS.values() for field in fields}
+    unused = type_specific - set(HEAD_FIELDS[task.type])
+    if task.type == "pair" and task.head.pair_head == "esim":
+        unused.add("pooling")  # ESIM pools both ways itself; only "match" reads it
+    config["head"] = {key: value for key, value in config["head"].items() if key not in unused}
+    return flatten_params(config)
+
+
+def log_task_data(task: TaskConfig) -> None:
+    """The task's files as the run's datasets (source: the path, digest: the file's sha256); a
+    file serving two splits is one dataset with both contexts."""
+    contexts: dict[Path, list[str]] = {}
+    for split in SPLITS:
+        path = task.split_path(split)
+        if path is not None:
+            contexts.setdefault(path, []).append(DATA_CONTEXTS[split])
+    for path, names in contexts.items():
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()[:DATASET_DIGEST_CHARS]
+        with warnings.catch_warnings():  # "can be interpreted in multiple ways": both are local
+            warnings.simplefilter("ignore", UserWarning)
+            source = resolve_dataset_source(str(path))
+        dataset = MetaDataset(source, name=path.name, digest=digest)  # type: ignore[abstract]
+        mlflow.log_input(dataset, "+".join(names))
+
+
+def epoch_logger(prefix: str, metric: str) -> Callable[[int, dict[str, float]], None]:
+    """An ``epoch_callback`` for ``train_task``: ``<prefix>/train_loss``, the main dev score and
+    the mix at step ``epoch``; the other dev scores stay in the trainer's history."""
 
     def log_epoch(epoch: int, metrics: dict[str, float]) -> None:
-        mlflow.log_metrics({f"{prefix}/{name}": value for name, value in metrics.items()}, epoch)
+        kept = {
+            f"{prefix}/{name}": value
+            for name, value in metrics.items()
+            if not name.startswith("dev_") or name == f"dev_{metric}"
+        }
+        mlflow.log_metrics(kept, epoch)
 
     return log_epoch
 
 
-def outcome_metrics(elmo: TaskResult, baseline: TaskResult) -> dict[str, float]:
-    """Final scores of both models and the gain ELMo brings, by the names above."""
-    metrics: dict[str, float] = {}
-    for prefix, result in (("elmo", elmo), ("baseline", baseline)):
-        metrics |= {f"{prefix}/best_dev_{k}": v for k, v in result.dev_metrics.items()}
-        metrics |= {f"{prefix}/test_{k}": v for k, v in result.test_metrics.items()}
-        metrics[f"{prefix}/best_epoch"] = float(result.best_epoch)
+def gains(elmo: TaskResult, baseline: TaskResult) -> dict[str, float]:
+    """``<split>_<score>``: ELMo's score minus the baseline's, for the main metric and accuracy."""
+    found: dict[str, float] = {}
     for score in dict.fromkeys((main_metric(elmo.model.task), "accuracy")):
         for split, ours, theirs in (
             ("dev", elmo.dev_metrics, baseline.dev_metrics),
             ("test", elmo.test_metrics, baseline.test_metrics),
         ):
             if score in ours and score in theirs:
-                metrics[f"gain/{split}_{score}"] = ours[score] - theirs[score]
-    return metrics
+                found[f"{split}_{score}"] = ours[score] - theirs[score]
+    return found
 
 
-def mix_metrics(elmo: TaskResult) -> dict[str, float]:
-    """The learned mix weights and γ of each ELMo mix the model has."""
-    metrics: dict[str, float] = {}
-    for prefix, weights, gamma in (
-        ("", elmo.mix_weights, elmo.gamma),
-        ("output_", elmo.output_mix_weights, elmo.output_gamma),
-    ):
-        if weights is not None and gamma is not None:
-            metrics |= {f"{prefix}mix_weight_{j}": w for j, w in enumerate(weights)}
-            metrics[f"{prefix}gamma"] = gamma
-    return metrics
+def final_metrics(elmo: TaskResult, baseline: TaskResult) -> dict[str, float]:
+    """The few final single values, by the names above (the main metric only)."""
+    metric = main_metric(elmo.model.task)
+    found: dict[str, float] = {}
+    for prefix, result in (("elmo", elmo), ("baseline", baseline)):
+        if metric in result.dev_metrics:
+            found[f"{prefix}/best_dev_{metric}"] = result.dev_metrics[metric]
+        if metric in result.test_metrics:
+            found[f"{prefix}/test_{metric}"] = result.test_metrics[metric]
+    gained = gains(elmo, baseline)
+    found |= {
+        f"gain/{key}": gained[key] for key in (f"dev_{metric}", f"test_{metric}") if key in gained
+    }
+    return found
 
 
-def log_outcome(elmo: TaskResult, baseline: TaskResult) -> None:
-    """Log the final scores, the gain and the learned mix into the active run."""
-    mlflow.log_metrics(outcome_metrics(elmo, baseline) | mix_metrics(elmo))
-
-
-def log_mix_figure(elmo: TaskResult) -> None:
-    """A bar chart of the softmax-normalised layer weights, γ in the legend (``scalar_mix.png``)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    mixes = [
-        (name, weights, gamma)
-        for name, weights, gamma in (
+def scores(
+    elmo: TaskResult, baseline: TaskResult, seconds: Mapping[str, float]
+) -> dict[str, object]:
+    """Everything ``scores.json`` holds (module docstring)."""
+    mixes = {
+        position: {"weights": weights, "gamma": gamma}
+        for position, weights, gamma in (
             ("input", elmo.mix_weights, elmo.gamma),
             ("output", elmo.output_mix_weights, elmo.output_gamma),
         )
         if weights is not None
-    ]
-    figure, axis = plt.subplots(figsize=(6, 3.5))
-    width = 0.8 / max(len(mixes), 1)
-    for index, (name, weights, gamma) in enumerate(mixes):
-        assert weights is not None
-        positions = [layer + index * width for layer in range(len(weights))]
-        axis.bar(positions, weights, width=width, label=f"{name} mix (γ = {gamma:.3f})")
-    num_layers = len(mixes[0][1] or []) if mixes else 0
-    axis.set_xticks([layer + 0.4 - width / 2 for layer in range(num_layers)])
-    axis.set_xticklabels(["token"] + [f"LSTM {j}" for j in range(1, num_layers)])
-    axis.set(title=f"{elmo.task}: learned scalar mix", ylabel="softmax(w)_j")
-    axis.legend()
-    figure.tight_layout()
-    mlflow.log_figure(figure, MIX_FIGURE)
-    plt.close(figure)
+    }
+    return {
+        "metric": main_metric(elmo.model.task),
+        **{
+            prefix: {
+                "best_epoch": result.best_epoch,
+                "dev": result.dev_metrics,
+                "test": result.test_metrics,
+            }
+            for prefix, result in (("elmo", elmo), ("baseline", baseline))
+        },
+        "gain": gains(elmo, baseline),
+        "mix": mixes,
+        "seconds": dict(seconds),
+    }
+
+
+def log_outcome(
+    elmo: TaskResult, baseline: TaskResult, seconds: Mapping[str, float], model_id: str
+) -> None:
+    """The final metrics, linked to the logged task model so its page shows them, and
+    ``scores.json``."""
+    mlflow.log_metrics(final_metrics(elmo, baseline), model_id=model_id)
+    mlflow.log_dict(scores(elmo, baseline, seconds), SCORES_FILE)
 
 
 def log_task_model(
-    elmo: TaskResult, source: LoadedBiLM, scratch: Path, version_tags: Mapping[str, object]
-) -> int:
-    """Log the ELMo task model as a pyfunc model and register it as ``elmo-<task>``.
-
-    Explicit requirements and no input example, as for the biLM
-    (:mod:`pipelines.registry.register`): either would make MLflow load the model once more
-    while logging.
-    """
+    elmo: TaskResult,
+    baseline: TaskResult,
+    source: LoadedBiLM,
+    bilm: BiLMReference,
+    scratch: Path,
+    example: Mapping[str, str],
+) -> TaskModelVersion:
+    """Log the ELMo task model as a pyfunc model with ``example`` as its input example; register
+    it as ``elmo-<task>`` tagged with the task, its main score and gain and the biLM it was
+    adapted from, and describe it as every registered model is
+    (:mod:`pipelines.registry.model_card`)."""
     task_dir = task_pyfunc.save_task_model(elmo.model, scratch / "task", source.tokenizer)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*input example was not provided")
-        info = mlflow.pyfunc.log_model(
-            name=MODEL_ARTIFACT,
-            python_model=task_pyfunc.__file__,
-            artifacts={
-                task_pyfunc.TASK_ARTIFACT: str(task_dir),
-                task_pyfunc.BILM_ARTIFACT: str(source.model_dir),
-            },
-            signature=task_pyfunc.model_signature(elmo.model.task.type),
-            pip_requirements=[
-                f"elmo-platform=={package_version('elmo-platform')}",
-                f"torch=={torch.__version__}",
-                f"mlflow=={mlflow.__version__}",
-            ],
+    info = mlflow.pyfunc.log_model(
+        name=MODEL_ARTIFACT,
+        python_model=task_pyfunc.__file__,
+        artifacts={
+            task_pyfunc.TASK_ARTIFACT: str(task_dir),
+            task_pyfunc.BILM_ARTIFACT: str(source.model_dir),
+        },
+        signature=task_pyfunc.model_signature(elmo.model.task.type),
+        input_example=example_frame(example),
+        pip_requirements=model_requirements(),
+    )
+    name = f"elmo-{elmo.task}"
+    headline = Headline.of(elmo, baseline)
+    tags = {TASK_TAG: elmo.task, **bilm.tags, **(headline.tags() if headline else {})}
+    version = int(mlflow.register_model(info.model_uri, name, tags=tags).version)
+    card = task_card(elmo.model.task, elmo.model.labels, bilm.location, version, example)
+    scored = headline or "no dev or test split to score it on"
+    publish_card(card, version, f"Adapted from `{bilm.location}`: {scored}.")
+    return TaskModelVersion(name, version, info.model_id)
+
+
+@dataclass(frozen=True)
+class Headline:
+    """The ELMo model's main score on test (dev without a test split) and the baseline's."""
+
+    split: str
+    metric: str
+    elmo: float
+    baseline: float
+
+    @classmethod
+    def of(cls, elmo: TaskResult, baseline: TaskResult) -> Headline | None:
+        """None when the task has neither a dev nor a test split."""
+        metric = main_metric(elmo.model.task)
+        for split, ours, theirs in (
+            ("test", elmo.test_metrics, baseline.test_metrics),
+            ("dev", elmo.dev_metrics, baseline.dev_metrics),
+        ):
+            if metric in ours:
+                return cls(split, metric, ours[metric], theirs[metric])
+        return None
+
+    def tags(self) -> dict[str, str]:
+        """``elmo.test_<metric>`` and ``elmo.gain.test_<metric>``, for the version."""
+        gain = self.elmo - self.baseline
+        return {
+            score_tag(self.split, self.metric): f"{self.elmo:.4f}",
+            gain_tag(self.split, self.metric): f"{gain:+.4f}",
+        }
+
+    def __str__(self) -> str:
+        """``test f1 0.9123 (baseline 0.8512, gain +0.0611)``."""
+        gain = self.elmo - self.baseline
+        return (
+            f"{self.split} {self.metric} {self.elmo:.4f} (baseline {self.baseline:.4f}, "
+            f"gain {gain:+.4f})"
         )
-    tags = {key: str(value) for key, value in version_tags.items()}
-    registered = mlflow.register_model(info.model_uri, f"elmo-{elmo.task}", tags=tags)
-    return int(registered.version)
+
+
+def task_card(
+    task: TaskConfig, labels: list[str], bilm: str, version: int, example: Mapping[str, str]
+) -> ModelCard:
+    """What ``elmo-<task>`` is and how to label text with it (its newest version)."""
+    shown = ", ".join(f"`{label}`" for label in labels[:MAX_LABELS_SHOWN])
+    more = f" and {len(labels) - MAX_LABELS_SHOWN} more" if len(labels) > MAX_LABELS_SHOWN else ""
+    return ModelCard(
+        name=f"elmo-{task.name}",
+        summary=(
+            f"{WHAT_IT_DOES[task.type]} for the `{task.name}` task ({task.format} data), by a "
+            f"head trained over the frozen ELMo biLM `{bilm}`; labels {shown}{more}"
+        ),
+        uri=f"models:/elmo-{task.name}/{version}",
+        example=example,
+        outputs=OUTPUTS[task.type],
+        tags={KIND_TAG: "task", TASK_TAG: task.name},
+    )
+
+
+def input_columns(example: Example) -> dict[str, str]:
+    """One example as the model's text input columns: ``sentence``, or ``premise`` and
+    ``hypothesis`` (tokens joined by spaces; the model tokenizes text again)."""
+    if isinstance(example, PairExample):
+        premise, hypothesis = task_pyfunc.PAIR_SIDES
+        return {premise: " ".join(example.premise), hypothesis: " ".join(example.hypothesis)}
+    return {task_pyfunc.SENTENCE: " ".join(example.tokens)}

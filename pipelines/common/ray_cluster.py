@@ -2,7 +2,8 @@
 
 A local Ray is sized for the machine: every core, no dashboard, and an object store that stays
 small on small machines (the stages stream data from shards; the object store only carries
-control messages and checkpoints' metadata).
+control messages and checkpoints' metadata). It starts quietly: the libraries' console noise is
+off first (:mod:`pipelines.common.console_noise`), Ray's start-up lines are not printed.
 """
 
 from __future__ import annotations
@@ -14,12 +15,16 @@ from typing import Any
 import ray
 
 from elmo_core.errors import ElmoError
+from pipelines.common.console_noise import quiet_environment
 from pipelines.common.settings import elmo_home
 
 log = logging.getLogger(__name__)
 
 MIN_OBJECT_STORE_BYTES = 200 * 1024**2
 MAX_OBJECT_STORE_BYTES = 4 * 1024**3
+PLACEMENT_GROUP_CLEANER_LOGGER = (
+    "ray.train.v2._internal.execution.controller.placement_group_cleaner"
+)
 
 
 def connect_ray(num_cpus: int | None = None) -> None:
@@ -29,8 +34,10 @@ def connect_ray(num_cpus: int | None = None) -> None:
     Ray starts with ``num_cpus`` (default: all cores) and its temporary files under ``ELMO_HOME``.
     The local start is explicit (``address="local"``): a bare ``ray.init`` would join any Ray
     already running on the machine (a ``ray start`` head left by someone) and then refuse
-    ``num_cpus``.
+    ``num_cpus``. Ray's INFO lines in this process ("Started a local Ray instance") are not
+    logged, and its workers start with :func:`setup_local_worker`.
     """
+    quiet_environment()  # before Ray Train reads it, and before a local Ray's workers start
     if ray.is_initialized():
         return
     address = os.environ.get("RAY_ADDRESS")
@@ -45,8 +52,25 @@ def connect_ray(num_cpus: int | None = None) -> None:
         num_cpus=cpus,
         include_dashboard=False,
         object_store_memory=_local_object_store_bytes(),
+        logging_level=logging.WARNING,
+        runtime_env={"worker_process_setup_hook": setup_local_worker},
         _temp_dir=str(_short_temp_dir()),
     )
+
+
+def setup_local_worker() -> None:
+    """Run by every worker process of a local Ray as it starts (its ``worker_process_setup_hook``).
+
+    Ray Train's PlacementGroupCleaner asks the state API every second whether the training
+    controller still lives. Its client looks for "the" Ray on the machine (``RAY_ADDRESS``, else
+    the running GCS processes) and, where two run (another's, a test session's), dies with a
+    traceback: ``RAY_ADDRESS`` names this one. Its question then reaches a Ray without the
+    dashboard, which does not serve the state API (Ray's TODO in
+    ``ray._private.services.start_api_server``), and each failure is a warning: that logger is
+    raised to ERROR. The controller stops the cleaner when training ends.
+    """
+    os.environ.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
+    logging.getLogger(PLACEMENT_GROUP_CLEANER_LOGGER).setLevel(logging.ERROR)
 
 
 def ray_get(refs: Any) -> Any:

@@ -6,8 +6,9 @@ hands MLflow an instance of the class from the *installed* package, so loading a
 needs ``elmo_core``/``pipelines`` installed and never unpickles a class. The model's artifacts are
 our biLM directory (``bilm``: ``model_config.json`` + ``model.pt``), the dataset's ``vocab.txt``
 (``vocab``) and its ``manifest.json`` (``manifest``), whose ``tokenizer`` entry rebuilds the exact
-tokenizer the training data went through (Moses for text corpora, whitespace for the 1B Word
-Benchmark); the names and the biLM's loading are :mod:`pipelines.models.bilm_loader`'s.
+tokenizer the training data went through (Moses in the manifest's language for ``text``
+corpora, whitespace for ``tokenized`` ones and the 1B Word Benchmark); the names and the biLM's
+loading are :mod:`pipelines.models.bilm_loader`'s.
 
 Inference follows ELMo's defaults (DESIGN.md §3): eval mode, stateless (the same sentence always
 gives the same vectors), sentence boundaries stripped. ``mlflow.pyfunc.load_model(uri)

@@ -17,11 +17,13 @@ Accepted inputs:
   ``heldout-monolingual.tokenized.shuffled/news.en.heldout-*-of-*``. ``heldout_files`` (names or
   globs, matched against the file name or full path) selects a subset of the heldout files, e.g.
   ``["news.en.heldout-00000-of-00050"]``, the community's standard test file.
-* Format ``text``: a file, a directory (all regular files below it, recursively, skipping hidden
-  files and directories, i.e. names starting with ``.``), or a glob (``**`` allowed); or a remote
-  fsspec URL of any of those (``s3://bucket/prefix/``), mirrored into ``cache_dir`` first.
-  ``heldout_files`` (paths or globs; relative ones are tried against the working directory, then the
-  corpus directory) are taken out of the training files and returned as heldout.
+* Formats ``text`` (raw text) and ``tokenized`` (one sentence per line, tokens separated by
+  whitespace): they differ only in their tokenizer, so they are found the same way: a file, a
+  directory (all regular files below it, recursively, skipping hidden files and directories, i.e.
+  names starting with ``.``), or a glob (``**`` allowed); or a remote fsspec URL of any of those
+  (``s3://bucket/prefix/``), mirrored into ``cache_dir`` first. ``heldout_files`` (paths or globs;
+  relative ones are tried against the working directory, then the corpus directory) are taken out
+  of the training files and returned as heldout.
 """
 
 from __future__ import annotations
@@ -40,8 +42,9 @@ import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO, Literal, cast
+from typing import BinaryIO, cast
 
+from elmo_core.config import CorpusFormat
 from elmo_core.errors import ConfigError, DataError
 from pipelines.common.console_progress import ProgressBar, console_progress
 from pipelines.prepare.download import (
@@ -77,9 +80,9 @@ class CorpusFiles:
     """The local files of a corpus, ready to read."""
 
     source: str  # what the user gave (path or URL), recorded in the manifest
-    format: Literal["1b-benchmark", "text"]
+    format: CorpusFormat
     train: list[Path]  # local files, sorted
-    heldout: list[Path]  # 1b: the heldout files; text: explicit heldout files or []
+    heldout: list[Path]  # 1b: the heldout files; text, tokenized: explicit heldout files or []
 
 
 def locate_corpus(
@@ -102,11 +105,11 @@ def locate_corpus(
     if fmt == "1b-benchmark":
         train, heldout = _locate_1b(corpus, cache_dir, sha256)
         return CorpusFiles(corpus, "1b-benchmark", train, _select_heldout(heldout, heldout_files))
-    if fmt == "text":
+    if fmt == "text" or fmt == "tokenized":
         train, heldout = _locate_text(corpus, cache_dir, sha256, heldout_files)
-        return CorpusFiles(corpus, "text", train, heldout)
+        return CorpusFiles(corpus, cast(CorpusFormat, fmt), train, heldout)
     raise ConfigError(
-        f"unknown corpus format '{fmt}' (expected 1b-benchmark or text)", key="format"
+        f"unknown corpus format '{fmt}' (expected text, tokenized or 1b-benchmark)", key="format"
     )
 
 

@@ -1,6 +1,6 @@
 """The prepare stage: corpus files → a dataset directory of Parquet shards, vocabulary and manifest.
 
-    elmo prepare --corpus PATH_OR_URL --out DIR_OR_URL [--format 1b-benchmark|text] ...
+    elmo prepare --corpus PATH_OR_URL --out DIR_OR_URL [--format text|tokenized|1b-benchmark] ...
     python -m pipelines.prepare --corpus ... --out ...        # the same main
     prepare(cfg, corpus, out) -> PrepareResult                # what flows call
 
@@ -112,7 +112,7 @@ def prepare_files(
     """Prepare already-located local files into the dataset directory ``out``."""
     started = time.perf_counter()
     inputs = plan_inputs(corpus.train, corpus.heldout)
-    tokenizer = Tokenizer.for_format(cfg.format).describe()
+    tokenizer = Tokenizer.for_format(cfg.format, cfg.tokenizer.lang).describe()
     output = DatasetOutput(out, fingerprint(cfg, corpus.source, tokenizer, inputs))
     output.claim(overwrite)
     state = output.load_state()
@@ -179,8 +179,9 @@ def file_tasks(
     by_fraction: bool,
 ) -> list[FileTask]:
     """How each file is read in both passes; ``by_fraction``: the corpus has no heldout files,
-    so a text corpus sends a seeded fraction of its sentences to heldout."""
-    by_fraction = by_fraction and cfg.format == "text" and cfg.heldout_fraction > 0
+    so a seeded fraction of its sentences goes to heldout (the 1B Word Benchmark brings its own
+    heldout files and never splits its training files)."""
+    by_fraction = by_fraction and cfg.format != "1b-benchmark" and cfg.heldout_fraction > 0
     spills = output.work / "tokens"
     return [
         FileTask(item, cfg, tokenizer, by_fraction, spills / f"file-{item.index:05d}.arrow")
@@ -212,7 +213,13 @@ def fingerprint(
 def prepare_command(
     corpus: Annotated[str, typer.Option(help="corpus path or URL, or 'python-docs'")],
     out: Annotated[str, typer.Option(help="dataset directory or fsspec URL (s3://...)")],
-    format: Annotated[str | None, typer.Option(help="1b-benchmark | text")] = None,
+    format: Annotated[
+        str | None,
+        typer.Option(
+            help="text (raw, Moses in --set tokenizer.lang=LANG, default en) | tokenized (a "
+            "sentence per line, tokens split on whitespace) | 1b-benchmark"
+        ),
+    ] = None,
     max_vocab: Annotated[
         int | None, typer.Option(help="vocabulary size, specials included")
     ] = None,

@@ -210,11 +210,16 @@ def _crown(
 
 def _record(client: MlflowClient, name: str, version: int, decision: PromotionDecision) -> None:
     """Write ``decision`` on the version, where :func:`recorded_decision` reads it back."""
-    client.set_model_version_tag(name, str(version), PROMOTION_ALIAS_TAG, decision.alias)
-    client.set_model_version_tag(name, str(version), REASON_TAG, decision.reason)
+    for key, value in decision_tags(decision).items():
+        client.set_model_version_tag(name, str(version), key, value)
+
+
+def decision_tags(decision: PromotionDecision) -> dict[str, str]:
+    """The tags that record ``decision`` (on the version, and on the run that registered it)."""
+    tags = {PROMOTION_ALIAS_TAG: decision.alias, REASON_TAG: decision.reason}
     if decision.previous_champion is not None:
-        previous = str(decision.previous_champion)
-        client.set_model_version_tag(name, str(version), PREVIOUS_CHAMPION_TAG, previous)
+        tags[PREVIOUS_CHAMPION_TAG] = str(decision.previous_champion)
+    return tags
 
 
 def _alias_holder(client: MlflowClient, name: str, alias: str) -> ModelVersion | None:

@@ -1,18 +1,31 @@
 """register: a trained biLM becomes a version of the MLflow model ``elmo-bilm``, once per run.
 
-The version is a pyfunc model logged from code (:mod:`pipelines.models.bilm_pyfunc`) whose artifacts
-are our biLM directory, the dataset's ``vocab.txt`` and ``manifest.json`` (the tokenizer used at
-inference). Its tags (:mod:`pipelines.registry.tags`) carry what a promotion policy compares
-(heldout perplexities) and what makes two numbers comparable at all (the heldout, vocabulary and
-manifest hashes). A bilm-tf HDF5 export (``options.json`` + ``weights.hdf5``, DESIGN.md §3) is
-logged next to it in the run, for tools that read the original format. After registering,
-:mod:`pipelines.registry.policy` decides once whether the version takes the ``champion`` or the
-``challenger`` alias (``apply_policy=False`` skips that), and the record returned carries its
-decision.
+Registration is a stage with an MLflow ``register`` run of its own: a child of the flow's run
+inside a flow, carrying the flow's tags, else a top-level run. The run is tagged with the training
+run the weights came from (``elmo.train_run_id``, on the version too) and, once the champion
+policy has decided, with its decision (the version's promotion tags). It holds:
 
-Registering into a training run is idempotent: when that run already produced a version of the
-model, :func:`register` returns it with the decision recorded on it — no second version, no second
-policy decision — so re-running a finished pipeline reports what happened the first time.
+- the version: a pyfunc model logged from code (:mod:`pipelines.models.bilm_pyfunc`) whose
+  artifacts are our biLM directory, the dataset's ``vocab.txt`` and ``manifest.json`` (the
+  tokenizer used at inference), logged with an input example. Its tags
+  (:mod:`pipelines.registry.tags`) carry what the promotion policy compares (heldout
+  perplexities), what makes two numbers comparable at all (the heldout, vocabulary and manifest
+  hashes) and the architecture (``elmo.preset``, ``elmo.size``); the registered model gets a
+  description showing how to call it (:mod:`pipelines.registry.model_card`);
+- the evaluation's perplexities as metrics of that logged model, named as the evaluate run names
+  them (``heldout_perplexity``, ``heldout_perplexity_forward``, ``heldout_perplexity_backward``),
+  so the model's own page shows what it scored;
+- a bilm-tf HDF5 export (``bilm_tf/options.json`` + ``weights.hdf5``, DESIGN.md §3), for tools
+  that read the original format.
+
+After registering, :mod:`pipelines.registry.policy` decides once whether the version takes the
+``champion`` or the ``challenger`` alias (``apply_policy=False`` skips that), and the record
+returned carries its decision.
+
+Registering a training run is idempotent: when a version of the model already came from that run,
+:func:`register` returns it with the decision recorded on it — no second version, no second
+policy decision, no second register run — so re-running a finished pipeline reports what
+happened the first time.
 
 The biLM may be named in any way :mod:`pipelines.models.bilm_loader` resolves. Released bilm-tf
 weights come in through :func:`register_bilm` with files of their own (no dataset; maybe no
@@ -25,7 +38,6 @@ from __future__ import annotations
 
 import hashlib
 import tempfile
-import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import version as package_version
@@ -38,6 +50,7 @@ import torch
 import typer
 from mlflow import MlflowClient
 from mlflow.entities.model_registry import ModelVersion
+from mlflow.models.model import ModelInfo
 
 from elmo_core.data.manifest import MANIFEST_NAME, join_url, load_manifest
 from elmo_core.errors import ConfigError, DataError
@@ -56,10 +69,19 @@ from pipelines.models.bilm_loader import (
     load_bilm,
     resolve_bilm,
 )
+from pipelines.registry.model_card import (
+    BILM_EXAMPLE,
+    architecture_tags,
+    bilm_card,
+    bilm_version_description,
+    example_frame,
+    publish_card,
+)
 from pipelines.registry.policy import (
     CHAMPION,
     PromotionDecision,
     apply_champion_policy,
+    decision_tags,
     perplexity_of,
     recorded_decision,
 )
@@ -75,6 +97,7 @@ from pipelines.registry.tags import (
     MANIFEST_HASH_TAG,
     PERPLEXITY_TAG,
     PROTOCOL_TAG,
+    TRAIN_RUN_TAG,
     VOCAB_HASH_TAG,
 )
 
@@ -86,8 +109,10 @@ BILM_TF_ARTIFACTS = "bilm_tf"  # run artifact folder of the HDF5 export
 class RegisteredBiLM:
     """A registered version and what the champion policy decided for it.
 
-    ``perplexity`` is None when registered without an evaluation, ``decision`` when the policy was
-    not applied; ``newly_registered`` is False when the run had registered it before.
+    ``run_id`` is the register run that logged the version, ``train_run_id`` the training run its
+    weights came from (None when registered from elsewhere). ``perplexity`` is None when registered
+    without an evaluation, ``decision`` when the policy was not applied; ``newly_registered`` is
+    False when the training run had registered it before.
     """
 
     name: str
@@ -97,6 +122,7 @@ class RegisteredBiLM:
     perplexity: float | None
     decision: PromotionDecision | None = None
     newly_registered: bool = True
+    train_run_id: str | None = None
 
     @property
     def alias(self) -> str | None:
@@ -135,10 +161,12 @@ def register(
     tags: Mapping[str, str] | None = None,
     apply_policy: bool = True,
 ) -> RegisteredBiLM:
-    """Register the biLM ``source`` as a version of ``name``, logged into ``run_id`` (or a new
-    register run); a run that already registered a version of ``name`` gets that one back.
+    """Register the biLM ``source`` as a version of ``name`` in a new register run; ``run_id``
+    names the training run it came from, which registers one version at most (asked again, the
+    version it registered comes back).
 
-    ``dataset_url`` is the prepared dataset the biLM was trained on (local or fsspec URL).
+    ``dataset_url`` is the prepared dataset the biLM was trained on (local or fsspec URL); the
+    register run is tagged with ``tags`` (a flow's) and with the biLM source's tags.
     """
     reference = resolve_bilm(source, options)  # a bad source fails before anything is logged
     if run_id is not None:
@@ -156,7 +184,7 @@ def register(
             name=name,
             hdf5_export=hdf5_export,
             parent_run_id=parent_run_id,
-            tags=tags,
+            tags={**reference.tags, **(tags or {})},
             apply_policy=apply_policy,
         )
 
@@ -173,39 +201,43 @@ def register_bilm(
     tags: Mapping[str, str] | None = None,
     apply_policy: bool = True,
 ) -> RegisteredBiLM:
-    """A new version from a loaded biLM and the files it carries (local copies), always new."""
+    """A new version from a loaded biLM and the files it carries (local copies), always new;
+    ``run_id`` is the training run it came from, if any."""
     exporter = _bilm_tf_exporter() if hdf5_export else None
-    with tempfile.TemporaryDirectory(prefix="elmo-register-") as scratch:
-        version_tags = model_version_tags(evaluation, dataset)
-        with stage_run(
-            "register",
-            run_name=f"register-{name}",
-            run_id=run_id,
-            parent_run_id=parent_run_id,
-            tags=tags,
-        ) as run:
-            if exporter is not None:
-                export_dir = Path(scratch) / BILM_TF_ARTIFACTS
-                exporter(source.bilm, export_dir / "options.json", export_dir / "weights.hdf5")
-                mlflow.log_artifacts(str(export_dir), BILM_TF_ARTIFACTS)
-                version_tags[BILM_TF_TAG] = f"runs:/{run.info.run_id}/{BILM_TF_ARTIFACTS}"
-            info = log_bilm_model(source.model_dir, dataset)
-            registered = mlflow.register_model(info.model_uri, name, tags=version_tags)
-    version = int(registered.version)
+    version_tags = model_version_tags(evaluation, dataset) | architecture_tags(source.bilm.config)
+    run_tags = dict(tags or {})
+    if run_id is not None:
+        version_tags[TRAIN_RUN_TAG] = run_tags[TRAIN_RUN_TAG] = run_id
+    with stage_run(
+        "register", run_name=f"register-{name}", parent_run_id=parent_run_id, tags=run_tags
+    ) as run:
+        mlflow.log_params({"model_name": name, "dataset": dataset.url})
+        if exporter is not None:
+            version_tags[BILM_TF_TAG] = _log_bilm_tf_export(exporter, source.bilm, run.info.run_id)
+        info = log_bilm_model(source.model_dir, dataset)
+        if evaluation is not None:
+            mlflow.log_metrics(evaluation_metrics(evaluation), model_id=info.model_id)
+        version = int(mlflow.register_model(info.model_uri, name, tags=version_tags).version)
+        publish_card(bilm_card(name), version, bilm_version_description(version_tags))
+        decision = apply_champion_policy(name, version) if apply_policy else None
+        if decision is not None:
+            mlflow.set_tags(decision_tags(decision))
     return RegisteredBiLM(
         name=name,
         version=version,
         uri=f"models:/{name}/{version}",
         run_id=run.info.run_id,
         perplexity=None if evaluation is None else float(evaluation.perplexity),
-        decision=apply_champion_policy(name, version) if apply_policy else None,
+        decision=decision,
+        train_run_id=run_id,
     )
 
 
 def version_of_run(name: str, run_id: str) -> ModelVersion | None:
-    """The version of ``name`` that ``run_id`` registered (the latest, should there be several)."""
+    """The version of ``name`` the training run ``run_id`` became (the latest, should there be
+    several)."""
     client = MlflowClient(use_tracking())
-    found = client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'")
+    found = client.search_model_versions(f"name = '{name}' and tags.`{TRAIN_RUN_TAG}` = '{run_id}'")
     return max(found, key=lambda version: int(version.version), default=None)
 
 
@@ -222,14 +254,16 @@ def _existing_version(version: ModelVersion, apply_policy: bool) -> RegisteredBi
         perplexity=perplexity_of(version),
         decision=decision,
         newly_registered=False,
+        train_run_id=version.tags.get(TRAIN_RUN_TAG),
     )
 
 
-def log_bilm_model(model_dir: Path, dataset: DatasetFiles) -> mlflow.models.model.ModelInfo:
-    """Log the pyfunc model into the active run, from code, with explicit requirements.
+def log_bilm_model(model_dir: Path, dataset: DatasetFiles) -> ModelInfo:
+    """Log the pyfunc model into the active run, from code, with explicit requirements and
+    :data:`~pipelines.registry.model_card.BILM_EXAMPLE` as its input example.
 
-    Explicit requirements skip MLflow's inference, which imports the model in a subprocess. No
-    input example: validating it would load the whole biLM a second time while logging.
+    The input example costs one load of the model while logging (MLflow checks that it predicts),
+    in exchange for a model whose page shows a call that ran.
     """
     artifacts = {
         BILM_ARTIFACT: str(model_dir),
@@ -237,19 +271,35 @@ def log_bilm_model(model_dir: Path, dataset: DatasetFiles) -> mlflow.models.mode
     }
     if dataset.vocab is not None:
         artifacts[VOCAB_ARTIFACT] = str(dataset.vocab)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*input example was not provided")
-        return mlflow.pyfunc.log_model(
-            name=MODEL_ARTIFACT,
-            python_model=bilm_pyfunc.__file__,
-            artifacts=artifacts,
-            signature=bilm_pyfunc.model_signature(),
-            pip_requirements=[
-                f"elmo-platform=={package_version('elmo-platform')}",
-                f"torch=={torch.__version__}",
-                f"mlflow=={mlflow.__version__}",
-            ],
-        )
+    return mlflow.pyfunc.log_model(
+        name=MODEL_ARTIFACT,
+        python_model=bilm_pyfunc.__file__,
+        artifacts=artifacts,
+        signature=bilm_pyfunc.model_signature(),
+        input_example=example_frame(BILM_EXAMPLE),
+        pip_requirements=model_requirements(),
+    )
+
+
+def model_requirements() -> list[str]:
+    """What a logged model needs installed, pinned to this process's versions. Explicit, so
+    MLflow does not infer them by importing the model in a subprocess."""
+    return [
+        f"elmo-platform=={package_version('elmo-platform')}",
+        f"torch=={torch.__version__}",
+        f"mlflow=={mlflow.__version__}",
+    ]
+
+
+def evaluation_metrics(evaluation: EvaluationResult) -> dict[str, float]:
+    """The evaluation's perplexities under the names the evaluate run logged them with
+    (``heldout_perplexity``, ``…_forward``, ``…_backward`` for the heldout split)."""
+    split = evaluation.split
+    return {
+        f"{split}_perplexity": float(evaluation.perplexity),
+        f"{split}_perplexity_forward": float(evaluation.forward_perplexity),
+        f"{split}_perplexity_backward": float(evaluation.backward_perplexity),
+    }
 
 
 def fetch_dataset_files(dataset_url: str, target: Path) -> DatasetFiles:
@@ -302,6 +352,17 @@ def model_version_tags(
     return tags
 
 
+def _log_bilm_tf_export(
+    exporter: Callable[[BiLM, Path, Path], None], bilm: BiLM, run_id: str
+) -> str:
+    """Write the bilm-tf HDF5 export into the run's ``bilm_tf`` folder; returns its URI."""
+    with tempfile.TemporaryDirectory(prefix="elmo-register-") as scratch:
+        export_dir = Path(scratch) / BILM_TF_ARTIFACTS
+        exporter(bilm, export_dir / "options.json", export_dir / "weights.hdf5")
+        mlflow.log_artifacts(str(export_dir), BILM_TF_ARTIFACTS)
+    return f"runs:/{run_id}/{BILM_TF_ARTIFACTS}"
+
+
 def _bilm_tf_exporter() -> Callable[[BiLM, Path, Path], None]:
     """The bilm-tf writer (without the softmax, as released weights), imported only when asked."""
     try:
@@ -326,7 +387,9 @@ def register_command(
     ] = None,
     options: Annotated[str | None, typer.Option(help=OPTIONS_HELP)] = None,
     name: Annotated[str, typer.Option(help="registered model name")] = DEFAULT_NAME,
-    run_id: Annotated[str | None, typer.Option(help="log into this (training) run")] = None,
+    run_id: Annotated[
+        str | None, typer.Option(help="the training run it came from (registered once)")
+    ] = None,
     hdf5: Annotated[bool, typer.Option(help="also log a bilm-tf HDF5 export")] = True,
 ) -> None:
     """Register a trained biLM as a new version of an MLflow model (once per training run)."""

@@ -1,15 +1,19 @@
-"""The names the registry writes: the model's name and the tags of its versions.
+"""The names the registry writes: the models' names, their tags and their versions' tags.
 
 Registration writes the evaluation and dataset tags; the champion policy reads them and writes
-the promotion tags. Both import their names from here, so neither imports the other's module for
-a string (docs/registry.md explains each tag).
+the promotion tags; adaptation writes the task models' tags. Each imports its names from here, so
+none imports another's module for a string (docs/registry.md explains each tag).
 """
 
 from __future__ import annotations
 
 DEFAULT_NAME = "elmo-bilm"
 
-# What registration records on a version (strings, as MLflow stores them).
+# On a registered model (the same for all its versions): what a user filters the model list on.
+KIND_TAG = "elmo.kind"  # "bilm" or "task"
+TASK_TAG = "elmo.task"  # elmo-<task> models (and their versions and adapt runs): the task
+
+# What registration records on a biLM version (strings, as MLflow stores them).
 FORWARD_PERPLEXITY_TAG = "elmo.perplexity.forward"
 BACKWARD_PERPLEXITY_TAG = "elmo.perplexity.backward"
 PERPLEXITY_TAG = "elmo.perplexity"  # geometric mean: exp(mean(½(CE_f + CE_b)))
@@ -21,10 +25,23 @@ VOCAB_HASH_TAG = "elmo.vocab_sha256"
 MANIFEST_HASH_TAG = "elmo.manifest_sha256"
 DATASET_TAG = "elmo.dataset"
 BILM_TF_TAG = "elmo.bilm_tf"
+PRESET_TAG = "elmo.preset"  # the preset whose architecture it has, or "custom"
+SIZE_TAG = "elmo.size"  # <LSTM layers>x<cells>_<projection>, as the released models are named
+TRAIN_RUN_TAG = "elmo.train_run_id"  # the training run; also on the register run
 
 # What the champion policy records: its decision (alias, reason, the champion it was measured
-# against) and, on a dethroned champion, its successor.
+# against) and, on a dethroned champion, its successor. The register run carries the same tags.
 PROMOTION_ALIAS_TAG = "elmo.promotion_alias"
 REASON_TAG = "elmo.promotion_reason"
 PREVIOUS_CHAMPION_TAG = "elmo.promotion_previous_champion"
 SUPERSEDED_BY_TAG = "elmo.superseded_by"
+
+
+def score_tag(split: str, metric: str) -> str:
+    """``elmo.test_f1``: a task model version's main score on test (dev when it has no test)."""
+    return f"elmo.{split}_{metric}"
+
+
+def gain_tag(split: str, metric: str) -> str:
+    """``elmo.gain.test_f1``: that score minus the baseline's (what ELMo brought)."""
+    return f"elmo.gain.{split}_{metric}"

@@ -66,7 +66,6 @@ class Progress:
             yield
             return
         os.environ["MLFLOW_TRACKING_URI"] = self.run.tracking_uri
-        _enable_system_metrics()
         with shared_run(self.run.run_id):  # the driver's run: it decides how the run ends
             yield
 
@@ -155,15 +154,6 @@ class Progress:
             ylabel="perplexity",
             log_y=True,
         )
-
-
-def _enable_system_metrics() -> None:
-    """CPU/GPU/memory metrics next to the training curves, when psutil is there to read them."""
-    try:
-        import psutil  # noqa: F401
-    except ImportError:
-        return
-    mlflow.enable_system_metrics_logging()
 
 
 def _duration(seconds: float) -> str:

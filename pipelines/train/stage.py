@@ -147,6 +147,7 @@ def _trainer(
         run_config=ray.train.RunConfig(
             name=RAY_TRAIN_DIR,  # Ray Train's own records, beside ours in the run directory
             storage_path=plan.run_dir.url,
+            logging_config=ray.train.LoggingConfig(log_level="WARNING"),  # no start-up chatter
             failure_config=ray.train.FailureConfig(max_failures=0, max_preemption_failures=0),  # type: ignore[call-arg]  # Train V2's
         ),
     )
@@ -314,7 +315,7 @@ def _evaluate_and_register(result: TrainResult, data: str, parent_run_id: str | 
         result.model_dir,
         data,
         evaluation=scores,
-        run_id=result.mlflow_run_id,  # the version is logged into the training run, once
+        run_id=result.mlflow_run_id,  # the training run it came from: registered once
         parent_run_id=parent_run_id,
     )
     verb = "registered" if registered.newly_registered else "already registered as"

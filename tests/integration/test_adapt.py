@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -129,39 +130,148 @@ def test_jobs_run_in_parallel_as_standalone_runs_tagged_with_the_bilm_path(adapt
     assert second.info.start_time < first.info.end_time  # the two Ray tasks overlapped
 
 
-def test_runs_hold_epoch_curves_scores_with_and_without_elmo_gain_and_mix(adapted) -> None:
+def test_a_run_names_its_source_and_commit_not_the_ray_worker(adapted) -> None:
+    for result in adapted.standalone:
+        tags = adapted.client.get_run(result.run_id).data.tags
+        assert tags["mlflow.source.name"] == "pipelines.adapt"
+        assert tags["mlflow.source.type"] == "LOCAL"
+        assert tags.get("mlflow.source.git.commit") == tracking.git_commit()  # None: no checkout
+    nested = adapted.client.get_run(adapted.nested.run_id).data.tags
+    assert nested["mlflow.source.type"] == "JOB"  # inside a flow
+
+
+def test_params_are_only_the_config_fields_the_task_kind_reads(adapted) -> None:
+    tagger, questions = (adapted.client.get_run(r.run_id).data.params for r in adapted.standalone)
+    assert [key for key in tagger if key.startswith("reader.")] == ["reader.tag_scheme"]
+    assert not [key for key in questions if key.startswith("reader.")]  # label_text reads none
+    assert "head.crf" in tagger and "head.pooling" not in tagger
+    assert "head.pooling" in questions and "head.crf" not in questions
+    assert "head.pair_head" not in tagger | questions
+    assert tagger["bilm"] == str(adapted.model_dir) and tagger["device"] == "cpu"
+
+
+def test_the_task_files_are_the_runs_datasets_with_their_digest(adapted) -> None:
+    tagger = adapted.client.get_run(adapted.standalone[0].run_id)
+    inputs = {
+        item.dataset.name: (item.dataset.digest, json.loads(item.dataset.source), item.tags)
+        for item in tagger.inputs.dataset_inputs
+    }
+    assert set(inputs) == {"tags.train", "tags.dev"}
+    digest, source, tags = inputs["tags.dev"]
+    path = adapted.root / "tags.dev"
+    assert digest == hashlib.sha256(path.read_bytes()).hexdigest()[:36]
+    assert source == {"uri": str(path)}
+    assert [tag.value for tag in tags] == ["validation+testing"]  # one file, two splits
+
+
+def test_the_chart_view_holds_epoch_curves_and_a_few_final_scores_each_named_once(
+    adapted,
+) -> None:
     for result, metric in zip(adapted.standalone, ["f1", "accuracy"], strict=True):
         assert result.metric == metric
         metrics = adapted.client.get_run(result.run_id).data.metrics
-        for prefix in ("elmo", "baseline"):
-            history = adapted.client.get_metric_history(result.run_id, f"{prefix}/train_loss")
+        metrics = {name: value for name, value in metrics.items() if not name.startswith("system/")}
+        curves = {"elmo/train_loss", f"elmo/dev_{metric}", "elmo/gamma", "baseline/train_loss"}
+        curves |= {f"baseline/dev_{metric}"} | {f"elmo/mix_weight_{j}" for j in range(3)}
+        finals = {f"{p}/{s}_{metric}" for p in ("elmo", "baseline") for s in ("best_dev", "test")}
+        finals |= {f"gain/dev_{metric}", f"gain/test_{metric}"}
+        assert set(metrics) == curves | finals
+        for name in curves:
+            history = adapted.client.get_metric_history(result.run_id, name)
             assert [point.step for point in history] == [1, 2]
+        for prefix in ("elmo", "baseline"):
             assert metrics[f"{prefix}/test_{metric}"] == getattr(result, f"{prefix}_test")[metric]
-            assert f"{prefix}/best_dev_{metric}" in metrics
         gain = result.elmo_test[metric] - result.baseline_test[metric]
         assert metrics[f"gain/test_{metric}"] == pytest.approx(gain)
         assert result.gain[f"test_{metric}"] == pytest.approx(gain)
-        weights = [metrics[f"mix_weight_{j}"] for j in range(3)]
-        assert weights == pytest.approx(result.mix_weights) and sum(weights) == pytest.approx(1)
-        assert metrics["gamma"] == pytest.approx(result.gamma)
-        assert len(adapted.client.get_metric_history(result.run_id, "elmo/gamma")) == 2
 
 
-def test_each_run_logs_the_scalar_mix_bar_chart(adapted) -> None:
+def test_every_score_the_mix_and_the_timings_are_in_scores_json(adapted) -> None:
     for result in adapted.standalone:
-        names = [item.path for item in adapted.client.list_artifacts(result.run_id)]
-        assert "scalar_mix.png" in names
+        scores = mlflow.artifacts.load_dict(f"runs:/{result.run_id}/scores.json")
+        assert scores["metric"] == result.metric
+        assert scores["elmo"]["test"] == result.elmo_test
+        assert scores["baseline"]["dev"] == result.baseline_dev
+        assert scores["elmo"]["best_epoch"] in (1, 2)
+        mix = scores["mix"]["input"]
+        assert mix["weights"] == pytest.approx(result.mix_weights)
+        assert sum(mix["weights"]) == pytest.approx(1) and mix["gamma"] == result.gamma
+        assert set(scores["seconds"]) == {"cache", "elmo", "baseline"}
+    tagger = mlflow.artifacts.load_dict(f"runs:/{adapted.standalone[0].run_id}/scores.json")
+    assert {"precision", "recall", "f1.PER", "f1.LOC", "accuracy"} <= set(tagger["elmo"]["test"])
 
 
-def test_each_task_model_is_registered_as_elmo_task_with_scores_and_bilm_tags(adapted) -> None:
+def test_each_run_logs_its_figures_and_tables(adapted) -> None:
+    figures = {"scalar_mix.png", "dev_curve.png", "config.json", "scores.json"}
+    tables = {"sample_predictions.json"}
+    expected = {
+        "tagger": figures | tables | {"per_type_scores.json"},
+        "questions": figures | tables | {"confusion_matrix.json", "confusion_matrix.png"},
+    }
+    for result in adapted.standalone:
+        names = {item.path for item in adapted.client.list_artifacts(result.run_id)}
+        assert names == expected[result.task]
+
+
+def test_tagging_runs_score_each_entity_type_and_show_sample_predictions(adapted) -> None:
+    run_id = adapted.standalone[0].run_id
+    table = mlflow.load_table("per_type_scores.json", run_ids=[run_id])
+    assert list(table["type"]) == ["LOC", "PER", "(all)"]
+    assert list(table.columns[1:]) == ["precision", "recall", "f1", "gold", "predicted", "correct"]
+    assert list(table["gold"]) == [3, 3, 6]  # the dev file (= test): 3 sentences, 2 entities each
+    samples = mlflow.load_table("sample_predictions.json", run_ids=[run_id])
+    assert list(samples.columns) == ["sentence", "gold", "predicted", "correct"]
+    assert len(samples) == 3
+    assert samples["sentence"][0].split()[1:3] == ["went", "to"]
+    assert len(samples["gold"][0].split()) == len(samples["predicted"][0].split()) == 5
+    assert list(samples["correct"]) == sorted(samples["correct"])  # the errors first
+
+
+def test_classification_runs_show_the_confusion_matrix(adapted) -> None:
+    run_id = adapted.standalone[1].run_id
+    table = mlflow.load_table("confusion_matrix.json", run_ids=[run_id])
+    assert list(table.columns) == ["gold", "predicted HUM", "predicted LOC"]
+    assert list(table["gold"]) == ["HUM", "LOC"]
+    assert table[["predicted HUM", "predicted LOC"]].to_numpy().sum(axis=1).tolist() == [1, 1]
+    samples = mlflow.load_table("sample_predictions.json", run_ids=[run_id])
+    assert set(samples["sentence"]) == {"where is Rome ?", "who is Bob ?"}
+    assert set(samples["gold"]) == {"LOC", "HUM"}
+
+
+def test_each_task_model_is_registered_with_a_few_tags_and_a_description(adapted) -> None:
     for result in adapted.standalone:
         assert (result.model_name, result.model_version) == (f"elmo-{result.task}", 1)
         version = adapted.client.get_model_version(result.model_name, "1")
         assert version.run_id == result.run_id
-        assert version.tags[bilm_source.PATH_TAG] == str(adapted.model_dir)
-        assert float(version.tags[f"elmo/test_{result.metric}"]) == pytest.approx(
-            result.elmo_test[result.metric]
-        )
+        metric = result.metric
+        score, gain = result.elmo_test[metric], result.gain[f"test_{metric}"]
+        assert version.tags == {
+            "elmo.task": result.task,
+            bilm_source.PATH_TAG: str(adapted.model_dir),
+            f"elmo.test_{metric}": f"{score:.4f}",
+            f"elmo.gain.test_{metric}": f"{gain:+.4f}",
+        }
+        assert version.description.startswith(f"Adapted from `{adapted.model_dir}`: test")
+        model = adapted.client.get_registered_model(result.model_name)
+        assert model.tags == {"elmo.kind": "task", "elmo.task": result.task}
+    tagger = adapted.client.get_registered_model("elmo-tagger").description
+    assert 'mlflow.pyfunc.load_model("models:/elmo-tagger/1")' in tagger
+    assert 'pd.DataFrame({"sentence": ["Anna went to Rome ."]})' in tagger
+    assert "`tags` (one per token)" in tagger and "labels `B-LOC`, `B-PER`, `O`" in tagger
+
+
+def test_the_final_scores_are_metrics_of_the_logged_task_model(adapted) -> None:
+    result = adapted.standalone[1]
+    version = adapted.client.get_model_version(result.model_name, "1")
+    logged = adapted.client.get_logged_model(version.source.removeprefix("models:/"))
+    linked = {metric.key: metric.value for metric in logged.metrics}
+    finals = {f"{p}/{s}_accuracy" for p in ("elmo", "baseline") for s in ("best_dev", "test")}
+    finals |= {"gain/dev_accuracy", "gain/test_accuracy"}
+    # MLflow also links the run's step-0 metrics at log_model: the first system metrics sample.
+    assert {name for name in linked if not name.startswith("system/")} == finals
+    assert linked["elmo/test_accuracy"] == result.elmo_test["accuracy"]
+    example = mlflow.models.Model.load(f"models:/{result.model_name}/1").load_input_example()
+    assert example.to_dict("list") == {"sentence": ["where is Rome ?"]}
 
 
 def test_inside_a_flow_the_run_is_a_child_tagged_with_the_registered_version(adapted) -> None:
@@ -172,6 +282,8 @@ def test_inside_a_flow_the_run_is_a_child_tagged_with_the_registered_version(ada
     assert run.data.tags[bilm_source.VERSION_TAG] == "1"
     assert run.data.tags["elmo.flow"] == "test"
     assert result.model_uri == "models:/elmo-questions/2"
+    model = adapted.client.get_registered_model("elmo-questions")
+    assert 'load_model("models:/elmo-questions/2")' in model.description  # the newest version
 
 
 def test_activations_are_computed_once_per_bilm_and_split(adapted) -> None:

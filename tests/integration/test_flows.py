@@ -3,15 +3,19 @@
 One module-wide ELMo home and Prefect server; the pretrain flow runs twice on a tiny corpus of
 its own (the second run must reuse the cached dataset, the finished training and the registered
 version), the prepare task alone shows the cache and its invalidation, and bad input fails early
-with messages that name the field or the address.
+with messages that name the field or the address. ``make run`` (``python -m flows.run_local``) runs
+twice in a subprocess on a fresh home, for its console: what a user reads.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import shutil
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -331,3 +335,82 @@ def test_an_unreachable_server_fails_the_run_before_any_stage_naming_it(
 
     with pytest.raises(ServiceUnreachable, match=f"{variable}={address}"):
         pretrain(params)
+
+
+# --- make run: what a user reads -----------------------------------------------------------------
+
+# The libraries' chatter that runs printed before each source was turned off (see
+# pipelines.common.console_noise, flows.run_local.embedded_settings, the train loop's Adagrad step).
+CONSOLE_NOISE = (
+    "Failed to query Ray Train Controller",  # the PlacementGroupCleaner without a state API
+    "PreemptionWatcher",
+    "Downloading artifacts",  # MLflow's progress bars
+    "Sparse invariant checks",  # torch's Adagrad on sparse gradients
+    "Started a local Ray instance",
+    "Token authentication is enabled",
+    "temporary server",  # Prefect's ephemeral server starting and stopping
+    "INFO mlflow",  # MLflow's routine steps
+)
+MAKE_RUN_ENDING = (
+    r"biLM models:/elmo-bilm/1 \(@champion\): heldout perplexity [\d.]+",
+    r"task ner: test f1 [\d.]+ with ELMo, [\d.]+ without \(gain [+-][\d.]+\) → models:/elmo-ner/\d",
+    r"MLflow UI: mlflow ui --backend-store-uri sqlite:///\S+/mlflow\.db",
+    r"  then open http://127\.0\.0\.1:5000/#/experiments/\d+\?workflowType=machine_learning",
+    r"'bank' in two senses, from mlflow\.pyfunc\.load_model\('models:/elmo-bilm@champion'\).*",
+    r"  1: She went to the bank to withdraw money \.",
+    r"  2: They sat on the bank of the river \.",
+    r"  cosine distance between the two 'bank' vectors, per layer:",
+    r"    0  token layer \(characters only\) +0\.000000",
+    r"    1  LSTM layer 1 +0\.(?!0{6})\d{6}",  # not zero
+    r"    2  LSTM layer 2 +0\.(?!0{6})\d{6}",  # not zero
+    r"  a `tiny` model trained for minutes does not separate word senses; .*`pretrain/full`"
+    r".*`elmo import-weights`",
+)
+
+
+@pytest.fixture(scope="module")
+def make_run_consoles(tmp_path_factory: pytest.TempPathFactory) -> list[list[str]]:
+    """What ``make run`` prints (stdout and stderr as a terminal shows them) on a fresh machine:
+    no server or ELMo setting in the environment, a new ELMO_HOME; run twice, the second reusing
+    the first's work. 20 training steps."""
+    home = tmp_path_factory.mktemp("make-run") / "home"
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith(("ELMO_", "MLFLOW_", "PREFECT_", "RAY_"))
+    }
+    env |= {"ELMO_HOME": str(home), "MLFLOW_DISABLE_TELEMETRY": "true", "PYTHONUNBUFFERED": "1"}
+    consoles = []
+    for _ in range(2):
+        done = subprocess.run(
+            [sys.executable, "-m", "flows.run_local", "--max-steps", "20"],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stdout[-3000:]
+        consoles.append(done.stdout.splitlines())
+    return consoles
+
+
+def test_make_run_prints_every_line_once_and_none_of_the_libraries_chatter(
+    make_run_consoles: list[list[str]],
+) -> None:
+    for console in make_run_consoles:
+        printed = [line for line in console if line.strip()]
+        assert sorted({line for line in printed if printed.count(line) > 1}) == []
+        assert [line for line in printed if any(noise in line for noise in CONSOLE_NOISE)] == []
+    first, _ = make_run_consoles
+    assert sum("[train] step 20/20 " in line for line in first) == 1
+
+
+def test_make_run_ends_with_the_model_its_task_scores_the_mlflow_link_and_bank_in_two_senses(
+    make_run_consoles: list[list[str]],
+) -> None:
+    for console in make_run_consoles:
+        ending = console[-len(MAKE_RUN_ENDING) :]
+        for pattern, line in zip(MAKE_RUN_ENDING, ending, strict=True):
+            assert re.fullmatch(pattern, line), (pattern, line)

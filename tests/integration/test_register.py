@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 import torch
 from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
 
 from elmo_core.config import PrepareConfig
 from elmo_core.data.manifest import Manifest, SplitStats, VocabInfo, WordTypesInfo
@@ -23,8 +24,9 @@ from elmo_core.text.char_ids import batch_to_ids
 from elmo_core.text.tokenize import MosesTokenizer
 from pipelines.common import tracking
 from pipelines.evaluate.result import EvaluationResult
-from pipelines.models.bilm_loader import VERSION_TAG, load_bilm, resolve_bilm
+from pipelines.models.bilm_loader import PATH_TAG, VERSION_TAG, load_bilm, resolve_bilm
 from pipelines.registry import register as reg
+from pipelines.registry.tags import KIND_TAG, PRESET_TAG, SIZE_TAG
 from pipelines.train.checkpoints import initial_bilm
 
 pytestmark = pytest.mark.integration
@@ -64,6 +66,12 @@ def _dataset(root: Path) -> Path:
     )
     (root / "manifest.json").write_text(manifest.to_json())
     return root
+
+
+def _logged_model_id(version) -> str:
+    """The LoggedModel a version was registered from (SQLite stores keep it in the source)."""
+    assert version.source.startswith("models:/m-")
+    return version.source.removeprefix("models:/")
 
 
 @pytest.fixture(scope="module")
@@ -145,6 +153,11 @@ def test_predict_through_mlflow_validates_params_and_reads_both_columns(registry
     expected = (0.5 * layers[0] + 0.5 * layers[1]).mean(axis=0)
     np.testing.assert_allclose(np.asarray(mixed["embeddings"][0]), expected, atol=1e-6)
     assert isinstance(model.unwrap_python_model().bilm, BiLM)
+    # Refused as `mlflow models serve` refuses them (tests/integration/test_serving.py).
+    with pytest.raises(MlflowException, match="layer 7 out of range"):
+        model.predict(pd.DataFrame({"tokens": [tokens]}), params={"output": "layer", "layer": 7})
+    with pytest.raises(MlflowException, match=r"unknown predict params \['layers'\]"):
+        model.predict(pd.DataFrame({"tokens": [tokens]}), params={"layers": 2})  # MLflow drops it
 
 
 def test_load_registered_bilm_returns_the_saved_weights(registry, tmp_path):
@@ -178,7 +191,7 @@ def test_hdf5_export_is_logged_in_the_run_and_named_by_a_tag(registry, tmp_path)
         torch.testing.assert_close(exported_layer, layer)
 
 
-def test_register_into_a_training_run_without_evaluation(registry):
+def test_register_from_a_training_run_without_evaluation_links_the_run(registry):
     with tracking.stage_run("train", run_name="train-for-register") as run:
         train_run_id = run.info.run_id
     result = reg.register(
@@ -189,11 +202,19 @@ def test_register_into_a_training_run_without_evaluation(registry):
         name="elmo-bilm-imported",
         hdf5_export=False,
     )
-    assert (result.version, result.run_id, result.perplexity) == (1, train_run_id, None)
-    tags = registry.client.get_model_version("elmo-bilm-imported", "1").tags
+    assert (result.version, result.train_run_id, result.perplexity) == (1, train_run_id, None)
+    version = registry.client.get_model_version("elmo-bilm-imported", "1")
+    assert version.run_id == result.run_id != train_run_id  # logged by a register run of its own
+    tags = version.tags
+    assert tags[reg.TRAIN_RUN_TAG] == train_run_id
     assert reg.PERPLEXITY_TAG not in tags and reg.HELDOUT_HASH_TAG not in tags
     assert tags[reg.VOCAB_HASH_TAG] == hashlib.sha256(VOCAB.encode()).hexdigest()
     assert reg.BILM_TF_TAG not in tags
+    assert version.description.endswith("no heldout perplexity.")
+    assert not registry.client.get_logged_model(_logged_model_id(version)).metrics
+    register_run = registry.client.get_run(result.run_id)
+    assert register_run.data.tags[reg.TRAIN_RUN_TAG] == train_run_id
+    assert register_run.data.metrics == {}
 
 
 def test_missing_hdf5_exporter_fails_before_anything_is_registered(registry, monkeypatch):
@@ -239,11 +260,80 @@ def test_a_training_run_registers_one_version_and_one_decision_however_often_ask
         for _ in range(2)
     )
     assert first.newly_registered and not again.newly_registered
-    assert (again.version, again.uri, again.run_id) == (1, "models:/elmo-bilm-once/1", train_run_id)
+    assert (again.version, again.uri, again.run_id) == (1, "models:/elmo-bilm-once/1", first.run_id)
+    assert again.train_run_id == first.train_run_id == train_run_id
     assert first.decision is not None and first.decision.reason.startswith("first champion")
     assert again.decision == first.decision and again.champion
     assert again.perplexity == first.perplexity == 20.5
     assert len(registry.client.search_model_versions("name = 'elmo-bilm-once'")) == 1
+    register_runs = registry.client.search_runs(
+        [registry.client.get_run(train_run_id).info.experiment_id],
+        filter_string=f"tags.`{reg.TRAIN_RUN_TAG}` = '{train_run_id}'",
+    )
+    assert [run.info.run_id for run in register_runs] == [first.run_id]  # no second run
+
+
+def test_inside_a_flow_the_register_run_is_a_child_with_the_flow_tags_and_the_decision(registry):
+    with tracking.stage_run("flow", run_name="flow-register") as parent:
+        pass
+    with tracking.stage_run("train", run_name="train-in-flow", parent_run_id=parent.info.run_id):
+        train_run_id = mlflow.active_run().info.run_id
+    result = reg.register(
+        registry.model_dir,
+        str(registry.dataset),
+        evaluation=_evaluation(50.0, 52.0, 51.0),
+        run_id=train_run_id,
+        name="elmo-bilm",
+        hdf5_export=False,
+        parent_run_id=parent.info.run_id,
+        tags={"elmo.flow": "test"},
+    )
+    run = registry.client.get_run(result.run_id)
+    tags = run.data.tags
+    assert run.info.status == "FINISHED" and run.info.run_name == "register-elmo-bilm"
+    assert tags["mlflow.parentRunId"] == parent.info.run_id
+    assert (tags[tracking.STAGE_TAG], tags["elmo.flow"]) == ("register", "test")
+    assert tags[reg.TRAIN_RUN_TAG] == train_run_id
+    assert tags[PATH_TAG] == str(registry.model_dir)  # the biLM it registered
+    assert tags["elmo.promotion_alias"] == "challenger"  # 51 does not beat the champion's 31
+    assert tags["elmo.promotion_reason"] == result.decision.reason
+    assert tags["elmo.promotion_previous_champion"] == "2"
+    version_tags = registry.client.get_model_version("elmo-bilm", str(result.version)).tags
+    assert {key: tags[key] for key in version_tags if key.startswith("elmo.promotion")} == {
+        key: value for key, value in version_tags.items() if key.startswith("elmo.promotion")
+    }
+    assert run.data.params == {"model_name": "elmo-bilm", "dataset": str(registry.dataset)}
+
+
+def test_heldout_perplexities_are_metrics_of_the_logged_model_and_its_run(registry):
+    for result, evaluation in zip(registry.results, registry.evaluations, strict=True):
+        version = registry.client.get_model_version("elmo-bilm", str(result.version))
+        logged = registry.client.get_logged_model(_logged_model_id(version))
+        expected = {
+            "heldout_perplexity": evaluation.perplexity,
+            "heldout_perplexity_forward": evaluation.forward_perplexity,
+            "heldout_perplexity_backward": evaluation.backward_perplexity,
+        }
+        assert logged.source_run_id == result.run_id
+        assert {metric.key: metric.value for metric in logged.metrics} == expected
+        assert {metric.model_id for metric in logged.metrics} == {logged.model_id}
+        assert registry.client.get_run(result.run_id).data.metrics == expected
+
+
+def test_the_model_says_what_it_is_and_how_to_call_it_and_carries_an_input_example(registry):
+    model = registry.client.get_registered_model("elmo-bilm")
+    assert model.tags[KIND_TAG] == "bilm"
+    call = 'mlflow.pyfunc.load_model("models:/elmo-bilm@champion")'
+    assert call in model.description
+    assert 'pd.DataFrame({"sentence": ["The cat sat on the mat."]})' in model.description
+    assert "`tokens`" in model.description and "`embeddings`" in model.description
+    version = registry.client.get_model_version("elmo-bilm", "2")
+    assert version.tags[PRESET_TAG] == "tiny"
+    assert version.tags[SIZE_TAG] == "2x32_16"
+    assert version.description.startswith("2x32_16 biLM (tiny) on `")
+    assert "heldout perplexity 31.00 (forward 30.25, backward 31.75)" in version.description
+    example = mlflow.models.Model.load("models:/elmo-bilm/2").load_input_example()
+    assert example.to_dict("list") == {"sentence": ["The cat sat on the mat."]}
 
 
 def test_init_from_a_registered_alias_is_pinned_to_its_version_and_loads_in_a_worker(registry):

@@ -135,7 +135,7 @@ def test_two_workers_survive_a_killed_worker_and_record_the_run(
     assert main(args) == 0  # and again: one training run is one model version
     assert "already registered as models:/elmo-bilm/1" in capsys.readouterr().out
     versions = store.search_model_versions("name = 'elmo-bilm'")
-    assert [v.run_id for v in versions] == [result.mlflow_run_id]
+    assert [v.tags["elmo.train_run_id"] for v in versions] == [result.mlflow_run_id]
     assert store.get_run(result.mlflow_run_id).info.status == "FINISHED"
 
 

@@ -1,6 +1,15 @@
+import numpy as np
 import pytest
 
-from elmo_core.tasks.metrics import accuracy, span_f1, tags_to_spans
+from elmo_core.tasks.metrics import (
+    accuracy,
+    confusion_matrix,
+    label_scores,
+    span_f1,
+    tags_to_spans,
+)
+
+LABELS = ("neg", "neu", "other", "pos")
 
 
 def test_iob1_i_opens_entities_and_b_separates_adjacent_same_type():
@@ -107,6 +116,41 @@ def test_accuracy_of_labels_and_of_tag_sequences():
         accuracy(["a", "b"], ["a"])
     with pytest.raises(ValueError, match="undefined"):
         accuracy([], [])
+
+
+def test_confusion_matrix_rows_are_gold_and_columns_predicted_in_label_order():
+    gold = ["pos", "pos", "neg", "neu", "pos"]
+    predicted = ["pos", "neg", "neg", "pos", "pos"]
+    matrix = confusion_matrix(gold, predicted, ["neg", "neu", "pos"])
+    np.testing.assert_array_equal(matrix, [[1, 0, 0], [0, 0, 1], [1, 0, 2]])
+    assert np.trace(matrix) / matrix.sum() == accuracy(gold, predicted)
+
+
+def test_confusion_matrix_counts_tokens_of_tag_sequences_and_refuses_unknown_labels():
+    gold = [["NOUN", "VERB"], ["DET"]]
+    predicted = [["NOUN", "NOUN"], ["DET"]]
+    matrix = confusion_matrix(gold, predicted, ["DET", "NOUN", "VERB"])
+    np.testing.assert_array_equal(matrix, [[1, 0, 0], [0, 1, 0], [0, 1, 0]])
+    with pytest.raises(ValueError, match=r"labels \['ADJ'\] are not in"):
+        confusion_matrix(["ADJ"], ["DET"], ["DET"])
+    with pytest.raises(ValueError, match="sentence 0: 2 gold tags but 1 predicted"):
+        confusion_matrix([["A", "B"]], [["A"]], ["A", "B"])
+
+
+def test_label_scores_hand_computed_from_the_matrix():
+    # gold pos 3 (2 right, 1 as neg), gold neg 1 (right), gold neu 1 (as pos); neu never predicted
+    matrix = confusion_matrix(
+        ["pos", "pos", "pos", "neg", "neu"], ["pos", "pos", "neg", "neg", "pos"], LABELS
+    )
+    scores = label_scores(matrix, [*LABELS])
+    pos, neg, neu = scores["pos"], scores["neg"], scores["neu"]
+    # pos: 3 gold, 3 predicted, 2 correct -> P = R = F1 = 2/3
+    assert (pos.num_gold, pos.num_predicted, pos.num_correct) == (3, 3, 2)
+    assert pos.f1 == pytest.approx(2 / 3)
+    # neg: 1 gold, 2 predicted, 1 correct -> P = 1/2, R = 1, F1 = 2/3
+    assert (neg.precision, neg.recall, neg.f1) == pytest.approx((1 / 2, 1.0, 2 / 3))
+    assert (neu.num_gold, neu.num_predicted, neu.f1) == (1, 0, 0.0)
+    assert "other" not in scores  # neither gold nor predicted: no score
 
 
 def _conlleval_spans(tags):

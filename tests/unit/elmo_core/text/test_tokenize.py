@@ -4,9 +4,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from elmo_core.errors import DataError
+from elmo_core.errors import ConfigError, DataError
 from elmo_core.text import tokenize
 from elmo_core.text.tokenize import (
+    MOSES_LANGUAGES,
     MosesTokenizer,
     Tokenizer,
     WhitespaceTokenizer,
@@ -97,7 +98,9 @@ def test_moses_tokenize_lines_records_the_line_of_each_sentence():
     assert origin.tolist() == [0, 0, 1]
 
 
-@pytest.mark.parametrize("tokenizer", [WhitespaceTokenizer(), MosesTokenizer(lang="en")])
+@pytest.mark.parametrize(
+    "tokenizer", [WhitespaceTokenizer(), MosesTokenizer(lang="en"), MosesTokenizer(lang="de")]
+)
 def test_describe_and_from_manifest_round_trip(tokenizer):
     rebuilt = Tokenizer.from_manifest(tokenizer.describe())
     assert type(rebuilt) is type(tokenizer)
@@ -109,3 +112,77 @@ def test_describe_and_from_manifest_round_trip(tokenizer):
 def test_unknown_tokenizer_in_a_manifest_is_a_data_error():
     with pytest.raises(DataError, match="unknown tokenizer 'bpe'"):
         Tokenizer.from_manifest({"name": "bpe"})
+
+
+def test_a_description_without_a_language_is_english_moses():
+    """Manifests written before the language was configurable still load, as English."""
+    old = {"name": "moses", "escape": False, "aggressive_dash_splits": False, "version": "0.1.1"}
+    rebuilt = Tokenizer.from_manifest(old)
+    assert isinstance(rebuilt, MosesTokenizer) and rebuilt.lang == "en"
+    assert rebuilt.tokenize("Mr. Smith isn't here.") == [["Mr.", "Smith", "isn", "'t", "here", "."]]
+
+
+def test_the_language_is_recorded_in_the_description():
+    assert MosesTokenizer(lang="de").describe()["lang"] == "de"
+
+
+@pytest.mark.parametrize(
+    ("corpus_format", "expected"),
+    [
+        ("text", MosesTokenizer),
+        ("tokenized", WhitespaceTokenizer),
+        ("1b-benchmark", WhitespaceTokenizer),
+    ],
+)
+def test_each_format_gets_its_tokenizer(corpus_format, expected):
+    tokenizer = Tokenizer.for_format(corpus_format, "de")
+    assert type(tokenizer) is expected
+    assert getattr(tokenizer, "lang", "de") == "de"
+
+
+def test_german_moses_tokenizes_by_the_german_rules():
+    """Moses splits an apostrophe off both sides outside English, where "'s" is a clitic."""
+    text = "Wie geht's dir? Das ist z.B. ein Test für 3,50 €."
+    assert MosesTokenizer(lang="de").tokenize(text) == [
+        ["Wie", "geht", "'", "s", "dir", "?"],
+        ["Das", "ist", "z.B.", "ein", "Test", "für", "3,50", "€", "."],
+    ]
+    assert MosesTokenizer(lang="en").tokenize(text)[0] == ["Wie", "geht", "'s", "dir", "?"]
+
+
+def test_german_nonbreaking_prefixes_keep_sentences_together():
+    text = "Wir treffen uns z.B. Montag. Es gilt für Kinder bzw. Jugendliche. Er kommt ca. 8 Uhr."
+    assert MosesTokenizer(lang="de").split_sentences(text) == [
+        "Wir treffen uns z.B. Montag.",
+        "Es gilt für Kinder bzw. Jugendliche.",
+        "Er kommt ca. 8 Uhr.",
+    ]
+    assert len(MosesTokenizer(lang="en").split_sentences(text)) == 6  # none is English
+
+
+@pytest.mark.parametrize(
+    ("lang", "text", "expected"),
+    [
+        ("de", "Es regnet. „Wirklich?“ Überall.", ["Es regnet.", "„Wirklich?“", "Überall."]),
+        ("pl", "To jest dom. Łódź jest duża.", ["To jest dom.", "Łódź jest duża."]),
+        ("ru", "Он пришёл. Она ушла. и всё.", ["Он пришёл.", "Она ушла. и всё."]),
+        ("el", "Καλημέρα. Ευχαριστώ.", ["Καλημέρα.", "Ευχαριστώ."]),
+    ],
+)
+def test_sentences_start_with_an_upper_case_letter_of_any_script(lang, text, expected):
+    assert MosesTokenizer(lang=lang).split_sentences(text) == expected
+
+
+@pytest.mark.parametrize("lang", ["xx", "german", "EN", ""])
+def test_an_unknown_language_is_refused_naming_tokenizer_lang(lang):
+    """sacremoses would silently use the English prefixes for a language it does not know."""
+    with pytest.raises(ConfigError, match="unknown language") as err:
+        MosesTokenizer(lang=lang)
+    assert err.value.key == "tokenizer.lang" and "tokenizer.lang" in str(err.value)
+    assert "de" in str(err.value)  # the languages there are
+
+
+def test_the_languages_are_those_sacremoses_ships_nonbreaking_prefixes_for():
+    from sacremoses import NonbreakingPrefixes
+
+    assert set(NonbreakingPrefixes().available_langs.values()) == MOSES_LANGUAGES

@@ -281,6 +281,16 @@ def test_explicit_heldout_files_leave_the_training_files(tmp_path):
     assert [p.name for p in relative_to_corpus.train] == ["a.txt", "b.txt"]
 
 
+def test_a_tokenized_corpus_is_found_like_text(tmp_path):
+    root = _text_tree(tmp_path / "corpus")
+
+    files = locate_corpus(str(root), "tokenized", tmp_path / "c", heldout_files=["heldout/*"])
+
+    assert files.format == "tokenized"
+    assert [p.name for p in files.train] == ["a.txt", "b.txt", "c"]
+    assert [p.name for p in files.heldout] == ["h.txt"]
+
+
 @pytest.mark.parametrize(
     ("make", "corpus", "heldout", "message"),
     [
@@ -331,5 +341,6 @@ def test_a_remote_text_corpus_is_mirrored_into_the_cache(tmp_path):
 def test_formats_are_checked(tmp_path):
     with pytest.raises(ConfigError, match="format"):
         locate_corpus(str(tmp_path), "conll", tmp_path / "cache")
-    with pytest.raises(ConfigError, match="plain text"):
-        locate_corpus("python-docs", "1b-benchmark", tmp_path / "cache")
+    for fmt in ("1b-benchmark", "tokenized"):
+        with pytest.raises(ConfigError, match="plain text"):
+            locate_corpus("python-docs", fmt, tmp_path / "cache")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from collections import Counter
@@ -413,3 +414,98 @@ def test_prepare_is_an_mlflow_run_with_sizes_the_manifest_and_the_dataset_as_inp
     }
     (dataset_input,) = run.inputs.dataset_inputs
     assert dataset_input.dataset.digest == manifest_sha256(result.dataset)[:36]
+
+
+def _all_sentences(out: str) -> list[list[str]]:
+    types = load_word_types(out)
+    tokens = np.array(types.tokens.to_pylist(), dtype=object)
+    return [
+        sentence
+        for split in ("train", "heldout")
+        for batch in iter_sentences(out, split)
+        for sentence in _decode(batch, tokens)
+    ]
+
+
+def test_tokenized_format_keeps_tokens_exactly_as_split_on_whitespace(tmp_path):
+    rng = random.Random(0)
+    words = [
+        "Mr.",
+        "isn't",
+        "z.B.",
+        "(",
+        "„Hallo“",
+        ",",
+        "...",
+        "北京",
+        "欢迎",
+        "你",
+        "。",
+        "Straße",
+    ]
+    lines = [" ".join(rng.choices(words, k=rng.randint(1, 8))) for _ in range(300)]
+    text = tmp_path / "segmented.txt"
+    text.write_text("\n".join(lines[:10] + ["  "] + lines[10:]) + "\n", encoding="utf-8")
+    cfg = config(format="tokenized", heldout_fraction=0.3, seed=5)
+    manifest = prepare_files(cfg, Corpus(str(text), [text], []), str(tmp_path / "out")).manifest
+
+    assert manifest.format == "tokenized" and manifest.tokenizer["name"] == "whitespace"
+    sentences = _all_sentences(str(tmp_path / "out"))
+    assert Counter(map(tuple, sentences)) == Counter(tuple(line.split()) for line in lines)
+    train, heldout = manifest.splits["train"], manifest.splits["heldout"]
+    assert 50 < heldout.num_sentences < 130 and heldout.files == ["segmented.txt"]
+    assert train.num_sentences + heldout.num_sentences == len(lines)
+
+
+def test_a_german_text_corpus_goes_through_german_moses_and_records_the_language(tmp_path):
+    text = tmp_path / "de.txt"
+    text.write_text(
+        "Wir treffen uns z.B. Montag. Wie geht's? Das ist Nr. 5 der Liste.\n" * 30,
+        encoding="utf-8",
+    )
+    cfg = config(format="text", heldout_fraction=0.0, tokenizer={"lang": "de"})
+    out = str(tmp_path / "out")
+    manifest = prepare_files(cfg, Corpus(str(text), [text], []), out).manifest
+
+    assert manifest.tokenizer["lang"] == "de" and manifest.params.tokenizer.lang == "de"
+    assert Tokenizer.from_manifest(manifest.tokenizer).describe() == manifest.tokenizer
+    assert Counter(map(tuple, _all_sentences(out))) == {
+        ("Wir", "treffen", "uns", "z.B.", "Montag", "."): 30,
+        ("Wie", "geht", "'", "s", "?"): 30,
+        ("Das", "ist", "Nr.", "5", "der", "Liste", "."): 30,
+    }
+
+
+def test_english_by_default_leaves_the_tokenizer_section_out_of_the_manifest(tmp_path):
+    """Datasets prepared before the language was configurable keep their bytes and identity."""
+    text = tmp_path / "en.txt"
+    text.write_text("Mr. Smith went to Washington. He left.\n" * 20)
+    cfg = config(format="text")
+    prepare_files(cfg, Corpus(str(text), [text], []), str(tmp_path / "out"))
+
+    raw = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert "tokenizer" not in raw["params"] and raw["tokenizer"]["lang"] == "en"
+    assert "tokenizer" not in cfg.dataset_params()
+    assert load_manifest(str(tmp_path / "out")).params == cfg
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--set", "tokenizer.lang=xx"], r"key 'tokenizer\.lang': Input should be 'as', 'bn'"),
+        (
+            ["--format", "tokenized", "--set", "tokenizer.lang=de"],
+            r"tokenizer\.lang applies to format 'text' \(Moses\) only",
+        ),
+    ],
+)
+def test_command_line_refuses_a_language_it_cannot_use_naming_tokenizer_lang(
+    tmp_path, capsys, monkeypatch, options, message
+):
+    monkeypatch.setenv("ELMO_HOME", str(tmp_path / "home"))
+    text = tmp_path / "a.txt"
+    text.write_text("Hallo Welt .\n")
+    argv = ["--corpus", str(text), "--out", str(tmp_path / "out"), *options]
+    assert main(argv) == 2
+    assert re.search(message, capsys.readouterr().err)
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,83 @@
+"""The figures of an adapt run: the learned scalar mix, and the confusion matrix.
+
+The dev curves of ELMo and the baseline are drawn by the shared
+:func:`~pipelines.common.tracking.log_curves`. Each function here returns a matplotlib figure
+for :func:`log_figure` to log and close; matplotlib is imported on first use, with the Agg backend:
+Ray workers have no display.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+import mlflow
+import numpy as np
+
+from elmo_core.tasks.trainer import TaskResult
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+
+def mix_figure(elmo: TaskResult) -> Figure:
+    """Bars of the softmax-normalised layer weights of each mix the model has, each bar labelled
+    with its value; γ in the legend, which sits below the axes so it never hides a bar."""
+    plt = _pyplot()
+    mixes = [
+        (name, weights, gamma)
+        for name, weights, gamma in (
+            ("input", elmo.mix_weights, elmo.gamma),
+            ("output", elmo.output_mix_weights, elmo.output_gamma),
+        )
+        if weights is not None and gamma is not None
+    ]
+    figure, axis = plt.subplots(figsize=(6, 4), layout="constrained")
+    width = 0.8 / max(len(mixes), 1)
+    for index, (name, weights, gamma) in enumerate(mixes):
+        positions = [layer + index * width for layer in range(len(weights))]
+        bars = axis.bar(positions, weights, width=width, label=f"{name} mix (γ = {gamma:.3f})")
+        axis.bar_label(bars, fmt="%.2f", padding=2)
+    num_layers = len(mixes[0][1]) if mixes else 0
+    axis.set_xticks([layer + (len(mixes) - 1) * width / 2 for layer in range(num_layers)])
+    axis.set_xticklabels(["token"] + [f"LSTM {j}" for j in range(1, num_layers)])
+    axis.set(title=f"{elmo.task}: learned scalar mix", ylabel="softmax(w)_j")
+    axis.set_ylim(0, 1.12 * max((max(weights) for _, weights, _ in mixes), default=1.0))
+    figure.legend(loc="outside lower center", ncols=max(len(mixes), 1))
+    return figure
+
+
+def confusion_figure(matrix: np.ndarray, labels: Sequence[str], title: str) -> Figure:
+    """Counts with gold labels as rows and predictions as columns, shaded by the share of each
+    gold row (its recall), so that a rare label's errors show as clearly as a frequent one's."""
+    plt = _pyplot()
+    size = 2.5 + 0.45 * len(labels)
+    figure, axis = plt.subplots(figsize=(size + 1, size), layout="constrained")
+    totals = matrix.sum(axis=1, keepdims=True)
+    shares = np.divide(matrix, totals, out=np.zeros(matrix.shape), where=totals > 0)
+    image = axis.imshow(shares, cmap="Blues", vmin=0.0, vmax=1.0)
+    for (row, column), count in np.ndenumerate(matrix):
+        colour = "white" if shares[row, column] > 0.5 else "black"
+        axis.text(column, row, str(count), ha="center", va="center", color=colour)
+    ticks = range(len(labels))
+    axis.set_xticks(ticks, list(labels), rotation=45, ha="right")
+    axis.set_yticks(ticks, list(labels))
+    axis.set(title=title, xlabel="predicted", ylabel="gold")
+    figure.colorbar(image, ax=axis, label="share of the gold label")
+    return figure
+
+
+def log_figure(figure: Figure, artifact_file: str) -> None:
+    """Log ``figure`` into the active run and free it (pyplot keeps every open figure)."""
+    mlflow.log_figure(figure, artifact_file)
+    _pyplot().close(figure)
+
+
+def _pyplot() -> ModuleType:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt

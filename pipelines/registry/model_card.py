@@ -1,0 +1,137 @@
+"""What a registered model says about itself: a description that shows how to call it, and the
+model-level tags a user filters the model list on.
+
+The MLflow UI shows a registered model's description on its page and each version's on the
+version's page. ``elmo-bilm`` (registration) and every ``elmo-<task>`` (adaptation) publish both
+through :func:`publish_card`, so every model of the platform reads alike: what it is, the
+``mlflow.pyfunc.load_model(...).predict(...)`` call, and the columns that come out. The card's
+example input is also the input example logged with the model, so the call shown is one that ran.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import pandas as pd
+from mlflow import MlflowClient
+
+from elmo_core.config import ModelConfig
+from elmo_core.presets import PRESETS
+from pipelines.common.tracking import use_tracking
+from pipelines.models import bilm_pyfunc
+from pipelines.registry.policy import CHAMPION
+from pipelines.registry.tags import (
+    BACKWARD_PERPLEXITY_TAG,
+    DATASET_TAG,
+    FORWARD_PERPLEXITY_TAG,
+    KIND_TAG,
+    PERPLEXITY_TAG,
+    PRESET_TAG,
+    SIZE_TAG,
+    TRAIN_RUN_TAG,
+)
+
+BILM_EXAMPLE = {bilm_pyfunc.SENTENCE_COLUMN: "The cat sat on the mat."}
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    """A registered model's description, field by field; :meth:`markdown` writes it."""
+
+    name: str
+    summary: str  # what the model is, in a sentence
+    uri: str  # what to load: models:/<name>@champion, or a version
+    example: Mapping[str, str]  # input column → one value, e.g. {"sentence": "..."}
+    outputs: str  # the output columns and what they hold
+    tags: Mapping[str, str]  # model-level tags (elmo.kind, elmo.task)
+
+    def markdown(self) -> str:
+        """Four lines of prose around the call: summary, code, output columns."""
+        columns = ", ".join(f"{json.dumps(k)}: [{json.dumps(v)}]" for k, v in self.example.items())
+        return "\n".join(
+            [
+                f"**{self.name}**: {self.summary}",
+                "",
+                "```python",
+                "import mlflow, pandas as pd",
+                f'model = mlflow.pyfunc.load_model("{self.uri}")',
+                f"model.predict(pd.DataFrame({{{columns}}}))",
+                "```",
+                f"Output columns: {self.outputs}.",
+            ]
+        )
+
+
+def example_frame(example: Mapping[str, str]) -> pd.DataFrame:
+    """A card's example as the one-row frame ``predict`` takes: the model's input example."""
+    return pd.DataFrame({column: [value] for column, value in example.items()})
+
+
+def publish_card(
+    card: ModelCard, version: int, version_description: str, client: MlflowClient | None = None
+) -> None:
+    """Write the model's description and tags, and the version's own short description.
+
+    The model-level ones are rewritten at every registration: they describe the newest version.
+    """
+    client = client or MlflowClient(use_tracking())
+    client.update_registered_model(card.name, card.markdown())
+    for key, value in card.tags.items():
+        client.set_registered_model_tag(card.name, key, value)
+    client.update_model_version(card.name, str(version), version_description)
+
+
+def architecture_tags(config: ModelConfig) -> dict[str, str]:
+    """``elmo.preset``: the preset with the same char CNN and LSTMs (dropout and sampling only
+    matter in training), else ``custom``; ``elmo.size``: ``2x4096_512`` as the releases say."""
+    preset = next(
+        (
+            name
+            for name, make in PRESETS.items()
+            if (make().char_cnn, make().lstm) == (config.char_cnn, config.lstm)
+        ),
+        "custom",
+    )
+    lstm = config.lstm
+    return {
+        PRESET_TAG: preset,
+        SIZE_TAG: f"{lstm.num_layers}x{lstm.cell_dim}_{lstm.projection_dim}",
+    }
+
+
+def bilm_card(name: str) -> ModelCard:
+    """What every version of a biLM model is and how to embed with it."""
+    return ModelCard(
+        name=name,
+        summary=(
+            "an ELMo biLM (Peters et al. 2018): raw sentences in, the vectors of every layer of "
+            "each token out. `@champion` has the lowest heldout perplexity (docs/registry.md)"
+        ),
+        uri=f"models:/{name}@{CHAMPION}",
+        example=BILM_EXAMPLE,
+        outputs=(
+            f"`{bilm_pyfunc.TOKENS_COLUMN}` (the tokens read), `{bilm_pyfunc.EMBEDDINGS_COLUMN}` "
+            '(layers × tokens × 2·projection; `params={"output": "mix"}` gives one vector per '
+            "token)"
+        ),
+        tags={KIND_TAG: "bilm"},
+    )
+
+
+def bilm_version_description(version_tags: Mapping[str, str]) -> str:
+    """One line on the version: its size, where it came from, what it scored."""
+    size, preset, data = (version_tags[tag] for tag in (SIZE_TAG, PRESET_TAG, DATASET_TAG))
+    lines = [f"{size} biLM ({preset}) on `{data}`"]
+    if TRAIN_RUN_TAG in version_tags:
+        lines.append(f"trained in run `{version_tags[TRAIN_RUN_TAG]}`")
+    if PERPLEXITY_TAG in version_tags:
+        lines.append(
+            f"heldout perplexity {float(version_tags[PERPLEXITY_TAG]):.2f} (forward "
+            f"{float(version_tags[FORWARD_PERPLEXITY_TAG]):.2f}, backward "
+            f"{float(version_tags[BACKWARD_PERPLEXITY_TAG]):.2f})"
+        )
+    else:
+        lines.append("no heldout perplexity")
+    return "; ".join(lines) + "."
