@@ -9,12 +9,10 @@ One MLflow parent run per flow run; each task's ``adapt`` run is its child and r
 from __future__ import annotations
 
 from prefect import flow
-from prefect.runtime import flow_run
 
 from flows import tasks
 from flows.artifacts import adapt_markdown, publish_markdown
 from flows.params import AdaptParams
-from pipelines.common.flow_runs import parent_run
 from pipelines.common.services import check_services
 
 
@@ -23,15 +21,7 @@ def adapt(params: AdaptParams) -> list[str]:
     """Adapt ``params.bilm`` to every task; returns the registered task model URIs."""
     check_services(ray_jobs=False)
     tasks.check_tasks(params.tasks)
-    title = f"adapt {params.bilm} · {flow_run.get_name()}"
-    with parent_run(
-        "adapt",
-        title,
-        flow_run.get_id(),
-        params,
-        tasks.flow_run_tags(),
-        tasks.flow_run_description(),
-    ) as parent:
+    with tasks.flow_parent_run("adapt", params.bilm, params) as parent:
         results = tasks.adapt(params.bilm, params.tasks, parent, params.bilm_options)
         run_ids = {"flow (parent)": parent, **{f"adapt {r.task}": r.run_id for r in results}}
         publish_markdown("adapt-summary", adapt_markdown(params.bilm, results, run_ids))

@@ -11,7 +11,6 @@ resumes from its last checkpoint), the model version registered from that run.
 from __future__ import annotations
 
 from prefect import flow
-from prefect.runtime import flow_run
 
 from flows.artifacts import PretrainSummary, task_line
 from flows.params import PretrainParams
@@ -19,14 +18,12 @@ from flows.tasks import (
     adapt,
     check_tasks,
     evaluate,
-    flow_run_description,
-    flow_run_tags,
+    flow_parent_run,
     prepare,
     register,
     summarize,
     train,
 )
-from pipelines.common.flow_runs import parent_run
 from pipelines.common.services import check_services
 
 
@@ -35,10 +32,8 @@ def pretrain(params: PretrainParams) -> PretrainSummary:
     """Pretrain a biLM on a corpus, register it, and adapt it to the configured tasks."""
     check_services(ray_jobs=params.training.resolved_mode() == "ray-job")
     check_tasks(params.tasks)
-    title = f"pretrain {params.data.corpus_name()} {params.training.model} · {flow_run.get_name()}"
-    with parent_run(
-        "pretrain", title, flow_run.get_id(), params, flow_run_tags(), flow_run_description()
-    ) as parent:
+    subject = f"{params.data.corpus_name()} {params.training.model}"
+    with flow_parent_run("pretrain", subject, params) as parent:
         dataset = prepare(params.data, parent)
         run = train(dataset, params.training, parent)
         perplexity = evaluate(run, dataset, parent)

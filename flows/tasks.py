@@ -12,7 +12,7 @@ import json
 import os
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from prefect.artifacts import create_link_artifact
 from prefect.client.schemas.objects import TaskRun
 from prefect.runtime import flow_run
 from prefect.states import State
+from pydantic import BaseModel
 
 from elmo_core.data.reader import load_manifest
 from elmo_core.errors import ElmoError
@@ -45,6 +46,7 @@ from pipelines.adapt import stage as adapt_stage
 from pipelines.adapt.stage import AdaptResult
 from pipelines.common.flow_runs import (
     FLOW_RUN_TAG,
+    parent_run,
     record_summary,
     run_links,
     tag_run,
@@ -87,6 +89,15 @@ def result_storage() -> Path:
 def flow_tags() -> dict[str, str]:
     """What every stage's MLflow run carries: the Prefect flow run it belongs to."""
     return {FLOW_RUN_TAG: str(flow_run.get_id() or "")}
+
+
+def flow_parent_run(flow: str, subject: str, params: BaseModel) -> AbstractContextManager[str]:
+    """This flow run's MLflow parent run, named ``<flow> <subject> · <flow run name>``, linked back
+    to the Prefect flow run; yields its id."""
+    title = f"{flow} {subject} · {flow_run.get_name()}"
+    return parent_run(
+        flow, title, flow_run.get_id(), params, flow_run_tags(), flow_run_description()
+    )
 
 
 def flow_run_tags() -> dict[str, str]:

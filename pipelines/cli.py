@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from pipelines.common.cli_runner import run_app, run_command
+from pipelines.common.console_noise import quiet_environment
 
 STAGES = {  # command name -> (module, typer command function)
     "prepare": ("pipelines.prepare.stage", "prepare_command"),
@@ -27,6 +28,7 @@ STAGES = {  # command name -> (module, typer command function)
     "promote": ("pipelines.registry.policy", "promote_command"),
     "import-weights": ("pipelines.registry.import_weights", "import_weights_command"),
     "adapt": ("pipelines.adapt.stage", "adapt_command"),
+    "embed": ("pipelines.embed.stage", "embed_command"),
 }
 
 
@@ -90,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def console_main() -> None:
-    """The ``elmo`` console script."""
+    """The ``elmo`` console script; the libraries' chatter is switched off before a stage imports
+    them (MLflow reads its logging level on import)."""
+    quiet_environment()
     raise SystemExit(main())
 
 

@@ -22,6 +22,7 @@ from torch import nn
 
 from elmo_core.config import ModelConfig
 from elmo_core.model.scalar_mix import ScalarMix
+from elmo_core.text.char_ids import batch_to_ids
 
 
 def remove_sentence_boundaries(
@@ -36,6 +37,19 @@ def remove_sentence_boundaries(
     new_mask = mask[:, 2:].bool()  # (B, T)
     stripped = tensor[:, 1:-1] * new_mask.unsqueeze(-1).to(tensor.dtype)  # (B, T, D)
     return stripped, new_mask
+
+
+def bilm_layers(bilm: nn.Module, sentences: Sequence[Sequence[str]]) -> torch.Tensor:
+    """Every layer of a frozen biLM for a batch of token lists, boundary tokens stripped:
+    ``(N, L, T, 2P)``, zero on padding. Stateless, so a sentence's rows do not depend on its
+    batch (what the pyfunc model and ``elmo embed`` both serve)."""
+    device = next(bilm.parameters()).device
+    char_ids = batch_to_ids([list(tokens) for tokens in sentences]).to(device)  # (N, T, W)
+    with torch.inference_mode():
+        output = bilm(char_ids)
+    activations, mask = output.activations, output.mask  # L × (N, T+2, 2P), (N, T+2)
+    stripped = [remove_sentence_boundaries(layer, mask)[0] for layer in activations]
+    return torch.stack(stripped, dim=1)  # (N, L, T, 2P)
 
 
 class Elmo(nn.Module):

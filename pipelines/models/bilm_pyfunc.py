@@ -37,8 +37,7 @@ from mlflow.types.schema import AnyType, Array, ColSpec, ParamSchema, ParamSpec,
 
 from elmo_core.errors import ConfigError, DataError
 from elmo_core.model.bilm import BiLM
-from elmo_core.model.elmo import remove_sentence_boundaries
-from elmo_core.text.char_ids import batch_to_ids
+from elmo_core.model.elmo import bilm_layers
 from elmo_core.text.tokenize import Tokenizer
 from pipelines.models.bilm_loader import (
     BILM_ARTIFACT,
@@ -198,7 +197,7 @@ class BiLMEmbedder(PythonModel):
         vectors: list[np.ndarray] = [np.empty(0)] * len(sentences)
         for start in range(0, len(order), options.batch_size):
             chunk = order[start : start + options.batch_size]
-            layers = self._layers([sentences[index] for index in chunk])  # (N, L, T, 2P)
+            layers = bilm_layers(self.bilm, [sentences[index] for index in chunk])  # (N, L, T, 2P)
             selected = _select(layers, options, weights)  # (N, L, T, 2P) or (N, T, 2P)
             for row, index in enumerate(chunk):
                 real = selected[row, ..., : len(sentences[index]), :]  # (L, T_i, 2P) or (T_i, 2P)
@@ -222,15 +221,6 @@ class BiLMEmbedder(PythonModel):
                 f"{len(weights)} mix weights for {num_layers} layers", key="params.weights"
             )
         return torch.tensor(weights, device=self._device())  # (L,)
-
-    def _layers(self, sentences: list[list[str]]) -> torch.Tensor:
-        """All layers of a batch, boundaries stripped: ``(N, L, T, 2P)``, zero on padding."""
-        char_ids = batch_to_ids(sentences).to(self._device())  # (N, T, W)
-        with torch.inference_mode():
-            output = self.bilm(char_ids)
-        activations, mask = output.activations, output.mask  # L × (N, T+2, 2P), (N, T+2)
-        stripped = [remove_sentence_boundaries(layer, mask)[0] for layer in activations]
-        return torch.stack(stripped, dim=1)  # (N, L, T, 2P)
 
     def _device(self) -> torch.device:
         return next(self.bilm.parameters()).device

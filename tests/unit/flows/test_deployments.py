@@ -9,10 +9,12 @@ from typing import Any
 import pytest
 import yaml
 
+from flows.embed_params import EmbedParams
 from flows.params import AdaptParams, PretrainParams
 from flows.run_local import REPO, smoke_parameters
 
-PARAMS_OF = {"pretrain": PretrainParams, "adapt": AdaptParams}
+PARAMS_OF = {"pretrain": PretrainParams, "adapt": AdaptParams, "embed": EmbedParams}
+DEPLOYMENTS = ["pretrain/full", "pretrain/smoke", "adapt/smoke", "embed/smoke"]
 ONE_BILLION_WORD = "https://www.statmt.org/lm-benchmark/1-billion-word-language-modeling-benchmark-r13output.tar.gz"
 
 
@@ -30,11 +32,11 @@ def _deployments() -> dict[str, dict[str, Any]]:
 def test_the_documented_deployments_exist_on_the_process_pool() -> None:
     deployments = _deployments()
 
-    assert set(deployments) == {"pretrain/full", "pretrain/smoke", "adapt/smoke"}
+    assert set(deployments) == set(DEPLOYMENTS)
     assert {d["work_pool"]["name"] for d in deployments.values()} == {"elmo-process"}
 
 
-@pytest.mark.parametrize("name", ["pretrain/full", "pretrain/smoke", "adapt/smoke"])
+@pytest.mark.parametrize("name", DEPLOYMENTS)
 def test_deployment_parameters_validate_against_the_flow_params(name: str) -> None:
     deployment = _deployments()[name]
     PARAMS_OF[name.split("/")[0]].model_validate(deployment["parameters"]["params"])
@@ -49,6 +51,19 @@ def test_full_trains_the_original_model_on_the_1b_word_benchmark_on_gpus() -> No
     assert params.data.format == "1b-benchmark"
     assert (params.training.model, params.training.mode) == ("original", "ray-job")
     assert params.training.use_gpu and params.training.num_workers == 4
+
+
+def test_embed_smoke_embeds_the_bundled_corpus_with_the_champion_into_elmo_home(
+    monkeypatch, tmp_path
+) -> None:
+    monkeypatch.setenv("ELMO_HOME", str(tmp_path))
+    params = EmbedParams.model_validate(_deployments()["embed/smoke"]["parameters"]["params"])
+
+    assert (params.input, params.bilm) == ("python-docs", "models:/elmo-bilm@champion")
+    assert (params.output, params.format, params.dtype) == ("mix", "hdf5", "float16")
+    out = params.out_dir()
+    assert out.startswith(str(tmp_path / "embeddings" / "python-docs-"))
+    assert params.model_copy(update={"output": "top"}).out_dir() != out
 
 
 def test_the_local_demo_runs_the_smoke_deployments_parameters() -> None:
