@@ -20,21 +20,18 @@ tables are :mod:`pipelines.adapt.figures` and :mod:`pipelines.adapt.error_analys
 
 from __future__ import annotations
 
-import hashlib
-import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import mlflow
-from mlflow.data.dataset_source_registry import resolve_dataset_source
-from mlflow.data.meta_dataset import MetaDataset
 
+from elmo_core.files import sha256_file
 from elmo_core.tasks.config import SPLITS, TaskConfig
 from elmo_core.tasks.dataset import PairExample
 from elmo_core.tasks.task_model import Example
 from elmo_core.tasks.trainer import TaskResult, main_metric
-from pipelines.common.tracking import DATASET_DIGEST_CHARS, flatten_params, git_commit
+from pipelines.common.tracking import flatten_params, git_commit, log_input_file
 from pipelines.models import task_pyfunc
 from pipelines.models.bilm_loader import BiLMReference, LoadedBiLM
 from pipelines.registry.model_card import ModelCard, example_frame, publish_card
@@ -117,12 +114,7 @@ def log_task_data(task: TaskConfig) -> None:
         if path is not None:
             contexts.setdefault(path, []).append(DATA_CONTEXTS[split])
     for path, names in contexts.items():
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()[:DATASET_DIGEST_CHARS]
-        with warnings.catch_warnings():  # "can be interpreted in multiple ways": both are local
-            warnings.simplefilter("ignore", UserWarning)
-            source = resolve_dataset_source(str(path))
-        dataset = MetaDataset(source, name=path.name, digest=digest)  # type: ignore[abstract]
-        mlflow.log_input(dataset, "+".join(names))
+        log_input_file(str(path), path.name, sha256_file(path), "+".join(names))
 
 
 def epoch_logger(prefix: str, metric: str) -> Callable[[int, dict[str, float]], None]:

@@ -159,16 +159,22 @@ def log_dataset(dataset_url: str, context: str) -> None:
     by its directory, its digest the manifest's sha256 (which names every shard by checksum, so
     two runs on the same data show the same digest), its source the URL it was read from;
     ``context`` says how the run used it (``training``, ``evaluation``)."""
+    from elmo_core.data.manifest import manifest_sha256
+
+    name = dataset_url.rstrip("/").rsplit("/", 1)[-1]
+    log_input_file(dataset_url, name, manifest_sha256(dataset_url), context)
+
+
+def log_input_file(location: str, name: str, sha256: str, context: str) -> None:
+    """Record data at ``location`` (a path or URL) as the active run's input, its digest the
+    content's ``sha256`` (cut to what MLflow keeps)."""
     from mlflow.data.dataset_source_registry import resolve_dataset_source
     from mlflow.data.meta_dataset import MetaDataset
 
-    from elmo_core.data.manifest import manifest_sha256
-
     with warnings.catch_warnings():  # "can be interpreted in multiple ways": both are the same
         warnings.simplefilter("ignore", UserWarning)
-        source = resolve_dataset_source(dataset_url)
-    name = dataset_url.rstrip("/").rsplit("/", 1)[-1]
-    digest = manifest_sha256(dataset_url)[:DATASET_DIGEST_CHARS]
+        source = resolve_dataset_source(location)
+    digest = sha256[:DATASET_DIGEST_CHARS]
     dataset = MetaDataset(source, name=name, digest=digest)  # type: ignore[abstract]  # complete at run time
     mlflow.log_input(dataset, context=context)
 

@@ -33,7 +33,9 @@ class EmbeddingsDir:
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")
         self.remote = is_remote_url(self.url)
-        self.fs, self.path = fsspec.core.url_to_fs(self.url)
+        # Actors write shards here while the driver looks: a cached listing (fsspec's default
+        # for object stores) would hide what they wrote since.
+        self.fs, self.path = fsspec.core.url_to_fs(self.url, use_listings_cache=False)
 
     def location(self, name: str) -> str:
         return f"{self.url}/{name}"

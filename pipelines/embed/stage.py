@@ -328,13 +328,12 @@ def embed_command(
     ] = None,
 ) -> None:
     """ELMo vectors for every sentence of a text, by an actor pool on Ray; resumable."""
-    _check_settings(output, format, dtype, batch_size, concurrency, sentences_per_shard)
     result = embed(
         bilm,
         input,
         out,
         options=options,
-        output=output,  # type: ignore[arg-type]  # checked above
+        output=output,  # type: ignore[arg-type]  # embed checks the choices first
         format=format,  # type: ignore[arg-type]
         dtype=dtype,  # type: ignore[arg-type]
         batch_size=batch_size,
