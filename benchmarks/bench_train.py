@@ -37,8 +37,8 @@ from elmo_core.config import TrainConfig
 from elmo_core.data.batching import TokenStream, window_char_ids
 from elmo_core.data.reader import load_word_types
 from elmo_core.model.softmax import LogUniformSampler
+from elmo_core.training.gradient_exchange import exchange_softmax_gradients
 from pipelines.train.config import RunConfig, TrainJobConfig
-from pipelines.train.gradient_exchange import exchange_softmax_gradients
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))

@@ -3,10 +3,12 @@
 One process, only ``elmo_core`` and ``torch``: builds the ``original`` model with the 793,471-word
 softmax, feeds synthetic Zipf-distributed words (so the per-type char CNN sees a realistic number of
 distinct words), and times full training steps (forward + backward + Adagrad, grad-norm clip 10,
-bf16 autocast on GPU) of our BiLM next to the straightforward implementation of
-``bench_bilm.py``. Model FLOPs are counted from the config (DESIGN.md §4: ≈0.8 GFLOP per position
-for ``original``), as if the char CNN ran at every position, so the per-type saving shows up as
-utilisation; the peak is a bf16 matmul rate measured on the same machine.
+bf16 autocast on GPU): ours is :class:`elmo_core.training.step.TrainingStep`, the very step a Ray
+Train worker runs (LSTM states carried between windows, the softmax's rows sparse), next to the
+straightforward implementation of ``bench_bilm.py`` with a dense optimiser step. Model FLOPs are
+counted from the config (DESIGN.md §4: ≈0.8 GFLOP per position for ``original``), as if the char
+CNN ran at every position, so the per-type saving shows up as utilisation; the peak is a bf16
+matmul rate measured on the same machine.
 
     python benchmarks/gpu_bilm.py                # original, 128 × 20, on CUDA
     python benchmarks/gpu_bilm.py --smoke        # tiny sizes, any device (tested in CI)
@@ -28,10 +30,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_bilm import StraightforwardBiLM  # noqa: E402
 
-from elmo_core.config import ModelConfig  # noqa: E402
+from elmo_core.config import ModelConfig, TrainConfig  # noqa: E402
 from elmo_core.model.bilm import BiLM  # noqa: E402
 from elmo_core.model.softmax import LogUniformSampler  # noqa: E402
 from elmo_core.presets import model_preset  # noqa: E402
+from elmo_core.training.step import TrainingStep  # noqa: E402
 
 
 def training_flops_per_position(config: ModelConfig) -> float:
@@ -94,7 +97,10 @@ def matmul_flops_per_second(device: torch.device, size: int, dtype: torch.dtype)
     return 2 * size**3 / seconds_per_call(lambda: a @ b, 10, 3, device)
 
 
-def training_step(model: BiLM, loss: Callable[[], torch.Tensor], bf16: bool) -> Callable[[], None]:
+def straightforward_step(
+    model: BiLM, loss: Callable[[], torch.Tensor], bf16: bool
+) -> Callable[[], None]:
+    """The baseline's step: dense gradients, ``clip_grad_norm_`` and a dense Adagrad."""
     optimizer = torch.optim.Adagrad(model.parameters(), lr=0.2, initial_accumulator_value=1.0)
     device_type = next(model.parameters()).device.type
 
@@ -110,6 +116,17 @@ def training_step(model: BiLM, loss: Callable[[], torch.Tensor], bf16: bool) -> 
         optimizer.step()
 
     return step
+
+
+def worker_step(step: TrainingStep, windows: dict[str, torch.Tensor]) -> Callable[[], None]:
+    """``step`` on ``windows`` as a worker calls it, each state carried into the next call."""
+    state = None
+
+    def run() -> None:
+        nonlocal state
+        state = step(**windows, state=state).state
+
+    return run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,15 +161,13 @@ def main(argv: list[str] | None = None) -> int:
         args.batch, args.window, args.vocab, args.types, config.char_cnn.max_chars_per_token, device
     )
     positions = args.batch * args.window
+    recipe = TrainConfig(batch_size=args.batch, unroll_steps=args.window, bf16=bf16)
     seconds = {
         "ours": seconds_per_call(
-            training_step(model, lambda: model.training_loss(**windows)[0].loss, bf16),
-            args.steps,
-            args.warmup,
-            device,
+            worker_step(TrainingStep.build(model, recipe), windows), args.steps, args.warmup, device
         ),
         "straightforward": seconds_per_call(
-            training_step(model, lambda: baseline.training_loss(windows), bf16),
+            straightforward_step(model, lambda: baseline.training_loss(windows), bf16),
             args.steps,
             args.warmup,
             device,

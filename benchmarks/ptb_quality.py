@@ -32,6 +32,7 @@ from elmo_core.config import PrepareConfig
 from elmo_core.data.batching import TokenStream, window_char_ids
 from elmo_core.data.manifest import MANIFEST_NAME
 from elmo_core.data.reader import load_manifest, load_word_types
+from elmo_core.training.step import TrainingStep
 from pipelines.common.ray_cluster import connect_ray
 from pipelines.common.settings import elmo_home
 from pipelines.evaluate.stage import EvaluationResult, evaluate
@@ -39,7 +40,6 @@ from pipelines.prepare.corpus_sources import CorpusFiles
 from pipelines.prepare.stage import prepare_files
 from pipelines.train.checkpoints import initial_bilm
 from pipelines.train.config import TrainJobConfig, resolve_train_config
-from pipelines.train.gradient_exchange import clip_global_norm
 from pipelines.train.stage import TrainResult, train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,11 +81,7 @@ def seconds_per_step(cfg: TrainJobConfig, data: str, steps: int) -> float:
     manifest = load_manifest(data)
     table = load_word_types(data, manifest).char_ids
     bilm = initial_bilm(cfg.model, manifest.vocab.size, None, None).train()
-    assert bilm.softmax is not None
-    bilm.softmax.sparse = cfg.run.grad_exchange == "sparse"
-    optimizer = torch.optim.Adagrad(
-        bilm.parameters(), lr=cfg.train.lr, initial_accumulator_value=cfg.train.initial_accumulator
-    )
+    step_once = TrainingStep.build(bilm, cfg.train, cfg.run.grad_exchange)
     rows, unroll = cfg.train.batch_size, cfg.train.unroll_steps
     streams = [
         TokenStream(data, batch_size=rows, unroll_steps=unroll, reverse=reverse, seed=seed)
@@ -102,11 +98,7 @@ def seconds_per_step(cfg: TrainJobConfig, data: str, steps: int) -> float:
                 torch.from_numpy(window_char_ids(window.inputs, table)),  # (B, T, W)
                 torch.from_numpy(window.targets),  # (B, T)
             ]
-        output, _ = bilm.training_loss(*tensors, None)
-        (output.loss * unroll).backward()
-        clip_global_norm(bilm.parameters(), cfg.train.clip_norm)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        step_once(*tensors, state=None)
         if step >= 3:
             times.append(time.perf_counter() - started)
     return statistics.median(times)

@@ -5,9 +5,9 @@ Ray Train's in :func:`pipelines.train.worker.train_loop_per_worker`, a local one
 
 Each step every rank reads one window from each of its two streams (forward and backward, shuffled
 independently; its own part of the shards), carries the detached LSTM states to the next window
-(truncated BPTT), takes gradients of ``loss × unroll_steps`` as bilm-tf does, averages them over
-the workers — DDP's all-reduce for the dense parameters, the softmax's touched rows through
-:mod:`pipelines.train.gradient_exchange` — clips the global norm and applies Adagrad.
+(truncated BPTT) and runs :class:`~elmo_core.training.step.TrainingStep`: gradients of ``loss ×
+unroll_steps`` as bilm-tf takes them, averaged over the workers (DDP's all-reduce for the dense
+parameters, the softmax's touched rows exchanged apart), the global-norm clip and Adagrad.
 
 Resuming with a different number of workers keeps the weights and the optimiser but cannot keep
 the data position (each rank's streams cover a different part of the shards): the streams are
@@ -30,14 +30,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from pydantic import Field
-from torch import nn
 
 from elmo_core.config import StrictModel
 from elmo_core.data.batching import TokenStream, Window, window_char_ids
 from elmo_core.data.reader import load_manifest, load_word_types
-from elmo_core.model.bilm import BiLM, BiLMState, LossOutput
+from elmo_core.model.bilm import BiLMState, LossOutput
 from elmo_core.model.serialization import load_bilm
 from elmo_core.perplexity import PerplexitySums, evaluate_perplexity
+from elmo_core.training.step import TrainingStep
 from pipelines.models.bilm_loader import BiLMReference
 from pipelines.train.checkpoint_store import CheckpointStore, StoredCheckpoint
 from pipelines.train.checkpoints import (
@@ -50,13 +50,6 @@ from pipelines.train.checkpoints import (
     write_checkpoint,
 )
 from pipelines.train.config import TrainJobConfig
-from pipelines.train.gradient_exchange import (
-    SOFTMAX_PARAMETERS,
-    broadcast_parameters,
-    clip_global_norm,
-    exchange_softmax_gradients,
-    exclude_from_ddp,
-)
 from pipelines.train.progress import Progress, TrackedRun
 from pipelines.train.run_directory import RunDirectory
 from pipelines.train.runtime import Metrics, WorkerRuntime
@@ -95,26 +88,6 @@ def train_loop(cfg: WorkerConfig, runtime: WorkerRuntime) -> None:
     worker.run()
 
 
-class LossModule(nn.Module):
-    """``BiLM.training_loss`` as ``forward``, so DDP's hooks see every call."""
-
-    def __init__(self, bilm: BiLM) -> None:
-        super().__init__()
-        self.bilm = bilm
-
-    def forward(
-        self,
-        forward_inputs: torch.Tensor,
-        forward_targets: torch.Tensor,
-        backward_inputs: torch.Tensor,
-        backward_targets: torch.Tensor,
-        state: BiLMState | None,
-    ) -> tuple[LossOutput, BiLMState]:
-        return self.bilm.training_loss(
-            forward_inputs, forward_targets, backward_inputs, backward_targets, state
-        )
-
-
 class Worker:
     """One rank's model, optimiser, streams and loop."""
 
@@ -128,18 +101,11 @@ class Worker:
         vocab_size = self.manifest.vocab.size
         torch.manual_seed(self.train.seed)  # the same initial weights on every rank
         self.bilm = initial_bilm(cfg.job.model, vocab_size, cfg.init_from)
-        assert self.bilm.softmax is not None
-        self.bilm.softmax.sparse = cfg.job.run.grad_exchange == "sparse"
         self.bilm.to(self.device).train()
-        module = LossModule(self.bilm)
-        exclude_from_ddp(module, [f"bilm.{name}" for name in SOFTMAX_PARAMETERS])
-        self.module = runtime.wrap_model(module)
-        broadcast_parameters(self.bilm.softmax.parameters())  # what DDP does for the others
-        self.optimizer = torch.optim.Adagrad(
-            self.bilm.parameters(),
-            lr=self.train.lr,
-            initial_accumulator_value=self.train.initial_accumulator,
+        self.training_step = TrainingStep.build(
+            self.bilm, self.train, cfg.job.run.grad_exchange, runtime.wrap_model
         )
+        self.optimizer = self.training_step.optimizer
         self.shared = SharedState(
             step=0, world_size=self.world_size, mlflow_run_id=cfg.mlflow_run_id
         )
@@ -230,25 +196,11 @@ class Worker:
         """One optimiser step on the next window of both streams."""
         forward, backward = (stream.next_window() for stream in self.streams)
         assert forward is not None and backward is not None  # repeat=True streams never end
-        autocast = self.device.type == "cuda" and self.train.bf16
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=autocast):
-            output, state = self.module(
-                *self._tensors(forward), *self._tensors(backward), state=self.lstm_state
-            )
-        self.lstm_state = (state[0].detach(), state[1].detach())  # truncated BPTT
-        (output.loss * self.train.unroll_steps).backward()  # bilm-tf scales by the unroll length
-        assert self.bilm.softmax is not None
-        exchange_softmax_gradients(
-            self.bilm.softmax.weight, self.bilm.softmax.bias, self.cfg.job.run.grad_exchange
+        result = self.training_step(
+            *self._tensors(forward), *self._tensors(backward), state=self.lstm_state
         )
-        grad_norm = clip_global_norm(self.bilm.parameters(), self.train.clip_norm)
-        # Adagrad rebuilds sparse tensors from the softmax's coalesced rows, which are valid (as
-        # gradient_exchange's check_invariants=False says): the checks are off explicitly, which
-        # is what torch's "implicitly disabled" warning asks for.
-        with torch.sparse.check_sparse_tensor_invariants(enable=False):
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return output, grad_norm
+        self.lstm_state = result.state
+        return result.output, result.grad_norm
 
     def _tensors(self, window: Window) -> tuple[torch.Tensor, torch.Tensor]:
         char_ids = torch.from_numpy(window_char_ids(window.inputs, self.char_table))  # (B, T, W)

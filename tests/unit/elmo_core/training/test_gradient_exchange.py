@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from elmo_core.model.softmax import SampledSoftmax
-from pipelines.train.gradient_exchange import (
+from elmo_core.training.gradient_exchange import (
     clip_global_norm,
     exchange_rows,
     exchange_softmax_gradients,

@@ -1,0 +1,1 @@
+"""The biLM's training step and the gradient exchange it runs, shared by workers and benchmarks."""

@@ -1,0 +1,121 @@
+"""The one biLM training step: what a Ray Train worker runs and ``gpu_bilm.py`` times.
+
+Kept in one place (and free of Ray), so the benchmark measures exactly what users get: the loss
+on both streams under bf16 autocast on CUDA, ``loss × unroll_steps`` backward as bilm-tf takes it,
+the softmax's gradient exchanged as touched rows, the global-norm clip and Adagrad (sparse on the
+softmax, so only touched rows are updated).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from elmo_core.config import TrainConfig
+from elmo_core.errors import ConfigError
+from elmo_core.model.bilm import BiLM, BiLMState, LossOutput
+from elmo_core.training.gradient_exchange import (
+    SOFTMAX_PARAMETERS,
+    ExchangeMode,
+    broadcast_parameters,
+    clip_global_norm,
+    exchange_softmax_gradients,
+    exclude_from_ddp,
+)
+
+
+class LossModule(nn.Module):
+    """``BiLM.training_loss`` as ``forward``, so a DDP wrapper's hooks see every call."""
+
+    def __init__(self, bilm: BiLM) -> None:
+        super().__init__()
+        self.bilm = bilm
+
+    def forward(
+        self,
+        forward_inputs: torch.Tensor,
+        forward_targets: torch.Tensor,
+        backward_inputs: torch.Tensor,
+        backward_targets: torch.Tensor,
+        state: BiLMState | None,
+    ) -> tuple[LossOutput, BiLMState]:
+        return self.bilm.training_loss(
+            forward_inputs, forward_targets, backward_inputs, backward_targets, state
+        )
+
+
+@dataclass(frozen=True)
+class StepResult:
+    output: LossOutput
+    state: BiLMState  # detached: the next window starts from it (truncated BPTT)
+    grad_norm: float  # before clipping
+
+
+class TrainingStep:
+    """One optimiser step on one window of each stream, as ``train`` and ``grad_exchange`` say.
+
+    Build it with :meth:`build`; a data-parallel caller passes its model wrapper (DDP), which then
+    skips the softmax: its touched rows are exchanged apart, after the backward pass.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        bilm: BiLM,
+        optimizer: torch.optim.Optimizer,
+        train: TrainConfig,
+        grad_exchange: ExchangeMode,
+    ) -> None:
+        self.module, self.bilm, self.optimizer = module, bilm, optimizer
+        self.train, self.grad_exchange = train, grad_exchange
+
+    @classmethod
+    def build(
+        cls,
+        bilm: BiLM,
+        train: TrainConfig,
+        grad_exchange: ExchangeMode = "sparse",
+        wrap_model: Callable[[nn.Module], nn.Module] = lambda module: module,
+    ) -> TrainingStep:
+        """The step over ``bilm`` (already on its device): softmax rows apart, Adagrad."""
+        if bilm.softmax is None:
+            raise ConfigError("a BiLM built without vocab_size has no softmax", key="vocab_size")
+        bilm.softmax.sparse = grad_exchange == "sparse"
+        module = LossModule(bilm)
+        exclude_from_ddp(module, [f"bilm.{name}" for name in SOFTMAX_PARAMETERS])
+        broadcast_parameters(bilm.softmax.parameters())  # what DDP does for the others
+        optimizer = torch.optim.Adagrad(
+            bilm.parameters(), lr=train.lr, initial_accumulator_value=train.initial_accumulator
+        )  # its accumulators stay float32 whatever autocast does
+        return cls(wrap_model(module), bilm, optimizer, train, grad_exchange)
+
+    def __call__(
+        self,
+        forward_inputs: torch.Tensor,
+        forward_targets: torch.Tensor,
+        backward_inputs: torch.Tensor,
+        backward_targets: torch.Tensor,
+        state: BiLMState | None,
+    ) -> StepResult:
+        device = forward_targets.device
+        autocast = device.type == "cuda" and self.train.bf16
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+            output, new_state = self.module(
+                forward_inputs, forward_targets, backward_inputs, backward_targets, state=state
+            )
+        (output.loss * self.train.unroll_steps).backward()  # bilm-tf scales by the unroll
+        softmax = self.bilm.softmax
+        assert softmax is not None
+        exchange_softmax_gradients(softmax.weight, softmax.bias, self.grad_exchange)
+        grad_norm = clip_global_norm(self.bilm.parameters(), self.train.clip_norm)
+        # Adagrad rebuilds sparse tensors from the softmax's coalesced rows, which are valid (as
+        # gradient_exchange's check_invariants=False says): the checks are off explicitly, which
+        # is what torch's "implicitly disabled" warning asks for.
+        with torch.sparse.check_sparse_tensor_invariants(enable=False):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        detached = (new_state[0].detach(), new_state[1].detach())
+        return StepResult(output, detached, grad_norm)

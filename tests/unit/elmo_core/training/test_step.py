@@ -1,0 +1,89 @@
+"""The shared training step equals the textbook step: dense gradients, torch's clip, Adagrad."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from elmo_core.config import TrainConfig
+from elmo_core.errors import ConfigError
+from elmo_core.model.bilm import BiLM
+from elmo_core.presets import tiny
+from elmo_core.training.step import TrainingStep
+
+VOCAB, ROWS, UNROLL = 500, 3, 4
+RECIPE = TrainConfig(batch_size=ROWS, unroll_steps=UNROLL, clip_norm=0.5)  # a clip that bites
+
+
+def _windows(seed: int) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    width = tiny().char_cnn.max_chars_per_token
+    return {
+        f"{name}_{part}": (
+            torch.randint(1, 262, (ROWS, UNROLL, width), generator=generator)
+            if part == "inputs"
+            else torch.randint(0, VOCAB, (ROWS, UNROLL), generator=generator)
+        )
+        for name in ("forward", "backward")
+        for part in ("inputs", "targets")
+    }
+
+
+def _textbook_step(bilm: BiLM, optimizer: torch.optim.Optimizer, windows, state):
+    output, new_state = bilm.training_loss(**windows, state=state)
+    (output.loss * UNROLL).backward()
+    norm = torch.nn.utils.clip_grad_norm_(bilm.parameters(), RECIPE.clip_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return output, (new_state[0].detach(), new_state[1].detach()), float(norm)
+
+
+@pytest.mark.parametrize("grad_exchange", ["sparse", "dense"])
+def test_two_steps_equal_dense_gradients_clipped_and_adagrad(grad_exchange) -> None:
+    torch.manual_seed(0)
+    ours = BiLM(tiny(), vocab_size=VOCAB).train()
+    reference = copy.deepcopy(ours)
+    step = TrainingStep.build(ours, RECIPE, grad_exchange)
+    optimizer = torch.optim.Adagrad(
+        reference.parameters(), lr=RECIPE.lr, initial_accumulator_value=RECIPE.initial_accumulator
+    )
+    state = reference_state = None
+    for seed in (1, 2):  # the second step starts from the carried LSTM states
+        windows = _windows(seed)
+        torch.manual_seed(seed)  # the same dropout masks and sampled candidates on both sides
+        result = step(**windows, state=state)
+        torch.manual_seed(seed)
+        output, reference_state, norm = _textbook_step(
+            reference, optimizer, windows, reference_state
+        )
+        state = result.state
+        assert result.output.loss.item() == pytest.approx(output.loss.item(), rel=1e-6)
+        assert result.grad_norm == pytest.approx(norm, rel=1e-5)
+        assert norm > RECIPE.clip_norm
+        assert not any(tensor.requires_grad for tensor in result.state[0] + result.state[1])
+    for (name, ours_param), reference_param in zip(
+        ours.named_parameters(), reference.parameters(), strict=True
+    ):
+        torch.testing.assert_close(ours_param, reference_param, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_only_the_touched_softmax_rows_move() -> None:
+    torch.manual_seed(0)
+    bilm = BiLM(tiny(), vocab_size=VOCAB).train()
+    before = bilm.softmax.weight.detach().clone()
+    step = TrainingStep.build(bilm, RECIPE.model_copy(update={"clip_norm": 1e9}))
+    windows = _windows(3)
+    step(**windows, state=None)
+    moved = (bilm.softmax.weight.detach() != before).any(dim=1)
+    targets = torch.cat(
+        [windows["forward_targets"].flatten(), windows["backward_targets"].flatten()]
+    )
+    assert moved[targets].all()
+    assert moved.sum() < VOCAB  # sampled candidates and targets, not the whole vocabulary
+
+
+def test_a_bilm_without_a_softmax_is_refused() -> None:
+    with pytest.raises(ConfigError, match="vocab_size"):
+        TrainingStep.build(BiLM(tiny()), RECIPE)
