@@ -11,8 +11,9 @@ Three measurements, each against a baseline from the same run:
 * scaling — training tokens/s of the real train stage (Ray Train, DDP, CPU) with 1 and 2 workers
   on PTB (``--data-root``/ptb; skipped when absent). Throughput is the median of the in-loop
   ``tokens_per_s`` the run logs to MLflow (start-up excluded).
-* data path — TokenStream (forward + backward) + ``window_char_ids`` alone, tokens/s against what
-  one training worker consumes (goal: ≥ 5× faster, so data never limits training).
+* data path — both streams' windows and char ids as a worker reads them (``bench_data_path.py``,
+  in the loop), positions/s against what one training worker consumes (goal: ≥ 5× faster, so
+  data never limits training).
 
 Last line: one JSON object; ``ratio = dense_seconds / sparse_seconds`` of the exchange.
 """
@@ -34,14 +35,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from elmo_core.config import TrainConfig
-from elmo_core.data.batching import TokenStream, window_char_ids
-from elmo_core.data.reader import load_word_types
 from elmo_core.model.softmax import LogUniformSampler
 from elmo_core.training.gradient_exchange import exchange_softmax_gradients
 from pipelines.train.config import RunConfig, TrainJobConfig
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
+from bench_data_path import measure as measure_data_path  # noqa: E402
 from bench_eval_protocols import prepare_ptb, small_config  # noqa: E402  (shared PTB setup)
 
 BATCH_SIZE, UNROLL_STEPS = 32, 20
@@ -145,24 +145,6 @@ def training_tokens_per_s(dataset: str, workers: int, steps: int, storage: Path)
     return statistics.median(values)
 
 
-def data_path_tokens_per_s(dataset: str, windows: int) -> float:
-    """TokenStream forward + backward and char ids, as one training worker reads them."""
-    streams = [
-        TokenStream(dataset, batch_size=BATCH_SIZE, unroll_steps=UNROLL_STEPS, reverse=r, seed=s)
-        for r, s in ((False, 0), (True, 1))
-    ]
-    table = load_word_types(dataset).char_ids
-    tokens = 0
-    started = time.perf_counter()
-    for _ in range(windows):
-        for stream in streams:
-            window = stream.next_window()
-            assert window is not None
-            torch.from_numpy(window_char_ids(window.inputs, table))
-        tokens += window.num_tokens
-    return tokens / (time.perf_counter() - started)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     exchange = measure_exchange(args)
@@ -200,7 +182,7 @@ def measure_training(ptb: Path, args: argparse.Namespace) -> dict[str, float]:
         connect_ray(num_cpus=2)
         one = training_tokens_per_s(dataset, 1, args.steps, work / "runs")
         two = training_tokens_per_s(dataset, 2, args.steps, work / "runs")
-        data = data_path_tokens_per_s(dataset, 200)
+        data, _ = measure_data_path(dataset, BATCH_SIZE, UNROLL_STEPS, workers=0, steps=200)
     print(f"{'training (Ray Train, CPU, small model)':44s} {'tokens/s':>10s}")
     print(f"  {'1 worker':42s} {one:10.0f}")
     print(f"  {'2 workers':42s} {two:10.0f}   scaling {two / one:.2f}x")

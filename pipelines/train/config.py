@@ -42,6 +42,11 @@ class RunConfig(StrictModel):
     grad_exchange: Literal["sparse", "dense"] = Field(
         "sparse", description="softmax gradient exchange; dense is the benchmark baseline"
     )
+    data_workers: Literal[0, 1, 2] | None = Field(
+        None,
+        description="processes per worker building batches ahead: 0 none, 1 both directions, "
+        "2 one per direction; default 2 on a GPU, 0 on CPU",
+    )
 
 
 class TrainJobConfig(StrictModel):

@@ -32,11 +32,11 @@ import torch.distributed as dist
 from pydantic import Field
 
 from elmo_core.config import StrictModel
-from elmo_core.data.batching import TokenStream, Window, window_char_ids
 from elmo_core.data.reader import load_manifest, load_word_types
 from elmo_core.model.bilm import BiLMState, LossOutput
 from elmo_core.model.serialization import load_bilm
 from elmo_core.perplexity import PerplexitySums, evaluate_perplexity
+from elmo_core.training.batches import StepBatch, StepBatches, StreamPosition, StreamSpec
 from elmo_core.training.step import TrainingStep
 from pipelines.models.bilm_loader import BiLMReference
 from pipelines.train.checkpoint_store import CheckpointStore, StoredCheckpoint
@@ -111,22 +111,21 @@ class Worker:
         )
         self.resumed_from = 0
         _seed_rank(self.train.seed, self.rank)
-        self.streams = self._streams(_stream_seeds(self.train.seed, 0))
+        self.streams = self._stream_specs(_stream_seeds(self.train.seed, 0))
+        self.positions: tuple[StreamPosition, StreamPosition] | None = None  # after the last step
         self.lstm_state: BiLMState | None = None
         self.stop_early = False
 
-    def _streams(self, seeds: tuple[int, int]) -> tuple[TokenStream, TokenStream]:
+    def _stream_specs(self, seeds: tuple[int, int]) -> tuple[StreamSpec, StreamSpec]:
         forward, backward = (
-            TokenStream(
+            StreamSpec(
                 self.cfg.data,
-                "train",
                 batch_size=self.train.batch_size,
                 unroll_steps=self.train.unroll_steps,
                 rank=self.rank,
                 world_size=self.world_size,
                 reverse=reverse,
                 seed=seed,
-                manifest=self.manifest,
             )
             for reverse, seed in zip((False, True), seeds, strict=True)
         )
@@ -147,7 +146,7 @@ class Worker:
                 self.world_size,
                 loaded.shared.world_size,
             )
-            self.streams = self._streams(_stream_seeds(self.train.seed, self.shared.step))
+            self.streams = self._stream_specs(_stream_seeds(self.train.seed, self.shared.step))
             self.shared.world_size = self.world_size
             return
         restore_rng(loaded.rank.rng)
@@ -155,9 +154,11 @@ class Worker:
             loaded.rank.forward_stream["identity"]["seed"],
             loaded.rank.backward_stream["identity"]["seed"],
         )
-        self.streams = self._streams(seeds)
-        self.streams[0].load_state_dict(loaded.rank.forward_stream)
-        self.streams[1].load_state_dict(loaded.rank.backward_stream)
+        forward, backward = self._stream_specs(seeds)
+        self.streams = (
+            forward.starting_at(loaded.rank.forward_stream),
+            backward.starting_at(loaded.rank.backward_stream),
+        )
         self.lstm_state = loaded.rank.lstm_state
 
     def run(self) -> None:
@@ -178,10 +179,10 @@ class Worker:
                 self.train.validation_sentences, self.manifest.split("heldout").num_sentences
             ),
         )
-        with progress.tracking():
+        with progress.tracking(), self._batches() as batches:
             while self.shared.step < self.cfg.total_steps and not self.stop_early:
                 self._maybe_fail()
-                output, grad_norm = self.step()
+                output, grad_norm = self.step(next(batches))
                 self.shared.step += 1
                 step = self.shared.step
                 progress.after_step(step, output, grad_norm, self.train.lr, self.world_size)
@@ -192,20 +193,25 @@ class Worker:
             self.checkpoint(output if self.shared.step > self.resumed_from else None, final=True)
             progress.plot()
 
-    def step(self) -> tuple[LossOutput, float]:
-        """One optimiser step on the next window of both streams."""
-        forward, backward = (stream.next_window() for stream in self.streams)
-        assert forward is not None and backward is not None  # repeat=True streams never end
-        result = self.training_step(
-            *self._tensors(forward), *self._tensors(backward), state=self.lstm_state
+    def _batches(self) -> StepBatches:
+        """The streams' windows from where they stand, built ahead by the configured processes."""
+        workers = self.cfg.job.run.data_workers
+        if workers is None:
+            workers = 2 if self.device.type == "cuda" else 0
+        return StepBatches(
+            self.streams,
+            self.manifest,
+            self.char_table,
+            workers=workers,
+            pin_memory=self.device.type == "cuda",
         )
-        self.lstm_state = result.state
-        return result.output, result.grad_norm
 
-    def _tensors(self, window: Window) -> tuple[torch.Tensor, torch.Tensor]:
-        char_ids = torch.from_numpy(window_char_ids(window.inputs, self.char_table))  # (B, T, W)
-        targets = torch.from_numpy(window.targets)  # (B, T)
-        return char_ids.to(self.device), targets.to(self.device)
+    def step(self, batch: StepBatch) -> tuple[LossOutput, float]:
+        """One optimiser step on the next window of both streams."""
+        result = self.training_step(*batch.to(self.device), state=self.lstm_state)
+        self.lstm_state = result.state
+        self.positions = (batch.forward.position, batch.backward.position)
+        return result.output, result.grad_norm
 
     def validate(self, progress: Progress) -> None:
         """Full-softmax perplexity on the fixed heldout sample, each rank on its part."""
@@ -247,12 +253,9 @@ class Worker:
             self.store.commit(step, self.world_size, keep, summary={**metrics, "final": final})
 
     def _save_part(self, step: int) -> None:
-        rank_state = RankState(
-            capture_rng(),
-            self.streams[0].state_dict(),
-            self.streams[1].state_dict(),
-            self.lstm_state,
-        )
+        assert self.positions is not None  # a step was taken since the start
+        forward, backward = (position.state_dict() for position in self.positions)
+        rank_state = RankState(capture_rng(), forward, backward, self.lstm_state)
         with tempfile.TemporaryDirectory() as directory:
             write_checkpoint(
                 Path(directory),

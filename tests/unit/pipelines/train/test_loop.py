@@ -1,7 +1,7 @@
-"""The per-worker training loop on CPU, without Ray: the same seed gives the same losses, and a run
-stopped while saving its step-6 checkpoint, resumed from the complete one at step 3, equals 6
-straight steps, loss for loss and weight for weight. Progress goes to a real MLflow SQLite store
-under ``tmp_path``."""
+"""The per-worker training loop on CPU, without Ray: the same seed gives the same losses (batches
+built in the loop or by loader processes alike), and a run stopped while saving its step-6
+checkpoint, resumed from the complete one at step 3, equals 6 straight steps, loss for loss and
+weight for weight. Progress goes to a real MLflow SQLite store under ``tmp_path``."""
 
 from __future__ import annotations
 
@@ -65,14 +65,18 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> MlflowClient:
 
 
 def _config(
-    dataset: str, tmp_path: Path, name: str, resume_step: int | None = None
+    dataset: str,
+    tmp_path: Path,
+    name: str,
+    resume_step: int | None = None,
+    overrides: tuple[str, ...] = (),
 ) -> WorkerConfig:
     """What the driver would resolve: the tiny model, 6 steps, an MLflow run opened for it."""
     with tracking.stage_run("train", run_name=name) as run:
         run_id = run.info.run_id
     (tmp_path / name).mkdir()  # the run directory, where the driver records the MLflow run
     return WorkerConfig(
-        job=resolve_train_config("tiny", None, RECIPE),
+        job=resolve_train_config("tiny", None, [*RECIPE, *overrides]),
         data=dataset,
         run_dir=str(tmp_path / name),
         run_name=name,
@@ -113,8 +117,9 @@ def _assert_same_weights(
 
 def test_the_same_seed_gives_the_same_losses_and_weights(store, dataset, tmp_path, capsys) -> None:
     runs = []
-    for name in ("first", "second"):
-        cfg = _config(dataset, tmp_path, name)
+    # the second run's batches are built ahead by two loader processes, as on a GPU
+    for name, workers in (("first", 0), ("second", 2)):
+        cfg = _config(dataset, tmp_path, name, overrides=(f"run.data_workers={workers}",))
         runtime = LocalRuntime()
         train_loop(cfg, runtime)
         runs.append((_losses(store, cfg), _final_weights(cfg), runtime.reported))

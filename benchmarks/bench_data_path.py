@@ -1,0 +1,108 @@
+"""The training data path alone: positions/s the batches reach a GPU step at, by loader processes.
+
+    python benchmarks/bench_data_path.py [--data-root ../shared/data] [--steps 400]
+
+Reads PTB (prepared as 1B-Word shards) with the GPU recipe's shape, 128 rows × 20 steps, through
+:class:`elmo_core.training.batches.StepBatches` exactly as a worker does (both streams, char ids,
+stream positions, pinned memory when CUDA is there) and times ``--steps`` batches after the loader
+has started. The baseline is the same work in the training loop itself (0 loader processes); the
+candidates build ahead in 1 process (both directions) or 2 (one each). Issue 13 wants the data path
+at ≥ 2× the GPU's training rate (goal 250,000 positions/s) from at most 4 cores per GPU.
+
+Also the training process's own CPU time per step: in the loop the whole data path sits on the
+step's critical path; with loader processes only receiving the arrays does.
+
+Last line: one JSON object; ``ratio`` = the training process's CPU per step in the loop over that
+with 2 loader processes (a GPU worker's default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from elmo_core.data.reader import load_manifest, load_word_types
+from elmo_core.training.batches import StepBatches, StreamSpec
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+from bench_eval_protocols import prepare_ptb  # noqa: E402  (shared PTB setup)
+
+GOAL_TRAINING_RATE = 250_000  # positions/s on one H100 (issue 13)
+
+
+def measure(dataset: str, rows: int, unroll: int, workers: int, steps: int) -> tuple[float, float]:
+    """Positions/s the batches arrive at once the loader runs, and the training process's own CPU
+    milliseconds per step: what the data path takes from the step's critical path."""
+    manifest = load_manifest(dataset)
+    table = load_word_types(dataset, manifest).char_ids
+    specs = (
+        StreamSpec(dataset, rows, unroll, rank=0, world_size=1, reverse=False, seed=1),
+        StreamSpec(dataset, rows, unroll, rank=0, world_size=1, reverse=True, seed=2),
+    )
+    pin = torch.cuda.is_available()
+    with StepBatches(specs, manifest, table, workers=workers, pin_memory=pin) as batches:
+        for _ in range(20):  # processes started, their first windows ready
+            next(batches)
+        started, cpu_started = time.perf_counter(), time.process_time()
+        for _ in range(steps):
+            next(batches)
+        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+        return rows * unroll * steps / seconds, 1e3 * cpu / steps
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-root", type=Path, default=REPO.parent / "shared" / "data")
+    parser.add_argument("--rows", type=int, default=128)
+    parser.add_argument("--unroll", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    ptb = args.data_root / "ptb"
+    if not ptb.is_dir():
+        print(json.dumps({"benchmark": "data_path", "skipped": f"no PTB under {args.data_root}"}))
+        return 0
+    with tempfile.TemporaryDirectory(prefix="bench-data-path-") as scratch:
+        dataset = prepare_ptb(ptb, Path(scratch), test_sentences=100)
+        runs = {
+            workers: [
+                measure(dataset, args.rows, args.unroll, workers, args.steps)
+                for _ in range(args.repeats)
+            ]
+            for workers in (0, 1, 2)
+        }
+    rates = {workers: statistics.median(r for r, _ in results) for workers, results in runs.items()}
+    cpu = {workers: statistics.median(c for _, c in results) for workers, results in runs.items()}
+    print(f"data path, {args.rows} rows × {args.unroll} steps, median of {args.repeats}")
+    print(
+        f"{'loader processes':18} {'positions/s':>12} {'vs in-loop':>11} {'vs 2×goal':>10} "
+        f"{'trainer CPU ms/step':>20}"
+    )
+    for workers, rate in rates.items():
+        print(
+            f"{workers:<18} {rate:12,.0f} {rate / rates[0]:10.2f}x "
+            f"{rate / (2 * GOAL_TRAINING_RATE):9.2f}x {cpu[workers]:20.2f}"
+        )
+    summary = {
+        "benchmark": "data_path",
+        "rows": args.rows,
+        "unroll": args.unroll,
+        **{f"positions_per_s_{workers}": round(rate) for workers, rate in rates.items()},
+        **{f"trainer_cpu_ms_per_step_{workers}": round(ms, 3) for workers, ms in cpu.items()},
+        "ratio": round(cpu[0] / cpu[2], 3),
+        "over_twice_goal": round(rates[2] / (2 * GOAL_TRAINING_RATE), 3),
+    }
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,212 @@
+"""Training batches built ahead of the step, in background processes when asked.
+
+On a GPU a step of ``original`` is over before one core has cut the next two windows and looked up
+their char ids, so the windows of the coming steps are built by ``torch.utils.data.DataLoader``
+worker processes: with two workers each direction's stream has a process of its own (the loader
+hands their windows out in turn: forward, backward, forward, ...), pinned for a non-blocking copy.
+Each window carries its stream's position after it, so a checkpoint records where the *consumed*
+batches end, not how far the prefetch got: a resumed run reads exactly the windows a straight run
+would have.
+
+Shapes: B rows, T window, W chars per token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from elmo_core.data.batching import TokenStream, window_char_ids
+from elmo_core.data.manifest import Manifest
+from elmo_core.errors import ElmoError
+
+PREFETCH_PER_WORKER = 4  # windows each loader process keeps ready
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    """One direction's training stream, as any process rebuilds it (picklable)."""
+
+    dataset_url: str
+    batch_size: int
+    unroll_steps: int
+    rank: int
+    world_size: int
+    reverse: bool
+    seed: int
+    state: dict[str, Any] | None = None  # a TokenStream.state_dict() to continue from
+
+    def open(self, manifest: Manifest) -> TokenStream:
+        stream = TokenStream(
+            self.dataset_url,
+            "train",
+            batch_size=self.batch_size,
+            unroll_steps=self.unroll_steps,
+            rank=self.rank,
+            world_size=self.world_size,
+            reverse=self.reverse,
+            seed=self.seed,
+            manifest=manifest,
+        )
+        if self.state is not None:
+            stream.load_state_dict(self.state)
+        return stream
+
+    def starting_at(self, state: dict[str, Any]) -> StreamSpec:
+        """This stream from a saved ``state_dict()`` (a checkpoint's, or a position's)."""
+        return replace(self, state=state)
+
+
+@dataclass(frozen=True)
+class StreamPosition:
+    """A ``TokenStream.state_dict()`` as a few arrays: cheap to send from a loader process (its
+    B per-row arrays, pickled one by one, would cost more than building the window)."""
+
+    header: dict[str, Any]  # identity, source position, exhausted
+    lengths: np.ndarray  # (B,) unconsumed tokens of each row
+    inputs: np.ndarray  # (sum of lengths,)
+    targets: np.ndarray  # (sum of lengths,)
+
+    @classmethod
+    def of(cls, stream: TokenStream) -> StreamPosition:
+        state = stream.state_dict()
+        inputs, targets = state.pop("inputs"), state.pop("targets")
+        lengths = np.array([len(row) for row in inputs], dtype=np.int64)
+        return cls(state, lengths, np.concatenate(inputs), np.concatenate(targets))
+
+    def state_dict(self) -> dict[str, Any]:
+        bounds = np.cumsum(self.lengths)[:-1]
+        return {
+            **self.header,
+            "inputs": np.split(self.inputs, bounds),
+            "targets": np.split(self.targets, bounds),
+        }
+
+
+class DirectionWindow(NamedTuple):
+    inputs: torch.Tensor  # (B, T, W) char ids
+    targets: torch.Tensor  # (B, T) vocabulary ids, -1 where nothing is scored
+    position: StreamPosition  # the stream's position after this window
+
+
+class StepBatch(NamedTuple):
+    forward: DirectionWindow
+    backward: DirectionWindow
+
+    def to(
+        self, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The four tensors of ``TrainingStep`` on ``device`` (non-blocking from pinned memory)."""
+        forward, backward = self.forward, self.backward
+        return (
+            forward.inputs.to(device, non_blocking=True),
+            forward.targets.to(device, non_blocking=True),
+            backward.inputs.to(device, non_blocking=True),
+            backward.targets.to(device, non_blocking=True),
+        )
+
+
+class _Arrays(NamedTuple):
+    """A window as a loader process sends it: NumPy arrays travel through its pipe at memcpy speed,
+    where tensors would each be moved to a new shared-memory segment."""
+
+    inputs: np.ndarray
+    targets: np.ndarray
+    position: StreamPosition
+
+
+class _Failed(NamedTuple):
+    """A user's error in a loader process, sent whole (the loader would re-raise only its text)."""
+
+    error: ElmoError
+
+
+class _Windows(IterableDataset[_Arrays | _Failed]):
+    """Forward and backward windows in turn; a loader worker of two builds one direction."""
+
+    def __init__(
+        self, specs: tuple[StreamSpec, StreamSpec], manifest: Manifest, char_table: np.ndarray
+    ) -> None:
+        self.specs, self.manifest, self.char_table = specs, manifest, char_table
+
+    def __iter__(self) -> Iterator[_Arrays | _Failed]:
+        worker = get_worker_info()
+        mine = self.specs if worker is None or worker.num_workers == 1 else (self.specs[worker.id],)
+        try:
+            streams = [spec.open(self.manifest) for spec in mine]
+            while True:
+                for stream in streams:
+                    window = stream.next_window()
+                    assert window is not None  # training streams repeat forever
+                    yield _Arrays(
+                        window_char_ids(window.inputs, self.char_table),
+                        window.targets,
+                        StreamPosition.of(stream),
+                    )
+        except ElmoError as error:
+            if worker is None:
+                raise
+            yield _Failed(error)
+
+
+def _unchanged(window: Any) -> Any:
+    """The loader's per-sample conversion: none (its default would turn the states into tensors)."""
+    return window
+
+
+class StepBatches:
+    """Both streams' windows, step by step; ``workers`` processes (0, 1 or 2) build them ahead."""
+
+    def __init__(
+        self,
+        specs: tuple[StreamSpec, StreamSpec],
+        manifest: Manifest,
+        char_table: np.ndarray,
+        *,
+        workers: int,
+        pin_memory: bool,
+    ) -> None:
+        if workers not in (0, 1, 2):
+            raise ValueError(f"0, 1 or 2 loader workers (one per direction at most), got {workers}")
+        loader = DataLoader(
+            _Windows(specs, manifest, char_table),
+            batch_size=None,
+            collate_fn=_unchanged,
+            num_workers=workers,
+            prefetch_factor=PREFETCH_PER_WORKER if workers else None,
+            # The loader draws a seed for its workers when iterated: from a generator of its own,
+            # not the global one dropout and candidate sampling draw from (a resume restores that).
+            generator=torch.Generator(),
+        )
+        self._windows: Iterator[_Arrays | _Failed] = iter(loader)
+        self._pin_memory = pin_memory
+
+    def __iter__(self) -> Iterator[StepBatch]:
+        return self
+
+    def __next__(self) -> StepBatch:
+        return StepBatch(self._next_window(), self._next_window())
+
+    def _next_window(self) -> DirectionWindow:
+        window = next(self._windows)
+        if isinstance(window, _Failed):
+            raise window.error
+        inputs, targets = torch.from_numpy(window.inputs), torch.from_numpy(window.targets)
+        if self._pin_memory:
+            inputs, targets = inputs.pin_memory(), targets.pin_memory()
+        return DirectionWindow(inputs, targets, window.position)
+
+    def close(self) -> None:
+        """Stop the loader's processes now: its iterator shuts them down when it is dropped."""
+        self._windows = iter(())
+
+    def __enter__(self) -> StepBatches:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,108 @@
+"""Batches built ahead by loader processes are the streams' own windows, and resume exactly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from elmo_core.data.batching import window_char_ids
+from elmo_core.data.reader import load_manifest, load_word_types
+from elmo_core.errors import DataError
+from elmo_core.training.batches import StepBatches, StreamSpec
+
+ROWS, UNROLL, STEPS = 3, 4, 12
+SENTENCES = [f"sentence {i} has {'some ' * (i % 5)}words" for i in range(40)]
+
+
+@pytest.fixture
+def dataset(make_dataset) -> str:
+    return make_dataset(SENTENCES, {"held.txt": SENTENCES[:4]}, sentences_per_row_group=8)
+
+
+def _specs(dataset: str) -> tuple[StreamSpec, StreamSpec]:
+    forward, backward = (
+        StreamSpec(dataset, ROWS, UNROLL, rank=0, world_size=1, reverse=reverse, seed=seed)
+        for reverse, seed in ((False, 11), (True, 12))
+    )
+    return forward, backward
+
+
+def _batches(dataset: str, specs, workers: int) -> StepBatches:
+    manifest = load_manifest(dataset)
+    table = load_word_types(dataset, manifest).char_ids
+    return StepBatches(specs, manifest, table, workers=workers, pin_memory=False)
+
+
+def _expected(dataset: str) -> list[tuple[np.ndarray, ...]]:
+    """Both streams read in the training loop itself, window by window."""
+    manifest = load_manifest(dataset)
+    table = load_word_types(dataset, manifest).char_ids
+    streams = [spec.open(manifest) for spec in _specs(dataset)]
+    steps = []
+    for _ in range(STEPS):
+        windows = [stream.next_window() for stream in streams]
+        steps.append(
+            tuple(
+                array
+                for window in windows
+                for array in (window_char_ids(window.inputs, table), window.targets)
+            )
+        )
+    return steps
+
+
+def _arrays(batch) -> tuple[np.ndarray, ...]:
+    return tuple(tensor.numpy() for tensor in batch.to(torch.device("cpu")))
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2])
+def test_loader_processes_give_the_streams_windows_in_order(dataset, workers) -> None:
+    with _batches(dataset, _specs(dataset), workers) as batches:
+        got = [_arrays(next(batches)) for _ in range(STEPS)]
+    for step, (ours, expected) in enumerate(zip(got, _expected(dataset), strict=True)):
+        for a, b in zip(ours, expected, strict=True):
+            np.testing.assert_array_equal(a, b, err_msg=f"step {step}")
+
+
+def test_continuing_from_a_consumed_batch_reads_what_came_next(dataset) -> None:
+    specs = _specs(dataset)
+    with _batches(dataset, specs, 2) as batches:  # two processes, each several windows ahead
+        consumed = [next(batches) for _ in range(5)]
+    last = consumed[-1]
+    resumed = (
+        specs[0].starting_at(last.forward.position.state_dict()),
+        specs[1].starting_at(last.backward.position.state_dict()),
+    )
+    with _batches(dataset, resumed, 2) as batches:
+        got = [_arrays(next(batches)) for _ in range(STEPS - 5)]
+    for ours, expected in zip(got, _expected(dataset)[5:], strict=True):
+        for a, b in zip(ours, expected, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_iterating_leaves_the_global_torch_rng_alone(dataset) -> None:
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    with _batches(dataset, _specs(dataset), 2) as batches:
+        next(batches)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_a_data_error_in_a_loader_process_arrives_as_itself(dataset) -> None:
+    shard = sorted((Path(dataset) / "train").glob("*.parquet"))[0]
+    shard.unlink()
+    with (
+        pytest.raises(DataError, match="re-run prepare") as caught,
+        _batches(dataset, _specs(dataset), 2) as batches,
+    ):
+        next(batches)
+    assert caught.value.path is not None and shard.name in caught.value.path
+
+
+def test_more_than_one_process_per_direction_is_refused(dataset) -> None:
+    with pytest.raises(ValueError, match="one per direction"):
+        _batches(dataset, _specs(dataset), 3)
