@@ -1,8 +1,6 @@
 """benchmarks/bench_data_path.py on a dataset of its own: the script cannot rot."""
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -10,16 +8,12 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_data_path.py"
 
 
-@pytest.fixture(scope="module")
-def bench():
-    sys.path.insert(0, str(SCRIPT.parent))
-    spec = importlib.util.spec_from_file_location("bench_data_path", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
-    sys.path.remove(str(SCRIPT.parent))
+@pytest.fixture
+def bench(monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))  # it imports its sibling bench_eval_protocols
+    import bench_data_path
+
+    return bench_data_path
 
 
 @pytest.mark.parametrize("workers", [0, 2])
