@@ -4,11 +4,12 @@ One process, only ``elmo_core`` and ``torch``: builds the ``original`` model wit
 softmax, feeds synthetic Zipf-distributed words (so the per-type char CNN sees a realistic number of
 distinct words), and times full training steps (forward + backward + Adagrad, grad-norm clip 10,
 bf16 autocast on GPU): ours is :class:`elmo_core.training.step.TrainingStep`, the very step a Ray
-Train worker runs (LSTM states carried between windows, the softmax's rows sparse), next to the
-straightforward implementation of ``bench_bilm.py`` with a dense optimiser step. Model FLOPs are
-counted from the config (DESIGN.md §4: ≈0.8 GFLOP per position for ``original``), as if the char
-CNN ran at every position, so the per-type saving shows up as utilisation; the peak is a bf16
-matmul rate measured on the same machine.
+Train worker runs (LSTM states carried between windows, candidates drawn ahead as its loader
+processes draw them, the softmax's rows sparse), next to the straightforward implementation of
+``bench_bilm.py`` with a dense optimiser step. Model FLOPs are counted from the config (DESIGN.md
+§4: ≈0.8 GFLOP per position for ``original``), as if the char CNN ran at every position, so the
+per-type saving shows up as utilisation; the peak is a bf16 matmul rate measured on the same
+machine.
 
     python benchmarks/gpu_bilm.py                # original, 128 × 20, on CUDA
     python benchmarks/gpu_bilm.py --smoke        # tiny sizes, any device (tested in CI)
@@ -32,9 +33,11 @@ from bench_bilm import StraightforwardBiLM  # noqa: E402
 
 from elmo_core.config import ModelConfig, TrainConfig  # noqa: E402
 from elmo_core.model.bilm import BiLM  # noqa: E402
-from elmo_core.model.softmax import LogUniformSampler  # noqa: E402
+from elmo_core.model.softmax import LogUniformSampler, SampledCandidates  # noqa: E402
 from elmo_core.presets import model_preset  # noqa: E402
 from elmo_core.training.step import TrainingStep  # noqa: E402
+
+CANDIDATE_SETS = 16  # distinct sets the timed steps cycle through
 
 
 def training_flops_per_position(config: ModelConfig) -> float:
@@ -119,12 +122,23 @@ def straightforward_step(
 
 
 def worker_step(step: TrainingStep, windows: dict[str, torch.Tensor]) -> Callable[[], None]:
-    """``step`` on ``windows`` as a worker calls it, each state carried into the next call."""
-    state = None
+    """``step`` on ``windows`` as a worker calls it: each state carried into the next call, the
+    candidate sets drawn ahead (a worker's loader processes draw them; here, before the timing)."""
+    softmax = step.bilm.softmax
+    assert softmax is not None
+    pinned = windows["forward_targets"].device.type == "cuda"
+    generator = torch.Generator().manual_seed(0)
+    drawn = []
+    for _ in range(CANDIDATE_SETS):
+        ids, num_tries = softmax.sampler.sample_unique(softmax.num_samples, generator)
+        drawn.append(SampledCandidates(ids.pin_memory() if pinned else ids, num_tries))
+    state, calls = None, 0
 
     def run() -> None:
-        nonlocal state
-        state = step(**windows, state=state).state
+        nonlocal state, calls
+        candidates = (drawn[calls % CANDIDATE_SETS], drawn[(calls + 1) % CANDIDATE_SETS])
+        state = step(**windows, state=state, candidates=candidates).state
+        calls += 2
 
     return run
 

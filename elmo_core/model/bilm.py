@@ -31,7 +31,7 @@ from elmo_core.errors import ConfigError
 from elmo_core.model.char_cnn import CharCNN
 from elmo_core.model.lstm import LSTMState, ProjectedLSTM
 from elmo_core.model.lstm_cudnn import CudnnProjectedLSTM
-from elmo_core.model.softmax import SampledSoftmax
+from elmo_core.model.softmax import SampledCandidates, SampledSoftmax
 from elmo_core.text.char_ids import BOS_IDS, EOS_IDS
 
 BiLMState = tuple[LSTMState, LSTMState]  # (forward stack, backward stack)
@@ -149,21 +149,25 @@ class BiLM(nn.Module):
         backward_inputs: torch.Tensor,
         backward_targets: torch.Tensor,
         state: BiLMState | None = None,
+        candidates: tuple[SampledCandidates, SampledCandidates] | None = None,
     ) -> tuple[LossOutput, BiLMState]:
         """Language-model loss on two independent streams of windows (bilm-tf ``total_loss``).
 
         Arguments as ``score_window``. The softmax is sampled in train mode and exact in eval
-        mode. The returned state is attached to the graph; the caller detaches it between windows
+        mode; ``candidates`` (forward, backward) are sets drawn ahead, else the softmax draws
+        them. The returned state is attached to the graph; the caller detaches it between windows
         (truncated BPTT).
         """
         if self.softmax is None:
             raise ConfigError("a BiLM built without vocab_size has no softmax", key="vocab_size")
+        drawn = iter(candidates if candidates is not None else (None, None))
         (forward_loss, num_tokens), (backward_loss, _), state = self.score_window(
             forward_inputs,
             forward_targets,
             backward_inputs,
             backward_targets,
-            self._mean_loss,
+            # score_window scores the forward direction, then the backward one
+            lambda output, targets: self._mean_loss(output, targets, next(drawn)),
             state,
         )
         return LossOutput(forward_loss, backward_loss, num_tokens), state
@@ -200,14 +204,17 @@ class BiLM(nn.Module):
         return scores[0], scores[1], (new_states[0], new_states[1])
 
     def _mean_loss(
-        self, output: DirectionOutput, targets: torch.Tensor
+        self,
+        output: DirectionOutput,
+        targets: torch.Tensor,
+        drawn: SampledCandidates | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean softmax loss over the scored positions, and their number."""
         assert self.softmax is not None
         top = output.top
         scored = output.scored(targets)  # (B, T)
         losses = self.softmax(
-            top.reshape(-1, top.shape[-1]), targets.clamp(min=0).reshape(-1)
+            top.reshape(-1, top.shape[-1]), targets.clamp(min=0).reshape(-1), drawn=drawn
         )  # (B·T,): unscored positions are computed (no host sync) and weighted out
         num_scored = scored.sum()
         mean = (losses * scored.reshape(-1)).sum() / num_scored.clamp(min=1)

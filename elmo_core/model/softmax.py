@@ -11,6 +11,7 @@ Shapes: N positions (rows × window, flattened), P projection, V vocabulary, K s
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -48,7 +49,7 @@ class LogUniformSampler:
 
     def sample_unique(
         self, num_samples: int, generator: torch.Generator | None = None
-    ) -> tuple[torch.Tensor, int]:
+    ) -> SampledCandidates:
         """``num_samples`` distinct ids and the number of draws it took (TF ``unique=True``).
 
         Draws with replacement until ``num_samples`` distinct ids have appeared; the candidates
@@ -70,7 +71,7 @@ class LogUniformSampler:
             if int(num_distinct[-1]) >= num_samples:
                 num_tries = int(torch.searchsorted(num_distinct, num_samples)) + 1
                 candidates = draws[:num_tries][is_new[:num_tries]]  # (K,)
-                return candidates, num_tries
+                return SampledCandidates(candidates, num_tries)
             batch *= 2
 
     def expected_count(self, ids: torch.Tensor, num_tries: int) -> torch.Tensor:
@@ -93,11 +94,19 @@ def _first_occurrences(values: torch.Tensor) -> torch.Tensor:
     return first[inverse] == positions
 
 
+class SampledCandidates(NamedTuple):
+    """One training call's candidate set, drawn by :meth:`LogUniformSampler.sample_unique`."""
+
+    ids: torch.Tensor  # (K,) int64, distinct
+    num_tries: int  # draws it took, for the expected counts
+
+
 class SampledSoftmax(nn.Module):
     """The biLM's softmax: sampled loss when training, exact negative log likelihood otherwise.
 
     ``weight (V, P)`` starts as ``N(0, 1/√P)`` and ``bias (V)`` at zero, as in bilm-tf. The BiLM
-    calls it once per direction; each training call draws its own candidate set. Only the rows of
+    calls it once per direction; each training call draws its own candidate set, or takes one drawn
+    ahead (off the step's critical path, by the training data loader). Only the rows of
     ``weight`` for the candidates and the targets are gathered (``F.embedding``), so its gradient
     is row-sparse; ``sparse=True`` returns it as a sparse tensor.
     """
@@ -130,12 +139,14 @@ class SampledSoftmax(nn.Module):
         hidden: torch.Tensor,
         targets: torch.Tensor,
         generator: torch.Generator | None = None,
+        drawn: SampledCandidates | None = None,
     ) -> torch.Tensor:
         """Per-position loss (N,): sampled softmax in training mode, exact NLL in eval mode."""
         if not self.training:
             return self.nll(hidden, targets)
-        candidates, num_tries = self.sampler.sample_unique(self.num_samples, generator)
-        candidates = candidates.to(targets.device)
+        if drawn is None:
+            drawn = self.sampler.sample_unique(self.num_samples, generator)
+        candidates, num_tries = drawn.ids.to(targets.device, non_blocking=True), drawn.num_tries
         return self.sampled_loss(
             hidden,
             targets,

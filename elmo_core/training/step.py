@@ -17,6 +17,7 @@ from torch import nn
 from elmo_core.config import TrainConfig
 from elmo_core.errors import ConfigError
 from elmo_core.model.bilm import BiLM, BiLMState, LossOutput
+from elmo_core.model.softmax import SampledCandidates
 from elmo_core.training.gradient_exchange import (
     SOFTMAX_PARAMETERS,
     ExchangeMode,
@@ -41,9 +42,10 @@ class LossModule(nn.Module):
         backward_inputs: torch.Tensor,
         backward_targets: torch.Tensor,
         state: BiLMState | None,
+        candidates: tuple[SampledCandidates, SampledCandidates] | None = None,
     ) -> tuple[LossOutput, BiLMState]:
         return self.bilm.training_loss(
-            forward_inputs, forward_targets, backward_inputs, backward_targets, state
+            forward_inputs, forward_targets, backward_inputs, backward_targets, state, candidates
         )
 
 
@@ -99,12 +101,19 @@ class TrainingStep:
         backward_inputs: torch.Tensor,
         backward_targets: torch.Tensor,
         state: BiLMState | None,
+        candidates: tuple[SampledCandidates, SampledCandidates] | None = None,
     ) -> StepResult:
+        """The step; ``candidates`` (forward, backward) drawn ahead, else the softmax draws."""
         device = forward_targets.device
         autocast = device.type == "cuda" and self.train.bf16
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
             output, new_state = self.module(
-                forward_inputs, forward_targets, backward_inputs, backward_targets, state=state
+                forward_inputs,
+                forward_targets,
+                backward_inputs,
+                backward_targets,
+                state=state,
+                candidates=candidates,
             )
         (output.loss * self.train.unroll_steps).backward()  # bilm-tf scales by the unroll
         softmax = self.bilm.softmax

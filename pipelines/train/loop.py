@@ -36,7 +36,13 @@ from elmo_core.data.reader import load_manifest, load_word_types
 from elmo_core.model.bilm import BiLMState, LossOutput
 from elmo_core.model.serialization import load_bilm
 from elmo_core.perplexity import PerplexitySums, evaluate_perplexity
-from elmo_core.training.batches import StepBatch, StepBatches, StreamPosition, StreamSpec
+from elmo_core.training.batches import (
+    CandidateSpec,
+    StepBatch,
+    StepBatches,
+    StreamPosition,
+    StreamSpec,
+)
 from elmo_core.training.step import TrainingStep
 from pipelines.models.bilm_loader import BiLMReference
 from pipelines.train.checkpoint_store import CheckpointStore, StoredCheckpoint
@@ -126,6 +132,7 @@ class Worker:
                 world_size=self.world_size,
                 reverse=reverse,
                 seed=seed,
+                candidates=CandidateSpec(self.manifest.vocab.size, self.cfg.job.model.num_samples),
             )
             for reverse, seed in zip((False, True), seeds, strict=True)
         )
@@ -208,7 +215,9 @@ class Worker:
 
     def step(self, batch: StepBatch) -> tuple[LossOutput, float]:
         """One optimiser step on the next window of both streams."""
-        result = self.training_step(*batch.to(self.device), state=self.lstm_state)
+        result = self.training_step(
+            *batch.to(self.device), state=self.lstm_state, candidates=batch.candidates()
+        )
         self.lstm_state = result.state
         self.positions = (batch.forward.position, batch.backward.position)
         return result.output, result.grad_norm

@@ -142,7 +142,8 @@ def test_two_workers_survive_a_killed_worker_and_record_the_run(
 def test_a_dataset_with_fewer_row_groups_than_workers_trains_on_two(
     ray_session, store, tmp_path
 ) -> None:
-    """One row group per split and two workers: sentences are dealt, so both ranks train."""
+    """One row group per split and two workers: sentences are dealt, so both ranks train. Each
+    worker's batches come from two loader processes, as on a GPU (processes a Ray actor forks)."""
     rng = random.Random(1)
     (tmp_path / "train.txt").write_text("\n".join(_sentences(rng, 60)) + "\n")
     (tmp_path / "heldout.txt").write_text("\n".join(_sentences(rng, 8)) + "\n")
@@ -161,6 +162,7 @@ def test_a_dataset_with_fewer_row_groups_than_workers_trains_on_two(
             "train.max_steps=4",
             "train.validate_every=4",
             "run.num_workers=2",
+            "run.data_workers=2",
             f"run.storage_path={tmp_path / 'runs'}",
         ],
     )

@@ -138,6 +138,16 @@ def test_training_forward_draws_candidates_and_is_reproducible_with_a_generator(
     assert not torch.equal(first, other)
 
 
+def test_candidates_drawn_ahead_give_the_loss_of_drawing_them_in_the_call():
+    softmax = _softmax(num_classes=200, dim=6, num_samples=20).train()
+    hidden, targets = torch.randn(9, 6), torch.randint(0, 200, (9,))
+    drawn = softmax.sampler.sample_unique(20, torch.Generator().manual_seed(5))
+    torch.testing.assert_close(
+        softmax(hidden, targets, drawn=drawn),
+        softmax(hidden, targets, torch.Generator().manual_seed(5)),
+    )
+
+
 def test_gradient_lands_only_on_candidate_and_target_rows():
     softmax = _softmax(num_classes=300, dim=4, num_samples=15).train()
     generator = torch.Generator().manual_seed(7)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ import torch
 from elmo_core.data.batching import window_char_ids
 from elmo_core.data.reader import load_manifest, load_word_types
 from elmo_core.errors import DataError
-from elmo_core.training.batches import StepBatches, StreamSpec
+from elmo_core.training.batches import CandidateSpec, StepBatches, StreamSpec
 
 ROWS, UNROLL, STEPS = 3, 4, 12
 SENTENCES = [f"sentence {i} has {'some ' * (i % 5)}words" for i in range(40)]
@@ -81,6 +82,33 @@ def test_continuing_from_a_consumed_batch_reads_what_came_next(dataset) -> None:
     for ours, expected in zip(got, _expected(dataset)[5:], strict=True):
         for a, b in zip(ours, expected, strict=True):
             np.testing.assert_array_equal(a, b)
+
+
+def test_candidates_come_with_each_window_and_resume_with_its_stream(dataset) -> None:
+    draw = CandidateSpec(vocab_size=load_manifest(dataset).vocab.size, num_samples=5)
+    specs = tuple(replace(spec, candidates=draw) for spec in _specs(dataset))
+    with _batches(dataset, specs, 2) as batches:
+        straight = [next(batches) for _ in range(8)]
+    last = straight[4]
+    resumed_specs = (
+        specs[0].starting_at(last.forward.position.state_dict()),
+        specs[1].starting_at(last.backward.position.state_dict()),
+    )
+    with _batches(dataset, resumed_specs, 2) as batches:
+        resumed = [next(batches) for _ in range(3)]
+
+    def ids(batch) -> list[list[int]]:
+        return [candidates.ids.tolist() for candidates in batch.candidates()]
+
+    assert all(len(set(sets[0])) == 5 for sets in map(ids, straight))
+    assert ids(straight[0])[0] != ids(straight[0])[1]  # each direction draws its own
+    assert ids(straight[0]) != ids(straight[1])  # and a new set for each window
+    assert [ids(batch) for batch in resumed] == [ids(batch) for batch in straight[5:]]
+
+
+def test_without_a_candidate_spec_the_softmax_draws_them(dataset) -> None:
+    with _batches(dataset, _specs(dataset), 0) as batches:
+        assert next(batches).candidates() is None
 
 
 def test_iterating_leaves_the_global_torch_rng_alone(dataset) -> None:
