@@ -152,7 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--types", type=int, default=50_000, help="distinct synthetic words")
     parser.add_argument("--steps", type=int, default=10, help="timed steps after warm-up")
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--lstm-impl", default="reference", choices=["reference", "cudnn"])
+    parser.add_argument(
+        "--lstm-impl", default="reference", choices=["reference", "cudnn", "compiled"]
+    )
     parser.add_argument("--no-bf16", action="store_true")
     parser.add_argument(
         "--smoke", action="store_true", help="tiny sizes: a CPU check of the script"

@@ -85,10 +85,11 @@ class ModelConfig(StrictModel):
     lstm: LSTMConfig = Field(default_factory=LSTMConfig)
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
     num_samples: int = Field(8192, gt=0, description="sampled-softmax candidates per step")
-    lstm_impl: Literal["auto", "reference", "cudnn"] = Field(
+    lstm_impl: Literal["auto", "reference", "cudnn", "compiled"] = Field(
         "auto",
         description="LSTM kernel: 'cudnn' (fused nn.LSTM) needs both clips null; 'auto' takes it "
-        "then, else 'reference'; the parameters are the same either way",
+        "then, else 'reference'; 'compiled' is the reference loop under torch.compile (clips "
+        "kept, for GPUs); the parameters are the same either way",
     )
 
 

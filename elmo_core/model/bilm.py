@@ -30,6 +30,7 @@ from elmo_core.config import ModelConfig
 from elmo_core.errors import ConfigError
 from elmo_core.model.char_cnn import CharCNN
 from elmo_core.model.lstm import LSTMState, ProjectedLSTM
+from elmo_core.model.lstm_compiled import CompiledProjectedLSTM
 from elmo_core.model.lstm_cudnn import CudnnProjectedLSTM
 from elmo_core.model.softmax import SampledCandidates, SampledSoftmax
 from elmo_core.text.char_ids import BOS_IDS, EOS_IDS
@@ -271,6 +272,8 @@ class BiLM(nn.Module):
 def _build_lstm(config: ModelConfig, input_dim: int) -> ProjectedLSTM:
     """One direction's stack in the implementation ``config.lstm_impl`` names (same parameters)."""
     unclipped = config.lstm.cell_clip is None and config.lstm.proj_clip is None
+    if config.lstm_impl == "compiled":
+        return CompiledProjectedLSTM(config.lstm, input_dim, config.dropout)
     if config.lstm_impl == "cudnn" or (config.lstm_impl == "auto" and unclipped):
         return CudnnProjectedLSTM(config.lstm, input_dim, config.dropout)
     return ProjectedLSTM(config.lstm, input_dim, config.dropout)

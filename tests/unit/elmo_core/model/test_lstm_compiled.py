@@ -1,0 +1,54 @@
+"""The compiled LSTM stack (torch.compile; Inductor's CPU backend here) equals the reference."""
+
+import torch
+
+from elmo_core.config import LSTMConfig
+from elmo_core.model.bilm import BiLM
+from elmo_core.model.lstm import LSTMState, ProjectedLSTM
+from elmo_core.model.lstm_compiled import CompiledProjectedLSTM
+from elmo_core.presets import tiny
+
+B, T, P, H = 4, 3, 6, 8  # layer 0's input is P wide too: every layer shares one compiled graph
+CLIPPED = LSTMConfig(cell_dim=H, projection_dim=P, num_layers=2, cell_clip=0.5, proj_clip=0.4)
+
+
+def _run(stack, inputs, mask, state):
+    torch.manual_seed(3)  # the same dropout masks for both stacks
+    outputs, new_state = stack(inputs, mask, state)
+    loss = sum((output * (k + 1)).sum() for k, output in enumerate(outputs))
+    loss = loss + new_state.h.sum() + 2 * new_state.c.sum()
+    return outputs, new_state, torch.autograd.grad(loss, [inputs, *stack.parameters()])
+
+
+def test_outputs_states_and_gradients_equal_the_reference_with_clips_that_bite():
+    torch.manual_seed(0)
+    reference = ProjectedLSTM(CLIPPED, P, dropout=0.2)
+    with torch.no_grad():
+        for parameter in reference.parameters():
+            parameter.add_(0.5 * torch.randn_like(parameter))
+    compiled = CompiledProjectedLSTM(CLIPPED, P, dropout=0.2)
+    compiled.load_state_dict(reference.state_dict())  # the same parameters, key for key
+    generator = torch.Generator().manual_seed(1)
+    inputs = torch.randn(B, T, P, generator=generator).requires_grad_()
+    state = LSTMState(
+        torch.randn(2, B, P, generator=generator), torch.randn(2, B, H, generator=generator)
+    )
+    mask = torch.arange(T) < torch.tensor([T, 2, 0, 1]).unsqueeze(1)  # padded and empty rows
+
+    (outputs, new_state, grads) = _run(compiled, inputs, mask, state)
+    (ref_outputs, ref_state, ref_grads) = _run(reference, inputs, mask, state)
+
+    assert (ref_state.c.abs() == CLIPPED.cell_clip).any()  # the clips are exercised
+    for output, ref_output in zip(outputs, ref_outputs, strict=True):
+        torch.testing.assert_close(output, ref_output, rtol=0, atol=1e-5)
+    torch.testing.assert_close(new_state.h, ref_state.h, rtol=0, atol=1e-5)
+    torch.testing.assert_close(new_state.c, ref_state.c, rtol=0, atol=1e-5)
+    for grad, ref_grad in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(grad, ref_grad, rtol=0, atol=1e-5)
+
+
+def test_the_config_selects_it_with_the_reference_parameters():
+    config = tiny().model_copy(update={"lstm_impl": "compiled"})
+    model = BiLM(config, vocab_size=100)
+    assert isinstance(model.forward_lstm, CompiledProjectedLSTM)
+    assert model.state_dict().keys() == BiLM(tiny(), vocab_size=100).state_dict().keys()
