@@ -17,7 +17,6 @@ Shapes: V vocabulary, P projection, R rows touched on one worker, M the most row
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from typing import Literal
 
@@ -124,29 +123,30 @@ def _sparse_rows(ids: torch.Tensor, values: torch.Tensor, size: tuple[int, ...])
     )
 
 
-def clip_global_norm(parameters: Iterable[nn.Parameter], max_norm: float) -> float:
+def clip_global_norm(parameters: Iterable[nn.Parameter], max_norm: float) -> torch.Tensor:
     """Scale all gradients by ``max_norm / max(norm, max_norm)`` (TF ``clip_by_global_norm``).
 
     The norm is over every gradient, sparse ones by their (coalesced) stored rows; returns the norm
-    before clipping. Run it after the exchange, so every worker clips the same averaged gradient.
+    before clipping, as a 0-dim tensor on the gradients' device: nothing waits for the GPU here
+    (the scale is always applied; it is exactly 1 when the norm is within ``max_norm``). Run it
+    after the exchange, so every worker clips the same averaged gradient.
     """
     grads = [p for p in parameters if p.grad is not None]
     if not grads:
-        return 0.0
+        return torch.zeros(())
     squares = [
         (g.coalesce().values() if g.is_sparse else g).detach().float().pow(2).sum()
         for g in (p.grad for p in grads)
         if g is not None
     ]
-    norm = math.sqrt(float(torch.stack(squares).sum()))  # one host sync per step
-    if norm > max_norm:
-        scale = max_norm / norm
-        for parameter in grads:
-            assert parameter.grad is not None
-            if parameter.grad.is_sparse:
-                parameter.grad = parameter.grad * scale
-            else:
-                parameter.grad.mul_(scale)
+    norm = torch.stack(squares).sum().sqrt()
+    scale = (max_norm / norm).clamp(max=1.0)  # a zero norm gives inf, clamped to 1
+    for parameter in grads:
+        assert parameter.grad is not None
+        if parameter.grad.is_sparse:
+            parameter.grad = parameter.grad * scale.to(parameter.grad.dtype)
+        else:
+            parameter.grad.mul_(scale.to(parameter.grad.dtype))
     return norm
 
 

@@ -53,7 +53,7 @@ class LossModule(nn.Module):
 class StepResult:
     output: LossOutput
     state: BiLMState  # detached: the next window starts from it (truncated BPTT)
-    grad_norm: float  # before clipping
+    grad_norm: torch.Tensor  # 0-dim, before clipping; reading it waits for the step
 
 
 class TrainingStep:

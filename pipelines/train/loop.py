@@ -213,7 +213,7 @@ class Worker:
             pin_memory=self.device.type == "cuda",
         )
 
-    def step(self, batch: StepBatch) -> tuple[LossOutput, float]:
+    def step(self, batch: StepBatch) -> tuple[LossOutput, torch.Tensor]:
         """One optimiser step on the next window of both streams."""
         result = self.training_step(
             *batch.to(self.device), state=self.lstm_state, candidates=batch.candidates()

@@ -70,8 +70,9 @@ class Progress:
             yield
 
     def after_step(
-        self, step: int, output: LossOutput, grad_norm: float, lr: float, world_size: int
+        self, step: int, output: LossOutput, grad_norm: torch.Tensor, lr: float, world_size: int
     ) -> None:
+        """Accumulate on the device; only a logged step reads values back (waits for the GPU)."""
         if not self.active:
             return
         parts = (output.loss, output.forward, output.backward, output.num_tokens)
@@ -88,7 +89,7 @@ class Progress:
             "train/sampled_loss_backward": backward / num_steps,
             "tokens_per_s": tokens_per_s,
             "lr": lr,
-            "grad_norm": grad_norm,
+            "grad_norm": float(grad_norm),
         }
         mlflow.log_metrics(metrics, step=step)
         self.shared.curves.setdefault("train/sampled_loss", []).append((step, loss / num_steps))
@@ -96,7 +97,7 @@ class Progress:
         eta = (self.total - step) / rate if rate > 0 else math.inf
         print(
             f"[train] step {step}/{self.total}  sampled loss {loss / num_steps:.3f}  "
-            f"{tokens_per_s:,.0f} tokens/s  grad norm {grad_norm:.2f}  ETA {_duration(eta)}",
+            f"{tokens_per_s:,.0f} tokens/s  grad norm {float(grad_norm):.2f}  ETA {_duration(eta)}",
             flush=True,
         )
         self._reset_window()

@@ -148,8 +148,8 @@ def test_exchange_is_the_identity_without_a_process_group() -> None:
 def test_global_norm_clip_counts_sparse_rows_like_their_dense_form(max_norm: float) -> None:
     sparse = _softmax_with_grads(0, sparse=True)
     dense = _softmax_with_grads(0, sparse=False)
-    sparse_norm = clip_global_norm(sparse.parameters(), max_norm)
-    dense_norm = clip_global_norm(dense.parameters(), max_norm)
+    sparse_norm = float(clip_global_norm(sparse.parameters(), max_norm))
+    dense_norm = float(clip_global_norm(dense.parameters(), max_norm))
     assert sparse_norm == pytest.approx(dense_norm, rel=1e-6)
     assert sparse.weight.grad is not None and dense.weight.grad is not None
     torch.testing.assert_close(sparse.weight.grad.to_dense(), dense.weight.grad)
