@@ -98,16 +98,17 @@ def _expected(fixtures: Path) -> list[list[np.ndarray]]:
     return expected
 
 
-def _max_difference(bilm: BiLM, fixtures: Path) -> list[float]:
+def _max_difference(bilm: BiLM, fixtures: Path, device: str = "cpu") -> list[float]:
     """Run the 10 batches in order; per batch, the largest |ours − TF| over its real tokens."""
     sentences = json.loads((fixtures / "sentences.json").read_text())
     expected = _expected(fixtures)
+    bilm.to(device)
     differences = []
     for i in range(10):
         batch = [sentences[k][i].split() for k in range(3)]
         with torch.no_grad():
-            output = bilm(batch_to_ids(batch))
-        top, mask = output.activations[-1], output.mask  # (3, T+2, 2P), (3, T+2)
+            output = bilm(batch_to_ids(batch).to(device))
+        top, mask = output.activations[-1].cpu(), output.mask.cpu()  # (3, T+2, 2P), (3, T+2)
         worst = 0.0
         for k, tokens in enumerate(batch):
             assert int(mask[k].sum()) == len(tokens) + 2
@@ -137,3 +138,26 @@ def test_the_dump_depends_on_the_carried_state(fixtures):
     differences = _max_difference(bilm, fixtures)
     assert differences[0] < TOLERANCE
     assert min(differences[1:]) > 100 * TOLERANCE, differences
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_in_float32_the_outputs_match_tensorflow(fixtures, monkeypatch):
+    """fp32 on the GPU: TF32 off (cuDNN's convolutions would take it by default)."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    bilm = load_bilm(fixtures / "options.json", fixtures / "lm_weights.hdf5", stateful=True)
+    assert max(_max_difference(bilm, fixtures, "cuda")) < TOLERANCE
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_in_float32_every_layer_equals_the_cpu(fixtures, monkeypatch):
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    sentences = json.loads((fixtures / "sentences.json").read_text())
+    ids = batch_to_ids([sentence.split() for sentence in sentences[0]])
+    bilm = load_bilm(fixtures / "options.json", fixtures / "lm_weights.hdf5")
+    with torch.no_grad():
+        on_cpu = bilm(ids).activations
+        on_cuda = bilm.to("cuda")(ids.to("cuda")).activations
+    for cpu_layer, cuda_layer in zip(on_cpu, on_cuda, strict=True):
+        torch.testing.assert_close(cuda_layer.cpu(), cpu_layer, rtol=0, atol=TOLERANCE)
