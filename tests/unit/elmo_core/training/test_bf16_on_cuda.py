@@ -1,0 +1,82 @@
+"""bf16 autocast training on CUDA follows fp32's loss curve (issue 13); skipped without a GPU.
+
+300 steps of ``small`` on real English (the bundled ``python-docs`` corpus, prepared by the real
+prepare stage), batches and candidates from the training data loader, the step a worker runs:
+the bf16 run's mean loss over every 10 steps stays within 2% of the fp32 run's, nothing is NaN or
+infinite, and what must stay float32 does (Adagrad's accumulators, the softmax's parameters).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from elmo_core.config import PrepareConfig, TrainConfig
+from elmo_core.data.reader import load_manifest, load_word_types
+from elmo_core.model.bilm import BiLM
+from elmo_core.presets import small
+from elmo_core.training.batches import CandidateSpec, StepBatches, StreamSpec
+from elmo_core.training.step import TrainingStep
+from pipelines.prepare.corpus_sources import SAMPLE_CORPUS, locate_corpus
+from pipelines.prepare.stage import prepare_files
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+STEPS, LOG_EVERY, ROWS, UNROLL = 300, 10, 128, 20
+TOLERANCE = 0.02
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> str:
+    root = tmp_path_factory.mktemp("python-docs")
+    corpus = locate_corpus(SAMPLE_CORPUS, "text", root / "cache")
+    out = root / "dataset"
+    prepare_files(PrepareConfig(format="text"), corpus, str(out))
+    return str(out)
+
+
+def loss_curve(dataset: str, device: torch.device, bf16: bool, steps: int = STEPS):
+    """Mean sampled loss of every ``LOG_EVERY`` steps, and the trained step (model, optimiser)."""
+    manifest = load_manifest(dataset)
+    table = load_word_types(dataset, manifest).char_ids
+    config = small()
+    draw = CandidateSpec(manifest.vocab.size, config.num_samples)
+    specs = (
+        StreamSpec(dataset, ROWS, UNROLL, 0, 1, reverse=False, seed=1, candidates=draw),
+        StreamSpec(dataset, ROWS, UNROLL, 0, 1, reverse=True, seed=2, candidates=draw),
+    )
+    torch.manual_seed(0)  # the same weights and dropout masks in both runs
+    bilm = BiLM(config, manifest.vocab.size).to(device).train()
+    step = TrainingStep.build(bilm, TrainConfig(batch_size=ROWS, unroll_steps=UNROLL, bf16=bf16))
+    pinned = device.type == "cuda"
+    curve, window, state = [], [], None
+    with StepBatches(specs, manifest, table, workers=0, pin_memory=pinned) as batches:
+        for _ in range(steps):
+            batch = next(batches)
+            result = step(*batch.to(device), state=state, candidates=batch.candidates())
+            state = result.state
+            window.append(result.output.loss.detach().float())
+            if len(window) == LOG_EVERY:
+                curve.append(float(torch.stack(window).mean()))
+                window = []
+    return curve, step
+
+
+def test_bf16_follows_the_fp32_loss_curve_and_keeps_fp32_where_it_must(dataset, monkeypatch):
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    device = torch.device("cuda")
+    fp32, _ = loss_curve(dataset, device, bf16=False)
+    bf16, step = loss_curve(dataset, device, bf16=True)
+
+    assert all(math.isfinite(loss) for loss in fp32 + bf16)
+    assert fp32[-1] < fp32[0]  # it trained
+    gaps = [abs(low - full) / full for low, full in zip(bf16, fp32, strict=True)]
+    assert max(gaps) <= TOLERANCE, [round(gap, 4) for gap in gaps]
+    softmax = step.bilm.softmax
+    assert softmax is not None and softmax.weight.dtype == softmax.bias.dtype == torch.float32
+    accumulators = [state["sum"] for state in step.optimizer.state.values()]
+    assert accumulators and all(a.dtype == torch.float32 for a in accumulators)
+    assert all(torch.isfinite(a).all() for a in accumulators)
