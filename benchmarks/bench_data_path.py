@@ -1,8 +1,10 @@
 """The training data path alone: positions/s the batches reach a GPU step at, by loader processes.
 
     python benchmarks/bench_data_path.py [--data-root ../shared/data] [--steps 400]
+    python benchmarks/bench_data_path.py --corpus python-docs     # no data needed (a GPU machine)
 
-Reads PTB (prepared as 1B-Word shards) with the GPU recipe's shape, 128 rows × 20 steps, through
+Reads PTB (prepared as 1B-Word shards; or the bundled ``python-docs`` corpus) with the GPU recipe's
+shape, 128 rows × 20 steps, through
 :class:`elmo_core.training.batches.StepBatches` exactly as a worker does (both streams, char ids,
 stream positions, pinned memory when CUDA is there) and times ``--steps`` batches after the loader
 has started. The baseline is the same work in the training loop itself (0 loader processes); the
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -28,8 +31,11 @@ from pathlib import Path
 
 import torch
 
+from elmo_core.config import PrepareConfig
 from elmo_core.data.reader import load_manifest, load_word_types
 from elmo_core.training.batches import StepBatches, StreamSpec
+from pipelines.prepare.corpus_sources import SAMPLE_CORPUS, locate_corpus
+from pipelines.prepare.stage import prepare_files
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -60,6 +66,7 @@ def measure(dataset: str, rows: int, unroll: int, workers: int, steps: int) -> t
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--corpus", choices=["ptb", "python-docs"], default="ptb")
     parser.add_argument("--data-root", type=Path, default=REPO.parent / "shared" / "data")
     parser.add_argument("--rows", type=int, default=128)
     parser.add_argument("--unroll", type=int, default=20)
@@ -67,11 +74,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
     ptb = args.data_root / "ptb"
-    if not ptb.is_dir():
+    if args.corpus == "ptb" and not ptb.is_dir():
         print(json.dumps({"benchmark": "data_path", "skipped": f"no PTB under {args.data_root}"}))
         return 0
     with tempfile.TemporaryDirectory(prefix="bench-data-path-") as scratch:
-        dataset = prepare_ptb(ptb, Path(scratch), test_sentences=100)
+        if args.corpus == "ptb":
+            dataset = prepare_ptb(ptb, Path(scratch), test_sentences=100)
+        else:
+            corpus = locate_corpus(SAMPLE_CORPUS, "text", Path(scratch) / "cache")
+            dataset = str(Path(scratch) / "dataset")
+            prepare_files(PrepareConfig(format="text"), corpus, dataset)
         runs = {
             workers: [
                 measure(dataset, args.rows, args.unroll, workers, args.steps)
@@ -81,7 +93,10 @@ def main(argv: list[str] | None = None) -> int:
         }
     rates = {workers: statistics.median(r for r, _ in results) for workers, results in runs.items()}
     cpu = {workers: statistics.median(c for _, c in results) for workers, results in runs.items()}
-    print(f"data path, {args.rows} rows × {args.unroll} steps, median of {args.repeats}")
+    print(
+        f"data path, {args.corpus}, {args.rows} rows × {args.unroll} steps, "
+        f"median of {args.repeats}, {os.cpu_count()} CPUs"
+    )
     print(
         f"{'loader processes':18} {'positions/s':>12} {'vs in-loop':>11} {'vs 2×goal':>10} "
         f"{'trainer CPU ms/step':>20}"
@@ -93,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     summary = {
         "benchmark": "data_path",
+        "corpus": args.corpus,
         "rows": args.rows,
         "unroll": args.unroll,
         **{f"positions_per_s_{workers}": round(rate) for workers, rate in rates.items()},

@@ -11,7 +11,12 @@ processes draw them, the softmax's rows sparse), next to the straightforward imp
 per-type saving shows up as utilisation; the peak is a bf16 matmul rate measured on the same
 machine.
 
+Also, by option: ``--sweep`` times ours at more rows per GPU; ``--profile`` says where a step's
+time goes (torch profiler: GEMMs, fused and plain pointwise kernels, copies, kernel launches and
+host syncs); ``--inference`` times embedding 64 sentences of real lengths with the frozen biLM.
+
     python benchmarks/gpu_bilm.py                # original, 128 × 20, on CUDA
+    python benchmarks/gpu_bilm.py --lstm-impl compiled --sweep 256,512,1024 --profile --inference
     python benchmarks/gpu_bilm.py --smoke        # tiny sizes, any device (tested in CI)
 """
 
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
 import statistics
 import sys
 import time
@@ -108,7 +114,6 @@ def straightforward_step(
     device_type = next(model.parameters()).device.type
 
     def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
         autocast = (
             torch.autocast(device_type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
         )
@@ -117,6 +122,7 @@ def straightforward_step(
         value.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
         optimizer.step()
+        optimizer.zero_grad(set_to_none=True)  # the next step, ours or not, starts clean
 
     return step
 
@@ -143,6 +149,71 @@ def worker_step(step: TrainingStep, windows: dict[str, torch.Tensor]) -> Callabl
     return run
 
 
+KERNEL_KINDS = (  # (kind, name pattern) in the order a kernel is classified
+    ("GEMM", re.compile(r"gemm|cutlass|xmma|sm\d+_|cublas|Kernel2", re.IGNORECASE)),
+    ("fused (Triton)", re.compile(r"^triton_")),
+    ("copy", re.compile(r"memcpy|memset|copy", re.IGNORECASE)),
+    ("reduction", re.compile(r"reduce|softmax|norm", re.IGNORECASE)),
+    ("pointwise", re.compile(r"elementwise|vectorized|unrolled|pointwise|index", re.IGNORECASE)),
+)
+LAUNCHES = re.compile(r"^cu(da)?LaunchKernel")
+SYNCS = re.compile(r"^cuda(Stream|Device|Event)Synchronize$")  # a host that waits for the GPU
+
+
+def where_the_time_goes(run: Callable[[], None], steps: int) -> dict[str, float]:
+    """Per step: device milliseconds by kernel kind, kernel launches and host syncs."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    run()
+    with torch.profiler.profile(activities=activities) as profile:
+        for _ in range(steps):
+            run()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    summary: dict[str, float] = {}
+    for event in profile.key_averages():
+        device_us = getattr(event, "self_device_time_total", 0.0)
+        if device_us > 0:
+            kind = next((k for k, pattern in KERNEL_KINDS if pattern.search(event.key)), "other")
+            summary[f"{kind} ms"] = summary.get(f"{kind} ms", 0.0) + device_us / 1e3 / steps
+        elif LAUNCHES.search(event.key):
+            summary["launches"] = summary.get("launches", 0.0) + event.count / steps
+        elif SYNCS.search(event.key):
+            summary["host syncs"] = summary.get("host syncs", 0.0) + event.count / steps
+    return {key: round(value, 3) for key, value in sorted(summary.items())}
+
+
+def inference_seconds(
+    model: BiLM, baseline: StraightforwardBiLM, sentences: int, device: torch.device, bf16: bool
+) -> dict[str, tuple[float, int]]:
+    """Seconds to embed ``sentences`` of real-looking lengths (3–60 tokens), and their tokens."""
+    generator = torch.Generator().manual_seed(1)
+    lengths = torch.randint(3, 61, (sentences,), generator=generator)  # (S,)
+    width = model.config.char_cnn.max_chars_per_token
+    ids = torch.randint(98, 124, (sentences, int(lengths.max()), width), generator=generator)
+    ids[:, :, 0], ids[:, :, 12:] = 259, 261  # begin-of-word, then padding chars
+    ids[:, :, 11] = 260  # end-of-word
+    ids[torch.arange(int(lengths.max())) >= lengths.unsqueeze(1)] = 0  # (S, T, W) padded
+    ids = ids.to(device)
+    model.eval()
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
+
+    def ours() -> None:
+        with torch.no_grad(), autocast:
+            model(ids)
+
+    def straightforward() -> None:
+        with torch.no_grad(), autocast:
+            baseline(ids)
+
+    tokens = int(lengths.sum())
+    timed = {"ours": ours, "straightforward": straightforward}
+    result = {name: (seconds_per_call(run, 5, 2, device), tokens) for name, run in timed.items()}
+    model.train()
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="original")
@@ -156,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
         "--lstm-impl", default="reference", choices=["reference", "cudnn", "compiled"]
     )
     parser.add_argument("--no-bf16", action="store_true")
+    parser.add_argument("--sweep", default="", help="more rows per GPU to time ours at: 256,512")
+    parser.add_argument("--profile", action="store_true", help="where ours spends a step")
+    parser.add_argument("--inference", action="store_true", help="embedding 64 sentences")
     parser.add_argument(
         "--smoke", action="store_true", help="tiny sizes: a CPU check of the script"
     )
@@ -176,12 +250,10 @@ def main(argv: list[str] | None = None) -> int:
     windows = synthetic_windows(
         args.batch, args.window, args.vocab, args.types, config.char_cnn.max_chars_per_token, device
     )
-    positions = args.batch * args.window
     recipe = TrainConfig(batch_size=args.batch, unroll_steps=args.window, bf16=bf16)
+    ours = worker_step(TrainingStep.build(model, recipe), windows)
     seconds = {
-        "ours": seconds_per_call(
-            worker_step(TrainingStep.build(model, recipe), windows), args.steps, args.warmup, device
-        ),
+        "ours": seconds_per_call(ours, args.steps, args.warmup, device),
         "straightforward": seconds_per_call(
             straightforward_step(model, lambda: baseline.training_loss(windows), bf16),
             args.steps,
@@ -192,23 +264,48 @@ def main(argv: list[str] | None = None) -> int:
     peak = matmul_flops_per_second(
         device, 256 if args.smoke else 8192, torch.bfloat16 if bf16 else torch.float32
     )
-    flops = training_flops_per_position(config) * positions
+    flops_per_position = training_flops_per_position(config)
     print(f"{device} {torch.cuda.get_device_name() if device.type == 'cuda' else ''}".strip())
     print(
-        f"preset {args.preset}, batch {args.batch} x {args.window}, vocab {args.vocab}, bf16 {bf16}"
+        f"preset {args.preset}, lstm {args.lstm_impl}, batch {args.batch} x {args.window}, "
+        f"vocab {args.vocab}, bf16 {bf16}"
     )
-    print(
-        f"matmul peak {peak / 1e12:.1f} TFLOP/s; model {flops / positions / 1e9:.3f} GFLOP/position"
-    )
-    print(f"{'implementation':16} {'s/step':>8} {'positions/s':>12} {'MFU':>7}")
-    summary: dict[str, object] = {"device": device.type, "preset": args.preset, "bf16": bf16}
-    for name, value in seconds.items():
-        utilisation = flops / value / peak
-        print(f"{name:16} {value:8.3f} {positions / value:12.0f} {utilisation:7.2%}")
-        summary[f"{name}_positions_per_s"] = round(positions / value, 1)
+    print(f"matmul peak {peak / 1e12:.1f} TFLOP/s; {flops_per_position / 1e9:.3f} GFLOP/position")
+    print(f"{'implementation':20} {'s/step':>8} {'positions/s':>12} {'MFU':>7}")
+    summary: dict[str, object] = {
+        "device": device.type,
+        "preset": args.preset,
+        "lstm_impl": args.lstm_impl,
+        "batch": args.batch,
+        "bf16": bf16,
+    }
+
+    def report(name: str, value: float, rows: int) -> None:
+        rate = rows * args.window / value
+        utilisation = flops_per_position * rate / peak
+        print(f"{name:20} {value:8.3f} {rate:12.0f} {utilisation:7.2%}")
+        summary[f"{name}_positions_per_s"] = round(rate, 1)
         summary[f"{name}_mfu"] = float(f"{utilisation:.3g}")
+
+    for name, value in seconds.items():
+        report(name, value, args.batch)
     summary["ratio"] = round(seconds["straightforward"] / seconds["ours"], 3)
     summary["matmul_tflops"] = round(peak / 1e12, 2)
+    for rows in (int(value) for value in args.sweep.split(",") if value):
+        sweep_windows = synthetic_windows(
+            rows, args.window, args.vocab, args.types, config.char_cnn.max_chars_per_token, device
+        )
+        sweep_recipe = recipe.model_copy(update={"batch_size": rows})
+        sweep_step = worker_step(TrainingStep.build(model, sweep_recipe), sweep_windows)
+        report(f"ours@{rows}", seconds_per_call(sweep_step, args.steps, args.warmup, device), rows)
+    if args.profile:
+        profile = where_the_time_goes(ours, args.steps)
+        print(f"where a step of ours goes (per step, batch {args.batch}): {profile}")
+        summary["profile"] = profile
+    if args.inference:
+        for name, (value, tokens) in inference_seconds(model, baseline, 64, device, bf16).items():
+            print(f"inference {name:14} {value:8.4f} s {tokens / value:12.0f} tokens/s")
+            summary[f"inference_{name}_tokens_per_s"] = round(tokens / value, 1)
     print(json.dumps(summary))
     return 0
 

@@ -91,7 +91,7 @@ def exchange_softmax_gradients(
     num_classes, dim = weight.shape
     if mode == "dense":
         return _exchange_dense(weight, bias)
-    local = weight.grad.coalesce() if weight.grad.is_sparse else weight.grad.to_sparse().coalesce()
+    local = weight.grad.coalesce() if weight.grad.is_sparse else weight.grad.to_sparse(1).coalesce()
     indices = local.indices()[0]  # (R,)
     bias_grad = bias.grad.to_dense() if bias.grad.is_sparse else bias.grad
     packed = torch.cat([local.values(), bias_grad[indices].unsqueeze(1)], dim=1)  # (R, P+1)

@@ -1,4 +1,5 @@
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,12 +25,25 @@ def test_counts_the_design_notes_flops_for_the_original_model(gpu_bilm):
     assert 0.80e9 < flops < 0.84e9
 
 
-def test_smoke_run_times_both_implementations_and_ends_with_json():
+def test_smoke_run_times_both_implementations_sweeps_profiles_and_ends_with_json():
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--smoke"], capture_output=True, text=True, timeout=300
+        [sys.executable, str(SCRIPT), "--smoke", "--sweep", "8", "--profile", "--inference"],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["preset"] == "tiny"
     assert summary["ours_positions_per_s"] > 0 and summary["straightforward_positions_per_s"] > 0
     assert summary["ratio"] > 0 and summary["ours_mfu"] > 0
+    assert summary["ours@8_positions_per_s"] > 0
+    assert isinstance(summary["profile"], dict)  # no CUDA kernels on a CPU: the keys vary
+    assert summary["inference_ours_tokens_per_s"] > 0
+
+
+def test_the_gpu_suite_parses_and_names_files_that_exist():
+    suite = SCRIPT.parent / "gpu_suite.sh"
+    assert subprocess.run(["bash", "-n", str(suite)], capture_output=True).returncode == 0
+    named = re.findall(r"(?:tests|benchmarks)/[\w/]+\.py", suite.read_text())
+    assert named and all((SCRIPT.parents[1] / path).is_file() for path in named), named
