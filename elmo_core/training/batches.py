@@ -104,6 +104,8 @@ class StreamPosition:
 
 
 class DirectionWindow(NamedTuple):
+    """One direction's window of a step, as the trainer receives it."""
+
     inputs: torch.Tensor  # (B, T, W) char ids
     targets: torch.Tensor  # (B, T) vocabulary ids, -1 where nothing is scored
     candidates: SampledCandidates | None  # drawn for this window, if the stream draws them
@@ -111,6 +113,8 @@ class DirectionWindow(NamedTuple):
 
 
 class StepBatch(NamedTuple):
+    """What one training step reads: a window of each stream."""
+
     forward: DirectionWindow
     backward: DirectionWindow
 
@@ -152,11 +156,13 @@ class _Reader:
     """One direction in a loader process: its stream and, if it draws them, its candidates."""
 
     def __init__(self, spec: StreamSpec, manifest: Manifest, char_table: np.ndarray) -> None:
-        self.stream, self.char_table, self.draw = spec.open(manifest), char_table, spec.candidates
+        self.stream, self.char_table = spec.open(manifest), char_table
         self.sampler: LogUniformSampler | None = None
         self.generator: torch.Generator | None = None
+        self.num_samples = 0
         if spec.candidates is not None:
             self.sampler = LogUniformSampler(spec.candidates.vocab_size)
+            self.num_samples = spec.candidates.num_samples
             self.generator = torch.Generator()
             saved = (spec.state or {}).get(CANDIDATE_RNG)
             if saved is None:  # each rank and direction draws its own
@@ -169,8 +175,8 @@ class _Reader:
         window = self.stream.next_window()
         assert window is not None  # training streams repeat forever
         candidates = None
-        if self.draw is not None and self.sampler is not None:
-            ids, num_tries = self.sampler.sample_unique(self.draw.num_samples, self.generator)
+        if self.sampler is not None:
+            ids, num_tries = self.sampler.sample_unique(self.num_samples, self.generator)
             candidates = (ids.numpy(), num_tries)
         return _Arrays(
             window_char_ids(window.inputs, self.char_table),
@@ -228,7 +234,7 @@ class StepBatches:
             num_workers=workers,
             prefetch_factor=PREFETCH_PER_WORKER if workers else None,
             # The loader draws a seed for its workers when iterated: from a generator of its own,
-            # not the global one dropout and candidate sampling draw from (a resume restores that).
+            # not the global one that dropout draws from (a resume restores that one).
             generator=torch.Generator(),
         )
         self._windows: Iterator[_Arrays | _Failed] = iter(loader)
