@@ -15,6 +15,7 @@ Shapes: B rows, T window, W chars per token.
 
 from __future__ import annotations
 
+import multiprocessing
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
@@ -29,6 +30,12 @@ from elmo_core.errors import ElmoError
 from elmo_core.model.softmax import LogUniformSampler, SampledCandidates
 
 PREFETCH_PER_WORKER = 4  # windows each loader process keeps ready
+
+# Loader processes fork from a server process that has imported this module (torch included), not
+# from a trainer that holds threads, CUDA and Ray's connections: a fork of that can fail on its way
+# out, and starting afresh each time (spawn) would import torch again for every loader.
+_LOADER_PROCESSES = multiprocessing.get_context("forkserver")
+_LOADER_PROCESSES.set_forkserver_preload([__name__])
 CANDIDATE_RNG = "candidate_rng"  # the stream state's key for its candidate generator
 
 
@@ -233,6 +240,7 @@ class StepBatches:
             collate_fn=_unchanged,
             num_workers=workers,
             prefetch_factor=PREFETCH_PER_WORKER if workers else None,
+            multiprocessing_context=_LOADER_PROCESSES if workers else None,
             # The loader draws a seed for its workers when iterated: from a generator of its own,
             # not the global one that dropout draws from (a resume restores that one).
             generator=torch.Generator(),
