@@ -183,7 +183,8 @@ def _tensors_for_arrays(value: Any) -> Any:
 
 
 def capture_rng() -> dict[str, Any]:
-    """torch, NumPy and Python RNG states (dropout and candidate sampling draw from torch's)."""
+    """torch, NumPy and Python RNG states (dropout draws from torch's; candidates travel with the
+    stream state)."""
     kind, keys, position, has_gauss, cached = np.random.get_state(legacy=True)
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),

@@ -303,7 +303,7 @@ class Worker:
 
 
 def _seed_rank(seed: int, rank: int) -> None:
-    """Dropout and candidate sampling draw differently on each rank, reproducibly."""
+    """Dropout (and anything else drawing from the global RNGs) differs by rank, reproducibly."""
     rank_seed = int(np.random.SeedSequence([seed, rank]).generate_state(1)[0])
     torch.manual_seed(rank_seed)
     np.random.seed(rank_seed)
