@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -39,6 +40,7 @@ from bench_bilm import StraightforwardBiLM  # noqa: E402
 
 from elmo_core.config import ModelConfig, TrainConfig  # noqa: E402
 from elmo_core.model.bilm import BiLM  # noqa: E402
+from elmo_core.model.char_cnn import TokenTypes, token_types  # noqa: E402
 from elmo_core.model.softmax import LogUniformSampler, SampledCandidates  # noqa: E402
 from elmo_core.presets import model_preset  # noqa: E402
 from elmo_core.training.step import TrainingStep  # noqa: E402
@@ -63,8 +65,9 @@ def training_flops_per_position(config: ModelConfig) -> float:
 
 def synthetic_windows(
     batch: int, window: int, vocab: int, num_types: int, width: int, device: torch.device
-) -> dict[str, torch.Tensor]:
-    """Both streams: Zipf word ids (targets) and the char ids of random lowercase words."""
+) -> tuple[dict[str, torch.Tensor], TokenTypes]:
+    """Both streams: Zipf word ids (targets) and the char ids of random lowercase words, and the
+    windows' distinct token types as a worker's data loader finds them."""
     generator = torch.Generator().manual_seed(0)
     lengths = torch.randint(1, 13, (num_types,), generator=generator)  # (U,)
     letters = torch.randint(98, 124, (num_types, width), generator=generator)  # 'a'.. +1 ids
@@ -73,12 +76,14 @@ def synthetic_windows(
     table[:, 0] = 259  # begin-of-word
     table[torch.arange(num_types), lengths + 1] = 260  # end-of-word
     sampler = LogUniformSampler(vocab)
-    windows = {}
+    windows, type_ids = {}, []
     for name in ("forward", "backward"):
         words = sampler.draw(batch * (window + 1), generator).view(batch, window + 1)  # (B, T+1)
+        type_ids.append((words[:, :-1] % num_types).numpy())  # (B, T)
         windows[f"{name}_inputs"] = table[words[:, :-1] % num_types].to(device)  # (B, T, W)
         windows[f"{name}_targets"] = words[:, 1:].to(device)  # (B, T)
-    return windows
+    char_ids, inverse, used = token_types(np.stack(type_ids), table.numpy())
+    return windows, TokenTypes(char_ids.to(device), inverse.to(device), used)
 
 
 def seconds_per_call(
@@ -127,9 +132,12 @@ def straightforward_step(
     return step
 
 
-def worker_step(step: TrainingStep, windows: dict[str, torch.Tensor]) -> Callable[[], None]:
+def worker_step(
+    step: TrainingStep, windows: dict[str, torch.Tensor], types: TokenTypes
+) -> Callable[[], None]:
     """``step`` on ``windows`` as a worker calls it: each state carried into the next call, the
-    candidate sets drawn ahead (a worker's loader processes draw them; here, before the timing)."""
+    candidate sets and token types found ahead (by a worker's data loader; here, before the
+    timing)."""
     softmax = step.bilm.softmax
     assert softmax is not None
     pinned = windows["forward_targets"].device.type == "cuda"
@@ -143,7 +151,7 @@ def worker_step(step: TrainingStep, windows: dict[str, torch.Tensor]) -> Callabl
     def run() -> None:
         nonlocal state, calls
         candidates = (drawn[calls % CANDIDATE_SETS], drawn[(calls + 1) % CANDIDATE_SETS])
-        state = step(**windows, state=state, candidates=candidates).state
+        state = step(**windows, state=state, candidates=candidates, types=types).state
         calls += 2
 
     return run
@@ -247,11 +255,11 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     model = BiLM(config, args.vocab).to(device).train()
     baseline = StraightforwardBiLM(model)
-    windows = synthetic_windows(
+    windows, types = synthetic_windows(
         args.batch, args.window, args.vocab, args.types, config.char_cnn.max_chars_per_token, device
     )
     recipe = TrainConfig(batch_size=args.batch, unroll_steps=args.window, bf16=bf16)
-    ours = worker_step(TrainingStep.build(model, recipe), windows)
+    ours = worker_step(TrainingStep.build(model, recipe), windows, types)
     seconds = {
         "ours": seconds_per_call(ours, args.steps, args.warmup, device),
         "straightforward": seconds_per_call(
@@ -292,11 +300,13 @@ def main(argv: list[str] | None = None) -> int:
     summary["ratio"] = round(seconds["straightforward"] / seconds["ours"], 3)
     summary["matmul_tflops"] = round(peak / 1e12, 2)
     for rows in (int(value) for value in args.sweep.split(",") if value):
-        sweep_windows = synthetic_windows(
+        sweep_windows, sweep_types = synthetic_windows(
             rows, args.window, args.vocab, args.types, config.char_cnn.max_chars_per_token, device
         )
         sweep_recipe = recipe.model_copy(update={"batch_size": rows})
-        sweep_step = worker_step(TrainingStep.build(model, sweep_recipe), sweep_windows)
+        sweep_step = worker_step(
+            TrainingStep.build(model, sweep_recipe), sweep_windows, sweep_types
+        )
         report(f"ours@{rows}", seconds_per_call(sweep_step, args.steps, args.warmup, device), rows)
     if args.profile:
         profile = where_the_time_goes(ours, args.steps)

@@ -28,7 +28,7 @@ from torch import nn
 
 from elmo_core.config import ModelConfig
 from elmo_core.errors import ConfigError
-from elmo_core.model.char_cnn import CharCNN
+from elmo_core.model.char_cnn import CharCNN, TokenTypes
 from elmo_core.model.lstm import LSTMState, ProjectedLSTM
 from elmo_core.model.lstm_compiled import CompiledProjectedLSTM
 from elmo_core.model.lstm_cudnn import CudnnProjectedLSTM
@@ -151,6 +151,7 @@ class BiLM(nn.Module):
         backward_targets: torch.Tensor,
         state: BiLMState | None = None,
         candidates: tuple[SampledCandidates, SampledCandidates] | None = None,
+        types: TokenTypes | None = None,
     ) -> tuple[LossOutput, BiLMState]:
         """Language-model loss on two independent streams of windows (bilm-tf ``total_loss``).
 
@@ -170,6 +171,7 @@ class BiLM(nn.Module):
             # score_window scores the forward direction, then the backward one
             lambda output, targets: self._mean_loss(output, targets, next(drawn)),
             state,
+            types,
         )
         return LossOutput(forward_loss, backward_loss, num_tokens), state
 
@@ -181,6 +183,7 @@ class BiLM(nn.Module):
         backward_targets: torch.Tensor,
         score: Callable[[DirectionOutput, torch.Tensor], Score],
         state: BiLMState | None = None,
+        types: TokenTypes | None = None,
     ) -> tuple[Score, Score, BiLMState]:
         """Each direction's top layer on its stream window, scored by ``score(output, targets)``.
 
@@ -188,11 +191,13 @@ class BiLM(nn.Module):
         reversed order), ``*_targets (B, T)`` vocabulary ids, negative where not scored; an
         all-zero token is padding and leaves the state untouched. The token types of both streams
         are encoded in one call; each direction is scored before the next one runs (the order of
-        the random draws of dropout and of the sampled softmax). Never uses the ``stateful`` carry.
+        the random draws of dropout and of the sampled softmax). ``types``: both streams' distinct
+        token types found ahead on the CPU (the training data loader's), else found here. Never
+        uses the ``stateful`` carry.
         """
         states = state if state is not None else (None, None)
         char_ids = torch.stack([forward_inputs, backward_inputs]).long()  # (2, B, T, W)
-        embedded = self.token_encoder.encode_types(char_ids)  # (2, B, T, P): types of both, once
+        embedded = self.token_encoder.encode_types(char_ids, types)  # (2, B, T, P): types once
         lstms = (self.forward_lstm, self.backward_lstm)
         targets = (forward_targets, backward_targets)
         scores, new_states = [], []

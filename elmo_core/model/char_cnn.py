@@ -13,7 +13,9 @@ F filters, P projection, N tokens (flattened), U unique word types.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -21,6 +23,26 @@ from elmo_core.config import ModelConfig
 from elmo_core.model.highway import Highway
 
 _ACTIVATIONS = {"relu": torch.relu, "tanh": torch.tanh}
+
+
+class TokenTypes(NamedTuple):
+    """The distinct token types of a batch, found ahead on the CPU (:func:`token_types`), so the
+    encoder neither sorts rows nor reads a width back from the device."""
+
+    char_ids: torch.Tensor  # (U, W) each distinct type's char ids once
+    inverse: torch.Tensor  # (...) int64: each position's row of ``char_ids``
+    used_width: int  # one past the last column any type uses before its tail
+
+
+def token_types(type_ids: np.ndarray, char_table: np.ndarray) -> TokenTypes:
+    """``type_ids (...)`` word-type ids (-1: no token) → their :class:`TokenTypes`."""
+    unique, positions = np.unique(type_ids, return_inverse=True)  # (U,), (N,)
+    rows = char_table[np.maximum(unique, 0)]  # (U, W)
+    rows[unique < 0] = 0  # the padding token
+    differs = np.flatnonzero((rows != rows[:, -1:]).any(axis=0))  # columns before every tail
+    used_width = int(differs[-1]) + 1 if differs.size else 0  # as _used_width, in NumPy alone
+    inverse = torch.from_numpy(positions.reshape(type_ids.shape))
+    return TokenTypes(torch.from_numpy(rows), inverse, used_width)
 
 
 class CharCNN(nn.Module):
@@ -68,22 +90,26 @@ class CharCNN(nn.Module):
     def forward(self, char_ids: torch.Tensor) -> torch.Tensor:
         leading = char_ids.shape[:-1]
         flat = char_ids.reshape(-1, char_ids.shape[-1])  # (N, W)
-        return self._encode(flat).reshape(*leading, self.output_dim)  # (..., P)
+        return self._encode(_trim_tail(flat, self.max_width)).reshape(*leading, self.output_dim)
 
-    def encode_types(self, char_ids: torch.Tensor) -> torch.Tensor:
+    def encode_types(self, char_ids: torch.Tensor, types: TokenTypes | None = None) -> torch.Tensor:
         """Same result as ``forward``, running the network once per unique token in the batch.
 
         Text repeats word types heavily (a 20×128 window holds far fewer than 2560 types), and the
         encoder depends only on the characters, so encode each distinct row once and gather.
+        ``types`` found ahead (the training data loader's) replace the search on the device.
         """
         leading = char_ids.shape[:-1]
-        flat = char_ids.reshape(-1, char_ids.shape[-1])  # (N, W)
-        types, inverse = torch.unique(flat, dim=0, return_inverse=True)  # (U, W), (N,)
-        encoded = self._encode(types)  # (U, P)
+        if types is None:
+            flat = char_ids.reshape(-1, char_ids.shape[-1])  # (N, W)
+            unique, inverse = torch.unique(flat, dim=0, return_inverse=True)  # (U, W), (N,)
+            encoded = self._encode(_trim_tail(unique, self.max_width))  # (U, P)
+        else:
+            trimmed = _trim_tail(types.char_ids.long(), self.max_width, types.used_width)  # (U, W')
+            encoded, inverse = self._encode(trimmed), types.inverse  # (U, P)
         return encoded[inverse].reshape(*leading, self.output_dim)  # (..., P)
 
     def _encode(self, char_ids: torch.Tensor) -> torch.Tensor:
-        char_ids = _trim_tail(char_ids, self.max_width)  # (N, W')
         chars = self.char_embedding(char_ids).transpose(1, 2)  # (N, E, W')
         pooled = [
             self.activation(conv(chars).amax(dim=-1))  # (N, num): max over positions, then act.
@@ -93,7 +119,9 @@ class CharCNN(nn.Module):
         return self.projection(features)  # (N, P)
 
 
-def _trim_tail(char_ids: torch.Tensor, max_width: int) -> torch.Tensor:
+def _trim_tail(
+    char_ids: torch.Tensor, max_width: int, used_width: int | None = None
+) -> torch.Tensor:
     """``char_ids (N, W)`` cut to ``(N, W')``: the same pooled features for a fraction of the work.
 
     Past its last real char a token holds one id repeated (the pad char, or 0 for a padding
@@ -103,7 +131,13 @@ def _trim_tail(char_ids: torch.Tensor, max_width: int) -> torch.Tensor:
     tail windows have equal inputs). Words are short (a handful of chars of 50), so this roughly
     halves the convolution work on real text.
     """
+    used = _used_width(char_ids) if used_width is None else used_width
+    return char_ids[:, : min(char_ids.shape[1], used + max_width)]  # (N, W')
+
+
+def _used_width(char_ids: torch.Tensor) -> int:
+    """One past the last column some token of ``char_ids (N, W)`` uses before its tail (read
+    back from the device where the ids are: :func:`token_types` finds it ahead on the CPU)."""
     differs = (char_ids != char_ids[:, -1:]).any(dim=0)  # (W,): some token not yet in its tail
     columns = torch.arange(1, char_ids.shape[1] + 1, device=char_ids.device)  # (W,)
-    length = int((differs * columns).max())  # one past the last column some token still uses
-    return char_ids[:, : min(char_ids.shape[1], length + max_width)]  # (N, W')
+    return int((differs * columns).max())

@@ -5,7 +5,9 @@ their char ids, so the windows of the coming steps are built by ``torch.utils.da
 worker processes: with two workers each direction's stream has a process of its own (the loader
 hands their windows out in turn: forward, backward, forward, ...), pinned for a non-blocking copy.
 The sampled softmax's candidates are drawn there too, one set per window from a generator of the
-stream's own (the draw loops on the CPU, ~1 ms per set at 8,192 of 793k words). Each window carries
+stream's own (the draw loops on the CPU, ~1 ms per set at 8,192 of 793k words), and each window's
+distinct token types are found there (the char CNN encodes each once; found on the GPU, the search
+would sort rows and make the host wait). Each window carries
 its stream's position after it (the generator's state included), so a checkpoint records where the
 *consumed* batches end, not how far the prefetch got: a resumed run reads exactly the windows and
 candidates a straight run would have.
@@ -27,6 +29,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from elmo_core.data.batching import TokenStream, window_char_ids
 from elmo_core.data.manifest import Manifest
 from elmo_core.errors import ElmoError
+from elmo_core.model.char_cnn import TokenTypes, token_types
 from elmo_core.model.softmax import LogUniformSampler, SampledCandidates
 
 PREFETCH_PER_WORKER = 4  # windows each loader process keeps ready
@@ -120,10 +123,11 @@ class DirectionWindow(NamedTuple):
 
 
 class StepBatch(NamedTuple):
-    """What one training step reads: a window of each stream."""
+    """What one training step reads: a window of each stream and their distinct token types."""
 
     forward: DirectionWindow
     backward: DirectionWindow
+    types: TokenTypes
 
     def to(
         self, device: torch.device
@@ -137,6 +141,14 @@ class StepBatch(NamedTuple):
             backward.targets.to(device, non_blocking=True),
         )
 
+    def types_on(self, device: torch.device) -> TokenTypes:
+        char_ids, inverse, used_width = self.types
+        return TokenTypes(
+            char_ids.to(device, non_blocking=True),
+            inverse.to(device, non_blocking=True),
+            used_width,
+        )
+
     def candidates(self) -> tuple[SampledCandidates, SampledCandidates] | None:
         """(forward, backward) candidate sets drawn ahead, or None: the softmax draws them."""
         forward, backward = self.forward.candidates, self.backward.candidates
@@ -147,6 +159,7 @@ class _Arrays(NamedTuple):
     """A window as a loader process sends it: NumPy arrays travel through its pipe at memcpy speed,
     where tensors would each be moved to a new shared-memory segment."""
 
+    types: tuple[np.ndarray, np.ndarray, int]  # the window's TokenTypes: (U, W), (B, T), width
     inputs: np.ndarray
     targets: np.ndarray
     candidates: tuple[np.ndarray, int] | None  # ids (K,), num_tries
@@ -185,7 +198,9 @@ class _Reader:
         if self.sampler is not None:
             ids, num_tries = self.sampler.sample_unique(self.num_samples, self.generator)
             candidates = (ids.numpy(), num_tries)
+        types = token_types(window.inputs, self.char_table)
         return _Arrays(
+            (types.char_ids.numpy(), types.inverse.numpy(), types.used_width),
             window_char_ids(window.inputs, self.char_table),
             window.targets,
             candidates,
@@ -252,21 +267,34 @@ class StepBatches:
         return self
 
     def __next__(self) -> StepBatch:
-        return StepBatch(self._next_window(), self._next_window())
+        forward, backward = self._next_arrays(), self._next_arrays()
+        (forward_rows, forward_inverse, forward_used) = forward.types
+        (backward_rows, backward_inverse, backward_used) = backward.types
+        types = TokenTypes(  # both windows' types, the backward rows after the forward ones
+            self._tensor(np.concatenate([forward_rows, backward_rows])),  # (U_f + U_b, W)
+            self._tensor(np.stack([forward_inverse, backward_inverse + len(forward_rows)])),
+            max(forward_used, backward_used),
+        )
+        return StepBatch(self._window(forward), self._window(backward), types)
 
-    def _next_window(self) -> DirectionWindow:
-        window = next(self._windows)
-        if isinstance(window, _Failed):
-            raise window.error
-        inputs, targets = self._tensor(window.inputs), self._tensor(window.targets)
+    def _next_arrays(self) -> _Arrays:
+        arrays = next(self._windows)
+        if isinstance(arrays, _Failed):
+            raise arrays.error
+        return arrays
+
+    def _window(self, arrays: _Arrays) -> DirectionWindow:
+        inputs, targets = self._tensor(arrays.inputs), self._tensor(arrays.targets)
         candidates = None
-        if window.candidates is not None:
-            ids, num_tries = window.candidates
+        if arrays.candidates is not None:
+            ids, num_tries = arrays.candidates
             candidates = SampledCandidates(self._tensor(ids), num_tries)
-        return DirectionWindow(inputs, targets, candidates, window.position)
+        return DirectionWindow(inputs, targets, candidates, arrays.position)
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
-        tensor = torch.from_numpy(array)
+        return self._pinned(torch.from_numpy(array))
+
+    def _pinned(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.pin_memory() if self._pin_memory else tensor
 
     def close(self) -> None:

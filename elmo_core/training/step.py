@@ -17,6 +17,7 @@ from torch import nn
 from elmo_core.config import TrainConfig
 from elmo_core.errors import ConfigError
 from elmo_core.model.bilm import BiLM, BiLMState, LossOutput
+from elmo_core.model.char_cnn import TokenTypes
 from elmo_core.model.softmax import SampledCandidates
 from elmo_core.training.gradient_exchange import (
     SOFTMAX_PARAMETERS,
@@ -43,9 +44,16 @@ class LossModule(nn.Module):
         backward_targets: torch.Tensor,
         state: BiLMState | None,
         candidates: tuple[SampledCandidates, SampledCandidates] | None = None,
+        types: TokenTypes | None = None,
     ) -> tuple[LossOutput, BiLMState]:
         return self.bilm.training_loss(
-            forward_inputs, forward_targets, backward_inputs, backward_targets, state, candidates
+            forward_inputs,
+            forward_targets,
+            backward_inputs,
+            backward_targets,
+            state,
+            candidates,
+            types,
         )
 
 
@@ -102,8 +110,10 @@ class TrainingStep:
         backward_targets: torch.Tensor,
         state: BiLMState | None,
         candidates: tuple[SampledCandidates, SampledCandidates] | None = None,
+        types: TokenTypes | None = None,
     ) -> StepResult:
-        """The step; ``candidates`` (forward, backward) drawn ahead, else the softmax draws."""
+        """The step; ``candidates`` (forward, backward) and both windows' token ``types`` found
+        ahead by the data loader, else the model finds them (on the device)."""
         device = forward_targets.device
         autocast = device.type == "cuda" and self.train.bf16
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
@@ -114,6 +124,7 @@ class TrainingStep:
                 backward_targets,
                 state=state,
                 candidates=candidates,
+                types=types,
             )
         (output.loss * self.train.unroll_steps).backward()  # bilm-tf scales by the unroll
         softmax = self.bilm.softmax

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from elmo_core.config import CharCNNConfig, LSTMConfig, ModelConfig
-from elmo_core.model.char_cnn import CharCNN, _trim_tail
+from elmo_core.model.char_cnn import CharCNN, _trim_tail, token_types
 from elmo_core.presets import tiny
 from elmo_core.text.char_ids import batch_to_ids
 
@@ -93,6 +93,29 @@ def test_encoding_unique_types_equals_the_plain_path():
     encoder.encode_types(ids).sum().backward()
     for plain_grad, parameter in zip(plain_grads, encoder.parameters(), strict=True):
         torch.testing.assert_close(parameter.grad, plain_grad, rtol=0, atol=1e-10)
+
+
+def test_types_found_ahead_on_the_cpu_give_the_same_encoding_and_gradients():
+    torch.manual_seed(0)
+    encoder = CharCNN(tiny()).double()
+    words = ["a", "rose", "is", "a", "rose", "is", "a", "roses"]
+    table = batch_to_ids([words])[0].numpy().astype(np.int16)  # (8, W): a type table, rows repeat
+    type_ids = np.array([[[0, 1, 2, 3], [1, -1, -1, -1]], [[7, 6, 5, -1], [4, 4, 0, 1]]])
+    char_ids = torch.from_numpy(table[np.maximum(type_ids, 0)].astype(np.int64))
+    char_ids[torch.from_numpy(type_ids < 0)] = 0  # (2, 2, 4, W) as the data path makes them
+    types = token_types(type_ids, table)
+
+    assert types.char_ids.shape[0] == len(np.unique(type_ids))
+    torch.testing.assert_close(types.char_ids[types.inverse].long(), char_ids, rtol=0, atol=0)
+    on_device = encoder.encode_types(char_ids)
+    ahead = encoder.encode_types(char_ids, types)
+    torch.testing.assert_close(ahead, on_device, rtol=0, atol=1e-12)
+    on_device.sum().backward()
+    expected = [p.grad.clone() for p in encoder.parameters()]
+    encoder.zero_grad()
+    ahead.sum().backward()
+    for grad, parameter in zip(expected, encoder.parameters(), strict=True):
+        torch.testing.assert_close(parameter.grad, grad, rtol=0, atol=1e-10)
 
 
 def test_trimming_the_constant_tail_keeps_features_and_gradients():

@@ -106,6 +106,16 @@ def test_candidates_come_with_each_window_and_resume_with_its_stream(dataset) ->
     assert [ids(batch) for batch in resumed] == [ids(batch) for batch in straight[5:]]
 
 
+def test_a_steps_token_types_cover_both_windows(dataset) -> None:
+    with _batches(dataset, _specs(dataset), 2) as batches:
+        batch = next(batches)
+    char_ids, inverse, _ = batch.types
+    assert inverse.shape == (2, ROWS, UNROLL)
+    both = torch.stack([batch.forward.inputs, batch.backward.inputs])  # (2, B, T, W)
+    torch.testing.assert_close(char_ids[inverse], both, rtol=0, atol=0)
+    assert len(char_ids) < both.shape[:-1].numel()  # repeated words are encoded once a window
+
+
 def test_without_a_candidate_spec_the_softmax_draws_them(dataset) -> None:
     with _batches(dataset, _specs(dataset), 0) as batches:
         assert next(batches).candidates() is None
