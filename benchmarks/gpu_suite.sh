@@ -10,8 +10,12 @@
 #
 # Needs torch with CUDA, numpy, pyarrow, pyyaml, h5py, tqdm, typer, pytest(-timeout), and the pure
 # Python pydantic, sacremoses (elmo_core's configs and Moses tokenizer) with pydantic-core: no Ray,
-# MLflow or Prefect. The golden files are read from ELMO_TEST_CACHE (the parity test fetches them
-# once where a package index is reachable; point the variable at a copy where none is).
+# MLflow or Prefect. On a machine without a package index, bring them as wheels at the versions
+# constraints.txt pins (pydantic, pydantic_core, annotated-types, typing-inspection, sacremoses;
+# `pip download --no-deps --only-binary=:all: --python-version 3.12 ...`) and install them with
+# `pip install --no-index --no-deps --target DIR` on PYTHONPATH. The golden files are read from
+# ELMO_TEST_CACHE (the parity test fetches them once where a package index is reachable; point the
+# variable at a copy where none is).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-benchmarks/results/gpu-$(date +%F)}
