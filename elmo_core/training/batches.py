@@ -7,7 +7,8 @@ hands their windows out in turn: forward, backward, forward, ...), pinned for a 
 The sampled softmax's candidates are drawn there too, one set per window from a generator of the
 stream's own (the draw loops on the CPU, ~1 ms per set at 8,192 of 793k words), and each window's
 distinct token types are found there (the char CNN encodes each once; found on the GPU, the search
-would sort rows and make the host wait). Each window carries
+would sort rows and make the host wait). A window travels as its types and each position's index
+among them; its ``(B, T, W)`` char ids are gathered from those on the device. Each window carries
 its stream's position after it (the generator's state included), so a checkpoint records where the
 *consumed* batches end, not how far the prefetch got: a resumed run reads exactly the windows and
 candidates a straight run would have.
@@ -26,20 +27,20 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from elmo_core.data.batching import TokenStream, window_char_ids
+from elmo_core.data.batching import TokenStream
 from elmo_core.data.manifest import Manifest
 from elmo_core.errors import ElmoError
 from elmo_core.model.char_cnn import TokenTypes, token_types
 from elmo_core.model.softmax import LogUniformSampler, SampledCandidates
 
 PREFETCH_PER_WORKER = 4  # windows each loader process keeps ready
+CANDIDATE_RNG = "candidate_rng"  # the stream state's key for its candidate generator
 
 # Loader processes fork from a server process that has imported this module (torch included), not
 # from a trainer that holds threads, CUDA and Ray's connections: a fork of that can fail on its way
 # out, and starting afresh each time (spawn) would import torch again for every loader.
 _LOADER_PROCESSES = multiprocessing.get_context("forkserver")
 _LOADER_PROCESSES.set_forkserver_preload([__name__])
-CANDIDATE_RNG = "candidate_rng"  # the stream state's key for its candidate generator
 
 
 @dataclass(frozen=True)
@@ -114,9 +115,9 @@ class StreamPosition:
 
 
 class DirectionWindow(NamedTuple):
-    """One direction's window of a step, as the trainer receives it."""
+    """One direction's window of a step, as the trainer receives it (its char ids are in the
+    step's :class:`TokenTypes`)."""
 
-    inputs: torch.Tensor  # (B, T, W) char ids
     targets: torch.Tensor  # (B, T) vocabulary ids, -1 where nothing is scored
     candidates: SampledCandidates | None  # drawn for this window, if the stream draws them
     position: StreamPosition  # the stream's position after this window
@@ -129,25 +130,23 @@ class StepBatch(NamedTuple):
     backward: DirectionWindow
     types: TokenTypes
 
-    def to(
-        self, device: torch.device
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The four tensors of ``TrainingStep`` on ``device`` (non-blocking from pinned memory)."""
-        forward, backward = self.forward, self.backward
-        return (
-            forward.inputs.to(device, non_blocking=True),
-            forward.targets.to(device, non_blocking=True),
-            backward.inputs.to(device, non_blocking=True),
-            backward.targets.to(device, non_blocking=True),
+    def step_arguments(self, device: torch.device) -> dict[str, Any]:
+        """``TrainingStep``'s arguments on ``device``: copies from pinned memory do not block, and
+        each window's ``(B, T, W)`` char ids are gathered there from the types."""
+        char_ids, inverse, used_width = (
+            self.types.char_ids.to(device, non_blocking=True),
+            self.types.inverse.to(device, non_blocking=True),
+            self.types.used_width,
         )
-
-    def types_on(self, device: torch.device) -> TokenTypes:
-        char_ids, inverse, used_width = self.types
-        return TokenTypes(
-            char_ids.to(device, non_blocking=True),
-            inverse.to(device, non_blocking=True),
-            used_width,
-        )
+        forward_inputs, backward_inputs = char_ids[inverse]  # 2 × (B, T, W)
+        return {
+            "forward_inputs": forward_inputs,
+            "forward_targets": self.forward.targets.to(device, non_blocking=True),
+            "backward_inputs": backward_inputs,
+            "backward_targets": self.backward.targets.to(device, non_blocking=True),
+            "candidates": self.candidates(),
+            "types": TokenTypes(char_ids, inverse, used_width),
+        }
 
     def candidates(self) -> tuple[SampledCandidates, SampledCandidates] | None:
         """(forward, backward) candidate sets drawn ahead, or None: the softmax draws them."""
@@ -160,7 +159,6 @@ class _Arrays(NamedTuple):
     where tensors would each be moved to a new shared-memory segment."""
 
     types: tuple[np.ndarray, np.ndarray, int]  # the window's TokenTypes: (U, W), (B, T), width
-    inputs: np.ndarray
     targets: np.ndarray
     candidates: tuple[np.ndarray, int] | None  # ids (K,), num_tries
     position: StreamPosition
@@ -201,7 +199,6 @@ class _Reader:
         types = token_types(window.inputs, self.char_table)
         return _Arrays(
             (types.char_ids.numpy(), types.inverse.numpy(), types.used_width),
-            window_char_ids(window.inputs, self.char_table),
             window.targets,
             candidates,
             StreamPosition.of(self.stream, self.generator),
@@ -284,12 +281,11 @@ class StepBatches:
         return arrays
 
     def _window(self, arrays: _Arrays) -> DirectionWindow:
-        inputs, targets = self._tensor(arrays.inputs), self._tensor(arrays.targets)
         candidates = None
         if arrays.candidates is not None:
             ids, num_tries = arrays.candidates
             candidates = SampledCandidates(self._tensor(ids), num_tries)
-        return DirectionWindow(inputs, targets, candidates, arrays.position)
+        return DirectionWindow(self._tensor(arrays.targets), candidates, arrays.position)
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
         return self._pinned(torch.from_numpy(array))

@@ -215,12 +215,7 @@ class Worker:
 
     def step(self, batch: StepBatch) -> tuple[LossOutput, torch.Tensor]:
         """One optimiser step on the next window of both streams."""
-        result = self.training_step(
-            *batch.to(self.device),
-            state=self.lstm_state,
-            candidates=batch.candidates(),
-            types=batch.types_on(self.device),
-        )
+        result = self.training_step(**batch.step_arguments(self.device), state=self.lstm_state)
         self.lstm_state = result.state
         self.positions = (batch.forward.position, batch.backward.position)
         return result.output, result.grad_norm

@@ -56,7 +56,9 @@ def _expected(dataset: str) -> list[tuple[np.ndarray, ...]]:
 
 
 def _arrays(batch) -> tuple[np.ndarray, ...]:
-    return tuple(tensor.numpy() for tensor in batch.to(torch.device("cpu")))
+    arguments = batch.step_arguments(torch.device("cpu"))
+    names = ("forward_inputs", "forward_targets", "backward_inputs", "backward_targets")
+    return tuple(arguments[name].numpy() for name in names)
 
 
 @pytest.mark.parametrize("workers", [0, 1, 2])
@@ -111,9 +113,9 @@ def test_a_steps_token_types_cover_both_windows(dataset) -> None:
         batch = next(batches)
     char_ids, inverse, _ = batch.types
     assert inverse.shape == (2, ROWS, UNROLL)
-    both = torch.stack([batch.forward.inputs, batch.backward.inputs])  # (2, B, T, W)
-    torch.testing.assert_close(char_ids[inverse], both, rtol=0, atol=0)
-    assert len(char_ids) < both.shape[:-1].numel()  # repeated words are encoded once a window
+    assert len(char_ids) < inverse.numel()  # repeated words are encoded once a window
+    # the char ids gathered from them are checked against the streams' own in
+    # test_loader_processes_give_the_streams_windows_in_order
 
 
 def test_without_a_candidate_spec_the_softmax_draws_them(dataset) -> None:

@@ -55,12 +55,7 @@ def loss_curve(dataset: str, device: torch.device, bf16: bool, steps: int = STEP
     with StepBatches(specs, manifest, table, workers=0, pin_memory=pinned) as batches:
         for _ in range(steps):
             batch = next(batches)
-            result = step(
-                *batch.to(device),
-                state=state,
-                candidates=batch.candidates(),
-                types=batch.types_on(device),
-            )
+            result = step(**batch.step_arguments(device), state=state)
             state = result.state
             window.append(result.output.loss.detach().float())
             if len(window) == LOG_EVERY:
