@@ -14,6 +14,9 @@ The first call of each shape compiles (seconds to a minute); a training run has 
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
 
 from elmo_core.model.lstm import LayerCall, ProjectedLSTM, ProjectedLSTMLayer
@@ -29,8 +32,12 @@ def _layer_loop(
     return layer(inputs, mask, h, c)
 
 
-# Dynamo treats the layer's parameters as inputs, so one graph serves every layer of these shapes.
-_compiled_layer_loop = torch.compile(_layer_loop, fullgraph=True, dynamic=False)
+@functools.cache
+def _compiled_layer_loop() -> Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """The compiled loop, made on first use: ``torch.compile`` imports Dynamo (about a second),
+    which every import of the biLM would pay otherwise. Dynamo treats the layer's parameters as
+    inputs, so one graph serves every layer of these shapes."""
+    return torch.compile(_layer_loop, fullgraph=True, dynamic=False)
 
 
 class CompiledProjectedLSTM(ProjectedLSTM):
@@ -42,6 +49,6 @@ class CompiledProjectedLSTM(ProjectedLSTM):
         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             layer = self.layers[index]
             assert isinstance(layer, ProjectedLSTMLayer)
-            return _compiled_layer_loop(layer, inputs, mask, h, c)
+            return _compiled_layer_loop()(layer, inputs, mask, h, c)
 
         return run_layer
