@@ -41,7 +41,11 @@ from bench_bilm import StraightforwardBiLM  # noqa: E402
 from elmo_core.config import ModelConfig, TrainConfig  # noqa: E402
 from elmo_core.model.bilm import BiLM  # noqa: E402
 from elmo_core.model.char_cnn import TokenTypes, token_types  # noqa: E402
-from elmo_core.model.softmax import LogUniformSampler, SampledCandidates  # noqa: E402
+from elmo_core.model.softmax import (  # noqa: E402
+    LogUniformSampler,
+    SampledCandidates,
+    touched_rows,
+)
 from elmo_core.presets import model_preset  # noqa: E402
 from elmo_core.training.step import TrainingStep  # noqa: E402
 
@@ -136,8 +140,8 @@ def worker_step(
     step: TrainingStep, windows: dict[str, torch.Tensor], types: TokenTypes
 ) -> Callable[[], None]:
     """``step`` on ``windows`` as a worker calls it: each state carried into the next call, the
-    candidate sets and token types found ahead (by a worker's data loader; here, before the
-    timing)."""
+    candidate sets, token types and softmax rows found ahead (by a worker's data loader; here,
+    before the timing)."""
     softmax = step.bilm.softmax
     assert softmax is not None
     pinned = windows["forward_targets"].device.type == "cuda"
@@ -146,12 +150,25 @@ def worker_step(
     for _ in range(CANDIDATE_SETS):
         ids, num_tries = softmax.sampler.sample_unique(softmax.num_samples, generator)
         drawn.append(SampledCandidates(ids.pin_memory() if pinned else ids, num_tries))
+    targets = torch.stack([windows["forward_targets"], windows["backward_targets"]]).cpu().numpy()
+    rows = [  # what a worker's loader finds with each pair of sets
+        torch.from_numpy(
+            touched_rows(targets, drawn[i].ids.numpy(), drawn[(i + 1) % CANDIDATE_SETS].ids.numpy())
+        ).to(windows["forward_targets"].device)
+        for i in range(CANDIDATE_SETS)
+    ]
     state, calls = None, 0
 
     def run() -> None:
         nonlocal state, calls
         candidates = (drawn[calls % CANDIDATE_SETS], drawn[(calls + 1) % CANDIDATE_SETS])
-        state = step(**windows, state=state, candidates=candidates, types=types).state
+        state = step(
+            **windows,
+            state=state,
+            candidates=candidates,
+            types=types,
+            softmax_rows=rows[calls % CANDIDATE_SETS],
+        ).state
         calls += 2
 
     return run

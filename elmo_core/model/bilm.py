@@ -32,7 +32,7 @@ from elmo_core.model.char_cnn import CharCNN, TokenTypes
 from elmo_core.model.lstm import LSTMState, ProjectedLSTM
 from elmo_core.model.lstm_compiled import CompiledProjectedLSTM
 from elmo_core.model.lstm_cudnn import CudnnProjectedLSTM
-from elmo_core.model.softmax import SampledCandidates, SampledSoftmax
+from elmo_core.model.softmax import SampledCandidates, SampledSoftmax, SoftmaxRows
 from elmo_core.text.char_ids import BOS_IDS, EOS_IDS
 
 BiLMState = tuple[LSTMState, LSTMState]  # (forward stack, backward stack)
@@ -152,24 +152,30 @@ class BiLM(nn.Module):
         state: BiLMState | None = None,
         candidates: tuple[SampledCandidates, SampledCandidates] | None = None,
         types: TokenTypes | None = None,
+        softmax_rows: torch.Tensor | None = None,
     ) -> tuple[LossOutput, BiLMState]:
         """Language-model loss on two independent streams of windows (bilm-tf ``total_loss``).
 
         Arguments as ``score_window``. The softmax is sampled in train mode and exact in eval
         mode; ``candidates`` (forward, backward) are sets drawn ahead, else the softmax draws
-        them. The returned state is attached to the graph; the caller detaches it between windows
-        (truncated BPTT).
+        them; ``softmax_rows (U,)``: the sorted, distinct ids of both windows' targets and
+        candidates, found ahead (then their rows are gathered once), else each direction finds
+        its own. The returned state is attached to the graph; the caller detaches it between
+        windows (truncated BPTT).
         """
         if self.softmax is None:
             raise ConfigError("a BiLM built without vocab_size has no softmax", key="vocab_size")
         drawn = iter(candidates if candidates is not None else (None, None))
+        rows = None
+        if softmax_rows is not None and self.softmax.training:
+            rows = self.softmax.gather_rows(softmax_rows)
         (forward_loss, num_tokens), (backward_loss, _), state = self.score_window(
             forward_inputs,
             forward_targets,
             backward_inputs,
             backward_targets,
             # score_window scores the forward direction, then the backward one
-            lambda output, targets: self._mean_loss(output, targets, next(drawn)),
+            lambda output, targets: self._mean_loss(output, targets, next(drawn), rows),
             state,
             types,
         )
@@ -214,13 +220,17 @@ class BiLM(nn.Module):
         output: DirectionOutput,
         targets: torch.Tensor,
         drawn: SampledCandidates | None = None,
+        rows: SoftmaxRows | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean softmax loss over the scored positions, and their number."""
         assert self.softmax is not None
         top = output.top
         scored = output.scored(targets)  # (B, T)
         losses = self.softmax(
-            top.reshape(-1, top.shape[-1]), targets.clamp(min=0).reshape(-1), drawn=drawn
+            top.reshape(-1, top.shape[-1]),
+            targets.clamp(min=0).reshape(-1),
+            drawn=drawn,
+            rows=rows,
         )  # (B·T,): unscored positions are computed (no host sync) and weighted out
         num_scored = scored.sum()
         mean = (losses * scored.reshape(-1)).sum() / num_scored.clamp(min=1)

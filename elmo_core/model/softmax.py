@@ -11,8 +11,9 @@ Shapes: N positions (rows × window, flattened), P projection, V vocabulary, K s
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -101,14 +102,77 @@ class SampledCandidates(NamedTuple):
     num_tries: int  # draws it took, for the expected counts
 
 
+def touched_rows(targets: np.ndarray, *candidates: np.ndarray) -> np.ndarray:
+    """The softmax rows a training window reads: its targets (an unscored ``-1`` reads row 0,
+    weighted out of the loss) and its candidates, sorted and distinct. → (U,) int64."""
+    return np.unique(np.concatenate([np.maximum(targets, 0).ravel(), *candidates]))
+
+
+class SoftmaxRows(NamedTuple):
+    """The rows of ``W`` and ``b`` one training step reads, gathered once for both directions."""
+
+    ids: torch.Tensor  # (U,) int64, sorted and distinct
+    weight: torch.Tensor  # (U, P)
+    bias: torch.Tensor  # (U,)
+
+    def select(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows of vocabulary ``ids (M,)``, each among ``self.ids``. → (M, P), (M,)."""
+        local = torch.searchsorted(self.ids, ids)  # (M,): on the device, no host wait
+        return self.weight.index_select(0, local), self.bias.index_select(0, local)
+
+
+class _GatherRows(torch.autograd.Function):
+    """``W[ids]``, ``b[ids]`` whose backward writes only those rows.
+
+    The gradient is built from the known, distinct ``ids``: as a sparse tensor, or dense. Gathered
+    with ``F.embedding`` per direction instead, the two directions' sparse gradients would have to
+    be re-sorted and merged (``coalesce``, which waits for the GPU) before the exchange, the clip
+    and Adagrad could use them.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, weight: torch.Tensor, bias: torch.Tensor, ids: torch.Tensor, sparse: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx.save_for_backward(ids)
+        ctx.sparse = sparse
+        ctx.weight_shape, ctx.bias_shape = weight.shape, bias.shape
+        return weight.index_select(0, ids), bias.index_select(0, ids)
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: Any, weight_rows: torch.Tensor | None, bias_rows: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None]:
+        (ids,) = ctx.saved_tensors
+        return (
+            _rows_gradient(ids, weight_rows, ctx.weight_shape, ctx.sparse),
+            _rows_gradient(ids, bias_rows, ctx.bias_shape, ctx.sparse),
+            None,
+            None,
+        )
+
+
+def _rows_gradient(
+    ids: torch.Tensor, rows: torch.Tensor | None, shape: torch.Size, sparse: bool
+) -> torch.Tensor | None:
+    if rows is None:
+        return None
+    if sparse:
+        return torch.sparse_coo_tensor(
+            ids.unsqueeze(0), rows, shape, is_coalesced=True, check_invariants=False
+        )
+    return rows.new_zeros(shape).index_copy_(0, ids, rows)
+
+
 class SampledSoftmax(nn.Module):
     """The biLM's softmax: sampled loss when training, exact negative log likelihood otherwise.
 
     ``weight (V, P)`` starts as ``N(0, 1/√P)`` and ``bias (V)`` at zero, as in bilm-tf. The BiLM
     calls it once per direction; each training call draws its own candidate set, or takes one drawn
-    ahead (off the step's critical path, by the training data loader). Only the rows of
-    ``weight`` for the candidates and the targets are gathered (``F.embedding``), so its gradient
-    is row-sparse; ``sparse=True`` returns it as a sparse tensor.
+    ahead (off the step's critical path, by the training data loader). Only the rows of the
+    candidates and the targets are gathered (:meth:`gather_rows`; once for both directions when
+    the loader has found them), so the gradient is row-sparse; ``sparse=True`` returns it as a
+    sparse tensor, else dense.
     """
 
     def __init__(
@@ -134,14 +198,31 @@ class SampledSoftmax(nn.Module):
         nn.init.normal_(self.weight, mean=0.0, std=1.0 / math.sqrt(self.dim))
         nn.init.zeros_(self.bias)
 
+    def gather_rows(self, ids: torch.Tensor) -> SoftmaxRows:
+        """The rows of ``ids (U,)`` (sorted, distinct), as one node of the graph."""
+        weight, bias = _GatherRows.apply(self.weight, self.bias, ids, self.sparse)
+        return SoftmaxRows(ids, weight, bias)
+
+    def mark_rows_distinct(self) -> None:
+        """Mark the sparse gradients coalesced after a backward through one :meth:`gather_rows`
+        (their rows are its ids: sorted, each once), so that nothing sorts them again. Autograd
+        drops the mark when it stores a gradient it may take over without a copy."""
+        for parameter in (self.weight, self.bias):
+            if parameter.grad is not None and parameter.grad.is_sparse:
+                parameter.grad._coalesced_(True)
+
     def forward(
         self,
         hidden: torch.Tensor,
         targets: torch.Tensor,
         generator: torch.Generator | None = None,
         drawn: SampledCandidates | None = None,
+        rows: SoftmaxRows | None = None,
     ) -> torch.Tensor:
-        """Per-position loss (N,): sampled softmax in training mode, exact NLL in eval mode."""
+        """Per-position loss (N,): sampled softmax in training mode, exact NLL in eval mode.
+
+        ``rows``: gathered ahead, holding every target and candidate; else gathered here.
+        """
         if not self.training:
             return self.nll(hidden, targets)
         if drawn is None:
@@ -153,6 +234,7 @@ class SampledSoftmax(nn.Module):
             candidates,
             self.sampler.expected_count(targets, num_tries),  # (N,)
             self.sampler.expected_count(candidates, num_tries),  # (K,)
+            rows,
         )
 
     def sampled_loss(
@@ -162,19 +244,23 @@ class SampledSoftmax(nn.Module):
         candidates: torch.Tensor,
         target_counts: torch.Tensor,
         candidate_counts: torch.Tensor,
+        rows: SoftmaxRows | None = None,
     ) -> torch.Tensor:
         """Sampled softmax loss for given candidates and expected counts. → (N,) float32.
 
         Every logit is corrected by ``−log(expected count)`` (the targets with their own count);
         a candidate equal to a position's target is removed from that position's softmax (TF's
-        ``remove_accidental_hits``); the target sits at index 0 of the cross-entropy.
+        ``remove_accidental_hits``); the target sits at index 0 of the cross-entropy. ``rows``
+        must hold every target and candidate; without them they are found here (``torch.unique``,
+        which waits for a GPU).
         """
         hidden = hidden.to(self.weight.dtype)  # bf16 activations; autocast still applies
         ids = torch.cat([targets, candidates])  # (N+K,)
-        rows = F.embedding(ids, self.weight, sparse=self.sparse)  # (N+K, P)
-        biases = self.bias.index_select(0, ids)  # (N+K,)
+        if rows is None:
+            rows = self.gather_rows(torch.unique(ids))
+        weights, biases = rows.select(ids)  # (N+K, P), (N+K,)
         num_positions = targets.numel()
-        target_rows, candidate_rows = rows[:num_positions], rows[num_positions:]
+        target_rows, candidate_rows = weights[:num_positions], weights[num_positions:]
         target_logits = (hidden * target_rows).sum(-1).float()  # (N,)
         candidate_logits = (hidden @ candidate_rows.t()).float()  # (N, K)
         target_log_q = target_counts.log().float()  # (N,)

@@ -8,10 +8,12 @@ The sampled softmax's candidates are drawn there too, one set per window from a 
 stream's own (the draw loops on the CPU, ~1 ms per set at 8,192 of 793k words), and each window's
 distinct token types are found there (the char CNN encodes each once; found on the GPU, the search
 would sort rows and make the host wait). A window travels as its types and each position's index
-among them; its ``(B, T, W)`` char ids are gathered from those on the device. Each window carries
-its stream's position after it (the generator's state included), so a checkpoint records where the
-*consumed* batches end, not how far the prefetch got: a resumed run reads exactly the windows and
-candidates a straight run would have.
+among them; its ``(B, T, W)`` char ids are gathered from those on the device. The softmax rows
+a window's targets and candidates touch are found there as well, and both windows' are merged
+for the step, so the softmax gathers them once and nothing sorts them on the device. Each window
+carries its stream's position after it (the generator's state included), so a checkpoint records
+where the *consumed* batches end, not how far the prefetch got: a resumed run reads exactly the
+windows and candidates a straight run would have.
 
 Shapes: B rows, T window, W chars per token.
 """
@@ -31,7 +33,7 @@ from elmo_core.data.batching import TokenStream
 from elmo_core.data.manifest import Manifest
 from elmo_core.errors import ElmoError
 from elmo_core.model.char_cnn import TokenTypes, token_types
-from elmo_core.model.softmax import LogUniformSampler, SampledCandidates
+from elmo_core.model.softmax import LogUniformSampler, SampledCandidates, touched_rows
 
 PREFETCH_PER_WORKER = 4  # windows each loader process keeps ready
 CANDIDATE_RNG = "candidate_rng"  # the stream state's key for its candidate generator
@@ -124,11 +126,13 @@ class DirectionWindow(NamedTuple):
 
 
 class StepBatch(NamedTuple):
-    """What one training step reads: a window of each stream and their distinct token types."""
+    """What one training step reads: a window of each stream, their distinct token types and, when
+    the streams draw candidates, the softmax rows both windows touch."""
 
     forward: DirectionWindow
     backward: DirectionWindow
     types: TokenTypes
+    softmax_rows: torch.Tensor | None  # (R,) sorted, distinct: targets and candidates
 
     def step_arguments(self, device: torch.device) -> dict[str, Any]:
         """``TrainingStep``'s arguments on ``device``: copies from pinned memory do not block, and
@@ -146,6 +150,9 @@ class StepBatch(NamedTuple):
             "backward_targets": self.backward.targets.to(device, non_blocking=True),
             "candidates": self.candidates(),
             "types": TokenTypes(char_ids, inverse, used_width),
+            "softmax_rows": None
+            if self.softmax_rows is None
+            else self.softmax_rows.to(device, non_blocking=True),
         }
 
     def candidates(self) -> tuple[SampledCandidates, SampledCandidates] | None:
@@ -161,6 +168,7 @@ class _Arrays(NamedTuple):
     types: tuple[np.ndarray, np.ndarray, int]  # the window's TokenTypes: (U, W), (B, T), width
     targets: np.ndarray
     candidates: tuple[np.ndarray, int] | None  # ids (K,), num_tries
+    softmax_rows: np.ndarray | None  # (R,) what targets and candidates touch, if drawn
     position: StreamPosition
 
 
@@ -192,15 +200,17 @@ class _Reader:
     def next(self) -> _Arrays:
         window = self.stream.next_window()
         assert window is not None  # training streams repeat forever
-        candidates = None
+        candidates, rows = None, None
         if self.sampler is not None:
             ids, num_tries = self.sampler.sample_unique(self.num_samples, self.generator)
             candidates = (ids.numpy(), num_tries)
+            rows = touched_rows(window.targets, candidates[0])
         types = token_types(window.inputs, self.char_table)
         return _Arrays(
             (types.char_ids.numpy(), types.inverse.numpy(), types.used_width),
             window.targets,
             candidates,
+            rows,
             StreamPosition.of(self.stream, self.generator),
         )
 
@@ -272,7 +282,10 @@ class StepBatches:
             self._tensor(np.stack([forward_inverse, backward_inverse + len(forward_rows)])),
             max(forward_used, backward_used),
         )
-        return StepBatch(self._window(forward), self._window(backward), types)
+        rows = None
+        if forward.softmax_rows is not None and backward.softmax_rows is not None:
+            rows = self._tensor(np.union1d(forward.softmax_rows, backward.softmax_rows))
+        return StepBatch(self._window(forward), self._window(backward), types, rows)
 
     def _next_arrays(self) -> _Arrays:
         arrays = next(self._windows)

@@ -83,7 +83,7 @@ def exchange_softmax_gradients(
     """Average the softmax's gradients over workers in place; returns the bytes this worker sent.
 
     ``sparse``: ``weight.grad`` is a sparse tensor (``SampledSoftmax(sparse=True)``); both grads
-    become coalesced sparse tensors over the union of touched rows, which ``torch.optim.Adagrad``
+    become coalesced sparse tensors over the union of touched rows, which ``RowSparseAdagrad``
     applies to those rows only (a zero-gradient row is left unchanged by dense Adagrad too).
     ``dense``: both grads become dense and are all-reduced whole.
     """
@@ -91,10 +91,15 @@ def exchange_softmax_gradients(
     num_classes, dim = weight.shape
     if mode == "dense":
         return _exchange_dense(weight, bias)
+    # Coalescing is no work (and no wait) for the rows SampledSoftmax.gather_rows made once.
     local = weight.grad.coalesce() if weight.grad.is_sparse else weight.grad.to_sparse(1).coalesce()
     indices = local.indices()[0]  # (R,)
-    bias_grad = bias.grad.to_dense() if bias.grad.is_sparse else bias.grad
-    packed = torch.cat([local.values(), bias_grad[indices].unsqueeze(1)], dim=1)  # (R, P+1)
+    if bias.grad.is_sparse:  # gathered with the weight's rows: the same rows
+        bias_rows = bias.grad.coalesce().values()  # (R,)
+        assert bias_rows.shape == indices.shape, "the softmax's weight and bias rows differ"
+    else:
+        bias_rows = bias.grad[indices]
+    packed = torch.cat([local.values(), bias_rows.unsqueeze(1)], dim=1)  # (R, P+1)
     ids, rows = exchange_rows(indices, packed, num_classes)
     weight.grad = _sparse_rows(ids, rows[:, :dim], (num_classes, dim))
     bias.grad = _sparse_rows(ids, rows[:, dim], (num_classes,))

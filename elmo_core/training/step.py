@@ -2,8 +2,9 @@
 
 Kept in one place (and free of Ray), so the benchmark measures exactly what users get: the loss
 on both streams under bf16 autocast on CUDA, ``loss × unroll_steps`` backward as bilm-tf takes it,
-the softmax's gradient exchanged as touched rows, the global-norm clip and Adagrad (sparse on the
-softmax, so only touched rows are updated).
+the softmax's gradient exchanged as touched rows, the global-norm clip and Adagrad (by row on the
+softmax, so only touched rows are updated, and nothing in the step waits for the GPU when the data
+loader has found the candidates, token types and softmax rows ahead).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from elmo_core.training.gradient_exchange import (
     exchange_softmax_gradients,
     exclude_from_ddp,
 )
+from elmo_core.training.row_adagrad import RowSparseAdagrad
 
 
 class LossModule(nn.Module):
@@ -45,6 +47,7 @@ class LossModule(nn.Module):
         state: BiLMState | None,
         candidates: tuple[SampledCandidates, SampledCandidates] | None = None,
         types: TokenTypes | None = None,
+        softmax_rows: torch.Tensor | None = None,
     ) -> tuple[LossOutput, BiLMState]:
         return self.bilm.training_loss(
             forward_inputs,
@@ -54,6 +57,7 @@ class LossModule(nn.Module):
             state,
             candidates,
             types,
+            softmax_rows,
         )
 
 
@@ -97,7 +101,7 @@ class TrainingStep:
         module = LossModule(bilm)
         exclude_from_ddp(module, [f"bilm.{name}" for name in SOFTMAX_PARAMETERS])
         broadcast_parameters(bilm.softmax.parameters())  # what DDP does for the others
-        optimizer = torch.optim.Adagrad(
+        optimizer = RowSparseAdagrad(
             bilm.parameters(), lr=train.lr, initial_accumulator_value=train.initial_accumulator
         )  # its accumulators stay float32 whatever autocast does
         return cls(wrap_model(module), bilm, optimizer, train, grad_exchange)
@@ -111,9 +115,11 @@ class TrainingStep:
         state: BiLMState | None,
         candidates: tuple[SampledCandidates, SampledCandidates] | None = None,
         types: TokenTypes | None = None,
+        softmax_rows: torch.Tensor | None = None,
     ) -> StepResult:
-        """The step; ``candidates`` (forward, backward) and both windows' token ``types`` found
-        ahead by the data loader, else the model finds them (on the device)."""
+        """The step; ``candidates`` (forward, backward), both windows' token ``types`` and the
+        ``softmax_rows`` they touch found ahead by the data loader, else the model finds them (on
+        the device, where finding types or rows makes the host wait)."""
         device = forward_targets.device
         autocast = device.type == "cuda" and self.train.bf16
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
@@ -125,17 +131,16 @@ class TrainingStep:
                 state=state,
                 candidates=candidates,
                 types=types,
+                softmax_rows=softmax_rows,
             )
         (output.loss * self.train.unroll_steps).backward()  # bilm-tf scales by the unroll
         softmax = self.bilm.softmax
         assert softmax is not None
+        if softmax_rows is not None:  # gathered once for both directions
+            softmax.mark_rows_distinct()
         exchange_softmax_gradients(softmax.weight, softmax.bias, self.grad_exchange)
         grad_norm = clip_global_norm(self.bilm.parameters(), self.train.clip_norm)
-        # Adagrad rebuilds sparse tensors from the softmax's coalesced rows, which are valid (as
-        # gradient_exchange's check_invariants=False says): the checks are off explicitly, which
-        # is what torch's "implicitly disabled" warning asks for.
-        with torch.sparse.check_sparse_tensor_invariants(enable=False):
-            self.optimizer.step()
+        self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         detached = (new_state[0].detach(), new_state[1].detach())
         return StepResult(output, detached, grad_norm)

@@ -1,11 +1,17 @@
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 from elmo_core.errors import ConfigError
-from elmo_core.model.softmax import LogUniformSampler, SampledSoftmax
+from elmo_core.model.softmax import (
+    LogUniformSampler,
+    SampledCandidates,
+    SampledSoftmax,
+    touched_rows,
+)
 
 
 def _full_softmax_nll(softmax: SampledSoftmax, hidden: torch.Tensor, targets: torch.Tensor):
@@ -160,6 +166,62 @@ def test_gradient_lands_only_on_candidate_and_target_rows():
     nonzero_rows = softmax.weight.grad.abs().sum(1) > 0
     assert torch.equal(nonzero_rows, touched)
     assert torch.equal(softmax.bias.grad != 0, touched)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_rows_gathered_once_for_two_calls_equal_each_call_finding_its_own(sparse):
+    softmax = _softmax(num_classes=300, dim=4, num_samples=15).train()
+    softmax.sparse = sparse
+    generator = torch.Generator().manual_seed(3)
+    drawn = [softmax.sampler.sample_unique(15, generator) for _ in range(2)]
+    hidden = torch.randn(2, 6, 4)
+    targets = torch.randint(0, 300, (2, 6), generator=generator)
+
+    def losses_and_grads(rows):
+        softmax.zero_grad(set_to_none=True)
+        total = sum(
+            softmax(hidden[i], targets[i], drawn=drawn[i], rows=rows).sum() for i in range(2)
+        )
+        total.backward()
+        return total.detach(), [p.grad.to_dense() for p in softmax.parameters()]
+
+    each, each_grads = losses_and_grads(None)
+    ids = touched_rows(targets.numpy(), *(d.ids.numpy() for d in drawn))
+    once, once_grads = losses_and_grads(softmax.gather_rows(torch.from_numpy(ids)))
+    torch.testing.assert_close(once, each)
+    for a, b in zip(once_grads, each_grads, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_rows_gathered_once_give_a_sparse_gradient_holding_each_of_them_once_in_order():
+    softmax = _softmax(num_classes=100, dim=4, num_samples=3).train()
+    softmax.sparse = True
+    ids = torch.tensor([2, 5, 7, 40, 90])
+    drawn = SampledCandidates(torch.tensor([5, 40, 7]), 4)
+    hidden, targets = torch.randn(2, 4), torch.tensor([90, 2])
+    softmax(hidden, targets, drawn=drawn, rows=softmax.gather_rows(ids)).sum().backward()
+    sparse = [parameter.grad for parameter in softmax.parameters()]
+    softmax.mark_rows_distinct()
+    for grad in sparse:
+        assert grad.is_sparse and grad.is_coalesced()  # nothing will sort them again
+        assert grad.indices()[0].tolist() == ids.tolist()
+    softmax.sparse = False
+    softmax.zero_grad(set_to_none=True)
+    softmax(hidden, targets, drawn=drawn).sum().backward()
+    for grad, parameter in zip(sparse, softmax.parameters(), strict=True):
+        torch.testing.assert_close(grad.to_dense(), parameter.grad)
+
+
+def test_touched_rows_are_sorted_distinct_and_read_row_0_for_unscored_targets():
+    targets = np.array([[9, -1, 4], [4, 9, 3]])
+    assert touched_rows(targets, np.array([3, 12]), np.array([12, 1])).tolist() == [
+        0,
+        1,
+        3,
+        4,
+        9,
+        12,
+    ]
 
 
 def test_sparse_option_returns_a_row_sparse_weight_gradient():

@@ -118,9 +118,23 @@ def test_a_steps_token_types_cover_both_windows(dataset) -> None:
     # test_loader_processes_give_the_streams_windows_in_order
 
 
+def test_a_steps_softmax_rows_are_both_windows_targets_and_candidates(dataset) -> None:
+    draw = CandidateSpec(vocab_size=load_manifest(dataset).vocab.size, num_samples=5)
+    specs = tuple(replace(spec, candidates=draw) for spec in _specs(dataset))
+    with _batches(dataset, specs, 2) as batches:
+        batch = next(batches)
+    assert batch.softmax_rows is not None
+    expected = set(batch.forward.targets.clamp(min=0).flatten().tolist())
+    expected |= set(batch.backward.targets.clamp(min=0).flatten().tolist())
+    for candidates in batch.candidates() or ():
+        expected |= set(candidates.ids.tolist())
+    assert batch.softmax_rows.tolist() == sorted(expected)
+
+
 def test_without_a_candidate_spec_the_softmax_draws_them(dataset) -> None:
     with _batches(dataset, _specs(dataset), 0) as batches:
-        assert next(batches).candidates() is None
+        batch = next(batches)
+    assert batch.candidates() is None and batch.softmax_rows is None
 
 
 def test_iterating_leaves_the_global_torch_rng_alone(dataset) -> None:

@@ -10,6 +10,7 @@ import torch
 from elmo_core.config import TrainConfig
 from elmo_core.errors import ConfigError
 from elmo_core.model.bilm import BiLM
+from elmo_core.model.softmax import LogUniformSampler, touched_rows
 from elmo_core.presets import tiny
 from elmo_core.training.step import TrainingStep
 
@@ -67,6 +68,29 @@ def test_two_steps_equal_dense_gradients_clipped_and_adagrad(grad_exchange) -> N
         ours.named_parameters(), reference.parameters(), strict=True
     ):
         torch.testing.assert_close(ours_param, reference_param, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_softmax_rows_found_ahead_give_the_step_of_rows_found_in_the_call() -> None:
+    torch.manual_seed(0)
+    ahead = BiLM(tiny(), vocab_size=VOCAB).train()
+    in_call = copy.deepcopy(ahead)
+    steps = [TrainingStep.build(bilm, RECIPE) for bilm in (ahead, in_call)]
+    sampler = LogUniformSampler(VOCAB)
+    states: list = [None, None]
+    for seed in (1, 2):
+        windows = _windows(seed)
+        generator = torch.Generator().manual_seed(seed)
+        drawn = (sampler.sample_unique(20, generator), sampler.sample_unique(20, generator))
+        targets = torch.stack([windows["forward_targets"], windows["backward_targets"]])
+        rows = touched_rows(targets.numpy(), *(d.ids.numpy() for d in drawn))
+        for index, softmax_rows in enumerate((torch.from_numpy(rows), None)):
+            torch.manual_seed(seed)  # the same dropout masks
+            result = steps[index](
+                **windows, state=states[index], candidates=drawn, softmax_rows=softmax_rows
+            )
+            states[index] = result.state
+    for (name, a), b in zip(ahead.named_parameters(), in_call.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7, msg=name)
 
 
 def test_only_the_touched_softmax_rows_move() -> None:

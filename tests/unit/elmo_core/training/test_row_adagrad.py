@@ -1,0 +1,53 @@
+"""RowSparseAdagrad is torch's Adagrad, with sparse rows applied without re-sorting them."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from elmo_core.training.row_adagrad import RowSparseAdagrad
+
+
+def _rows(ids: list[int], values: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    return torch.sparse_coo_tensor(torch.tensor([ids]), values, shape, is_coalesced=True)
+
+
+def _parameters(seed: int) -> list[nn.Parameter]:
+    torch.manual_seed(seed)
+    return [
+        nn.Parameter(torch.randn(10, 3)),
+        nn.Parameter(torch.randn(10)),
+        nn.Parameter(torch.randn(4, 4)),
+    ]
+
+
+def test_three_steps_equal_torch_adagrad_on_sparse_and_dense_gradients() -> None:
+    ours, reference = _parameters(0), _parameters(0)
+    ours_optimizer = RowSparseAdagrad(ours, lr=0.2, initial_accumulator_value=1.0)
+    reference_optimizer = torch.optim.Adagrad(reference, lr=0.2, initial_accumulator_value=1.0)
+    generator = torch.Generator().manual_seed(1)
+    for ids in ([1, 4, 7], [0, 4, 9], [4]):  # row 4 each step: its sum accumulates
+        weight_rows = torch.randn(len(ids), 3, generator=generator)
+        bias_rows = torch.randn(len(ids), generator=generator)
+        dense = torch.randn(4, 4, generator=generator)
+        for parameters, optimizer in ((ours, ours_optimizer), (reference, reference_optimizer)):
+            parameters[0].grad = _rows(ids, weight_rows, (10, 3))
+            parameters[1].grad = _rows(ids, bias_rows, (10,))
+            parameters[2].grad = dense.clone()
+            optimizer.step()
+        assert ours[0].grad is not None and ours[0].grad.is_sparse  # gradients are left as given
+    for a, b in zip(ours, reference, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    untouched = [2, 3, 5, 6, 8]
+    torch.testing.assert_close(ours[0][untouched], _parameters(0)[0][untouched], rtol=0, atol=0)
+
+
+def test_its_state_is_torch_adagrads_so_checkpoints_load_either_way() -> None:
+    ours = _parameters(0)
+    optimizer = RowSparseAdagrad(ours, lr=0.2, initial_accumulator_value=1.0)
+    ours[0].grad = _rows([3], torch.ones(1, 3), (10, 3))
+    optimizer.step()
+    reference = torch.optim.Adagrad(_parameters(0), lr=0.2, initial_accumulator_value=1.0)
+    reference.load_state_dict(optimizer.state_dict())
+    assert float(reference.state_dict()["state"][0]["step"]) == 1.0
+    torch.testing.assert_close(reference.state_dict()["state"][0]["sum"][3], torch.full((3,), 2.0))
