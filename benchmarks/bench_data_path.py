@@ -5,11 +5,13 @@
 
 Reads PTB (prepared as 1B-Word shards; or the bundled ``python-docs`` corpus) with the GPU recipe's
 shape, 128 rows × 20 steps, through
-:class:`elmo_core.training.batches.StepBatches` exactly as a worker does (both streams, char ids,
-stream positions, pinned memory when CUDA is there) and times ``--steps`` batches after the loader
-has started. The baseline is the same work in the training loop itself (0 loader processes); the
-candidates build ahead in 1 process (both directions) or 2 (one each). Issue 13 wants the data path
-at ≥ 2× the GPU's training rate (goal 250,000 positions/s) from at most 4 cores per GPU.
+:class:`elmo_core.training.batches.StepBatches` exactly as a worker does (both streams, token types,
+``original``'s sampled-softmax draw of 8,192 of 793,471 words per window and the softmax rows it
+touches, stream positions, pinned memory when CUDA is there) and times ``--steps`` batches after
+the loader has started. The baseline is the same work in the training loop itself (0 loader
+processes); the candidates build ahead in 1 process (both directions) or 2 (one each). Issue 13
+wants the data path at ≥ 2× the GPU's training rate (goal 250,000 positions/s) from at most 4
+cores per GPU.
 
 Also the training process's own CPU time per step: in the loop the whole data path sits on the
 step's critical path; with loader processes only receiving the arrays does.
@@ -33,7 +35,8 @@ import torch
 
 from elmo_core.config import PrepareConfig
 from elmo_core.data.reader import load_manifest, load_word_types
-from elmo_core.training.batches import StepBatches, StreamSpec
+from elmo_core.presets import model_preset
+from elmo_core.training.batches import CandidateSpec, StepBatches, StreamSpec
 from pipelines.prepare.corpus_sources import SAMPLE_CORPUS, locate_corpus
 from pipelines.prepare.stage import prepare_files
 
@@ -42,6 +45,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from bench_eval_protocols import prepare_ptb  # noqa: E402  (shared PTB setup)
 
 GOAL_TRAINING_RATE = 250_000  # positions/s on one H100 (issue 13)
+ORIGINAL_DRAW = CandidateSpec(vocab_size=793_471, num_samples=model_preset("original").num_samples)
 
 
 def measure(dataset: str, rows: int, unroll: int, workers: int, steps: int) -> tuple[float, float]:
@@ -49,9 +53,9 @@ def measure(dataset: str, rows: int, unroll: int, workers: int, steps: int) -> t
     milliseconds per step: what the data path takes from the step's critical path."""
     manifest = load_manifest(dataset)
     table = load_word_types(dataset, manifest).char_ids
-    specs = (
-        StreamSpec(dataset, rows, unroll, rank=0, world_size=1, reverse=False, seed=1),
-        StreamSpec(dataset, rows, unroll, rank=0, world_size=1, reverse=True, seed=2),
+    specs = tuple(  # candidate ids beyond the dataset's vocabulary: only the draw is timed
+        StreamSpec(dataset, rows, unroll, 0, 1, reverse, seed, candidates=ORIGINAL_DRAW)
+        for reverse, seed in ((False, 1), (True, 2))
     )
     pin = torch.cuda.is_available()
     with StepBatches(specs, manifest, table, workers=workers, pin_memory=pin) as batches:

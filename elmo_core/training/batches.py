@@ -33,7 +33,12 @@ from elmo_core.data.batching import TokenStream
 from elmo_core.data.manifest import Manifest
 from elmo_core.errors import ElmoError
 from elmo_core.model.char_cnn import TokenTypes, token_types
-from elmo_core.model.softmax import LogUniformSampler, SampledCandidates, touched_rows
+from elmo_core.model.softmax import (
+    LogUniformSampler,
+    SampledCandidates,
+    touched_rows,
+    union_of_sorted,
+)
 
 PREFETCH_PER_WORKER = 4  # windows each loader process keeps ready
 CANDIDATE_RNG = "candidate_rng"  # the stream state's key for its candidate generator
@@ -284,7 +289,7 @@ class StepBatches:
         )
         rows = None
         if forward.softmax_rows is not None and backward.softmax_rows is not None:
-            rows = self._tensor(np.union1d(forward.softmax_rows, backward.softmax_rows))
+            rows = self._tensor(union_of_sorted(forward.softmax_rows, backward.softmax_rows))
         return StepBatch(self._window(forward), self._window(backward), types, rows)
 
     def _next_arrays(self) -> _Arrays:
