@@ -16,7 +16,8 @@ time goes (torch profiler: GEMMs, fused and plain pointwise kernels, copies, ker
 host syncs); ``--inference`` times embedding 64 sentences of real lengths with the frozen biLM.
 
     python benchmarks/gpu_bilm.py                # original, 128 × 20, on CUDA
-    python benchmarks/gpu_bilm.py --lstm-impl compiled --sweep 256,512,1024 --profile --inference
+    python benchmarks/gpu_bilm.py --lstm-impl compiled --batch-directions --sweep 256,512,1024 \
+        --profile --inference
     python benchmarks/gpu_bilm.py --smoke        # tiny sizes, any device (tested in CI)
 """
 
@@ -251,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--lstm-impl", default="reference", choices=["reference", "cudnn", "compiled"]
     )
+    parser.add_argument(
+        "--batch-directions", action="store_true", help="both LSTM stacks as one batched stack"
+    )
     parser.add_argument("--no-bf16", action="store_true")
     parser.add_argument("--sweep", default="", help="more rows per GPU to time ours at: 256,512")
     parser.add_argument("--profile", action="store_true", help="where ours spends a step")
@@ -268,7 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.lstm_impl == "cudnn":
         lstm = config.lstm.model_copy(update={"cell_clip": None, "proj_clip": None})
         config = config.model_copy(update={"lstm": lstm})
-    config = config.model_copy(update={"lstm_impl": args.lstm_impl})
+    config = config.model_copy(
+        update={"lstm_impl": args.lstm_impl, "batch_directions": args.batch_directions}
+    )
     torch.manual_seed(0)
     model = BiLM(config, args.vocab).to(device).train()
     baseline = StraightforwardBiLM(model)
@@ -292,7 +298,9 @@ def main(argv: list[str] | None = None) -> int:
     flops_per_position = training_flops_per_position(config)
     print(f"{device} {torch.cuda.get_device_name() if device.type == 'cuda' else ''}".strip())
     print(
-        f"preset {args.preset}, lstm {args.lstm_impl}, batch {args.batch} x {args.window}, "
+        f"preset {args.preset}, lstm {args.lstm_impl}"
+        f"{' (directions batched)' if args.batch_directions else ''}, "
+        f"batch {args.batch} x {args.window}, "
         f"vocab {args.vocab}, bf16 {bf16}"
     )
     print(f"matmul peak {peak / 1e12:.1f} TFLOP/s; {flops_per_position / 1e9:.3f} GFLOP/position")
@@ -301,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": device.type,
         "preset": args.preset,
         "lstm_impl": args.lstm_impl,
+        "batch_directions": args.batch_directions,
         "batch": args.batch,
         "bf16": bf16,
     }

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Issue 13's GPU checks and figures in one run, on a machine with one CUDA GPU (H100 or H200).
 #
-#   bash benchmarks/gpu_suite.sh [OUT_DIR]        # default benchmarks/results/gpu-<date>
+#   bash benchmarks/gpu_suite.sh [OUT_DIR [PART...]]   # default benchmarks/results/gpu-<date>, all
 #
-# Correctness first (the CUDA tests: golden TensorFlow parity in fp32, CPU parity, bf16 against
-# fp32 over 300 steps, the LSTM variants), then speed: gpu_bilm.py for the reference and the
-# compiled LSTM (original size, a batch sweep, where the time goes, inference), and the data path
-# on this machine's CPUs. Every log lands in OUT_DIR; each tool's last line is JSON.
+# Parts, in order (name some to run only those, e.g. one per call where a command has a time limit):
+#   tests  the CUDA tests: golden TensorFlow parity in fp32, CPU parity, bf16 against fp32 over
+#          300 steps, the LSTM variants;
+#   speed  gpu_bilm.py at original size for each LSTM variant (reference and compiled, each with
+#          the directions apart and batched): a batch sweep, where the time goes, inference;
+#   data   the data path on this machine's CPUs.
+# Every log lands in OUT_DIR; each tool's last line is JSON.
 #
 # Needs torch with CUDA, numpy, pyarrow, pyyaml, h5py, tqdm, typer, pytest(-timeout), and the pure
 # Python pydantic, sacremoses (elmo_core's configs and Moses tokenizer) with pydantic-core: no Ray,
@@ -19,6 +22,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-benchmarks/results/gpu-$(date +%F)}
+shift $(($# > 0 ? 1 : 0))
+parts=${*:-tests speed data}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 status=0
@@ -27,18 +32,27 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out
 python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" |
     tee -a "$out/gpu.txt"
 
-python -m pytest -q -p no:cacheprovider \
-    tests/integration/test_allennlp_parity.py \
-    tests/unit/elmo_core/training \
-    tests/unit/elmo_core/model/test_lstm_cudnn.py \
-    tests/unit/elmo_core/model/test_lstm_compiled.py \
-    tests/unit/elmo_core/model/test_bilm_autocast.py 2>&1 | tee "$out/tests.log" || status=1
+if [[ " $parts " == *" tests "* ]]; then
+    python -m pytest -q -p no:cacheprovider \
+        tests/integration/test_allennlp_parity.py \
+        tests/unit/elmo_core/training \
+        tests/unit/elmo_core/model/test_lstm_cudnn.py \
+        tests/unit/elmo_core/model/test_lstm_compiled.py \
+        tests/unit/elmo_core/model/test_lstm_batched.py \
+        tests/unit/elmo_core/model/test_bilm_autocast.py 2>&1 | tee "$out/tests.log" || status=1
+fi
 
-for impl in reference compiled; do
-    python benchmarks/gpu_bilm.py --lstm-impl "$impl" --sweep 256,512,1024 --profile \
-        --inference 2>&1 | tee "$out/gpu_bilm-$impl.log" || status=1
-done
+if [[ " $parts " == *" speed "* ]]; then
+    for impl in reference compiled; do
+        for directions in "" --batch-directions; do
+            python benchmarks/gpu_bilm.py --lstm-impl "$impl" $directions --sweep 256,512,1024 \
+                --profile --inference 2>&1 | tee "$out/gpu_bilm-$impl$directions.log" || status=1
+        done
+    done
+fi
 
-python benchmarks/bench_data_path.py --corpus python-docs 2>&1 |
-    tee "$out/data_path.log" || status=1
+if [[ " $parts " == *" data "* ]]; then
+    python benchmarks/bench_data_path.py --corpus python-docs 2>&1 |
+        tee "$out/data_path.log" || status=1
+fi
 exit $status

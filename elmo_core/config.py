@@ -91,6 +91,21 @@ class ModelConfig(StrictModel):
         "then, else 'reference'; 'compiled' is the reference loop under torch.compile (clips "
         "kept, for GPUs); the parameters are the same either way",
     )
+    batch_directions: bool = Field(
+        False,
+        description="run the forward and backward LSTM stacks as one, each GEMM batched over "
+        "the two directions (half the kernel launches; for GPUs); with 'reference' or "
+        "'compiled', not 'cudnn'",
+    )
+
+    @model_validator(mode="after")
+    def _directions_need_the_layer_loop(self) -> ModelConfig:
+        if self.batch_directions and self.lstm_impl == "cudnn":
+            raise ValueError(
+                "batch_directions runs the reference or compiled layer loop; the cuDNN kernel "
+                "runs one direction at a time"
+            )
+        return self
 
 
 CorpusFormat = Literal["1b-benchmark", "text", "tokenized"]

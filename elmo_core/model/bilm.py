@@ -30,6 +30,7 @@ from elmo_core.config import ModelConfig
 from elmo_core.errors import ConfigError
 from elmo_core.model.char_cnn import CharCNN, TokenTypes
 from elmo_core.model.lstm import LSTMState, ProjectedLSTM
+from elmo_core.model.lstm_batched import run_both_directions
 from elmo_core.model.lstm_compiled import CompiledProjectedLSTM
 from elmo_core.model.lstm_cudnn import CudnnProjectedLSTM
 from elmo_core.model.softmax import SampledCandidates, SampledSoftmax, SoftmaxRows
@@ -128,10 +129,10 @@ class BiLM(nn.Module):
         forward_state, backward_state = state if state is not None else (None, None)
 
         embedded = self.token_encoder.encode_types(ids) * mask.unsqueeze(-1)  # (B, T+2, P)
-        forward_outputs, forward_state = self.forward_lstm(embedded, mask, forward_state)
         reverse = _reversal_index(lengths, ids.shape[1])  # (B, T+2)
-        backward_outputs, backward_state = self.backward_lstm(
-            _gather_positions(embedded, reverse), mask, backward_state
+        both = torch.stack([embedded, _gather_positions(embedded, reverse)])  # (2, B, T+2, P)
+        (forward_outputs, backward_outputs), (forward_state, backward_state) = self._run_lstms(
+            both, mask.expand(2, -1, -1), (forward_state, backward_state)
         )
         activations = [torch.cat([embedded, embedded], dim=-1)]  # (B, T+2, 2P)
         for forward_k, backward_k in zip(forward_outputs, backward_outputs, strict=True):
@@ -196,24 +197,38 @@ class BiLM(nn.Module):
         ``*_inputs (B, T, W)`` char ids already holding ``<S>``/``</S>`` (the backward stream in
         reversed order), ``*_targets (B, T)`` vocabulary ids, negative where not scored; an
         all-zero token is padding and leaves the state untouched. The token types of both streams
-        are encoded in one call; each direction is scored before the next one runs (the order of
+        are encoded in one call, both LSTM stacks run, then each direction is scored (the order of
         the random draws of dropout and of the sampled softmax). ``types``: both streams' distinct
         token types found ahead on the CPU (the training data loader's), else found here. Never
         uses the ``stateful`` carry.
         """
-        states = state if state is not None else (None, None)
         char_ids = torch.stack([forward_inputs, backward_inputs]).long()  # (2, B, T, W)
         embedded = self.token_encoder.encode_types(char_ids, types)  # (2, B, T, P): types once
-        lstms = (self.forward_lstm, self.backward_lstm)
-        targets = (forward_targets, backward_targets)
-        scores, new_states = [], []
-        for index, lstm in enumerate(lstms):
-            mask = (char_ids[index] != 0).any(dim=-1)  # (B, T)
-            outputs, new_state = lstm(embedded[index], mask, states[index])
-            output = DirectionOutput(self.dropout(outputs[-1]), mask)  # top (B, T, P)
-            scores.append(score(output, targets[index]))
-            new_states.append(new_state)
-        return scores[0], scores[1], (new_states[0], new_states[1])
+        masks = (char_ids != 0).any(dim=-1)  # (2, B, T)
+        outputs, new_states = self._run_lstms(embedded, masks, state or (None, None))
+        scores = [
+            score(DirectionOutput(self.dropout(layers[-1]), masks[index]), targets)  # top layer
+            for index, (layers, targets) in enumerate(
+                zip(outputs, (forward_targets, backward_targets), strict=True)
+            )
+        ]
+        return scores[0], scores[1], new_states
+
+    def _run_lstms(
+        self,
+        inputs: torch.Tensor,
+        masks: torch.Tensor,
+        states: tuple[LSTMState | None, LSTMState | None],
+    ) -> tuple[tuple[list[torch.Tensor], list[torch.Tensor]], BiLMState]:
+        """Both stacks on ``inputs (2, B, T, P)``, ``masks (2, B, T)``: together when
+        ``batch_directions``, else in turn. -> each stack's layer outputs and new state."""
+        stacks = (self.forward_lstm, self.backward_lstm)
+        if self.config.batch_directions:
+            return run_both_directions(stacks, inputs, masks, states)
+        (forward, forward_state), (backward, backward_state) = (
+            stack(inputs[index], masks[index], states[index]) for index, stack in enumerate(stacks)
+        )
+        return (forward, backward), (forward_state, backward_state)
 
     def _mean_loss(
         self,
@@ -289,7 +304,9 @@ def _build_lstm(config: ModelConfig, input_dim: int) -> ProjectedLSTM:
     unclipped = config.lstm.cell_clip is None and config.lstm.proj_clip is None
     if config.lstm_impl == "compiled":
         return CompiledProjectedLSTM(config.lstm, input_dim, config.dropout)
-    if config.lstm_impl == "cudnn" or (config.lstm_impl == "auto" and unclipped):
+    if config.lstm_impl == "cudnn" or (
+        config.lstm_impl == "auto" and unclipped and not config.batch_directions
+    ):
         return CudnnProjectedLSTM(config.lstm, input_dim, config.dropout)
     return ProjectedLSTM(config.lstm, input_dim, config.dropout)
 

@@ -55,8 +55,84 @@ class LSTMState(NamedTuple):
         return LSTMState(self.h.detach(), self.c.detach())
 
 
+class LayerWeights(NamedTuple):
+    """One layer's parameters as its step loop multiplies by them; with a leading ``D`` when the
+    two directions' layers run together (:mod:`elmo_core.model.lstm_batched`)."""
+
+    input: torch.Tensor  # (I, 4H) or (D, I, 4H): input_weightᵀ
+    recurrent: torch.Tensor  # (P, 4H) or (D, P, 4H): recurrent_weightᵀ
+    bias: torch.Tensor  # (4H,) or (D, 1, 4H)
+    projection: torch.Tensor  # (H, P) or (D, H, P): projection_weightᵀ
+
+    def for_autocast(self) -> LayerWeights:
+        """Cast once to the autocast dtype, if autocast is on: the step loop's GEMMs would each
+        cast their (transposed, so uncached) weights again, 20 times a window."""
+        device_type = self.recurrent.device.type
+        if not torch.is_autocast_enabled(device_type):
+            return self
+        dtype = torch.get_autocast_dtype(device_type)
+        return LayerWeights(*(weight.to(dtype) for weight in self))
+
+
+# A layer's masked step loop: (inputs, mask, h, c, weights, cell_clip, proj_clip) -> outputs, h, c.
+LayerLoop = Callable[
+    [
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+        LayerWeights,
+        float | None,
+        float | None,
+    ],
+    tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+]
+
+
+def run_layer(
+    inputs: torch.Tensor,
+    mask: torch.Tensor,
+    h: torch.Tensor,
+    c: torch.Tensor,
+    weights: LayerWeights,
+    cell_clip: float | None,
+    proj_clip: float | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The masked step loop: ``inputs (…, B, T, I)``, ``mask (…, B, T)``, ``h (…, B, P)``,
+    ``c (…, B, H)`` -> outputs ``(…, B, T, P)``, ``h``, ``c``; ``…`` is empty, or ``D`` with
+    weights stacked over the directions. The input GEMM for all steps is done before the loop."""
+    weights = weights.for_autocast()
+    lead = inputs.shape[:-3]  # () or (D,)
+    flat = inputs.reshape(*lead, -1, inputs.shape[-1])  # (…, B·T, I)
+    input_gates = _add_product(weights.bias, flat, weights.input)  # one GEMM for all steps
+    input_gates = input_gates.view(*inputs.shape[:-1], -1)  # (…, B, T, 4H)
+    step_mask = mask.unsqueeze(-1)  # (…, B, T, 1)
+    outputs = []
+    # unbind, not input_gates[..., t, :]: its backward stacks the T step gradients once, where
+    # indexing would add a zero-filled (…, B, T, 4H) gradient per step.
+    for t, step_gates in enumerate(input_gates.unbind(-2)):
+        gates = _add_product(step_gates, h, weights.recurrent)  # (…, B, 4H)
+        in_gate, forget_gate, candidate, out_gate = gates.chunk(4, dim=-1)  # 4 × (…, B, H)
+        new_c = torch.sigmoid(forget_gate) * c + torch.sigmoid(in_gate) * torch.tanh(candidate)
+        if cell_clip is not None:
+            new_c = new_c.clamp(-cell_clip, cell_clip)
+        new_h = torch.matmul(torch.sigmoid(out_gate) * torch.tanh(new_c), weights.projection)
+        if proj_clip is not None:
+            new_h = new_h.clamp(-proj_clip, proj_clip)  # (…, B, P)
+        keep = step_mask[..., t, :]  # (…, B, 1)
+        h = torch.where(keep, new_h, h)
+        c = torch.where(keep, new_c, c)
+        outputs.append(new_h * keep)  # zero where masked
+    return torch.stack(outputs, dim=-2), h, c  # (…, B, T, P)
+
+
+def _add_product(base: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``base + x·weight``, the addition done by the GEMM itself (batched when ``x`` is 3-D)."""
+    return (torch.addmm if x.dim() == 2 else torch.baddbmm)(base, x, weight)
+
+
 class ProjectedLSTMLayer(nn.Module):
-    """One clipped, projected LSTM layer; the input GEMM for all steps is done before the loop."""
+    """One clipped, projected LSTM layer: its parameters, run by :func:`run_layer`."""
 
     def __init__(
         self,
@@ -88,38 +164,19 @@ class ProjectedLSTMLayer(nn.Module):
             self.bias[self.cell_dim : 2 * self.cell_dim] = 1.0  # the forget gate's slice
         nn.init.xavier_uniform_(self.projection_weight)
 
+    def weights(self) -> LayerWeights:
+        return LayerWeights(
+            self.input_weight.t(),
+            self.recurrent_weight.t(),
+            self.bias,
+            self.projection_weight.t(),
+        )
+
     def forward(
         self, inputs: torch.Tensor, mask: torch.Tensor, h: torch.Tensor, c: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``inputs (B, T, I)``, ``mask (B, T)``, ``h (B, P)``, ``c (B, H)`` -> outputs, h, c."""
-        input_gates = torch.addmm(
-            self.bias, inputs.reshape(-1, inputs.shape[-1]), self.input_weight.t()
-        ).view(inputs.shape[0], inputs.shape[1], -1)  # (B, T, 4H): one GEMM for all steps
-        step_mask = mask.unsqueeze(-1)  # (B, T, 1)
-        outputs = []
-        # unbind, not input_gates[:, t]: its backward stacks the T step gradients once, where
-        # indexing would add a zero-filled (B, T, 4H) gradient per step.
-        for t, step_gates in enumerate(input_gates.unbind(1)):
-            new_h, new_c = self.step(step_gates, h, c)  # (B, P), (B, H)
-            keep = step_mask[:, t]  # (B, 1)
-            h = torch.where(keep, new_h, h)  # (B, P)
-            c = torch.where(keep, new_c, c)  # (B, H)
-            outputs.append(new_h * keep)  # (B, P): zero where masked
-        return torch.stack(outputs, dim=1), h, c  # (B, T, P)
-
-    def step(
-        self, input_gates: torch.Tensor, h: torch.Tensor, c: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One recurrent step from precomputed ``x·W_inputᵀ + b (B, 4H)``; returns ``h', c'``."""
-        gates = torch.addmm(input_gates, h, self.recurrent_weight.t())  # (B, 4H)
-        in_gate, forget_gate, candidate, out_gate = gates.chunk(4, dim=-1)  # 4 × (B, H)
-        c = torch.sigmoid(forget_gate) * c + torch.sigmoid(in_gate) * torch.tanh(candidate)
-        if self.cell_clip is not None:
-            c = c.clamp(-self.cell_clip, self.cell_clip)  # (B, H)
-        h = (torch.sigmoid(out_gate) * torch.tanh(c)) @ self.projection_weight.t()  # (B, P)
-        if self.proj_clip is not None:
-            h = h.clamp(-self.proj_clip, self.proj_clip)
-        return h, c
+        return run_layer(inputs, mask, h, c, self.weights(), self.cell_clip, self.proj_clip)
 
 
 class ProjectedLSTM(nn.Module):
@@ -160,31 +217,44 @@ class ProjectedLSTM(nn.Module):
         """``inputs (B, T, I)``, ``mask (B, T)`` bool -> ``[(B, T, P)] * L`` and the new state."""
         if state is None:
             state = self.zero_state(inputs.shape[0], inputs.device, inputs.dtype)
-        run_layer = self.layer_call(mask)
+        return self.run_stack(inputs, state, self.layer_call(mask))
+
+    def run_stack(
+        self, inputs: torch.Tensor, state: LSTMState, run_layer: LayerCall
+    ) -> tuple[list[torch.Tensor], LSTMState]:
+        """Every layer in turn by ``run_layer``, with this stack's dropout and residuals; leading
+        dimensions of ``inputs`` and ``state`` (the directions run together) pass through."""
         outputs, final_h, final_c = [], [], []
-        layer_input = inputs  # (B, T, I)
+        layer_input = inputs  # (…, B, T, I)
         for index in range(len(self.layers)):
-            dropped = self.dropout(layer_input)  # (B, T, I)
-            output, h, c = run_layer(index, dropped, state.h[index], state.c[index])  # (B, T, P)
+            dropped = self.dropout(layer_input)  # (…, B, T, I)
+            output, h, c = run_layer(index, dropped, state.h[index], state.c[index])
             if index > 0 and self.config.use_skip_connections:
                 output = output + dropped  # after the clip, as bilm-tf's ResidualWrapper
-            outputs.append(output)
+            outputs.append(output)  # (…, B, T, P)
             final_h.append(h)
             final_c.append(c)
             layer_input = output
         return outputs, LSTMState(torch.stack(final_h), torch.stack(final_c))
 
-    def layer_call(self, mask: torch.Tensor) -> LayerCall:
-        """How each layer runs over a batch with this ``mask (B, T)``: the masked step loop.
+    def layer_loop(self) -> LayerLoop:
+        """What runs a layer's masked step loop: the one point where a faster loop plugs in."""
+        return run_layer
 
-        The one point where a faster kernel plugs in (the stack around it — dropout, residuals,
-        the state — stays here). It is asked once per ``forward``, so what a variant derives
-        from the mask (lengths, a host-side check) is paid once, not once per layer.
+    def layer_call(self, mask: torch.Tensor) -> LayerCall:
+        """How each layer runs over a batch with this ``mask (B, T)``: the layer loop by default.
+
+        A variant whose kernel needs more than the loop (cuDNN's lengths) overrides this; it is
+        asked once per ``forward``, so what it derives from the mask (lengths, a host-side check)
+        is paid once, not once per layer.
         """
+        loop = self.layer_loop()
 
         def run_layer(
             index: int, inputs: torch.Tensor, h: torch.Tensor, c: torch.Tensor
         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-            return self.layers[index](inputs, mask, h, c)
+            layer = self.layers[index]
+            assert isinstance(layer, ProjectedLSTMLayer)
+            return loop(inputs, mask, h, c, layer.weights(), layer.cell_clip, layer.proj_clip)
 
         return run_layer

@@ -1,12 +1,13 @@
 """The projected LSTM stack with each layer's step loop compiled by ``torch.compile``.
 
-On a GPU the reference layer launches a dozen small kernels per step (the recurrent GEMM, three
+On a GPU the reference loop launches a dozen small kernels per step (the recurrent GEMM, three
 sigmoids, two tanh, the clips, the projection, the mask's selects): 20 steps × 2 layers × 2
 directions of them, forward and backward, in a Python loop. Compiled (Inductor, fixed shapes),
 each layer's loop becomes one graph whose pointwise work is fused into a few kernels per step
-around the GEMMs, with a fused backward. What is compiled is the reference layer's own
-``forward``, so the two cannot drift apart; parameters, state dict, dropout and residuals are the
-base class's. Works with the clips (unlike the cuDNN kernel); any CPU or CUDA device.
+around the GEMMs, with a fused backward. What is compiled is the reference's own
+:func:`~elmo_core.model.lstm.run_layer`, so the two cannot drift apart; parameters, state dict,
+dropout and residuals are the base class's. Works with the clips (unlike the cuDNN kernel), on any
+CPU or CUDA device, and with both directions run together (``model.batch_directions``).
 
 The first call of each shape compiles (seconds to a minute); a training run has one or two shapes
 (training and validation windows), and every layer of both directions shares a graph.
@@ -15,40 +16,22 @@ The first call of each shape compiles (seconds to a minute); a training run has 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 
 import torch
 
-from elmo_core.model.lstm import LayerCall, ProjectedLSTM, ProjectedLSTMLayer
-
-
-def _layer_loop(
-    layer: ProjectedLSTMLayer,
-    inputs: torch.Tensor,
-    mask: torch.Tensor,
-    h: torch.Tensor,
-    c: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return layer(inputs, mask, h, c)
+from elmo_core.model.lstm import LayerLoop, ProjectedLSTM, run_layer
 
 
 @functools.cache
-def _compiled_layer_loop() -> Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+def _compiled_layer_loop() -> LayerLoop:
     """The compiled loop, made on first use: ``torch.compile`` imports Dynamo (about a second),
-    which every import of the biLM would pay otherwise. Dynamo treats the layer's parameters as
-    inputs, so one graph serves every layer of these shapes."""
-    return torch.compile(_layer_loop, fullgraph=True, dynamic=False)
+    which every import of the biLM would pay otherwise. The weights are its inputs, so one graph
+    serves every layer of these shapes."""
+    return torch.compile(run_layer, fullgraph=True, dynamic=False)
 
 
 class CompiledProjectedLSTM(ProjectedLSTM):
     """:class:`ProjectedLSTM` with each layer's masked step loop run as one compiled graph."""
 
-    def layer_call(self, mask: torch.Tensor) -> LayerCall:
-        def run_layer(
-            index: int, inputs: torch.Tensor, h: torch.Tensor, c: torch.Tensor
-        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-            layer = self.layers[index]
-            assert isinstance(layer, ProjectedLSTMLayer)
-            return _compiled_layer_loop()(layer, inputs, mask, h, c)
-
-        return run_layer
+    def layer_loop(self) -> LayerLoop:
+        return _compiled_layer_loop()

@@ -27,14 +27,15 @@ def test_counts_the_design_notes_flops_for_the_original_model(gpu_bilm):
 
 def test_smoke_run_times_both_implementations_sweeps_profiles_and_ends_with_json():
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--smoke", "--sweep", "8", "--profile", "--inference"],
+        [sys.executable, str(SCRIPT), "--smoke", "--batch-directions", "--sweep", "8", "--profile"]
+        + ["--inference"],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout.strip().splitlines()[-1])
-    assert summary["preset"] == "tiny"
+    assert summary["preset"] == "tiny" and summary["batch_directions"] is True
     assert summary["ours_positions_per_s"] > 0 and summary["straightforward_positions_per_s"] > 0
     assert summary["ratio"] > 0 and summary["ours_mfu"] > 0
     assert summary["ours@8_positions_per_s"] > 0

@@ -5,6 +5,7 @@ import torch
 from elmo_core.config import LSTMConfig
 from elmo_core.model.bilm import BiLM
 from elmo_core.model.lstm import LSTMState, ProjectedLSTM
+from elmo_core.model.lstm_batched import run_both_directions
 from elmo_core.model.lstm_compiled import CompiledProjectedLSTM
 from elmo_core.presets import tiny
 
@@ -45,6 +46,23 @@ def test_outputs_states_and_gradients_equal_the_reference_with_clips_that_bite()
     torch.testing.assert_close(new_state.c, ref_state.c, rtol=0, atol=1e-5)
     for grad, ref_grad in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(grad, ref_grad, rtol=0, atol=1e-5)
+
+
+def test_both_directions_compiled_together_equal_the_reference_stacks_alone():
+    torch.manual_seed(0)
+    reference = (ProjectedLSTM(CLIPPED, P), ProjectedLSTM(CLIPPED, P))
+    compiled = (CompiledProjectedLSTM(CLIPPED, P), CompiledProjectedLSTM(CLIPPED, P))
+    for ours, theirs in zip(compiled, reference, strict=True):
+        ours.load_state_dict(theirs.state_dict())
+    generator = torch.Generator().manual_seed(1)
+    inputs = torch.randn(2, B, T, P, generator=generator) * 3  # cells reach the clip
+    masks = torch.arange(T) < torch.tensor([[T, 2, 0, 1], [1, T, 3, 0]]).unsqueeze(-1)
+    (outputs, states) = run_both_directions(compiled, inputs, masks, (None, None))
+    for index, stack in enumerate(reference):
+        ref_outputs, ref_state = stack(inputs[index], masks[index])
+        for output, ref_output in zip(outputs[index], ref_outputs, strict=True):
+            torch.testing.assert_close(output, ref_output, rtol=0, atol=1e-5)
+        torch.testing.assert_close(states[index].c, ref_state.c, rtol=0, atol=1e-5)
 
 
 def test_the_config_selects_it_with_the_reference_parameters():
