@@ -29,9 +29,9 @@ import ray
 import torch
 
 from elmo_core.config import PrepareConfig
-from elmo_core.data.batching import TokenStream, window_char_ids
 from elmo_core.data.manifest import MANIFEST_NAME
-from elmo_core.data.reader import load_manifest, load_word_types
+from elmo_core.data.reader import load_manifest
+from elmo_core.training.local_run import step_results
 from elmo_core.training.step import TrainingStep
 from pipelines.common.ray_cluster import connect_ray
 from pipelines.common.settings import elmo_home
@@ -79,26 +79,13 @@ def seconds_per_step(cfg: TrainJobConfig, data: str, steps: int) -> float:
     with the worker's CPUs, so it also gets the worker's threads (``OMP_NUM_THREADS``).
     """
     manifest = load_manifest(data)
-    table = load_word_types(data, manifest).char_ids
-    bilm = initial_bilm(cfg.model, manifest.vocab.size, None, None).train()
+    bilm = initial_bilm(cfg.model, manifest.vocab.size, None).train()
     step_once = TrainingStep.build(bilm, cfg.train, cfg.run.grad_exchange)
-    rows, unroll = cfg.train.batch_size, cfg.train.unroll_steps
-    streams = [
-        TokenStream(data, batch_size=rows, unroll_steps=unroll, reverse=reverse, seed=seed)
-        for reverse, seed in ((False, 1), (True, 2))
-    ]
+    results = step_results(step_once, data, torch.device("cpu"))  # batches built in the loop
     times = []
     for step in range(steps + 3):  # three warm-up steps
         started = time.perf_counter()
-        tensors = []
-        for stream in streams:
-            window = stream.next_window()
-            assert window is not None
-            tensors += [
-                torch.from_numpy(window_char_ids(window.inputs, table)),  # (B, T, W)
-                torch.from_numpy(window.targets),  # (B, T)
-            ]
-        step_once(*tensors, state=None)
+        next(results)
         if step >= 3:
             times.append(time.perf_counter() - started)
     return statistics.median(times)

@@ -8,16 +8,17 @@ infinite, and what must stay float32 does (Adagrad's accumulators, the softmax's
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
 import torch
 
 from elmo_core.config import PrepareConfig, TrainConfig
-from elmo_core.data.reader import load_manifest, load_word_types
+from elmo_core.data.reader import load_manifest
 from elmo_core.model.bilm import BiLM
 from elmo_core.presets import small
-from elmo_core.training.batches import CandidateSpec, StepBatches, StreamSpec
+from elmo_core.training.local_run import step_results
 from elmo_core.training.step import TrainingStep
 from pipelines.prepare.corpus_sources import SAMPLE_CORPUS, locate_corpus
 from pipelines.prepare.stage import prepare_files
@@ -39,28 +40,17 @@ def dataset(tmp_path_factory) -> str:
 
 def loss_curve(dataset: str, device: torch.device, bf16: bool, steps: int = STEPS):
     """Mean sampled loss of every ``LOG_EVERY`` steps, and the trained step (model, optimiser)."""
-    manifest = load_manifest(dataset)
-    table = load_word_types(dataset, manifest).char_ids
     config = small()
-    draw = CandidateSpec(manifest.vocab.size, config.num_samples)
-    specs = (
-        StreamSpec(dataset, ROWS, UNROLL, 0, 1, reverse=False, seed=1, candidates=draw),
-        StreamSpec(dataset, ROWS, UNROLL, 0, 1, reverse=True, seed=2, candidates=draw),
-    )
     torch.manual_seed(0)  # the same weights and dropout masks in both runs
-    bilm = BiLM(config, manifest.vocab.size).to(device).train()
+    bilm = BiLM(config, load_manifest(dataset).vocab.size).to(device).train()
     step = TrainingStep.build(bilm, TrainConfig(batch_size=ROWS, unroll_steps=UNROLL, bf16=bf16))
-    pinned = device.type == "cuda"
-    curve, window, state = [], [], None
-    with StepBatches(specs, manifest, table, workers=0, pin_memory=pinned) as batches:
-        for _ in range(steps):
-            batch = next(batches)
-            result = step(**batch.step_arguments(device), state=state)
-            state = result.state
-            window.append(result.output.loss.detach().float())
-            if len(window) == LOG_EVERY:
-                curve.append(float(torch.stack(window).mean()))
-                window = []
+    losses = [
+        result.output.loss.detach().float()
+        for result in itertools.islice(step_results(step, dataset, device), steps)
+    ]
+    curve = [
+        float(torch.stack(losses[i : i + LOG_EVERY]).mean()) for i in range(0, steps, LOG_EVERY)
+    ]
     return curve, step
 
 

@@ -82,10 +82,12 @@ def batches(make_dataset):
         yield manifest.vocab.size, loaded
 
 
-def test_a_step_on_loaded_batches_never_waits_for_the_device(batches) -> None:
+@pytest.mark.parametrize("batch_directions", [False, True])
+def test_a_step_on_loaded_batches_never_waits_for_the_device(batches, batch_directions) -> None:
     vocab_size, loaded = batches
     torch.manual_seed(0)
-    bilm = BiLM(MODEL, vocab_size=vocab_size).train()
+    model = MODEL.model_copy(update={"batch_directions": batch_directions})
+    bilm = BiLM(model, vocab_size=vocab_size).train()
     step = TrainingStep.build(bilm, TrainConfig(batch_size=ROWS, unroll_steps=UNROLL))
     state = None
     for _ in range(3):  # the first step from zero states, then carried ones

@@ -1,0 +1,39 @@
+"""Training steps in one process, without Ray: a worker's data path and step, for a notebook, a
+benchmark or a test that wants to train a biLM for a while and watch its losses."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from elmo_core.data.reader import load_manifest, load_word_types
+from elmo_core.training.batches import CandidateSpec, StepBatches, StreamSpec
+from elmo_core.training.step import StepResult, TrainingStep
+
+STREAM_SEEDS = (1, 2)  # forward, backward
+
+
+def step_results(
+    step: TrainingStep, dataset_url: str, device: torch.device, *, workers: int = 0
+) -> Iterator[StepResult]:
+    """``step`` on the dataset's training streams, one result per step, for as long as it is
+    iterated: windows, token types, candidates and softmax rows built by ``workers`` loader
+    processes (0: in this one), each LSTM state carried into the next step. Closing the iterator
+    stops the loader."""
+    manifest = load_manifest(dataset_url)
+    table = load_word_types(dataset_url, manifest).char_ids
+    draw = CandidateSpec(manifest.vocab.size, step.bilm.config.num_samples)
+    rows, unroll = step.train.batch_size, step.train.unroll_steps
+    forward, backward = (
+        StreamSpec(dataset_url, rows, unroll, 0, 1, reverse, seed, candidates=draw)
+        for reverse, seed in zip((False, True), STREAM_SEEDS, strict=True)
+    )
+    state = None
+    with StepBatches(
+        (forward, backward), manifest, table, workers=workers, pin_memory=device.type == "cuda"
+    ) as batches:
+        for batch in batches:
+            result = step(**batch.step_arguments(device), state=state)
+            state = result.state
+            yield result
