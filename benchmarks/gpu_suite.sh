@@ -8,7 +8,9 @@
 #          300 steps, the LSTM variants;
 #   speed  gpu_bilm.py at original size for each LSTM variant (reference and compiled, each with
 #          the directions apart and batched): a batch sweep, where the time goes, inference;
-#   data   the data path on this machine's CPUs.
+#   data   the data path on this machine's CPUs;
+#   recipe 300 steps of original at 128 rows against 1024 rows at two learning rates
+#          (batch_recipe.py; PTB when shared/data/ptb is there, else the bundled python-docs).
 # Every log lands in OUT_DIR; each tool's last line is JSON.
 #
 # Needs torch with CUDA, numpy, pyarrow, pyyaml, h5py, tqdm, typer, pytest(-timeout), and the pure
@@ -23,7 +25,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-benchmarks/results/gpu-$(date +%F)}
 shift $(($# > 0 ? 1 : 0))
-parts=${*:-tests speed data}
+parts=${*:-tests speed data recipe}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 status=0
@@ -54,5 +56,10 @@ fi
 if [[ " $parts " == *" data "* ]]; then
     python benchmarks/bench_data_path.py --corpus python-docs 2>&1 |
         tee "$out/data_path.log" || status=1
+fi
+if [[ " $parts " == *" recipe "* ]]; then
+    corpus=(--corpus python-docs)
+    [[ -d shared/data/ptb ]] && corpus=(--corpus ptb --data-root shared/data)
+    python benchmarks/batch_recipe.py "${corpus[@]}" 2>&1 | tee "$out/batch_recipe.log" || status=1
 fi
 exit $status
