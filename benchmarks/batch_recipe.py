@@ -27,19 +27,18 @@ from typing import NamedTuple
 
 import torch
 
-from elmo_core.config import PrepareConfig, TrainConfig
+from elmo_core.config import TrainConfig
 from elmo_core.data.reader import load_manifest
 from elmo_core.model.bilm import BiLM
 from elmo_core.perplexity import evaluate_perplexity
 from elmo_core.presets import model_preset
 from elmo_core.training.local_run import step_results
 from elmo_core.training.step import TrainingStep
-from pipelines.prepare.corpus_sources import SAMPLE_CORPUS, locate_corpus
-from pipelines.prepare.stage import prepare_files
+from pipelines.prepare.corpus_sources import SAMPLE_CORPUS
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
-from bench_eval_protocols import prepare_ptb  # noqa: E402  (shared PTB setup)
+from bench_eval_protocols import prepare_benchmark_corpus  # noqa: E402  (shared corpus setup)
 
 BASE_ROWS, BASE_LR, UNROLL, MEAN_OF = 128, 0.2, 20, 10
 HELDOUT_WINDOWS = 20  # 128 × 20 positions each
@@ -105,12 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     scaled_lr = BASE_LR * math.sqrt(args.rows / BASE_ROWS)
     settings = [(BASE_ROWS, BASE_LR), (args.rows, BASE_LR), (args.rows, scaled_lr)]
     with tempfile.TemporaryDirectory(prefix="batch-recipe-") as scratch:
-        if args.corpus == "ptb":
-            dataset = prepare_ptb(ptb, Path(scratch), test_sentences=0)
-        else:
-            corpus = locate_corpus(SAMPLE_CORPUS, "text", Path(scratch) / "cache")
-            dataset = str(Path(scratch) / "dataset")
-            prepare_files(PrepareConfig(format="text"), corpus, dataset)
+        dataset = prepare_benchmark_corpus(args.corpus, ptb, Path(scratch), 0)
         runs = [train(dataset, args.preset, rows, lr, args.steps, device) for rows, lr in settings]
     base_positions = BASE_ROWS * UNROLL * args.steps
     print(

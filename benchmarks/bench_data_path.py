@@ -33,16 +33,13 @@ from pathlib import Path
 
 import torch
 
-from elmo_core.config import PrepareConfig
 from elmo_core.data.reader import load_manifest, load_word_types
 from elmo_core.presets import model_preset
 from elmo_core.training.batches import CandidateSpec, StepBatches, StreamSpec
-from pipelines.prepare.corpus_sources import SAMPLE_CORPUS, locate_corpus
-from pipelines.prepare.stage import prepare_files
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
-from bench_eval_protocols import prepare_ptb  # noqa: E402  (shared PTB setup)
+from bench_eval_protocols import prepare_benchmark_corpus  # noqa: E402  (shared corpus setup)
 
 GOAL_TRAINING_RATE = 250_000  # positions/s on one H100 (issue 13)
 ORIGINAL_DRAW = CandidateSpec(vocab_size=793_471, num_samples=model_preset("original").num_samples)
@@ -82,12 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"benchmark": "data_path", "skipped": f"no PTB under {args.data_root}"}))
         return 0
     with tempfile.TemporaryDirectory(prefix="bench-data-path-") as scratch:
-        if args.corpus == "ptb":
-            dataset = prepare_ptb(ptb, Path(scratch), test_sentences=100)
-        else:
-            corpus = locate_corpus(SAMPLE_CORPUS, "text", Path(scratch) / "cache")
-            dataset = str(Path(scratch) / "dataset")
-            prepare_files(PrepareConfig(format="text"), corpus, dataset)
+        dataset = prepare_benchmark_corpus(args.corpus, ptb, Path(scratch), 100)
         runs = {
             workers: [
                 measure(dataset, args.rows, args.unroll, workers, args.steps)

@@ -34,7 +34,13 @@ from elmo_core.data.batching import TokenStream, window_char_ids
 from elmo_core.data.reader import load_manifest, load_word_types
 from elmo_core.model.bilm import BiLM
 from elmo_core.perplexity import PerplexitySums, evaluate_perplexity
-from pipelines.prepare.corpus_sources import HELDOUT_DIR, TRAIN_DIR, CorpusFiles
+from pipelines.prepare.corpus_sources import (
+    HELDOUT_DIR,
+    SAMPLE_CORPUS,
+    TRAIN_DIR,
+    CorpusFiles,
+    locate_corpus,
+)
 from pipelines.prepare.stage import prepare_files
 
 REPO = Path(__file__).resolve().parents[1]
@@ -69,6 +75,17 @@ def prepare_ptb(ptb: Path, work: Path, test_sentences: int) -> str:
     corpus = CorpusFiles(str(ptb), "1b-benchmark", [train], [test, valid])
     out = work / "dataset"
     prepare_files(PrepareConfig(format="1b-benchmark"), corpus, str(out))
+    return str(out)
+
+
+def prepare_benchmark_corpus(corpus: str, ptb: Path, work: Path, test_sentences: int) -> str:
+    """``ptb`` (as :func:`prepare_ptb`) or the bundled sample corpus (needs no data: for a GPU
+    machine), prepared under ``work``."""
+    if corpus == "ptb":
+        return prepare_ptb(ptb, work, test_sentences)
+    files = locate_corpus(SAMPLE_CORPUS, "text", work / "cache")
+    out = work / "dataset"
+    prepare_files(PrepareConfig(format="text"), files, str(out))
     return str(out)
 
 
