@@ -250,7 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=10, help="timed steps after warm-up")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument(
-        "--lstm-impl", default="reference", choices=["reference", "cudnn", "compiled"]
+        "--lstm-impl",
+        default="reference",
+        choices=["reference", "cudnn", "compiled", "graphed"],
     )
     parser.add_argument(
         "--batch-directions", action="store_true", help="both LSTM stacks as one batched stack"

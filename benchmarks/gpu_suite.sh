@@ -6,8 +6,9 @@
 # Parts, in order (name some to run only those, e.g. one per call where a command has a time limit):
 #   tests  the CUDA tests: golden TensorFlow parity in fp32, CPU parity, bf16 against fp32 over
 #          300 steps, the LSTM variants;
-#   speed  gpu_bilm.py at original size for each LSTM variant (reference and compiled, each with
-#          the directions apart and batched): a batch sweep, where the time goes, inference;
+#   speed  gpu_bilm.py at original size for each LSTM variant (reference, compiled, graphed: each
+#          with the directions apart and batched): a batch sweep, where the time goes, inference;
+#          speed-reference, speed-compiled and speed-graphed run one variant each;
 #   data   the data path on this machine's CPUs;
 #   recipe 300 steps of original at 128 rows against 1024 rows at two learning rates
 #          (batch_recipe.py; PTB when shared/data/ptb is there, else the bundled python-docs).
@@ -44,14 +45,14 @@ if [[ " $parts " == *" tests "* ]]; then
         tests/unit/elmo_core/model/test_bilm_autocast.py 2>&1 | tee "$out/tests.log" || status=1
 fi
 
-if [[ " $parts " == *" speed "* ]]; then
-    for impl in reference compiled; do
+for impl in reference compiled graphed; do
+    if [[ " $parts " == *" speed "* || " $parts " == *" speed-$impl "* ]]; then
         for directions in "" --batch-directions; do
             python benchmarks/gpu_bilm.py --lstm-impl "$impl" $directions --sweep 256,512,1024 \
                 --profile --inference 2>&1 | tee "$out/gpu_bilm-$impl$directions.log" || status=1
         done
-    done
-fi
+    fi
+done
 
 if [[ " $parts " == *" data "* ]]; then
     python benchmarks/bench_data_path.py --corpus python-docs 2>&1 |

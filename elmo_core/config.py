@@ -85,25 +85,26 @@ class ModelConfig(StrictModel):
     lstm: LSTMConfig = Field(default_factory=LSTMConfig)
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
     num_samples: int = Field(8192, gt=0, description="sampled-softmax candidates per step")
-    lstm_impl: Literal["auto", "reference", "cudnn", "compiled"] = Field(
+    lstm_impl: Literal["auto", "reference", "cudnn", "compiled", "graphed"] = Field(
         "auto",
         description="LSTM kernel: 'cudnn' (fused nn.LSTM) needs both clips null; 'auto' takes it "
         "then, else 'reference'; 'compiled' is the reference loop under torch.compile (clips "
-        "kept, for GPUs); the parameters are the same either way",
+        "kept, for GPUs); 'graphed' also replays it as CUDA graphs; the parameters are the same "
+        "either way",
     )
     batch_directions: bool = Field(
         False,
         description="run the forward and backward LSTM stacks as one, each GEMM batched over "
-        "the two directions (half the kernel launches; for GPUs); with 'reference' or "
-        "'compiled', not 'cudnn'",
+        "the two directions (half the kernel launches; for GPUs); with 'reference', "
+        "'compiled' or 'graphed', not 'cudnn'",
     )
 
     @model_validator(mode="after")
     def _directions_need_the_layer_loop(self) -> ModelConfig:
         if self.batch_directions and self.lstm_impl == "cudnn":
             raise ValueError(
-                "batch_directions runs the reference or compiled layer loop; the cuDNN kernel "
-                "runs one direction at a time"
+                "batch_directions runs the reference, compiled or graphed layer loop; the cuDNN "
+                "kernel runs one direction at a time"
             )
         return self
 

@@ -31,7 +31,7 @@ from elmo_core.errors import ConfigError
 from elmo_core.model.char_cnn import CharCNN, TokenTypes
 from elmo_core.model.lstm import LSTMState, ProjectedLSTM
 from elmo_core.model.lstm_batched import run_both_directions
-from elmo_core.model.lstm_compiled import CompiledProjectedLSTM
+from elmo_core.model.lstm_compiled import CompiledProjectedLSTM, GraphedProjectedLSTM
 from elmo_core.model.lstm_cudnn import CudnnProjectedLSTM
 from elmo_core.model.softmax import SampledCandidates, SampledSoftmax, SoftmaxRows
 from elmo_core.text.char_ids import BOS_IDS, EOS_IDS
@@ -304,6 +304,8 @@ def _build_lstm(config: ModelConfig, input_dim: int) -> ProjectedLSTM:
     unclipped = config.lstm.cell_clip is None and config.lstm.proj_clip is None
     if config.lstm_impl == "compiled":
         return CompiledProjectedLSTM(config.lstm, input_dim, config.dropout)
+    if config.lstm_impl == "graphed":
+        return GraphedProjectedLSTM(config.lstm, input_dim, config.dropout)
     if config.lstm_impl == "cudnn" or (
         config.lstm_impl == "auto" and unclipped and not config.batch_directions
     ):

@@ -10,7 +10,8 @@ dropout and residuals are the base class's. Works with the clips (unlike the cuD
 CPU or CUDA device, and with both directions run together (``model.batch_directions``).
 
 The first call of each shape compiles (seconds to a minute); a training run has one or two shapes
-(training and validation windows), and every layer of both directions shares a graph.
+(training and validation windows), and every layer of both directions shares a graph. On CUDA the
+graphed variant also captures the compiled graphs as CUDA graphs (``model.lstm_impl=graphed``).
 """
 
 from __future__ import annotations
@@ -23,15 +24,28 @@ from elmo_core.model.lstm import LayerLoop, ProjectedLSTM, run_layer
 
 
 @functools.cache
-def _compiled_layer_loop() -> LayerLoop:
+def _compiled_layer_loop(mode: str | None) -> LayerLoop:
     """The compiled loop, made on first use: ``torch.compile`` imports Dynamo (about a second),
     which every import of the biLM would pay otherwise. The weights are its inputs, so one graph
     serves every layer of these shapes."""
-    return torch.compile(run_layer, fullgraph=True, dynamic=False)
+    return torch.compile(run_layer, fullgraph=True, dynamic=False, mode=mode)
 
 
 class CompiledProjectedLSTM(ProjectedLSTM):
     """:class:`ProjectedLSTM` with each layer's masked step loop run as one compiled graph."""
 
+    compile_mode: str | None = None  # torch.compile's default: Inductor's fused kernels
+
     def layer_loop(self) -> LayerLoop:
-        return _compiled_layer_loop()
+        return _compiled_layer_loop(self.compile_mode)
+
+
+class GraphedProjectedLSTM(CompiledProjectedLSTM):
+    """The compiled loop replayed as CUDA graphs (``mode="reduce-overhead"``): each layer's
+    forward and backward graphs are captured once and replayed, so a step launches a few graphs
+    instead of its kernels one by one. The shapes are fixed in training; the graphs' inputs (the
+    activations, the weights, the carried state) are copied into their static buffers at each
+    replay, and its outputs live until the next step begins (the caller copies the state it
+    carries: ``run_stack`` stacks it). Without CUDA it runs as the compiled loop."""
+
+    compile_mode = "reduce-overhead"

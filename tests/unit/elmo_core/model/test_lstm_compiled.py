@@ -1,13 +1,15 @@
 """The compiled LSTM stack (torch.compile; Inductor's CPU backend here) equals the reference."""
 
+import pytest
 import torch
 
-from elmo_core.config import LSTMConfig
+from elmo_core.config import LSTMConfig, TrainConfig
 from elmo_core.model.bilm import BiLM
 from elmo_core.model.lstm import LSTMState, ProjectedLSTM
 from elmo_core.model.lstm_batched import run_both_directions
-from elmo_core.model.lstm_compiled import CompiledProjectedLSTM
+from elmo_core.model.lstm_compiled import CompiledProjectedLSTM, GraphedProjectedLSTM
 from elmo_core.presets import tiny
+from elmo_core.training.step import TrainingStep
 
 B, T, P, H = 4, 3, 6, 8  # layer 0's input is P wide too: every layer shares one compiled graph
 CLIPPED = LSTMConfig(cell_dim=H, projection_dim=P, num_layers=2, cell_clip=0.5, proj_clip=0.4)
@@ -21,13 +23,14 @@ def _run(stack, inputs, mask, state):
     return outputs, new_state, torch.autograd.grad(loss, [inputs, *stack.parameters()])
 
 
-def test_outputs_states_and_gradients_equal_the_reference_with_clips_that_bite():
+@pytest.mark.parametrize("variant", [CompiledProjectedLSTM, GraphedProjectedLSTM])
+def test_outputs_states_and_gradients_equal_the_reference_with_clips_that_bite(variant):
     torch.manual_seed(0)
     reference = ProjectedLSTM(CLIPPED, P, dropout=0.2)
     with torch.no_grad():
         for parameter in reference.parameters():
             parameter.add_(0.5 * torch.randn_like(parameter))
-    compiled = CompiledProjectedLSTM(CLIPPED, P, dropout=0.2)
+    compiled = variant(CLIPPED, P, dropout=0.2)  # graphed: CUDA graphs only on CUDA
     compiled.load_state_dict(reference.state_dict())  # the same parameters, key for key
     generator = torch.Generator().manual_seed(1)
     inputs = torch.randn(B, T, P, generator=generator).requires_grad_()
@@ -63,6 +66,40 @@ def test_both_directions_compiled_together_equal_the_reference_stacks_alone():
         for output, ref_output in zip(outputs[index], ref_outputs, strict=True):
             torch.testing.assert_close(output, ref_output, rtol=0, atol=1e-5)
         torch.testing.assert_close(states[index].c, ref_state.c, rtol=0, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+def test_training_steps_replayed_as_cuda_graphs_equal_the_compiled_ones():
+    """Captured graphs replayed across steps, the LSTM state carried between them, backward and
+    Adagrad in between: the same weights as the compiled loop launched kernel by kernel."""
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    models = []
+    for impl in ("compiled", "graphed"):
+        config = tiny().model_copy(update={"lstm_impl": impl, "batch_directions": True})
+        torch.manual_seed(0)
+        models.append(BiLM(config, vocab_size=100).to(device).train())
+    steps = [
+        TrainingStep.build(model, TrainConfig(batch_size=4, unroll_steps=5)) for model in models
+    ]
+    width = tiny().char_cnn.max_chars_per_token
+    states: list = [None, None]
+    for seed in range(6):  # warm-up, capture, then replays
+        generator = torch.Generator().manual_seed(seed)
+        windows = {
+            f"{name}_inputs": torch.randint(1, 262, (4, 5, width), generator=generator).to(device)
+            for name in ("forward", "backward")
+        } | {
+            f"{name}_targets": torch.randint(0, 100, (4, 5), generator=generator).to(device)
+            for name in ("forward", "backward")
+        }
+        for index, step in enumerate(steps):
+            torch.manual_seed(seed)  # the same dropout masks and candidates
+            states[index] = step(**windows, state=states[index]).state
+    for (name, graphed), compiled in zip(
+        models[1].named_parameters(), models[0].parameters(), strict=True
+    ):
+        torch.testing.assert_close(graphed, compiled, rtol=1e-4, atol=1e-5, msg=name)
 
 
 def test_the_config_selects_it_with_the_reference_parameters():
