@@ -98,6 +98,7 @@ class TrainingStep:
         if bilm.softmax is None:
             raise ConfigError("a BiLM built without vocab_size has no softmax", key="vocab_size")
         bilm.softmax.sparse = grad_exchange == "sparse"
+        bilm.zero_grad(set_to_none=True)  # a step's softmax rows are its own: marked distinct
         module = LossModule(bilm)
         exclude_from_ddp(module, [f"bilm.{name}" for name in SOFTMAX_PARAMETERS])
         broadcast_parameters(bilm.softmax.parameters())  # what DDP does for the others
