@@ -22,7 +22,7 @@ def _losses(dataset: str, workers: int, steps: int = 6) -> list[float]:
     bilm = BiLM(MODEL, vocab_size=load_manifest(dataset).vocab.size).train()
     step = TrainingStep.build(bilm, TrainConfig(batch_size=3, unroll_steps=4, lr=0.5))
     results = step_results(step, dataset, torch.device("cpu"), workers=workers)
-    losses = [float(result.output.loss) for result in itertools.islice(results, steps)]
+    losses = [float(result.output.loss.detach()) for result in itertools.islice(results, steps)]
     results.close()  # stops the loader's processes
     return losses
 

@@ -9,7 +9,9 @@ from elmo_core.training.row_adagrad import RowSparseAdagrad
 
 
 def _rows(ids: list[int], values: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-    return torch.sparse_coo_tensor(torch.tensor([ids]), values, shape, is_coalesced=True)
+    return torch.sparse_coo_tensor(
+        torch.tensor([ids]), values, shape, is_coalesced=True, check_invariants=True
+    )
 
 
 def _parameters(seed: int) -> list[nn.Parameter]:
@@ -34,7 +36,8 @@ def test_three_steps_equal_torch_adagrad_on_sparse_and_dense_gradients() -> None
             parameters[0].grad = _rows(ids, weight_rows, (10, 3))
             parameters[1].grad = _rows(ids, bias_rows, (10,))
             parameters[2].grad = dense.clone()
-            optimizer.step()
+            with torch.sparse.check_sparse_tensor_invariants(enable=True):  # torch's makes some
+                optimizer.step()
         assert ours[0].grad is not None and ours[0].grad.is_sparse  # gradients are left as given
     for a, b in zip(ours, reference, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
