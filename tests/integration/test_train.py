@@ -38,6 +38,12 @@ from pipelines.train.supervision import TrainingFailed
 pytestmark = pytest.mark.integration
 
 NUM_WORDS = 150  # a vocabulary above the tiny preset's 64 sampled candidates
+# ``python -m pipelines.train`` with Ctrl-C's default handling, as in a terminal's foreground job:
+# a test runner started in the background by a shell ignores SIGINT, and its children inherit that.
+AS_FOREGROUND_JOB = (
+    "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "runpy.run_module('pipelines.train', run_name='__main__', alter_sys=True)"
+)
 SMALL_RUN = [
     "train.batch_size=4",
     "train.unroll_steps=5",
@@ -252,7 +258,7 @@ def test_ctrl_c_stops_the_run_killed_and_the_same_command_resumes_it(
         args += ["--set", override]
     env = {**os.environ, "MLFLOW_TRACKING_URI": tracking.use_tracking()}
     driver = subprocess.Popen(
-        [sys.executable, "-m", "pipelines.train", *args],
+        [sys.executable, "-c", AS_FOREGROUND_JOB, *args],  # python -m pipelines.train
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
