@@ -11,7 +11,9 @@
 #          speed-reference, speed-compiled and speed-graphed run one variant each;
 #   data   the data path on this machine's CPUs;
 #   recipe 300 steps of original at 128 rows against 1024 rows at two learning rates
-#          (batch_recipe.py; PTB when shared/data/ptb is there, else the bundled python-docs).
+#          (batch_recipe.py; PTB when shared/data/ptb is there, else the bundled python-docs,
+#          whose 277k training tokens a 1024-row run reads 22 times: copy ../shared/data/ptb to
+#          shared/data/ptb in the working tree to send PTB to the GPU machine).
 # Every log lands in OUT_DIR; each tool's last line is JSON.
 #
 # Needs torch with CUDA, numpy, pyarrow, pyyaml, h5py, tqdm, typer, pytest(-timeout), and the pure
