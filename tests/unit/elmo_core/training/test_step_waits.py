@@ -49,19 +49,18 @@ class HostWaits(TorchDispatchMode):
         self.waits: list[str] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None) -> Any:  # noqa: ANN001
-        name = func._schema.name
-        if (
-            name in DATA_SIZED
-            or (name == "aten::repeat_interleave" and "output_size" not in (kwargs or {}))
-            or name in READ_BACK
-            and not any(args[0] is tensor for tensor in self.host_side)
-        ):
+        name, kwargs = func._schema.name, kwargs or {}
+        sized_by_data = name in DATA_SIZED or (
+            name == "aten::repeat_interleave" and "output_size" not in kwargs
+        )
+        reads_back = name in READ_BACK and not any(args[0] is held for held in self.host_side)
+        if sized_by_data or reads_back:
             self.waits.append(name)
         elif name in ("aten::index", "aten::index_put", "aten::index_put_") and _bool_index(
             args[1]
         ):
             self.waits.append(f"{name} (boolean mask)")
-        return func(*args, **(kwargs or {}))
+        return func(*args, **kwargs)
 
 
 def _bool_index(indices: Any) -> bool:
