@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -38,27 +39,9 @@ class LossModule(nn.Module):
         super().__init__()
         self.bilm = bilm
 
-    def forward(
-        self,
-        forward_inputs: torch.Tensor,
-        forward_targets: torch.Tensor,
-        backward_inputs: torch.Tensor,
-        backward_targets: torch.Tensor,
-        state: BiLMState | None,
-        candidates: tuple[SampledCandidates, SampledCandidates] | None = None,
-        types: TokenTypes | None = None,
-        softmax_rows: torch.Tensor | None = None,
-    ) -> tuple[LossOutput, BiLMState]:
-        return self.bilm.training_loss(
-            forward_inputs,
-            forward_targets,
-            backward_inputs,
-            backward_targets,
-            state,
-            candidates,
-            types,
-            softmax_rows,
-        )
+    def forward(self, *args: Any, **kwargs: Any) -> tuple[LossOutput, BiLMState]:
+        """``BiLM.training_loss``'s arguments, passed through."""
+        return self.bilm.training_loss(*args, **kwargs)
 
 
 @dataclass(frozen=True)
