@@ -128,7 +128,8 @@ class StraightforwardBiLM(nn.Module):
         """Mean sampled-softmax loss, written out as ``tf.nn.sampled_softmax_loss`` states it."""
         softmax = self.model.softmax
         assert isinstance(softmax, SampledSoftmax)
-        candidates, tries = softmax.sampler.sample_unique(softmax.num_samples)
+        candidates, tries = softmax.sampler.sample_unique(softmax.num_samples)  # on the host
+        candidates = candidates.to(hidden.device)  # every tensor of the step on the model's
         logits = torch.cat(
             [
                 (hidden * softmax.weight[targets]).sum(-1, keepdim=True)

@@ -18,7 +18,10 @@ host syncs); ``--inference`` times embedding 64 sentences of real lengths with t
     python benchmarks/gpu_bilm.py                # original, 128 × 20, on CUDA
     python benchmarks/gpu_bilm.py --lstm-impl compiled --batch-directions --sweep 256,512,1024 \
         --profile --inference
+    python benchmarks/gpu_bilm.py --only sweep --lstm-impl graphed --batch-directions \
+        --sweep 256,512,1024
     python benchmarks/gpu_bilm.py --smoke        # tiny sizes, any device (tested in CI)
+    python benchmarks/gpu_bilm.py --smoke --device meta  # CUDA's device rules on a CPU
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from elmo_core.model.softmax import (  # noqa: E402
     touched_rows,
 )
 from elmo_core.presets import model_preset  # noqa: E402
+from elmo_core.training.gradient_exchange import ExchangeMode  # noqa: E402
 from elmo_core.training.step import TrainingStep  # noqa: E402
 
 CANDIDATE_SETS = 16  # distinct sets the timed steps cycle through
@@ -70,9 +74,10 @@ def training_flops_per_position(config: ModelConfig) -> float:
 
 def synthetic_windows(
     batch: int, window: int, vocab: int, num_types: int, width: int, device: torch.device
-) -> tuple[dict[str, torch.Tensor], TokenTypes]:
-    """Both streams: Zipf word ids (targets) and the char ids of random lowercase words, and the
-    windows' distinct token types as a worker's data loader finds them."""
+) -> tuple[dict[str, torch.Tensor], TokenTypes, np.ndarray]:
+    """Both streams: Zipf word ids (targets) and the char ids of random lowercase words, the
+    windows' distinct token types as a worker's data loader finds them, and the targets
+    ``(2, B, T)`` on the host, where the loader finds the softmax rows."""
     generator = torch.Generator().manual_seed(0)
     lengths = torch.randint(1, 13, (num_types,), generator=generator)  # (U,)
     letters = torch.randint(98, 124, (num_types, width), generator=generator)  # 'a'.. +1 ids
@@ -81,14 +86,16 @@ def synthetic_windows(
     table[:, 0] = 259  # begin-of-word
     table[torch.arange(num_types), lengths + 1] = 260  # end-of-word
     sampler = LogUniformSampler(vocab)
-    windows, type_ids = {}, []
+    windows, type_ids, targets = {}, [], []
     for name in ("forward", "backward"):
         words = sampler.draw(batch * (window + 1), generator).view(batch, window + 1)  # (B, T+1)
         type_ids.append((words[:, :-1] % num_types).numpy())  # (B, T)
+        targets.append(words[:, 1:].numpy())  # (B, T)
         windows[f"{name}_inputs"] = table[words[:, :-1] % num_types].to(device)  # (B, T, W)
         windows[f"{name}_targets"] = words[:, 1:].to(device)  # (B, T)
     char_ids, inverse, used = token_types(np.stack(type_ids), table.numpy())
-    return windows, TokenTypes(char_ids.to(device), inverse.to(device), used)
+    types = TokenTypes(char_ids.to(device), inverse.to(device), used)
+    return windows, types, np.stack(targets)
 
 
 def seconds_per_call(
@@ -138,7 +145,10 @@ def straightforward_step(
 
 
 def worker_step(
-    step: TrainingStep, windows: dict[str, torch.Tensor], types: TokenTypes
+    step: TrainingStep,
+    windows: dict[str, torch.Tensor],
+    types: TokenTypes,
+    host_targets: np.ndarray,
 ) -> Callable[[], None]:
     """``step`` on ``windows`` as a worker calls it: each state carried into the next call, the
     candidate sets, token types and softmax rows found ahead (by a worker's data loader; here,
@@ -151,10 +161,11 @@ def worker_step(
     for _ in range(CANDIDATE_SETS):
         ids, num_tries = softmax.sampler.sample_unique(softmax.num_samples, generator)
         drawn.append(SampledCandidates(ids.pin_memory() if pinned else ids, num_tries))
-    targets = torch.stack([windows["forward_targets"], windows["backward_targets"]]).cpu().numpy()
     rows = [  # what a worker's loader finds with each pair of sets
         torch.from_numpy(
-            touched_rows(targets, drawn[i].ids.numpy(), drawn[(i + 1) % CANDIDATE_SETS].ids.numpy())
+            touched_rows(
+                host_targets, drawn[i].ids.numpy(), drawn[(i + 1) % CANDIDATE_SETS].ids.numpy()
+            )
         ).to(windows["forward_targets"].device)
         for i in range(CANDIDATE_SETS)
     ]
@@ -223,7 +234,7 @@ def inference_seconds(
     ids[torch.arange(int(lengths.max())) >= lengths.unsqueeze(1)] = 0  # (S, T, W) padded
     ids = ids.to(device)
     model.eval()
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
 
     def ours() -> None:
         with torch.no_grad(), autocast:
@@ -264,12 +275,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--smoke", action="store_true", help="tiny sizes: a CPU check of the script"
     )
+    parser.add_argument(
+        "--only",
+        choices=["sweep", "inference"],
+        help="time only the sweep's batches, or only inference (one part of the GPU suite)",
+    )
+    parser.add_argument(
+        "--device",
+        help="default cuda where there is one, else cpu; meta stands in for CUDA on a CPU "
+        "(every tensor must be on it, as on a GPU; the times mean nothing)",
+    )
     args = parser.parse_args(argv)
     if args.smoke:
         args.preset, args.batch, args.window, args.vocab, args.types = "tiny", 4, 5, 200, 50
         args.steps, args.warmup = 1, 1
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    bf16 = device.type == "cuda" and not args.no_bf16
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    bf16 = device.type == "cuda" and not args.no_bf16  # autocast has no meta device
     config = model_preset(args.preset)
     if args.lstm_impl == "cudnn":
         lstm = config.lstm.model_copy(update={"cell_clip": None, "proj_clip": None})
@@ -280,20 +301,22 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     model = BiLM(config, args.vocab).to(device).train()
     baseline = StraightforwardBiLM(model)
-    windows, types = synthetic_windows(
+    windows, types, host_targets = synthetic_windows(
         args.batch, args.window, args.vocab, args.types, config.char_cnn.max_chars_per_token, device
     )
     recipe = TrainConfig(batch_size=args.batch, unroll_steps=args.window, bf16=bf16)
-    ours = worker_step(TrainingStep.build(model, recipe), windows, types)
-    seconds = {
-        "ours": seconds_per_call(ours, args.steps, args.warmup, device),
-        "straightforward": seconds_per_call(
+    # The meta device has no sparse kernels: there the softmax's gradient is dense.
+    exchange: ExchangeMode = "dense" if device.type == "meta" else "sparse"
+    ours = worker_step(TrainingStep.build(model, recipe, exchange), windows, types, host_targets)
+    seconds = {}
+    if args.only is None:  # each compiled shape costs a compile: a part times only its own
+        seconds["ours"] = seconds_per_call(ours, args.steps, args.warmup, device)
+        seconds["straightforward"] = seconds_per_call(
             straightforward_step(model, lambda: baseline.training_loss(windows), bf16),
             args.steps,
             args.warmup,
             device,
-        ),
-    }
+        )
     peak = matmul_flops_per_second(
         device, 256 if args.smoke else 8192, torch.bfloat16 if bf16 else torch.float32
     )
@@ -325,22 +348,27 @@ def main(argv: list[str] | None = None) -> int:
 
     for name, value in seconds.items():
         report(name, value, args.batch)
-    summary["ratio"] = round(seconds["straightforward"] / seconds["ours"], 3)
+    if seconds:
+        summary["ratio"] = round(seconds["straightforward"] / seconds["ours"], 3)
     summary["matmul_tflops"] = round(peak / 1e12, 2)
-    for rows in (int(value) for value in args.sweep.split(",") if value):
-        sweep_windows, sweep_types = synthetic_windows(
+    sweep = args.sweep if args.only in (None, "sweep") else ""
+    for rows in (int(value) for value in sweep.split(",") if value):
+        sweep_windows, sweep_types, sweep_targets = synthetic_windows(
             rows, args.window, args.vocab, args.types, config.char_cnn.max_chars_per_token, device
         )
         sweep_recipe = recipe.model_copy(update={"batch_size": rows})
         sweep_step = worker_step(
-            TrainingStep.build(model, sweep_recipe), sweep_windows, sweep_types
+            TrainingStep.build(model, sweep_recipe, exchange),
+            sweep_windows,
+            sweep_types,
+            sweep_targets,
         )
         report(f"ours@{rows}", seconds_per_call(sweep_step, args.steps, args.warmup, device), rows)
-    if args.profile:
+    if args.profile and args.only is None:
         profile = where_the_time_goes(ours, args.steps)
         print(f"where a step of ours goes (per step, batch {args.batch}): {profile}")
         summary["profile"] = profile
-    if args.inference:
+    if args.inference or args.only == "inference":
         for name, (value, tokens) in inference_seconds(model, baseline, 64, device, bf16).items():
             print(f"inference {name:14} {value:8.4f} s {tokens / value:12.0f} tokens/s")
             summary[f"inference_{name}_tokens_per_s"] = round(tokens / value, 1)

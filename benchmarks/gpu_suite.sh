@@ -1,68 +1,115 @@
 #!/usr/bin/env bash
-# Issue 13's GPU checks and figures in one run, on a machine with one CUDA GPU (H100 or H200).
+# The GPU checks and figures, one part per device command (each fits its 10 minutes), on a machine
+# with one CUDA GPU and no package index; rehearsed on any CPU first (benchmarks/rehearse.py).
 #
-#   bash benchmarks/gpu_suite.sh [OUT_DIR [PART...]]   # default benchmarks/results/gpu-<date>, all
+#   bash benchmarks/gpu_suite.sh [--carried DIR] [--rehearse] OUT PART...
 #
-# Parts, in order (name some to run only those, e.g. one per call where a command has a time limit):
-#   tests  the CUDA tests: golden TensorFlow parity in fp32, CPU parity, bf16 against fp32 over
-#          300 steps, the LSTM variants;
-#   speed  gpu_bilm.py at original size for each LSTM variant (reference, compiled, graphed: each
-#          with the directions apart and batched): a batch sweep, where the time goes, inference;
-#          speed-reference, speed-compiled and speed-graphed run one variant each;
-#   data   the data path on this machine's CPUs;
-#   recipe 300 steps of original at 128 rows against 1024 rows at two learning rates
-#          (batch_recipe.py; PTB when shared/data/ptb is there, else the bundled python-docs,
-#          whose 277k training tokens a 1024-row run reads 22 times: copy ../shared/data/ptb to
-#          shared/data/ptb in the working tree to send PTB to the GPU machine).
-# Every log lands in OUT_DIR; each tool's last line is JSON.
-#
-# Needs torch with CUDA, numpy, pyarrow, pyyaml, h5py, tqdm, typer, pytest(-timeout), and the pure
-# Python pydantic, sacremoses (elmo_core's configs and Moses tokenizer) with pydantic-core: no Ray,
-# MLflow or Prefect. On a machine without a package index, bring them as wheels at the versions
-# constraints.txt pins (pydantic, pydantic_core, annotated-types, typing-inspection, sacremoses;
-# `pip download --no-deps --only-binary=:all: --python-version 3.12 ...`) and install them with
-# `pip install --no-index --no-deps --target DIR` on PYTHONPATH. The golden files are read from
-# ELMO_TEST_CACHE (the parity test fetches them once where a package index is reachable; point the
-# variable at a copy where none is).
+# Parts:
+#   tests            the CUDA tests: golden TensorFlow parity in fp32, CPU parity, bf16 against
+#                    fp32 over 300 steps, every LSTM variant, the step's host-sync check;
+#   speed-IMPL       gpu_bilm.py at original size, 128 rows, IMPL = reference, compiled or graphed,
+#                    directions apart and batched: ours against the straightforward baseline, MFU,
+#                    where a step's time goes;
+#   sweep-IMPL       ours at 256, 512 and 1024 rows, directions batched;
+#   inference        embedding 64 sentences with the frozen biLM (reference and compiled loops);
+#   data             the data path on this machine's CPUs;
+#   recipe           300 steps of original at 128 rows against 1024 rows at two learning rates
+#                    (PTB when shared/data/ptb is in the tree, else the bundled python-docs).
+# --carried DIR: DIR/wheels/*.whl are installed as the device lacks them (benchmarks/device_env.py
+#   fetch DIR makes it), and DIR/golden holds the golden files, which the parity tests then require.
+# --rehearse: tiny sizes on a CPU; the meta device stands in for CUDA where the code allows it
+#   (every tensor must be on it, as on a GPU), the compiled loops compile for the CPU.
+# Each part writes OUT/PART.log (its last line JSON) and no more than 3 files in all.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-out=${1:-benchmarks/results/gpu-$(date +%F)}
-shift $(($# > 0 ? 1 : 0))
-parts=${*:-tests speed data recipe}
-mkdir -p "$out"
-export PYTHONUNBUFFERED=1
-status=0
-
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
-python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" |
-    tee -a "$out/gpu.txt"
-
-if [[ " $parts " == *" tests "* ]]; then
-    python -m pytest -q -p no:cacheprovider \
-        tests/integration/test_allennlp_parity.py \
-        tests/unit/elmo_core/training \
-        tests/unit/elmo_core/model/test_lstm_cudnn.py \
-        tests/unit/elmo_core/model/test_lstm_compiled.py \
-        tests/unit/elmo_core/model/test_lstm_batched.py \
-        tests/unit/elmo_core/model/test_bilm_autocast.py 2>&1 | tee "$out/tests.log" || status=1
-fi
-
-for impl in reference compiled graphed; do
-    if [[ " $parts " == *" speed "* || " $parts " == *" speed-$impl "* ]]; then
-        for directions in "" --batch-directions; do
-            python benchmarks/gpu_bilm.py --lstm-impl "$impl" $directions --sweep 256,512,1024 \
-                --profile --inference 2>&1 | tee "$out/gpu_bilm-$impl$directions.log" || status=1
-        done
-    fi
+repo=$(cd "$(dirname "$0")/.." && pwd)
+cd "$repo"
+carried="" rehearse=""
+while [[ $# -gt 0 && $1 == --* ]]; do
+    case $1 in
+        --carried) carried=$(cd "$2" && pwd); shift 2 ;;
+        --rehearse) rehearse=1; shift ;;
+        *) echo "gpu_suite.sh: unknown option $1" >&2; exit 2 ;;
+    esac
 done
+if [[ $# -lt 2 ]]; then
+    echo "usage: gpu_suite.sh [--carried DIR] [--rehearse] OUT PART..." >&2
+    exit 2
+fi
+out=$1
+shift
+mkdir -p "$out"
+python=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1 PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
+if [[ -n $carried ]]; then
+    site=$(mktemp -d /tmp/elmo-site.XXXX)
+    "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$site" "$carried"/wheels/*.whl || exit 1
+    export PYTHONPATH="$site:$PYTHONPATH" ELMO_TEST_CACHE="$carried/golden" ELMO_REQUIRE_GOLDEN=1
+fi
+{
+    command -v nvidia-smi >/dev/null &&
+        nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+    "$python" -c "import sys, torch; print('python', sys.version.split()[0], 'torch',
+        torch.__version__, 'cuda', torch.version.cuda, torch.cuda.is_available())"
+} >"$out/env.txt" 2>&1
+if [[ -z $rehearse ]] && ! "$python" -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then
+    echo "gpu_suite.sh: no CUDA device here; on a CPU, rehearse: python benchmarks/rehearse.py" >&2
+    exit 2
+fi
 
-if [[ " $parts " == *" data "* ]]; then
-    python benchmarks/bench_data_path.py --corpus python-docs 2>&1 |
-        tee "$out/data_path.log" || status=1
-fi
-if [[ " $parts " == *" recipe "* ]]; then
-    corpus=(--corpus python-docs)
-    [[ -d shared/data/ptb ]] && corpus=(--corpus ptb --data-root shared/data)
-    python benchmarks/batch_recipe.py "${corpus[@]}" 2>&1 | tee "$out/batch_recipe.log" || status=1
-fi
+bilm() {  # gpu_bilm.py at original size, or tiny in a rehearsal (meta for the eager loop)
+    local impl=$1
+    shift
+    local size=()
+    if [[ -n $rehearse ]]; then
+        size=(--smoke)
+        [[ $impl == reference ]] && size+=(--device meta)
+    fi
+    "$python" benchmarks/gpu_bilm.py --lstm-impl "$impl" "${size[@]}" "$@"
+}
+
+run_part() {
+    local part=$1
+    # A fresh Inductor cache per part: a compile killed at the limit leaves no truncated file to
+    # a later part.
+    TORCHINDUCTOR_CACHE_DIR=$(mktemp -d /tmp/inductor-"$part".XXXX)
+    export TORCHINDUCTOR_CACHE_DIR
+    case $part in
+        tests)
+            PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 "$python" -m pytest -q -p pytest_timeout \
+                -p no:cacheprovider --junitxml "$out/tests.xml" \
+                tests/integration/test_allennlp_parity.py \
+                tests/unit/elmo_core/training \
+                tests/unit/elmo_core/model/test_lstm_cudnn.py \
+                tests/unit/elmo_core/model/test_lstm_compiled.py \
+                tests/unit/elmo_core/model/test_lstm_batched.py \
+                tests/unit/elmo_core/model/test_bilm_autocast.py ;;
+        speed-reference | speed-compiled | speed-graphed)
+            bilm "${part#speed-}" --profile && bilm "${part#speed-}" --batch-directions --profile ;;
+        sweep-reference | sweep-compiled | sweep-graphed)
+            local rows=256,512,1024
+            [[ -n $rehearse ]] && rows=6,8
+            bilm "${part#sweep-}" --batch-directions --only sweep --sweep "$rows" ;;
+        inference)
+            bilm reference --only inference &&
+                bilm compiled --batch-directions --only inference ;;
+        data)
+            local size=()
+            [[ -n $rehearse ]] && size=(--steps 20 --repeats 1)
+            "$python" benchmarks/bench_data_path.py --corpus python-docs "${size[@]}" ;;
+        recipe)
+            local corpus=(--corpus python-docs) size=()
+            [[ -d shared/data/ptb ]] && corpus=(--corpus ptb --data-root shared/data)
+            [[ -n $rehearse ]] && size=(--preset tiny --rows 16 --steps 3)
+            "$python" benchmarks/batch_recipe.py "${corpus[@]}" "${size[@]}" ;;
+        *)
+            echo "gpu_suite.sh: unknown part $part" >&2
+            return 2 ;;
+    esac
+}
+
+status=0
+for part in "$@"; do
+    run_part "$part" 2>&1 | tee "$out/$part.log" || status=1
+done
 exit $status

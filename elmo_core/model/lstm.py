@@ -68,7 +68,7 @@ class LayerWeights(NamedTuple):
         """Cast once to the autocast dtype, if autocast is on: the step loop's GEMMs would each
         cast their (transposed, so uncached) weights again, 20 times a window."""
         device_type = self.recurrent.device.type
-        if not torch.is_autocast_enabled(device_type):
+        if device_type == "meta" or not torch.is_autocast_enabled(device_type):  # meta: no autocast
             return self
         dtype = torch.get_autocast_dtype(device_type)
         return LayerWeights(*(weight.to(dtype) for weight in self))

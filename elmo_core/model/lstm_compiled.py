@@ -49,3 +49,11 @@ class GraphedProjectedLSTM(CompiledProjectedLSTM):
     carries: ``run_stack`` stacks it). Without CUDA it runs as the compiled loop."""
 
     compile_mode = "reduce-overhead"
+
+    def layer_loop(self) -> LayerLoop:
+        """The compiled loop without CUDA graphs when grad is off (inference, validation): with
+        no backward pending, each call starts a new cudagraph-trees generation, which overwrites
+        the previous call's outputs while ``run_stack`` still reads them (the residual add)."""
+        if not torch.is_grad_enabled():
+            return _compiled_layer_loop(None)
+        return super().layer_loop()

@@ -9,6 +9,7 @@ loader has found the candidates, token types and softmax rows ahead).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -105,8 +106,12 @@ class TrainingStep:
         ``softmax_rows`` they touch found ahead by the data loader, else the model finds them (on
         the device, where finding types or rows makes the host wait)."""
         device = forward_targets.device
-        autocast = device.type == "cuda" and self.train.bf16
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+        autocast = (  # none on the meta device, which stands in for CUDA in the rehearsal
+            torch.autocast("cuda", dtype=torch.bfloat16)
+            if device.type == "cuda" and self.train.bf16
+            else contextlib.nullcontext()
+        )
+        with autocast:
             output, new_state = self.module(
                 forward_inputs,
                 forward_targets,

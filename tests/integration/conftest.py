@@ -1,5 +1,8 @@
 """Fixtures of the integration tests: one real local Ray, an isolated tracking store, a local S3
-server (moto), and a fresh Python process to load models in."""
+server (moto), and a fresh Python process to load models in.
+
+Ray and MLflow are imported inside the fixtures that use them: the GPU suite runs tests of this
+folder on a device that has neither (benchmarks/device_env.py)."""
 
 from __future__ import annotations
 
@@ -13,12 +16,12 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from mlflow import MlflowClient
 
-from pipelines.common import tracking
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
 
 
 def _start_local_ray() -> None:
@@ -63,6 +66,8 @@ def without_session_ray() -> Iterator[None]:
 def _isolated_home(root: Path, *, chdir: bool) -> Iterator[None]:
     """ELMO_HOME under ``root`` (so a fresh SQLite tracking store), no outside server or parent
     run, no telemetry; with ``chdir``, ``root`` is the working directory (MLflow's ./mlruns)."""
+    from pipelines.common import tracking
+
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("ELMO_HOME", str(root / "home"))
         patch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -83,6 +88,10 @@ def isolated_home() -> Callable[[Path], AbstractContextManager[None]]:
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowClient]:
     """A real SQLite tracking store under a fresh ELMO_HOME, shared by a module's tests."""
+    from mlflow import MlflowClient
+
+    from pipelines.common import tracking
+
     with _isolated_home(tmp_path_factory.mktemp("store"), chdir=False):
         yield MlflowClient(tracking.use_tracking())
 

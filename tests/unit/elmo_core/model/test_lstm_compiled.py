@@ -4,10 +4,12 @@ import pytest
 import torch
 
 from elmo_core.config import LSTMConfig, TrainConfig
+from elmo_core.model import lstm_compiled
 from elmo_core.model.bilm import BiLM
-from elmo_core.model.lstm import LSTMState, ProjectedLSTM
+from elmo_core.model.lstm import LSTMState, ProjectedLSTM, ProjectedLSTMLayer
 from elmo_core.model.lstm_batched import run_both_directions
 from elmo_core.model.lstm_compiled import CompiledProjectedLSTM, GraphedProjectedLSTM
+from elmo_core.model.replay_check import OVERWRITTEN, emulate_graph_replays
 from elmo_core.presets import tiny
 from elmo_core.training.step import TrainingStep
 
@@ -107,3 +109,52 @@ def test_the_config_selects_it_with_the_reference_parameters():
     model = BiLM(config, vocab_size=100)
     assert isinstance(model.forward_lstm, CompiledProjectedLSTM)
     assert model.state_dict().keys() == BiLM(tiny(), vocab_size=100).state_dict().keys()
+
+
+def _both_directions(variant, batch_directions: bool, inputs, masks):
+    """Each direction's layer outputs and new state: together, or each stack alone."""
+    torch.manual_seed(0)
+    stacks = (variant(CLIPPED, P), variant(CLIPPED, P))
+    if batch_directions:
+        return run_both_directions(stacks, inputs, masks, (None, None))
+    results = [stack(inputs[index], masks[index]) for index, stack in enumerate(stacks)]
+    return tuple(zip(*results, strict=True))
+
+
+_INPUTS = torch.randn(2, B, T, P, generator=torch.Generator().manual_seed(1))
+_MASKS = torch.arange(T) < torch.tensor([[T, 2, 0, 1], [1, T, 3, 0]]).unsqueeze(-1)
+
+
+@pytest.mark.parametrize("batch_directions", [False, True])
+def test_without_grad_the_graphed_stack_runs_the_compiled_loop(batch_directions):
+    """No CUDA graphs without a backward to come: each call would overwrite the previous one's
+    outputs, which the next layer's residual still reads."""
+    graphed = GraphedProjectedLSTM(CLIPPED, P)
+    assert graphed.layer_loop() is lstm_compiled._compiled_layer_loop("reduce-overhead")
+    with torch.no_grad():
+        assert graphed.layer_loop() is lstm_compiled._compiled_layer_loop(None)
+        outputs, states = _both_directions(GraphedProjectedLSTM, batch_directions, _INPUTS, _MASKS)
+        ref_outputs, ref_states = _both_directions(
+            CompiledProjectedLSTM, batch_directions, _INPUTS, _MASKS
+        )
+    torch.testing.assert_close((outputs, states), (ref_outputs, ref_states), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("batch_directions", [False, True])
+def test_without_grad_the_graphed_stack_reads_no_overwritten_output(batch_directions):
+    with emulate_graph_replays(), torch.no_grad():
+        _both_directions(GraphedProjectedLSTM, batch_directions, _INPUTS, _MASKS)
+
+
+def test_the_emulated_replays_fail_a_read_of_an_output_after_the_next_replay():
+    """The control: the check catches what cudagraph trees raise on a GPU."""
+    layer = ProjectedLSTMLayer(P, H, P, CLIPPED.cell_clip, CLIPPED.proj_clip)
+    state = (torch.zeros(B, P), torch.zeros(B, H))
+    args = (_INPUTS[0], _MASKS[0], *state, layer.weights(), layer.cell_clip, layer.proj_clip)
+    with emulate_graph_replays(), torch.no_grad():
+        loop = lstm_compiled._compiled_layer_loop("reduce-overhead")
+        first, _, _ = loop(*args)
+        first + 1  # read before the next replay: still the graph's output
+        loop(*args)  # no backward pending: a new generation, over the first call's outputs
+        with pytest.raises(RuntimeError, match=f"^{OVERWRITTEN}"):
+            first + 1

@@ -1,0 +1,177 @@
+"""What the GPU suite finds on the device machine and what it must carry there.
+
+The device image (Python 3.12, torch with CUDA, no package index) provides the heavy libraries in
+``IMAGE``; everything else the suite imports travels as wheels. That list is not typed by hand: it
+is the closure of ``ROOTS``' requirements (markers evaluated for Linux and the device's Python),
+less the image's, each at the version ``constraints.txt`` pins. The rehearsal installs exactly
+these; ``guard`` lets a CPU process import only what the device would have.
+
+    python benchmarks/device_env.py wheels                 # name==version, one a line
+    python benchmarks/device_env.py fetch .device          # cp312 wheels + golden files to carry
+    python benchmarks/device_env.py guard -m pytest ...    # run a module with only those imports
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.abc
+import importlib.metadata
+import os
+import runpy
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from packaging.markers import default_environment
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+REPO = Path(__file__).resolve().parents[1]
+CONSTRAINTS = REPO / "constraints.txt"
+DEVICE_PYTHON = "3.12"
+# On the image, read there (KINDS.md): torch 2.11.0 (+cu130), numpy 2.5.2; pyarrow, h5py present.
+IMAGE = ("torch", "numpy", "pyarrow", "h5py")
+# What the suite imports besides the image's: elmo_core's configs, tokenizer, CLI and readers,
+# the benchmarks' corpus preparation, and the test runner.
+ROOTS = ("pydantic", "pyyaml", "sacremoses", "typer", "tqdm", "fsspec", "pytest", "pytest-timeout")
+# The tree itself travels (on PYTHONPATH), not as a wheel.
+TREE = "elmo-platform"
+GOLDEN_TEST = "test_stateful_bilm_reproduces_the_tensorflow_outputs"  # it fetches the files
+PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (28, 27, 17)] + [
+    "manylinux2014_x86_64",
+    "manylinux1_x86_64",
+]
+
+
+def pinned_versions(path: Path = CONSTRAINTS) -> dict[str, str]:
+    """``constraints.txt`` as {canonical name: version}."""
+    versions = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if "==" in line:
+            name, version = line.split("==", 1)
+            versions[canonicalize_name(name)] = version.strip()
+    return versions
+
+
+def requirement_closure(roots: Iterable[str], python: str = DEVICE_PYTHON) -> set[str]:
+    """Every distribution ``roots`` need on Linux under ``python``, read from installed metadata."""
+    environment = dict(default_environment(), python_version=python, python_full_version=python)
+    environment.update(sys_platform="linux", platform_system="Linux", extra="")
+    seen: set[str] = set()
+    pending = [canonicalize_name(root) for root in roots]
+    while pending:
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for text in importlib.metadata.requires(name) or []:
+            requirement = Requirement(text)
+            if requirement.marker is None or requirement.marker.evaluate(environment):
+                pending.append(canonicalize_name(requirement.name))
+    return seen
+
+
+def carried_wheels(python: str = DEVICE_PYTHON) -> list[str]:
+    """``name==version`` of every wheel the device needs and its image lacks."""
+    image = {canonicalize_name(name) for name in IMAGE}
+    versions = pinned_versions()
+    needed = sorted(requirement_closure(ROOTS, python) - image)
+    missing = [name for name in needed if name not in versions]
+    if missing:
+        raise SystemExit(f"{CONSTRAINTS}: no pinned version for {', '.join(missing)}")
+    return [f"{name}=={versions[name]}" for name in needed]
+
+
+def download(specs: Sequence[str], into: Path, python: str) -> None:
+    """Binary wheels of ``specs`` for Linux x86-64 and ``python``, their needs not resolved."""
+    platforms = [flag for platform in PLATFORMS for flag in ("--platform", platform)]
+    command = [sys.executable, "-m", "pip", "download", "-q", "--no-deps"]
+    command += ["--only-binary=:all:", "--python-version", python, "--implementation", "cp"]
+    subprocess.run([*command, *platforms, "-d", str(into), *specs], check=True)
+
+
+def fetch(into: Path, python: str = DEVICE_PYTHON) -> None:
+    """``into/wheels``: the carried wheels for ``python``; ``into/golden``: bilm-tf's golden
+    outputs (fetched by the parity test into ``ELMO_TEST_CACHE``), so parity runs where no index
+    is reachable."""
+    wheels = into / "wheels"
+    shutil.rmtree(wheels, ignore_errors=True)
+    wheels.mkdir(parents=True)
+    download(carried_wheels(python), wheels, python)
+    golden = into / "golden"
+    environment = dict(os.environ, ELMO_TEST_CACHE=str(golden))
+    parity = "tests/integration/test_allennlp_parity.py::" + GOLDEN_TEST
+    subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", parity],
+        cwd=REPO,
+        env=environment,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+
+
+def allowed_distributions() -> set[str]:
+    """What a process on the device can import: the image (with what it needs), the carried
+    wheels and the tree."""
+    carried = {spec.split("==")[0] for spec in carried_wheels()}
+    return requirement_closure(IMAGE) | carried | {TREE}
+
+
+class DeviceImports(importlib.abc.MetaPathFinder):
+    """Refuses a top-level module that only a distribution the device lacks provides."""
+
+    def __init__(self, allowed: set[str]) -> None:
+        provided = importlib.metadata.packages_distributions()
+        self.refused = {
+            module: sorted(dists)
+            for module, dists in provided.items()
+            if not {canonicalize_name(dist) for dist in dists} & allowed
+        }
+
+    def find_spec(self, fullname: str, path: object, target: object = None) -> None:
+        if "." not in fullname and fullname in self.refused:
+            raise ModuleNotFoundError(
+                f"No module named {fullname!r} on the device: {', '.join(self.refused[fullname])} "
+                "is neither in its image nor among the carried wheels (benchmarks/device_env.py)",
+                name=fullname,
+            )
+        return None
+
+
+def guard(argv: Sequence[str]) -> None:
+    """Run ``-m MODULE ARGS`` or ``SCRIPT ARGS`` with only the device's imports."""
+    sys.meta_path.insert(0, DeviceImports(allowed_distributions()))
+    if argv[0] == "-m":
+        sys.argv = [argv[1], *argv[2:]]
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = list(argv)
+        sys.path.insert(0, str(Path(argv[0]).resolve().parent))
+        runpy.run_path(argv[0], run_name="__main__")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["guard"]:
+        guard(argv[1:])
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    wheels = commands.add_parser("wheels", help="the carried wheels, name==version")
+    wheels.add_argument("--python", default=DEVICE_PYTHON)
+    fetched = commands.add_parser("fetch", help="download what the device needs into DIR")
+    fetched.add_argument("into", type=Path)
+    fetched.add_argument("--python", default=DEVICE_PYTHON)
+    commands.add_parser("guard", help="-m MODULE ARGS...: run with the device's imports only")
+    args = parser.parse_args(argv)
+    if args.command == "wheels":
+        print("\n".join(carried_wheels(args.python)))
+    else:
+        fetch(args.into, args.python)
+
+
+if __name__ == "__main__":
+    main()

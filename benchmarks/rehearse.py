@@ -1,0 +1,271 @@
+"""The GPU suite rehearsed on a CPU, as the device machine would run it, before a GPU sees it.
+
+It builds the device's environment from the project's own files: a fresh venv with torch, the
+image's heavy libraries and exactly the wheels ``device_env.py`` says to carry, installed as the
+device installs them (``--no-index --no-deps --target``); the tree copied with ``git archive``;
+no package index once the wheels are fetched. It then runs every part of ``gpu_suite.sh`` at
+tiny sizes, the meta device standing in for CUDA, and fails on: a part that exits non-zero, a
+device mismatch, an import the device lacks, a test file that collects no test, a benchmark part
+whose last line is not JSON, a part over its time budget, more files than come back from the
+device. Last, it prints the device commands, one per part.
+
+    python benchmarks/rehearse.py [--parts tests,data] [--cache DIR]
+
+The device runs Python 3.12 with torch 2.11.0. A CPU build of that torch comes only from
+PyTorch's own index (``ELMO_REHEARSAL_TORCH_INDEX``); where that is out of reach (CI reaches
+package registries alone) the rehearsal says so and stands in this interpreter's Python with the
+CPU torch pip finds for it, pinned in ``constraints.txt``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ElementTree
+from dataclasses import dataclass
+from pathlib import Path
+
+from device_env import CONSTRAINTS, DEVICE_PYTHON, IMAGE, REPO, fetch, pinned_versions
+
+DEVICE_TORCH = "2.11.0"
+TORCH_INDEX = os.environ.get("ELMO_REHEARSAL_TORCH_INDEX", "https://download.pytorch.org/whl/cpu")
+PARTS = [
+    "tests",
+    "speed-reference",
+    "speed-compiled",
+    "speed-graphed",
+    "sweep-reference",
+    "sweep-compiled",
+    "sweep-graphed",
+    "inference",
+    "data",
+    "recipe",
+]
+BUDGET_SECONDS = 300  # per part at tiny sizes; on the device each part has 600
+MAX_FILES = 8  # what comes back from one device command
+CARRY = ".device"
+TEST_PATHS = re.compile(r"^\s+(tests/\S+)", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """The interpreter and torch the rehearsal's venv is made with."""
+
+    python: str  # an interpreter path
+    version: str  # "3.12"
+    torch: list[str]  # pip arguments that fetch torch
+    stand_in: str  # why it is not the device's, or ""
+
+
+def toolchain() -> Toolchain:
+    """The device's Python and torch where a CPU build of that torch is reachable, else this
+    interpreter with constraints.txt's torch."""
+    device_python = shutil.which(f"python{DEVICE_PYTHON}") or _pyenv_python(DEVICE_PYTHON)
+    if device_python:
+        probe = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:"]
+            + ["--python-version", DEVICE_PYTHON, "--index-url", TORCH_INDEX, "-d"]
+            + [tempfile.mkdtemp(), f"torch=={DEVICE_TORCH}+cpu", "--timeout", "15"],
+            capture_output=True,
+            timeout=900,
+        )
+        if probe.returncode == 0:
+            index = ["--index-url", TORCH_INDEX, "--extra-index-url", "https://pypi.org/simple"]
+            return Toolchain(
+                device_python, DEVICE_PYTHON, [*index, f"torch=={DEVICE_TORCH}+cpu"], ""
+            )
+        why = f"no CPU build of torch {DEVICE_TORCH} at {TORCH_INDEX}"
+    else:
+        why = f"no python{DEVICE_PYTHON} here (pyenv install {DEVICE_PYTHON} gives one)"
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    torch = f"torch=={pinned_versions()['torch']}"
+    return Toolchain(
+        sys.executable,
+        version,
+        [torch],
+        f"{why}: stood in by Python {version} and {torch}; set ELMO_REHEARSAL_TORCH_INDEX to an "
+        f"index with torch {DEVICE_TORCH}+cpu for Python {DEVICE_PYTHON} to rehearse exactly",
+    )
+
+
+def _pyenv_python(version: str) -> str | None:
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    found = sorted(root.glob(f"{version}.*/bin/python{version}"))
+    return str(found[-1]) if found else None
+
+
+def build(tools: Toolchain, cache: Path) -> tuple[Path, Path]:
+    """``(venv python, carried dir)`` under ``cache``, keyed on everything that decides them;
+    built in a temporary directory and renamed, so a killed build leaves nothing half-made."""
+    key = hashlib.sha256()
+    for part in (CONSTRAINTS.read_bytes(), Path(__file__).with_name("device_env.py").read_bytes()):
+        key.update(part)
+    key.update(" ".join([tools.python, *tools.torch]).encode())
+    home = cache / key.hexdigest()[:16]
+    if not (home / "complete").is_file():
+        shutil.rmtree(home, ignore_errors=True)
+        cache.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=cache, prefix=".building-"))
+        print(f"building the device environment in {home} (once per constraints.txt)", flush=True)
+        image = staging / "image-wheels"
+        versions = pinned_versions()
+        heavy = [f"{name}=={versions[name]}" for name in IMAGE if name != "torch"]
+        pip = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:"]
+        pip += ["--python-version", tools.version, "-d", str(image)]
+        subprocess.run([*pip, *tools.torch, *heavy], check=True)
+        subprocess.run([tools.python, "-m", "venv", str(staging / "venv")], check=True)
+        installed = [str(staging / "venv/bin/python"), "-m", "pip", "install", "-q", "--no-index"]
+        subprocess.run(
+            [*installed, "--find-links", str(image), "torch", *IMAGE[1:]],
+            check=True,
+            env=_without_index(),
+        )
+        fetch(staging / "carried", tools.version)
+        shutil.rmtree(image)
+        (staging / "complete").touch()
+        staging.rename(home)  # the venv's scripts name staging's path: call its python by path
+    return home / "venv/bin/python", home / "carried"
+
+
+def _without_index() -> dict[str, str]:
+    """The environment with pip kept off every index, as on the device."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    return environment | {"PIP_NO_INDEX": "1", "PIP_CONFIG_FILE": os.devnull}
+
+
+def archive(into: Path) -> None:
+    """The tree as ``git archive`` gives it, uncommitted changes to tracked files included."""
+    stash = subprocess.run(
+        ["git", "stash", "create"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    tarball = subprocess.run(
+        ["git", "archive", stash or "HEAD"], cwd=REPO, capture_output=True, check=True
+    ).stdout
+    into.mkdir(parents=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=tarball, check=True)
+
+
+def problems(part: str, log: str, out: Path, seconds: float, suite: str) -> list[str]:
+    """What is wrong with a part's run, each named."""
+    found = []
+    files = [path for path in out.rglob("*") if path.is_file()]
+    if len(files) > MAX_FILES:
+        found.append(f"{len(files)} files in its OUT, over the {MAX_FILES} that come back")
+    if seconds > BUDGET_SECONDS:
+        found.append(f"{seconds:.0f} s, over its {BUDGET_SECONDS} s budget")
+    for match in sorted(set(re.findall(r"ModuleNotFoundError: (No module named [^\n]*)", log))):
+        found.append(f"an import the device lacks: {match}")
+    if "is not on the expected device" in log or "Expected all tensors to be on the same" in log:
+        found.append("a device mismatch: a tensor off the model's device")
+    if "overwritten by a subsequent run" in log:
+        found.append("a graphed output read after the next replay")
+    if part == "tests":
+        found += _test_problems(out / "tests.xml", suite)
+    elif not _ends_with_json(log):
+        found.append("its last line is not JSON")
+    return found
+
+
+def _test_problems(report: Path, suite: str) -> list[str]:
+    if not report.is_file():
+        return ["pytest wrote no report (it stopped before collecting)"]
+    cases = ElementTree.parse(report).getroot().iter("testcase")
+    collected = [case.get("classname", "").replace(".", "/") for case in cases]
+    found = []
+    for path in TEST_PATHS.findall(suite.split("tests)", 1)[1].split(";;", 1)[0]):
+        stem = path.removesuffix(".py")
+        if not any(name.endswith(stem) or f"{stem}/" in f"{name}/" for name in collected):
+            found.append(f"{path} collected no test")
+    return found
+
+
+def _ends_with_json(log: str) -> bool:
+    lines = log.strip().splitlines()
+    try:
+        return isinstance(json.loads(lines[-1]), dict) if lines else False
+    except json.JSONDecodeError:
+        return False
+
+
+def device_commands(timings: dict[str, float]) -> str:
+    """What to pass to the device's ``run``, per part, with the rehearsal's time for each."""
+    lines = [
+        "Here, once before the device calls (wheels for the device's Python, golden files):",
+        f"  echo /{CARRY}/ >> .git/info/exclude",
+        f"  .venv/bin/python benchmarks/device_env.py fetch {CARRY}",
+        "Then one device call per part (PTB for recipe: copy ../shared/data/ptb to shared/data):",
+    ]
+    for part, seconds in timings.items():
+        command = f"bash benchmarks/gpu_suite.sh --carried {CARRY} $OUT {part}"
+        call = json.dumps({"command": command, "carry": [CARRY], "timeout_s": 600})
+        lines.append(f"  run {call}   # rehearsal: {seconds:.0f} s")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--parts", default=",".join(PARTS))
+    parser.add_argument(
+        "--cache",
+        type=Path,
+        default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+        / "elmo-platform"
+        / "rehearsal",
+    )
+    args = parser.parse_args(argv)
+    parts = [part for part in args.parts.split(",") if part]
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        parser.error(f"unknown part(s) {', '.join(unknown)}; the parts: {', '.join(PARTS)}")
+    tools = toolchain()
+    print(f"rehearsal: Python {tools.version}, {tools.torch[-1]}", flush=True)
+    if tools.stand_in:
+        print(f"STAND-IN: {tools.stand_in}", flush=True)
+    python, carried = build(tools, args.cache.resolve())
+    work = Path(tempfile.mkdtemp(prefix="elmo-rehearsal-"))
+    tree = work / "tree"
+    archive(tree)
+    shutil.copytree(carried, tree / CARRY)
+    suite = (tree / "benchmarks/gpu_suite.sh").read_text()
+    environment = _without_index() | {"PYTHON": str(python)}
+    environment["PATH"] = f"{python.parent}:{environment['PATH']}"
+    environment.pop("PYTHONPATH", None)
+    timings, failed = {}, False
+    for part in parts:
+        out = work / "out" / part
+        start = time.perf_counter()
+        run = subprocess.run(
+            ["bash", "benchmarks/gpu_suite.sh", "--carried", CARRY, "--rehearse", str(out), part],
+            cwd=tree,
+            env=environment,
+            capture_output=True,
+            text=True,
+        )
+        timings[part] = seconds = time.perf_counter() - start
+        log = run.stdout + run.stderr
+        found = problems(part, log, out, seconds, suite)
+        if run.returncode != 0:
+            found.insert(0, f"exit status {run.returncode}")
+        print(f"{part:16} {seconds:6.0f} s  {'FAILED: ' + '; '.join(found) if found else 'ok'}")
+        if found:
+            failed = True
+            print("  " + "\n  ".join(log.strip().splitlines()[-25:]))
+    print(device_commands(timings))
+    if failed:
+        print(f"rehearsal FAILED (logs in {work / 'out'})")
+        return 1
+    shutil.rmtree(work)
+    print("rehearsal passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
