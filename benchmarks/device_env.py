@@ -4,23 +4,22 @@ The device image (Python 3.12, torch with CUDA, no package index) provides the h
 ``IMAGE``; everything else the suite imports travels as wheels. That list is not typed by hand: it
 is the closure of ``ROOTS``' requirements (markers evaluated for Linux and the device's Python),
 less the image's, each at the version ``constraints.txt`` pins. The rehearsal installs exactly
-these; ``guard`` lets a CPU process import only what the device would have.
+these; ``guard`` runs a CPU process that sees only what the device would have.
 
     python benchmarks/device_env.py wheels                 # name==version, one a line
     python benchmarks/device_env.py fetch .device          # cp312 wheels + golden files to carry
-    python benchmarks/device_env.py guard -m pytest ...    # run a module with only those imports
+    python benchmarks/device_env.py guard -m pytest ...    # python seeing only those packages
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.abc
 import importlib.metadata
 import os
-import runpy
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -120,37 +119,29 @@ def allowed_distributions() -> set[str]:
     return requirement_closure(IMAGE) | carried | {TREE}
 
 
-class DeviceImports(importlib.abc.MetaPathFinder):
-    """Refuses a top-level module that only a distribution the device lacks provides."""
-
-    def __init__(self, allowed: set[str]) -> None:
-        provided = importlib.metadata.packages_distributions()
-        self.refused = {
-            module: sorted(dists)
-            for module, dists in provided.items()
-            if not {canonicalize_name(dist) for dist in dists} & allowed
-        }
-
-    def find_spec(self, fullname: str, path: object, target: object = None) -> None:
-        if "." not in fullname and fullname in self.refused:
-            raise ModuleNotFoundError(
-                f"No module named {fullname!r} on the device: {', '.join(self.refused[fullname])} "
-                "is neither in its image nor among the carried wheels (benchmarks/device_env.py)",
-                name=fullname,
-            )
-        return None
+def device_view(into: Path, allowed: set[str]) -> Path:
+    """``into``, a site directory of links to the ``allowed`` distributions' files (their
+    metadata too) in this environment: on ``PYTHONPATH`` with ``python -S``, a process finds
+    those and nothing else installed, as on the device."""
+    for dist in importlib.metadata.distributions():
+        if canonicalize_name(dist.metadata["Name"]) not in allowed - {TREE}:
+            continue
+        for top in {file.parts[0] for file in dist.files or [] if file.parts[0] != ".."}:
+            source, link = Path(str(dist.locate_file(top))), into / top
+            if source.exists() and not link.exists() and not top.endswith(".pth"):
+                link.symlink_to(source)
+    return into
 
 
-def guard(argv: Sequence[str]) -> None:
-    """Run ``-m MODULE ARGS`` or ``SCRIPT ARGS`` with only the device's imports."""
-    sys.meta_path.insert(0, DeviceImports(allowed_distributions()))
-    if argv[0] == "-m":
-        sys.argv = [argv[1], *argv[2:]]
-        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-    else:
-        sys.argv = list(argv)
-        sys.path.insert(0, str(Path(argv[0]).resolve().parent))
-        runpy.run_path(argv[0], run_name="__main__")
+def guard(argv: Sequence[str], allowed: set[str] | None = None) -> None:
+    """Run ``python ARGV`` (a script or ``-m MODULE``) seeing only the device's packages and
+    the tree; a missing one fails as ``No module named …``."""
+    view = device_view(
+        Path(tempfile.mkdtemp(prefix="device-site-")), allowed or allowed_distributions()
+    )
+    path = [str(view), str(REPO), os.environ.get("PYTHONPATH", "")]
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, path)))
+    os.execve(sys.executable, [sys.executable, "-S", *argv], environment)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

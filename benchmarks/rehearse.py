@@ -254,7 +254,10 @@ def main(argv: list[str] | None = None) -> int:
         found = problems(part, log, out, seconds, suite)
         if run.returncode != 0:
             found.insert(0, f"exit status {run.returncode}")
-        print(f"{part:16} {seconds:6.0f} s  {'FAILED: ' + '; '.join(found) if found else 'ok'}")
+        print(
+            f"{part:16} {seconds:6.0f} s  {'FAILED: ' + '; '.join(found) if found else 'ok'}",
+            flush=True,
+        )
         if found:
             failed = True
             print("  " + "\n  ".join(log.strip().splitlines()[-25:]))

@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from elmo_core.presets import model_preset
 
@@ -48,3 +49,21 @@ def test_the_gpu_suite_parses_and_names_files_that_exist():
     assert subprocess.run(["bash", "-n", str(suite)], capture_output=True).returncode == 0
     named = re.findall(r"(?:tests|benchmarks)/[\w/]+\.py", suite.read_text())
     assert named and all((SCRIPT.parents[1] / path).is_file() for path in named), named
+
+
+def test_on_the_meta_device_both_steps_keep_every_tensor_on_the_models_device(gpu_bilm, capsys):
+    """The meta device stands in for CUDA: a host tensor meeting a device tensor fails there."""
+    assert gpu_bilm.main(["--smoke", "--device", "meta", "--batch-directions"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["device"] == "meta" and summary["ratio"] > 0
+
+
+def test_a_host_tensor_in_the_baseline_fails_on_the_meta_device(gpu_bilm, monkeypatch):
+    softmax = gpu_bilm.StraightforwardBiLM.softmax
+
+    def with_host_tensor(self, hidden, targets):
+        return softmax(self, hidden, targets) + torch.zeros(1)  # as candidates left on the host
+
+    monkeypatch.setattr(gpu_bilm.StraightforwardBiLM, "softmax", with_host_tensor)
+    with pytest.raises(RuntimeError, match="not on the expected device meta"):
+        gpu_bilm.main(["--smoke", "--device", "meta"])
