@@ -14,7 +14,8 @@ device. Last, it prints the device commands, one per part.
 The device runs Python 3.12 with torch 2.11.0. A CPU build of that torch comes only from
 PyTorch's own index (``ELMO_REHEARSAL_TORCH_INDEX``); where that is out of reach (CI reaches
 package registries alone) the rehearsal says so and stands in this interpreter's Python with the
-CPU torch pip finds for it, pinned in ``constraints.txt``.
+CPU torch pip finds for it, pinned in ``constraints.txt``; the device's own wheels (for Python
+3.12) are then installed by the device's command into a Python 3.12 apart and imported there.
 """
 
 from __future__ import annotations
@@ -33,7 +34,16 @@ import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass
 from pathlib import Path
 
-from device_env import CONSTRAINTS, DEVICE_PYTHON, IMAGE, REPO, fetch, pinned_versions
+from device_env import (
+    CONSTRAINTS,
+    DEVICE_PYTHON,
+    IMAGE,
+    REPO,
+    carried_wheels,
+    download,
+    fetch,
+    pinned_versions,
+)
 
 DEVICE_TORCH = "2.11.0"
 TORCH_INDEX = os.environ.get("ELMO_REHEARSAL_TORCH_INDEX", "https://download.pytorch.org/whl/cpu")
@@ -133,6 +143,33 @@ def build(tools: Toolchain, cache: Path) -> tuple[Path, Path]:
         (staging / "complete").touch()
         staging.rename(home)  # the venv's scripts name staging's path: call its python by path
     return home / "venv/bin/python", home / "carried"
+
+
+def check_device_wheels(work: Path) -> str:
+    """Where the stand-in's Python is not the device's: the wheels the device gets, for Python
+    3.12, installed by the device's own command into a Python 3.12 and every module of them
+    imported there with elmo_core's configs (torch aside). An empty string when all is well."""
+    python = shutil.which(f"python{DEVICE_PYTHON}") or _pyenv_python(DEVICE_PYTHON)
+    if python is None:
+        return f"not checked: no python{DEVICE_PYTHON} here (pyenv install {DEVICE_PYTHON})"
+    wheels, site = work / "device-wheels", work / "device-site"
+    download(carried_wheels(DEVICE_PYTHON), wheels, DEVICE_PYTHON)
+    install = [python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile"]
+    install += ["--no-cache-dir", "--upgrade", "--target", str(site)]
+    subprocess.run([*install, *map(str, wheels.glob("*.whl"))], check=True, env=_without_index())
+    modules = sorted(
+        path.name.removesuffix(".py")
+        for path in site.iterdir()
+        if path.name != "bin" and not path.name.endswith(".dist-info")
+    )
+    imports = "import importlib, sys; [importlib.import_module(m) for m in sys.argv[1:]]"
+    result = subprocess.run(
+        [python, "-S", "-c", imports, *modules, "elmo_core.config"],
+        env={"PYTHONPATH": f"{site}:{REPO}", "PATH": os.environ["PATH"]},
+        capture_output=True,
+        text=True,
+    )
+    return result.stderr.strip().splitlines()[-1] if result.returncode else ""
 
 
 def _without_index() -> dict[str, str]:
@@ -235,10 +272,16 @@ def main(argv: list[str] | None = None) -> int:
     archive(tree)
     shutil.copytree(carried, tree / CARRY)
     suite = (tree / "benchmarks/gpu_suite.sh").read_text()
+    failed = False
+    if tools.stand_in:
+        problem = check_device_wheels(work)
+        failed = bool(problem) and not problem.startswith("not checked")
+        verdict = f"FAILED: {problem}" if failed else problem or "ok"
+        print(f"{'device wheels':16} Python {DEVICE_PYTHON}: {verdict}", flush=True)
     environment = _without_index() | {"PYTHON": str(python)}
     environment["PATH"] = f"{python.parent}:{environment['PATH']}"
     environment.pop("PYTHONPATH", None)
-    timings, failed = {}, False
+    timings = {}
     for part in parts:
         out = work / "out" / part
         start = time.perf_counter()
