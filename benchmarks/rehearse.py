@@ -78,20 +78,16 @@ class Toolchain:
 def toolchain() -> Toolchain:
     """The device's Python and torch where a CPU build of that torch is reachable, else this
     interpreter with constraints.txt's torch."""
-    device_python = shutil.which(f"python{DEVICE_PYTHON}") or _pyenv_python(DEVICE_PYTHON)
-    if device_python:
-        probe = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:"]
-            + ["--python-version", DEVICE_PYTHON, "--index-url", TORCH_INDEX, "-d"]
-            + [tempfile.mkdtemp(), f"torch=={DEVICE_TORCH}+cpu", "--timeout", "15"],
-            capture_output=True,
-            timeout=900,
-        )
-        if probe.returncode == 0:
-            index = ["--index-url", TORCH_INDEX, "--extra-index-url", "https://pypi.org/simple"]
-            return Toolchain(
-                device_python, DEVICE_PYTHON, [*index, f"torch=={DEVICE_TORCH}+cpu"], ""
-            )
+    python = device_python()
+    if python:
+        torch = f"torch=={DEVICE_TORCH}+cpu"
+        index = ["--index-url", TORCH_INDEX, "--extra-index-url", "https://pypi.org/simple"]
+        with tempfile.TemporaryDirectory() as probe:
+            command = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--timeout"]
+            command += ["15", "--only-binary=:all:", "--python-version", DEVICE_PYTHON, "-d"]
+            found = subprocess.run([*command, probe, *index, torch], capture_output=True)
+        if found.returncode == 0:
+            return Toolchain(python, DEVICE_PYTHON, [*index, torch], "")
         why = f"no CPU build of torch {DEVICE_TORCH} at {TORCH_INDEX}"
     else:
         why = f"no python{DEVICE_PYTHON} here (pyenv install {DEVICE_PYTHON} gives one)"
@@ -106,10 +102,16 @@ def toolchain() -> Toolchain:
     )
 
 
-def _pyenv_python(version: str) -> str | None:
+def device_python() -> str | None:
+    """A Python of the device's version that runs: pyenv's, else one on PATH (not a shim
+    that has no such version selected)."""
     root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
-    found = sorted(root.glob(f"{version}.*/bin/python{version}"))
-    return str(found[-1]) if found else None
+    candidates = [str(path) for path in sorted(root.glob(f"{DEVICE_PYTHON}.*/bin/python3"))]
+    candidates += filter(None, [shutil.which(f"python{DEVICE_PYTHON}")])
+    for python in reversed(candidates):
+        if subprocess.run([python, "-c", "pass"], capture_output=True).returncode == 0:
+            return python
+    return None
 
 
 def build(tools: Toolchain, cache: Path) -> tuple[Path, Path]:
@@ -149,7 +151,7 @@ def check_device_wheels(work: Path) -> str:
     """Where the stand-in's Python is not the device's: the wheels the device gets, for Python
     3.12, installed by the device's own command into a Python 3.12 and every module of them
     imported there with elmo_core's configs (torch aside). An empty string when all is well."""
-    python = shutil.which(f"python{DEVICE_PYTHON}") or _pyenv_python(DEVICE_PYTHON)
+    python = device_python()
     if python is None:
         return f"not checked: no python{DEVICE_PYTHON} here (pyenv install {DEVICE_PYTHON})"
     wheels, site = work / "device-wheels", work / "device-site"
