@@ -237,8 +237,8 @@ def _ends_with_json(log: str) -> bool:
 def device_commands(timings: dict[str, float]) -> str:
     """What to pass to the device's ``run``, per part, with the rehearsal's time for each."""
     lines = [
-        "Here, once before the device calls (wheels for the device's Python, golden files):",
-        f"  echo /{CARRY}/ >> .git/info/exclude",
+        "Here, once before the device calls (wheels for the device's Python, golden files;",
+        f"{CARRY} is git-ignored and travels only where carry names it):",
         f"  .venv/bin/python benchmarks/device_env.py fetch {CARRY}",
         "Then one device call per part (PTB for recipe: copy ../shared/data/ptb to shared/data):",
     ]
