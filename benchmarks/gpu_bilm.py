@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--lstm-impl",
         default="reference",
-        choices=["reference", "cudnn", "compiled", "graphed"],
+        choices=["reference", "cudnn", "compiled", "graphed", "fused"],
     )
     parser.add_argument(
         "--batch-directions", action="store_true", help="both LSTM stacks as one batched stack"

@@ -7,11 +7,12 @@
 # Parts:
 #   tests            the CUDA tests: golden TensorFlow parity in fp32, CPU parity, bf16 against
 #                    fp32 over 300 steps, every LSTM variant, the step's host-sync check;
-#   speed-IMPL       gpu_bilm.py at original size, 128 rows, IMPL = reference, compiled or graphed,
+#   speed-IMPL       gpu_bilm.py at original size, 128 rows, IMPL = reference, compiled, graphed or
+#                    fused (each layer one op with its own backward),
 #                    directions apart and batched: ours against the straightforward baseline, MFU,
 #                    where a step's time goes;
 #   sweep-IMPL       ours at 256, 512 and 1024 rows, directions batched;
-#   inference        embedding 64 sentences with the frozen biLM (reference and compiled loops);
+#   inference        embedding 64 sentences with the frozen biLM (reference, compiled, fused);
 #   data             the data path on this machine's CPUs;
 #   recipe           300 steps of original at 128 rows against 1024 rows at two learning rates
 #                    (PTB when shared/data/ptb is in the tree, else the bundled python-docs).
@@ -57,13 +58,13 @@ if [[ -z $rehearse ]] && ! "$python" -c "import torch, sys; sys.exit(not torch.c
     exit 2
 fi
 
-bilm() {  # gpu_bilm.py at original size, or tiny in a rehearsal: there the eager loop's training
+bilm() {  # gpu_bilm.py at original size, or tiny in a rehearsal: there the eager loops' training
     local impl=$1 # runs on the meta device (inference finds token types on the device, which
     shift         # meta cannot), the compiled loops on the CPU
     local size=()
     if [[ -n $rehearse ]]; then
         size=(--smoke)
-        [[ $impl == reference && " $* " != *" inference "* ]] && size+=(--device meta)
+        [[ $impl =~ ^(reference|fused)$ && " $* " != *" inference "* ]] && size+=(--device meta)
     fi
     "$python" benchmarks/gpu_bilm.py --lstm-impl "$impl" "${size[@]}" "$@"
 }
@@ -83,16 +84,18 @@ run_part() {
                 tests/unit/elmo_core/model/test_lstm_cudnn.py \
                 tests/unit/elmo_core/model/test_lstm_compiled.py \
                 tests/unit/elmo_core/model/test_lstm_batched.py \
+                tests/unit/elmo_core/model/test_lstm_fused.py \
                 tests/unit/elmo_core/model/test_bilm_autocast.py ;;
-        speed-reference | speed-compiled | speed-graphed)
+        speed-reference | speed-compiled | speed-graphed | speed-fused)
             bilm "${part#speed-}" --profile && bilm "${part#speed-}" --batch-directions --profile ;;
-        sweep-reference | sweep-compiled | sweep-graphed)
+        sweep-reference | sweep-compiled | sweep-graphed | sweep-fused)
             local rows=256,512,1024
             [[ -n $rehearse ]] && rows=6,8
             bilm "${part#sweep-}" --batch-directions --only sweep --sweep "$rows" ;;
         inference)
             bilm reference --only inference &&
-                bilm compiled --batch-directions --only inference ;;
+                bilm compiled --batch-directions --only inference &&
+                bilm fused --batch-directions --only inference ;;
         data)
             local size=()
             [[ -n $rehearse ]] && size=(--steps 20 --repeats 1)

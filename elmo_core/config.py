@@ -85,26 +85,27 @@ class ModelConfig(StrictModel):
     lstm: LSTMConfig = Field(default_factory=LSTMConfig)
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
     num_samples: int = Field(8192, gt=0, description="sampled-softmax candidates per step")
-    lstm_impl: Literal["auto", "reference", "cudnn", "compiled", "graphed"] = Field(
+    lstm_impl: Literal["auto", "reference", "cudnn", "compiled", "graphed", "fused"] = Field(
         "auto",
         description="LSTM kernel: 'cudnn' (fused nn.LSTM) needs both clips null; 'auto' takes it "
         "then, else 'reference'; 'compiled' is the reference loop under torch.compile (clips "
-        "kept, for GPUs); 'graphed' also replays it as CUDA graphs; the parameters are the same "
+        "kept, for GPUs); 'graphed' also replays it as CUDA graphs; 'fused' runs each layer as "
+        "one op with its own backward (clips kept, a third of the ops); the parameters are the same "
         "either way",
     )
     batch_directions: bool = Field(
         False,
         description="run the forward and backward LSTM stacks as one, each GEMM batched over "
         "the two directions (half the kernel launches; for GPUs); with 'reference', "
-        "'compiled' or 'graphed', not 'cudnn'",
+        "'compiled', 'graphed' or 'fused', not 'cudnn'",
     )
 
     @model_validator(mode="after")
     def _directions_need_the_layer_loop(self) -> ModelConfig:
         if self.batch_directions and self.lstm_impl == "cudnn":
             raise ValueError(
-                "batch_directions runs the reference, compiled or graphed layer loop; the cuDNN "
-                "kernel runs one direction at a time"
+                "batch_directions runs the reference, compiled, graphed or fused layer loop; the "
+                "cuDNN kernel runs one direction at a time"
             )
         return self
 

@@ -33,6 +33,7 @@ from elmo_core.model.lstm import LSTMState, ProjectedLSTM
 from elmo_core.model.lstm_batched import run_both_directions
 from elmo_core.model.lstm_compiled import CompiledProjectedLSTM, GraphedProjectedLSTM
 from elmo_core.model.lstm_cudnn import CudnnProjectedLSTM
+from elmo_core.model.lstm_fused import FusedProjectedLSTM
 from elmo_core.model.softmax import SampledCandidates, SampledSoftmax, SoftmaxRows
 from elmo_core.text.char_ids import BOS_IDS, EOS_IDS
 
@@ -306,6 +307,8 @@ def _build_lstm(config: ModelConfig, input_dim: int) -> ProjectedLSTM:
         return CompiledProjectedLSTM(config.lstm, input_dim, config.dropout)
     if config.lstm_impl == "graphed":
         return GraphedProjectedLSTM(config.lstm, input_dim, config.dropout)
+    if config.lstm_impl == "fused":
+        return FusedProjectedLSTM(config.lstm, input_dim, config.dropout)
     if config.lstm_impl == "cudnn" or (
         config.lstm_impl == "auto" and unclipped and not config.batch_directions
     ):

@@ -3,7 +3,8 @@
 Matches bilm-tf (DESIGN.md §3): one ``W (V, P)``, ``b (V)`` shared by both directions; training
 uses ``tf.nn.sampled_softmax_loss`` with its default sampler, ``log_uniform_candidate_sampler(
 unique=True)``, ``subtract_log_q=True`` and ``remove_accidental_hits=True``; perplexity uses the
-full softmax, computed over chunks of the vocabulary so ``N × V`` logits never exist at once.
+full softmax, computed over chunks of the vocabulary so ``N × V`` logits never exist at once; the
+sampled loss is computed over chunks of positions so its ``N × (1+K)`` logits never exist either.
 
 Shapes: N positions (rows × window, flattened), P projection, V vocabulary, K sampled, C chunk.
 """
@@ -21,6 +22,10 @@ from torch import nn
 from elmo_core.errors import ConfigError
 
 DEFAULT_CHUNK_SIZE = 16_384
+# Positions per chunk of the sampled loss: at ``original``'s K = 8,192 one chunk's logits take
+# 64 MiB in float32 (the whole N = 20,480 take 640 MiB), and a 2,048 × 8,192 × 512 GEMM still fills
+# a GPU.
+DEFAULT_SAMPLED_CHUNK_SIZE = 2_048
 
 
 class LogUniformSampler:
@@ -179,6 +184,125 @@ def _rows_gradient(
     return rows.new_zeros(shape).index_copy_(0, ids, rows)
 
 
+class _SampledCrossEntropy(torch.autograd.Function):
+    """Per-position sampled cross-entropy, target at index 0, over chunks of C positions.
+
+    Why a Function: autograd would keep the ``(N, 1+K)`` logits (and their softmax) for the
+    backward. Here only each position's log-partition ``(N,)`` is saved, and the backward
+    recomputes each chunk's logits. Storing gradients from the forward instead is not possible:
+    the candidate rows' and biases' gradients sum over positions weighted by the per-position
+    ``grad_output``, so they need the ``(N, K)`` softmax until it is known. The recompute costs one
+    more ``C × K × P`` GEMM per chunk (four softmax GEMMs instead of three); memory is a few
+    ``C × K`` float32 buffers at a time plus a ``(K, P)`` float32 accumulator.
+
+    Numerics as the whole-logits computation: target logits ``(hidden * rows).sum(-1)`` in the
+    rows' dtype, candidate logits and their gradient GEMMs in ``matmul_dtype`` (the autocast dtype
+    where autocast would cast them), everything after the GEMMs in float32. One difference under
+    autocast: the candidate rows' gradient is the float32 sum of per-chunk bf16 GEMM results, where
+    one GEMM over all N rounds its total to bf16 once.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        hidden: torch.Tensor,  # (N, P)
+        weights: torch.Tensor,  # (N+K, P): the targets' rows, then the candidates'
+        biases: torch.Tensor,  # (N+K,)
+        log_q: torch.Tensor,  # (N+K,) float32: log expected counts
+        ids: torch.Tensor,  # (N+K,): the targets, then the candidates
+        chunk_size: int,
+        matmul_dtype: torch.dtype,
+    ) -> torch.Tensor:
+        num_positions = hidden.shape[0]
+        log_partition = hidden.new_empty((num_positions,), dtype=torch.float32)  # (N,)
+        loss = torch.empty_like(log_partition)  # (N,)
+        candidate_rows = weights[num_positions:].to(matmul_dtype)  # (K, P)
+        for start in range(0, num_positions, chunk_size):
+            end = min(start + chunk_size, num_positions)
+            target, candidate = _chunk_logits(
+                hidden, weights, biases, log_q, ids, candidate_rows, start, end
+            )  # (C,), (C, K)
+            # logsumexp([target, candidates]) without concatenating them
+            log_z = torch.logaddexp(target, torch.logsumexp(candidate, dim=1))  # (C,)
+            log_partition[start:end] = log_z
+            loss[start:end] = log_z - target
+        ctx.save_for_backward(hidden, weights, biases, log_q, ids, log_partition)
+        ctx.chunk_size, ctx.matmul_dtype = chunk_size, matmul_dtype
+        return loss
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: Any, grad_output: torch.Tensor
+    ) -> tuple[torch.Tensor | None, ...]:
+        hidden, weights, biases, log_q, ids, log_partition = ctx.saved_tensors
+        num_positions = hidden.shape[0]
+        candidate_rows = weights[num_positions:].to(ctx.matmul_dtype)  # (K, P)
+        grad_hidden = torch.empty_like(hidden)  # (N, P)
+        grad_weights = torch.empty_like(weights)  # (N+K, P)
+        grad_biases = torch.empty_like(biases)  # (N+K,)
+        candidate_rows_sum = weights.new_zeros(candidate_rows.shape, dtype=torch.float32)  # (K, P)
+        candidate_bias_sum = biases.new_zeros(candidate_rows.shape[:1], dtype=torch.float32)  # (K,)
+        grad_output = grad_output.float()
+        for start in range(0, num_positions, ctx.chunk_size):
+            end = min(start + ctx.chunk_size, num_positions)
+            target, candidate = _chunk_logits(
+                hidden, weights, biases, log_q, ids, candidate_rows, start, end
+            )  # (C,), (C, K)
+            scale, log_z = grad_output[start:end], log_partition[start:end]  # (C,), (C,)
+            # softmax minus one-hot (target at 0), times the position's incoming gradient
+            grad_target = (torch.exp(target - log_z) - 1.0) * scale  # (C,)
+            grad_candidate = candidate.sub_(log_z.unsqueeze(1)).exp_().mul_(scale.unsqueeze(1))
+            grad_candidate_mm = grad_candidate.to(ctx.matmul_dtype)  # (C, K)
+            chunk_hidden = hidden[start:end]  # (C, P)
+            grad_hidden[start:end] = grad_target.unsqueeze(1) * weights[start:end] + (
+                grad_candidate_mm @ candidate_rows
+            ).to(hidden.dtype)
+            grad_weights[start:end] = grad_target.unsqueeze(1) * chunk_hidden
+            candidate_rows_sum += (
+                grad_candidate_mm.t() @ chunk_hidden.to(ctx.matmul_dtype)
+            ).float()
+            grad_biases[start:end] = grad_target
+            candidate_bias_sum += grad_candidate.sum(0)
+        grad_weights[num_positions:] = candidate_rows_sum
+        grad_biases[num_positions:] = candidate_bias_sum
+        return grad_hidden, grad_weights, grad_biases, None, None, None, None
+
+
+def _chunk_logits(
+    hidden: torch.Tensor,
+    weights: torch.Tensor,
+    biases: torch.Tensor,
+    log_q: torch.Tensor,
+    ids: torch.Tensor,
+    candidate_rows: torch.Tensor,
+    start: int,
+    end: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions ``start:end``'s corrected target logits and candidate logits, the accidental
+    hits at the float32 minimum. → (C,), (C, K) float32, the latter a buffer of its own."""
+    num_positions = hidden.shape[0]
+    chunk = hidden[start:end]  # (C, P)
+    target = (chunk * weights[start:end]).sum(-1).float()  # (C,)
+    target = target + biases[start:end].float() - log_q[start:end]
+    # (C, K): a new buffer, written in place from here on
+    candidate = (chunk.to(candidate_rows.dtype) @ candidate_rows.t()).float()
+    candidate.add_(biases[num_positions:].float()).sub_(log_q[num_positions:])
+    hits = ids[start:end].unsqueeze(1) == ids[num_positions:].unsqueeze(0)  # (C, K)
+    return target, candidate.masked_fill_(hits, torch.finfo(torch.float32).min)
+
+
+def _matmul_dtype(hidden: torch.Tensor) -> torch.dtype:
+    """The dtype ``hidden @ rows.t()`` would run in here: autocast's, where it casts ``hidden``."""
+    device = hidden.device.type
+    if (
+        torch.amp.is_autocast_available(device)
+        and torch.is_autocast_enabled(device)
+        and hidden.dtype in (torch.float32, torch.float16, torch.bfloat16)
+    ):
+        return torch.get_autocast_dtype(device)
+    return hidden.dtype
+
+
 class SampledSoftmax(nn.Module):
     """The biLM's softmax: sampled loss when training, exact negative log likelihood otherwise.
 
@@ -260,6 +384,7 @@ class SampledSoftmax(nn.Module):
         target_counts: torch.Tensor,
         candidate_counts: torch.Tensor,
         rows: SoftmaxRows | None = None,
+        chunk_size: int = DEFAULT_SAMPLED_CHUNK_SIZE,
     ) -> torch.Tensor:
         """Sampled softmax loss for given candidates and expected counts. → (N,) float32.
 
@@ -267,25 +392,19 @@ class SampledSoftmax(nn.Module):
         a candidate equal to a position's target is removed from that position's softmax (TF's
         ``remove_accidental_hits``); the target sits at index 0 of the cross-entropy. ``rows``
         must hold every target and candidate; without them they are found here (``torch.unique``,
-        which waits for a GPU).
+        which waits for a GPU). Computed over chunks of ``chunk_size`` positions, forward and
+        backward (:class:`_SampledCrossEntropy`): the ``N × (1+K)`` logits never exist at once.
         """
         hidden = hidden.to(self.weight.dtype)  # bf16 activations; autocast still applies
         ids = torch.cat([targets, candidates])  # (N+K,)
         if rows is None:
             rows = self.gather_rows(torch.unique(ids))
         weights, biases = rows.select(ids)  # (N+K, P), (N+K,)
-        num_positions = targets.numel()
-        target_rows, candidate_rows = weights[:num_positions], weights[num_positions:]
-        target_logits = (hidden * target_rows).sum(-1).float()  # (N,)
-        candidate_logits = (hidden @ candidate_rows.t()).float()  # (N, K)
-        target_log_q = target_counts.log().float()  # (N,)
-        candidate_log_q = candidate_counts.log().float()  # (K,)
-        target_logits = target_logits + biases[:num_positions].float() - target_log_q
-        candidate_logits = candidate_logits + biases[num_positions:].float() - candidate_log_q
-        hits = targets.unsqueeze(1) == candidates.unsqueeze(0)  # (N, K)
-        candidate_logits = candidate_logits.masked_fill(hits, torch.finfo(torch.float32).min)
-        logits = torch.cat([target_logits.unsqueeze(1), candidate_logits], dim=1)  # (N, 1+K)
-        return torch.logsumexp(logits, dim=1) - target_logits
+        log_q = torch.cat([target_counts.log().float(), candidate_counts.log().float()])  # (N+K,)
+        loss: torch.Tensor = _SampledCrossEntropy.apply(
+            hidden, weights, biases, log_q, ids, chunk_size, _matmul_dtype(hidden)
+        )
+        return loss
 
     def nll(
         self, hidden: torch.Tensor, targets: torch.Tensor, chunk_size: int = DEFAULT_CHUNK_SIZE

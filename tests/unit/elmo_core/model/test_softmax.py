@@ -4,6 +4,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from elmo_core.errors import ConfigError
 from elmo_core.model.softmax import (
@@ -268,3 +270,145 @@ def test_nll_accepts_bf16_hidden_and_accumulates_in_float32():
     torch.testing.assert_close(
         mixed, _full_softmax_nll(softmax, hidden, targets), atol=0.1, rtol=0.05
     )
+
+
+def _whole_logits_loss(softmax, hidden, targets, candidates, target_counts, candidate_counts):
+    """The sampled loss as computed before issue 23: the whole (N, 1+K) logits at once."""
+    hidden = hidden.to(softmax.weight.dtype)
+    ids = torch.cat([targets, candidates])
+    weights, biases = softmax.gather_rows(torch.unique(ids)).select(ids)
+    n = targets.numel()
+    target_logits = (hidden * weights[:n]).sum(-1).float()
+    target_logits = target_logits + biases[:n].float() - target_counts.log().float()
+    candidate_logits = (hidden @ weights[n:].t()).float()
+    candidate_logits = candidate_logits + biases[n:].float() - candidate_counts.log().float()
+    hits = targets.unsqueeze(1) == candidates.unsqueeze(0)
+    candidate_logits = candidate_logits.masked_fill(hits, torch.finfo(torch.float32).min)
+    logits = torch.cat([target_logits.unsqueeze(1), candidate_logits], dim=1)
+    return torch.logsumexp(logits, dim=1) - target_logits
+
+
+def _sampled_case(num_positions=37, num_classes=60, dim=6, num_samples=12, seed=0):
+    """A softmax, hidden states, targets of which every third is a candidate (accidental hits),
+    the candidates, their expected counts, and per-position loss weights (some zero)."""
+    softmax = _softmax(num_classes, dim, num_samples, seed).train()
+    generator = torch.Generator().manual_seed(seed)
+    candidates, num_tries = softmax.sampler.sample_unique(num_samples, generator)
+    targets = torch.randint(0, num_classes, (num_positions,), generator=generator)
+    every_third = torch.arange(0, num_positions, 3)
+    targets[every_third] = candidates[every_third % num_samples]
+    counts = (
+        softmax.sampler.expected_count(targets, num_tries),
+        softmax.sampler.expected_count(candidates, num_tries),
+    )
+    hidden = 2 * torch.randn(num_positions, dim, generator=generator)
+    scale = torch.rand(num_positions, generator=generator)
+    scale[::4] = 0  # unscored positions
+    return softmax, hidden, targets, candidates, counts, scale
+
+
+def _loss_and_grads(softmax, hidden, scale, compute):
+    softmax.zero_grad(set_to_none=True)
+    hidden = hidden.clone().requires_grad_()
+    loss = compute(hidden)
+    (loss * scale).sum().backward()
+    return [loss.detach(), hidden.grad] + [p.grad.to_dense() for p in softmax.parameters()]
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("chunk_size", [1, 5, 16, 37, 1000])
+def test_chunked_sampled_loss_and_gradients_equal_the_whole_logits(chunk_size, sparse):
+    softmax, hidden, targets, candidates, counts, scale = _sampled_case()
+    softmax.sparse = sparse
+    assert (targets.unsqueeze(1) == candidates).any(1).sum() >= 10  # accidental hits present
+    chunked = _loss_and_grads(
+        softmax,
+        hidden,
+        scale,
+        lambda h: softmax.sampled_loss(h, targets, candidates, *counts, chunk_size=chunk_size),
+    )
+    whole = _loss_and_grads(
+        softmax,
+        hidden,
+        scale,
+        lambda h: _whole_logits_loss(softmax, h, targets, candidates, *counts),
+    )
+    assert chunked[0].dtype == torch.float32
+    for got, expected in zip(chunked, whole, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+    assert (chunked[2].abs().sum(1) > 0).sum() > 0  # the weight gradient is not all zero
+
+
+@pytest.mark.parametrize("chunk_size", [1, 16, 1000])
+def test_chunked_sampled_loss_under_bf16_autocast_follows_the_whole_logits(chunk_size):
+    softmax, hidden, targets, candidates, counts, scale = _sampled_case()
+
+    def chunked(h):
+        return softmax.sampled_loss(h, targets, candidates, *counts, chunk_size=chunk_size)
+
+    def whole(h):
+        return _whole_logits_loss(softmax, h, targets, candidates, *counts)
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = _loss_and_grads(softmax, hidden, scale, chunked)
+        mixed_whole = _loss_and_grads(softmax, hidden, scale, whole)
+    exact = _loss_and_grads(softmax, hidden, scale, chunked)
+    assert mixed[0].dtype == torch.float32 and (mixed[0] >= 0).all()
+    assert not torch.equal(mixed[0], exact[0])  # the GEMM did run in bf16
+    # The same bf16 GEMMs: the loss and the hidden and bias gradients match closely; the
+    # candidate rows' gradient sums per-chunk bf16 products in float32 (one bf16 product before).
+    (loss, grad_hidden, grad_weight, grad_bias), expected = mixed, mixed_whole
+    torch.testing.assert_close(loss, expected[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grad_hidden, expected[1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grad_weight, expected[2], rtol=0.02, atol=0.03)
+    torch.testing.assert_close(grad_bias, expected[3], rtol=1e-5, atol=1e-5)
+    for got, expected in zip(mixed, exact, strict=True):
+        torch.testing.assert_close(got, expected, rtol=0.05, atol=0.05)
+
+
+class _LargestOutput(TorchDispatchMode):
+    """Records the most elements any op's output has, backward included."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        out = func(*args, **(kwargs or {}))
+        for leaf in tree_leaves(out):
+            if isinstance(leaf, torch.Tensor):
+                self.largest = max(self.largest, leaf.numel())
+        return out
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_chunked_sampled_loss_never_holds_the_whole_logits(sparse):
+    num_positions, num_samples, chunk_size = 64, 48, 16
+    softmax, hidden, targets, candidates, counts, scale = _sampled_case(
+        num_positions, num_classes=100, dim=4, num_samples=num_samples
+    )
+    softmax.sparse = sparse
+    whole_logits = num_positions * num_samples  # (N, K): less than the (N, 1+K) of the logits
+
+    def probe(compute):
+        saved = []
+
+        def pack(tensor):
+            saved.append(tensor.numel())
+            return tensor
+
+        hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor)
+        with _LargestOutput() as largest, hooks:
+            _loss_and_grads(softmax, hidden, scale, compute)
+        return largest.largest, max(saved)
+
+    largest, largest_saved = probe(
+        lambda h: softmax.sampled_loss(h, targets, candidates, *counts, chunk_size=chunk_size)
+    )
+    assert largest <= chunk_size * (num_samples + 1) < whole_logits
+    assert largest_saved < whole_logits
+    # The probe sees the whole logits where they exist.
+    largest, largest_saved = probe(
+        lambda h: _whole_logits_loss(softmax, h, targets, candidates, *counts)
+    )
+    assert largest >= num_positions * (num_samples + 1) and largest_saved >= whole_logits

@@ -1,0 +1,346 @@
+"""The projected LSTM stack with each layer's step loop run as one op with its own backward.
+
+Autograd through the reference loop records a dozen ops per step and replays their backward one by
+one, each step's weight gradients a small GEMM of their own. Here a layer is one op,
+``elmo::lstm_layer`` (``torch.library.custom_op``): its forward runs the recurrence of
+:func:`~elmo_core.model.lstm.run_layer` into preallocated buffers and keeps only what the backward
+reads — the gate activations, the cells before the clip and their tanh after it, the projections
+before the clip, and the state entering each step. Its backward, ``elmo::lstm_layer_backward``,
+walks the steps back once, writing every step's gate gradients into one ``(…, T, B, 4H)`` tensor,
+then takes each weight's gradient as one GEMM over all ``T·B`` rows. Both ops have fake
+implementations, so ``torch.compile`` keeps them whole in a compiled step; the parameters, dropout
+and residuals are the base class's, and both directions run together (``model.batch_directions``)
+as with the reference loop.
+
+Dtypes are explicit, as custom ops run below autocast: the GEMMs run in the weights' dtype (cast
+by :meth:`~elmo_core.model.lstm.LayerWeights.for_autocast`), the cells and the carried state in
+that dtype promoted with the state's — what autocast gives the reference loop. The backward runs
+in at least float32, autocast or not, and returns each gradient in its input's dtype.
+
+Shape legend: D = 2 directions (or none), B rows, T window, I input width, P projection, H cell.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from elmo_core.model.lstm import LayerLoop, LayerWeights, ProjectedLSTM
+
+Tensors9 = tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]
+Tensors7 = tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]
+
+
+def fused_layer(
+    inputs: Tensor,
+    mask: Tensor,
+    h: Tensor,
+    c: Tensor,
+    weights: LayerWeights,
+    cell_clip: float | None,
+    proj_clip: float | None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`~elmo_core.model.lstm.run_layer` as one op: the same arguments and results."""
+    weights = weights.for_autocast()
+    outputs, h, c, *_ = _lstm_layer(inputs, mask, h, c, *weights, cell_clip, proj_clip)
+    return outputs, h, c
+
+
+class FusedProjectedLSTM(ProjectedLSTM):
+    """:class:`ProjectedLSTM` with each layer's masked step loop run as one op."""
+
+    def layer_loop(self) -> LayerLoop:
+        return fused_layer
+
+
+@torch.library.custom_op("elmo::lstm_layer", mutates_args=())
+def _lstm_layer(
+    inputs: Tensor,
+    mask: Tensor,
+    h: Tensor,
+    c: Tensor,
+    input_weight: Tensor,
+    recurrent_weight: Tensor,
+    bias: Tensor,
+    projection_weight: Tensor,
+    cell_clip: float | None,
+    proj_clip: float | None,
+) -> Tensors9:
+    """The recurrence, each step written in place into the buffers the backward reads: returns
+    outputs, h, c, then the saved gates, cells, their tanh, projections, and h and c entering
+    each step."""
+    buffers = _forward_buffers(inputs, h, c, input_weight, projection_weight)
+    outputs, final_h, final_c, gates, cells, tanh_cells, projected, h_in, c_in = buffers
+    dtype = input_weight.dtype
+    steps_first = _cast(inputs, dtype).transpose(-3, -2).flatten(-3, -2)  # (…, T·B, I)
+    # the input GEMM for all steps, into the gates buffer where each step adds its recurrent part
+    _add_product(bias, steps_first, input_weight, out=gates.flatten(-3, -2))
+    in_gate, forget_gate, candidate, out_gate = (g.unbind(-3) for g in gates.chunk(4, dim=-1))
+    in_and_forget = gates[..., : 2 * c.shape[-1]].unbind(-3)  # one sigmoid for both
+    keep = mask.transpose(-2, -1).unsqueeze(-1).unbind(-3)  # T × (…, B, 1)
+    h_prev, c_prev = h_in.unbind(-3), c_in.unbind(-3)  # T × (…, B, P), T × (…, B, H)
+    h_next, c_next = (*h_prev[1:], final_h), (*c_prev[1:], final_c)
+    h_prev[0].copy_(h)
+    c_prev[0].copy_(c)
+    tanh_cell = tanh_cells.unbind(-3)
+    for t, (step, cell, projection) in enumerate(
+        zip(gates.unbind(-3), cells.unbind(-3), projected.unbind(-3), strict=True)
+    ):
+        _accumulate(step, _cast(h_prev[t], dtype), recurrent_weight)  # (…, B, 4H)
+        in_and_forget[t].sigmoid_()
+        candidate[t].tanh_()
+        out_gate[t].sigmoid_()
+        torch.mul(forget_gate[t], c_prev[t], out=cell).addcmul_(in_gate[t], candidate[t])
+        new_c = _clip(cell, cell_clip)  # (…, B, H)
+        hidden = _cast(out_gate[t] * torch.tanh(new_c, out=tanh_cell[t]), dtype)
+        new_h = _clip(_product(hidden, projection_weight, out=projection), proj_clip)
+        torch.where(keep[t], new_h, h_prev[t], out=h_next[t])
+        torch.where(keep[t], new_c, c_prev[t], out=c_next[t])
+    clipped = _clip(projected, proj_clip).transpose(-3, -2)  # (…, B, T, P)
+    torch.mul(clipped, mask.unsqueeze(-1), out=outputs)  # zero where masked
+    return outputs, final_h, final_c, gates, cells, tanh_cells, projected, h_in, c_in
+
+
+@_lstm_layer.register_fake
+def _(
+    inputs: Tensor,
+    mask: Tensor,
+    h: Tensor,
+    c: Tensor,
+    input_weight: Tensor,
+    recurrent_weight: Tensor,
+    bias: Tensor,
+    projection_weight: Tensor,
+    cell_clip: float | None,
+    proj_clip: float | None,
+) -> Tensors9:
+    return _forward_buffers(inputs, h, c, input_weight, projection_weight)
+
+
+def _forward_buffers(
+    inputs: Tensor, h: Tensor, c: Tensor, input_weight: Tensor, projection_weight: Tensor
+) -> Tensors9:
+    """The forward's results, unfilled: the op fills them, its fake implementation returns them.
+    What is saved is time-major, ``(…, T, B, X)``, so that each step's slice is one block."""
+    cell, projection = projection_weight.shape[-2:]
+    *lead, batch, steps = inputs.shape[:-1]
+    gemm = input_weight.dtype
+    state = torch.promote_types(gemm, c.dtype)
+
+    def per_step(width: int, dtype: torch.dtype) -> Tensor:  # (…, T, B, width)
+        return inputs.new_empty((*lead, steps, batch, width), dtype=dtype)
+
+    return (
+        inputs.new_empty((*lead, batch, steps, projection), dtype=gemm),  # outputs
+        h.new_empty(h.shape, dtype=state),
+        c.new_empty(c.shape, dtype=state),
+        per_step(4 * cell, gemm),  # σ(i), σ(f), tanh(g), σ(o)
+        per_step(cell, state),  # cells before the clip
+        per_step(cell, state),  # tanh of the clipped cells
+        per_step(projection, gemm),  # projections before the clip
+        per_step(projection, state),  # h entering each step
+        per_step(cell, state),  # c entering each step
+    )
+
+
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensors9) -> None:
+    layer_inputs, mask, h, c, input_weight, recurrent_weight, _, projection_weight, *clips = inputs
+    saved = output[3:]
+    ctx.mark_non_differentiable(*saved)
+    ctx.set_materialize_grads(False)  # no zeros for the saved outputs, nor an unused state
+    weights = (input_weight, recurrent_weight, projection_weight)
+    ctx.save_for_backward(layer_inputs, mask, *weights, *saved)
+    ctx.clips = clips
+    ctx.state_dtypes = (h.dtype, c.dtype)
+
+
+def _backward(ctx: Any, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
+    result = _lstm_layer_backward(*grads[:3], *ctx.saved_tensors, *ctx.clips)
+    d_inputs, d_h, d_c, d_input, d_recurrent, d_bias, d_projection = result
+    h_dtype, c_dtype = ctx.state_dtypes
+    d_state = (_cast(d_h, h_dtype), _cast(d_c, c_dtype))
+    return (d_inputs, None, *d_state, d_input, d_recurrent, d_bias, d_projection, None, None)
+
+
+_lstm_layer.register_autograd(_backward, setup_context=_setup_context)
+
+
+@torch.library.custom_op("elmo::lstm_layer_backward", mutates_args=())
+def _lstm_layer_backward(
+    grad_outputs: Tensor | None,
+    grad_h: Tensor | None,
+    grad_c: Tensor | None,
+    inputs: Tensor,
+    mask: Tensor,
+    input_weight: Tensor,
+    recurrent_weight: Tensor,
+    projection_weight: Tensor,
+    gates: Tensor,
+    cells: Tensor,
+    tanh_cells: Tensor,
+    projected: Tensor,
+    h_in: Tensor,
+    c_in: Tensor,
+    cell_clip: float | None,
+    proj_clip: float | None,
+) -> Tensors7:
+    """The steps walked back once, every step's gate gradients into one tensor; then each weight's
+    gradient as one GEMM over all rows. Returns the gradients of inputs, h, c and the weights; a
+    missing incoming gradient (an unused output or state) counts as zero."""
+    dtype = torch.promote_types(c_in.dtype, torch.float32)
+    saved = (gates, cells, tanh_cells, projected, h_in, c_in)
+    gates, cells, tanh_c, projected, h_in, c_in = (_cast(t, dtype) for t in saved)
+    in_gate, forget_gate, candidate, out_gate = gates.chunk(4, dim=-1)  # 4 × (…, T, B, H)
+    keep = mask.transpose(-2, -1).unsqueeze(-1)  # (…, T, B, 1)
+    cell_flows = _passes(cells, cell_clip) & keep  # where the new cell's gradient reaches the gates
+    proj_flows = (_passes(projected, proj_clip) & keep).to(dtype)  # (…, T, B, P)
+    # d(pre-activation) of i, f, g = d(new cell) × these; of o = d(hidden) × out_factor
+    sigmoid_grad, tanh_grad = torch.ops.aten.sigmoid_backward, torch.ops.aten.tanh_backward
+    cell_factors = torch.stack(
+        [
+            sigmoid_grad(candidate, in_gate),  # tanh(g) · σ'(i)
+            sigmoid_grad(c_in, forget_gate),  # c · σ'(f)
+            tanh_grad(in_gate, candidate),  # σ(i) · tanh'(g)
+        ],
+        dim=-2,
+    ).mul_(cell_flows.unsqueeze(-2))  # (…, T, B, 3, H)
+    out_factor = sigmoid_grad(tanh_c, out_gate)  # tanh(c) · σ'(o)
+    hidden_factor = tanh_grad(out_gate, tanh_c)  # d(hidden)/d(new cell): σ(o) · tanh'(c)
+    skip = (~keep).to(dtype)  # masked steps pass the state's gradient straight through
+    carry = torch.where(cell_flows, forget_gate, skip)  # d(c entering)/d(new cell)
+    through = (  # the outputs' gradient reaching the projection
+        torch.zeros_like(proj_flows)
+        if grad_outputs is None
+        else _cast(grad_outputs, dtype).transpose(-3, -2) * proj_flows
+    )  # (…, T, B, P)
+
+    d_gates = torch.empty_like(gates)  # (…, T, B, 4H)
+    d_projected = torch.empty_like(projected)  # (…, T, B, P)
+    d_h = _state_grad(grad_h, h_in)  # (…, B, P)
+    d_c = _state_grad(grad_c, c_in)  # (…, B, H)
+    d_c_each_gate = d_c.unsqueeze(-2)  # (…, B, 1, H)
+    recurrent, projection = (_cast(w, dtype).mT for w in (recurrent_weight, projection_weight))
+    cell = c_in.shape[-1]
+    # each step's slice, T × (…, B, ·)
+    through_at, proj_flows_at, hidden_factor_at, out_factor_at, carry_at, skip_at = (
+        t.unbind(-3) for t in (through, proj_flows, hidden_factor, out_factor, carry, skip)
+    )
+    cell_factors_at = cell_factors.unbind(-4)  # T × (…, B, 3, H)
+    d_projected_at, d_gates_at = d_projected.unbind(-3), d_gates.unbind(-3)
+    d_ifg_at = d_gates[..., : 3 * cell].unflatten(-1, (3, cell)).unbind(-4)  # T × (…, B, 3, H)
+    d_o_at = d_gates[..., 3 * cell :].unbind(-3)  # T × (…, B, H)
+    # autocast off: the per-step and weight GEMMs in float32 even if called under autocast
+    with torch.autocast(inputs.device.type, enabled=False):
+        for t in reversed(range(len(d_gates_at))):
+            d_proj = torch.addcmul(through_at[t], d_h, proj_flows_at[t], out=d_projected_at[t])
+            d_hidden = _product(d_proj, projection)  # (…, B, H)
+            d_c.addcmul_(d_hidden, hidden_factor_at[t])  # now the new cell's gradient
+            torch.mul(d_c_each_gate, cell_factors_at[t], out=d_ifg_at[t])
+            torch.mul(d_hidden, out_factor_at[t], out=d_o_at[t])
+            d_c.mul_(carry_at[t])  # now the gradient of the c entering the step
+            _accumulate(d_h.mul_(skip_at[t]), d_gates_at[t], recurrent)
+
+        gate_rows = _rows(d_gates)  # (…, T·B, 4H)
+        steps_first = _cast(inputs, dtype).transpose(-3, -2)  # (…, T, B, I)
+        d_inputs = _product(gate_rows, _cast(input_weight, dtype).mT).view(steps_first.shape)
+        d_input = _weight_grad(_rows(steps_first), gate_rows, input_weight)  # (…, I, 4H)
+        d_recurrent = _weight_grad(_rows(h_in), gate_rows, recurrent_weight)  # (…, P, 4H)
+        d_bias = gate_rows.sum(-2, keepdim=gate_rows.dim() == 3)  # (4H,) or (D, 1, 4H)
+        hidden = _rows(out_gate * tanh_c)  # (…, T·B, H)
+        d_projection = _weight_grad(hidden, _rows(d_projected), projection_weight)  # (…, H, P)
+    weight_dtype = input_weight.dtype
+    return (
+        _cast(d_inputs.transpose(-3, -2).contiguous(), inputs.dtype),  # (…, B, T, I)
+        d_h,
+        d_c,
+        _cast(d_input, weight_dtype),
+        _cast(d_recurrent, weight_dtype),
+        _cast(d_bias, weight_dtype),
+        _cast(d_projection, weight_dtype),
+    )
+
+
+@_lstm_layer_backward.register_fake
+def _(
+    grad_outputs: Tensor | None,
+    grad_h: Tensor | None,
+    grad_c: Tensor | None,
+    inputs: Tensor,
+    mask: Tensor,
+    input_weight: Tensor,
+    recurrent_weight: Tensor,
+    projection_weight: Tensor,
+    gates: Tensor,
+    cells: Tensor,
+    tanh_cells: Tensor,
+    projected: Tensor,
+    h_in: Tensor,
+    c_in: Tensor,
+    cell_clip: float | None,
+    proj_clip: float | None,
+) -> Tensors7:
+    dtype = torch.promote_types(c_in.dtype, torch.float32)
+    lead = inputs.shape[:-3]
+    bias_shape = (*lead, 1, gates.shape[-1]) if lead else (gates.shape[-1],)
+    return (
+        torch.empty_like(inputs, memory_format=torch.contiguous_format),
+        h_in.new_empty((*h_in.shape[:-3], *h_in.shape[-2:]), dtype=dtype),
+        c_in.new_empty((*c_in.shape[:-3], *c_in.shape[-2:]), dtype=dtype),
+        torch.empty_like(input_weight),
+        torch.empty_like(recurrent_weight),
+        input_weight.new_empty(bias_shape),
+        torch.empty_like(projection_weight),
+    )
+
+
+def _rows(x: Tensor) -> Tensor:
+    """``(…, T, B, X)`` -> ``(…, T·B, X)``."""
+    return x.flatten(-3, -2)
+
+
+def _state_grad(grad: Tensor | None, saved: Tensor) -> Tensor:
+    """A fresh float32 (at least) copy of the final state's gradient, to update in place; zero
+    when the state went unused. ``saved (…, T, B, X)`` is the state entering each step."""
+    if grad is None:
+        return saved.new_zeros((*saved.shape[:-3], *saved.shape[-2:]))
+    return grad.to(saved.dtype, copy=True)
+
+
+def _weight_grad(x: Tensor, d_out: Tensor, weight: Tensor) -> Tensor:
+    """``xᵀ·d_out`` over all rows, laid out as ``weight`` is: a parameter's transposed view gets
+    the transposed view of a contiguous gradient, so the parameter's own gradient is contiguous."""
+    if weight.mT.is_contiguous():
+        return _product(d_out.mT, x).mT
+    return _product(x.mT, d_out)
+
+
+def _cast(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """``x`` in ``dtype``, with no op dispatched when it already is (most steps, most runs)."""
+    return x if x.dtype == dtype else x.to(dtype)
+
+
+def _clip(x: Tensor, clip: float | None) -> Tensor:
+    return x if clip is None else x.clamp(-clip, clip)
+
+
+def _passes(x: Tensor, clip: float | None) -> Tensor:
+    """Where the clip lets the gradient through: ``-clip <= x <= clip``, the bounds included, as
+    in ``clamp``'s backward."""
+    return torch.ones_like(x, dtype=torch.bool) if clip is None else x.abs() <= clip
+
+
+def _product(x: Tensor, weight: Tensor, out: Tensor | None = None) -> Tensor:
+    """``x·weight``, batched over the directions when ``x`` is 3-D."""
+    return (torch.mm if x.dim() == 2 else torch.bmm)(x, weight, out=out)
+
+
+def _add_product(base: Tensor, x: Tensor, weight: Tensor, out: Tensor) -> Tensor:
+    """``base + x·weight`` into ``out``, the addition done by the GEMM."""
+    return (torch.addmm if x.dim() == 2 else torch.baddbmm)(base, x, weight, out=out)
+
+
+def _accumulate(base: Tensor, x: Tensor, weight: Tensor) -> Tensor:
+    """``base += x·weight`` in place."""
+    return base.addmm_(x, weight) if x.dim() == 2 else base.baddbmm_(x, weight)

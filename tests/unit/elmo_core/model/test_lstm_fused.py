@@ -1,0 +1,269 @@
+"""The fused LSTM layer (one op with its own backward) equals the reference loop."""
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from elmo_core.config import LSTMConfig, ModelConfig
+from elmo_core.model.bilm import BiLM
+from elmo_core.model.lstm import LayerWeights, ProjectedLSTM, run_layer
+from elmo_core.model.lstm_fused import (
+    FusedProjectedLSTM,
+    _lstm_layer,
+    _lstm_layer_backward,
+    fused_layer,
+)
+from elmo_core.presets import tiny
+from elmo_core.text.char_ids import batch_to_ids
+
+B, T, I, P, H = 4, 5, 3, 6, 8  # noqa: E741 (the input narrower than P: no transposition hides)
+CELL_CLIP, PROJ_CLIP = 0.5, 0.3  # small: many cells and outputs clipped
+VOCAB = 100  # more words than tiny's 64 sampled candidates
+
+
+def _leaves(directions: int | None, seed: int = 0) -> list[torch.Tensor]:
+    """One layer's parameters in their own layout (stacked over the directions when batched),
+    large enough that the clips bite."""
+    lead = () if directions is None else (directions,)
+    generator = torch.Generator().manual_seed(seed)
+    shapes = [(4 * H, I), (4 * H, P), (1, 4 * H) if lead else (4 * H,), (P, H)]
+    return [torch.randn(*lead, *shape, generator=generator).requires_grad_() for shape in shapes]
+
+
+def _weights(leaves: list[torch.Tensor]) -> LayerWeights:
+    """As :meth:`ProjectedLSTMLayer.weights` gives them: the matrices as transposed views."""
+    input_weight, recurrent, bias, projection = leaves
+    return LayerWeights(input_weight.mT, recurrent.mT, bias, projection.mT)
+
+
+def _mask(lengths: list[int], lead: tuple[int, ...]) -> torch.Tensor:
+    return (torch.arange(T) < torch.tensor(lengths).unsqueeze(1)).expand(*lead, B, T)
+
+
+def _two_windows(loop, directions: int | None):
+    """Two windows, the second from the first's final state; a weighted loss over both windows'
+    outputs and the final state -> outputs, final h and c, and the gradients of every input."""
+    lead = () if directions is None else (directions,)
+    leaves = _leaves(directions)
+    generator = torch.Generator().manual_seed(1)
+    windows = [torch.randn(*lead, B, T, I, generator=generator).requires_grad_() for _ in "ab"]
+    h0 = torch.randn(*lead, B, P, generator=generator).requires_grad_()
+    c0 = torch.randn(*lead, B, H, generator=generator).requires_grad_()
+    masks = [_mask([T, 2, 0, 1], lead), _mask([3, T, 1, 0], lead)]  # padded and empty rows
+    output_scales = torch.randn(2, *lead, B, T, P, generator=generator)
+    h_scale = torch.randn(*lead, B, P, generator=generator)
+    c_scale = torch.randn(*lead, B, H, generator=generator)
+    h, c, outputs = h0, c0, []
+    for window, mask in zip(windows, masks, strict=True):
+        output, h, c = loop(window, mask, h, c, _weights(leaves), CELL_CLIP, PROJ_CLIP)
+        outputs.append(output)
+    loss = sum((o * s).sum() for o, s in zip(outputs, output_scales, strict=True))
+    loss = loss + (h * h_scale).sum() + (c * c_scale).sum()
+    grads = torch.autograd.grad(loss, [*windows, h0, c0, *leaves])
+    return outputs, h, c, grads, masks
+
+
+@pytest.mark.parametrize("directions", [None, 2], ids=["one-stack", "directions-batched"])
+def test_outputs_states_and_every_gradient_equal_the_reference_over_two_windows(directions):
+    outputs, h, c, grads, masks = _two_windows(fused_layer, directions)
+    ref_outputs, ref_h, ref_c, ref_grads, _ = _two_windows(run_layer, directions)
+
+    assert (ref_c.abs() == CELL_CLIP).float().mean() > 0.2  # the clips bite
+    assert (ref_outputs[1].abs() == PROJ_CLIP).float().mean() > 0.1
+    for output, ref_output, mask in zip(outputs, ref_outputs, masks, strict=True):
+        torch.testing.assert_close(output, ref_output, rtol=0, atol=1e-5)
+        assert not output[~mask].any()  # zero where masked
+    torch.testing.assert_close(h, ref_h, rtol=0, atol=1e-5)
+    torch.testing.assert_close(c, ref_c, rtol=0, atol=1e-5)
+    names = ["window 1", "window 2", "h0", "c0", "input", "recurrent", "bias", "projection"]
+    for grad, ref_grad, name in zip(grads, ref_grads, names, strict=True):
+        torch.testing.assert_close(grad, ref_grad, rtol=0, atol=1e-5, msg=name)
+
+
+def test_without_clips_it_equals_the_reference_and_an_empty_row_keeps_its_state():
+    leaves = [(0.5 * leaf).detach().requires_grad_() for leaf in _leaves(None)]  # no blow-up
+    generator = torch.Generator().manual_seed(1)
+    inputs = torch.randn(B, T, I, generator=generator).requires_grad_()
+    h = torch.randn(B, P, generator=generator).requires_grad_()
+    c = torch.randn(B, H, generator=generator).requires_grad_()
+    mask = _mask([T, 2, 0, 1], ())
+    results = []
+    for loop in (fused_layer, run_layer):
+        outputs, new_h, new_c = loop(inputs, mask, h, c, _weights(leaves), None, None)
+        loss = outputs.sum() + (new_h * 2).sum() + (new_c * 3).sum()
+        grads = torch.autograd.grad(loss, [inputs, h, c, *leaves])
+        results.append((outputs, new_h, new_c, *grads))
+    for got, expected in zip(*results, strict=True):
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+    _, new_h, new_c, *_ = results[0]
+    assert torch.equal(new_h[2], h[2]) and torch.equal(new_c[2], c[2])  # the empty row
+
+
+def test_at_the_clip_bounds_the_gradient_passes_as_through_clamp():
+    """Candidates tanh(0) = 0 from a zero state keep every cell at exactly 0, so every projection
+    is exactly 0 too: with both clips 0, each sits on its bound, where ``clamp`` passes the
+    gradient."""
+    leaves = _leaves(None)
+    with torch.no_grad():
+        for leaf in leaves[:3]:  # input, recurrent, bias
+            leaf[2 * H : 3 * H] = 0.0  # the candidate's rows
+    inputs, mask = torch.randn(B, T, I).requires_grad_(), _mask([T, 2, 0, 1], ())
+    h, c = torch.randn(B, P), torch.zeros(B, H)
+    grads = []
+    for loop in (fused_layer, run_layer):
+        outputs, _, _ = loop(inputs, mask, h, c, _weights(leaves), 0.0, 0.0)
+        weights = torch.randn_like(outputs, generator=torch.Generator().manual_seed(2))
+        grads.append(torch.autograd.grad((outputs * weights).sum(), [inputs, *leaves]))
+    assert grads[1][1][2 * H : 3 * H].abs().sum() > 0  # it reached the candidate's weights
+    for grad, ref_grad in zip(*grads, strict=True):
+        torch.testing.assert_close(grad, ref_grad, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("directions", [None, 2], ids=["one-stack", "directions-batched"])
+def test_the_ops_fake_implementations_and_autograd_registration_pass_opcheck(directions):
+    lead = () if directions is None else (directions,)
+    leaves = [leaf.detach() for leaf in _leaves(directions)]
+    mask = _mask([T, 2, 0, 1], lead)
+    args = (torch.randn(*lead, B, T, I), mask, torch.randn(*lead, B, P), torch.randn(*lead, B, H))
+    forward = (*args, *_weights(leaves), CELL_CLIP, PROJ_CLIP)
+    torch.library.opcheck(_lstm_layer, forward)
+    saved = _lstm_layer(*forward)[3:]
+    input_weight, recurrent, _, projection = _weights(leaves)
+    grads = (torch.randn(*lead, B, T, P), None, torch.randn(*lead, B, H))  # h unused
+    weights = (input_weight, recurrent, projection)
+    backward = (*grads, args[0], mask, *weights, *saved, CELL_CLIP, PROJ_CLIP)
+    torch.library.opcheck(_lstm_layer_backward, backward)
+
+
+def test_a_compiled_function_calling_it_runs_whole_and_matches_eager():
+    """``fullgraph``: Dynamo and AOTAutograd take both ops by their fake implementations."""
+    single, batched = _leaves(None), _leaves(2, seed=1)
+    generator = torch.Generator().manual_seed(3)
+    inputs = [torch.randn(B, T, I, generator=generator), torch.randn(2, B, T, I)]
+    inputs = [x.requires_grad_() for x in inputs]
+    masks = [_mask([T, 2, 0, 1], ()), _mask([3, T, 1, 0], (2,))]
+
+    def loss(x, x2, *leaves):
+        out, h, _ = fused_layer(
+            x, masks[0], torch.zeros(B, P), torch.zeros(B, H), _weights(leaves[:4]), 0.5, 0.3
+        )
+        out2, _, c2 = fused_layer(
+            x2, masks[1], h.expand(2, B, P), torch.ones(2, B, H), _weights(leaves[4:]), 0.5, 0.3
+        )
+        return (out * out).sum() + out2.sum() + c2.sum()
+
+    parameters = [*inputs, *single, *batched]
+    expected = loss(*parameters)
+    expected_grads = torch.autograd.grad(expected, parameters)
+    got = torch.compile(loss, fullgraph=True)(*parameters)
+    grads = torch.autograd.grad(got, parameters)
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-5)
+    for grad, expected_grad in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(grad, expected_grad, rtol=0, atol=1e-5)
+
+
+def _training_windows(width: int) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(2)
+    return [
+        torch.randint(1, 262, (3, 4, width), generator=generator),
+        torch.randint(0, VOCAB, (3, 4), generator=generator),
+        torch.randint(1, 262, (3, 4, width), generator=generator),
+        torch.randint(0, VOCAB, (3, 4), generator=generator),
+    ]
+
+
+@pytest.mark.parametrize("batch_directions", [False, True])
+def test_the_bilm_scores_and_learns_as_with_the_reference_loop(batch_directions):
+    config = tiny().model_copy(update={"batch_directions": batch_directions})
+    torch.manual_seed(0)
+    reference = BiLM(config.model_copy(update={"lstm_impl": "reference"}), vocab_size=VOCAB).train()
+    fused = BiLM(config.model_copy(update={"lstm_impl": "fused"}), vocab_size=VOCAB).train()
+    assert isinstance(fused.forward_lstm, FusedProjectedLSTM)
+    fused.load_state_dict(reference.state_dict())  # the same parameters, key for key
+    windows = _training_windows(config.char_cnn.max_chars_per_token)
+    results = []
+    for model in (fused, reference):
+        torch.manual_seed(5)  # the same dropout masks and sampled candidates
+        output, _ = model.training_loss(*windows)
+        output.loss.backward()
+        results.append((output.loss, [p.grad for p in model.parameters()]))
+    (loss, grads), (ref_loss, ref_grads) = results
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=0)
+    for (name, _), grad, ref_grad in zip(fused.named_parameters(), grads, ref_grads, strict=True):
+        torch.testing.assert_close(grad, ref_grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_under_bf16_autocast_the_bilm_stays_close_to_float32():
+    """As ``test_bilm_autocast`` holds the reference loop: activations within 5% of each layer's
+    largest, the loss within 2%, and a finite backward."""
+    config = tiny().model_copy(update={"lstm_impl": "fused", "dropout": 0.0})
+    torch.manual_seed(0)
+    model = BiLM(config, vocab_size=VOCAB).eval()
+    ids = batch_to_ids([["a", "rose", "is", "a", "rose"], ["is", "a"]])
+    with torch.no_grad():
+        expected = model(ids).activations
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = model(ids).activations
+    assert got[-1].dtype == torch.bfloat16
+    for layer, want in zip(got, expected, strict=True):
+        scale = want.abs().max()
+        torch.testing.assert_close(layer.float(), want, rtol=0, atol=0.05 * float(scale))
+
+    windows = {
+        "forward_inputs": ids,
+        "forward_targets": torch.randint(0, VOCAB, ids.shape[:2]),
+        "backward_inputs": ids.flip(1),
+        "backward_targets": torch.randint(0, VOCAB, ids.shape[:2]),
+    }
+    model.train()
+    torch.manual_seed(1)
+    full = model.training_loss(**windows)[0].loss
+    torch.manual_seed(1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = model.training_loss(**windows)[0].loss
+    mixed.backward()
+    mixed, full = mixed.detach(), full.detach()
+    assert torch.isfinite(mixed) and abs(float(mixed) - float(full)) < 0.02 * float(full)
+    for name, parameter in model.named_parameters():
+        assert parameter.grad is not None and parameter.grad.dtype == torch.float32, name
+        assert torch.isfinite(parameter.grad).all(), name
+
+
+def test_the_config_takes_it_with_directions_batched():
+    settings = {**tiny().model_dump(), "lstm_impl": "fused", "batch_directions": True}
+    assert ModelConfig.model_validate(settings).lstm_impl == "fused"
+
+
+class _Ops(TorchDispatchMode):
+    """Counts the ops dispatched, those the fused layer's own ops run included: in eager mode on a
+    GPU, each is about one kernel launch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        self.count += 1
+        kwargs = kwargs or {}
+        if func.namespace == "elmo":  # run its implementation with this mode still counting
+            with self:
+                cpu = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+                return func.redispatch(cpu, *args, **kwargs)
+        return func(*args, **kwargs)
+
+
+def test_a_fused_stack_dispatches_far_fewer_ops_forward_and_backward():
+    config = LSTMConfig(cell_dim=H, projection_dim=P, num_layers=2, cell_clip=0.5, proj_clip=0.4)
+    window = 20  # bilm-tf's unroll: the step loop dominates
+    inputs = torch.randn(B, window, P).requires_grad_()
+    mask = torch.ones(B, window, dtype=torch.bool)
+    counts = []
+    for variant in (ProjectedLSTM, FusedProjectedLSTM):
+        torch.manual_seed(0)
+        stack = variant(config, P)
+        with _Ops() as ops:
+            outputs, _ = stack(inputs, mask)
+            sum(output.sum() for output in outputs).backward()
+        counts.append(ops.count)
+    reference, fused = counts
+    assert fused < 0.5 * reference, counts  # 1,095 against 3,065 when written
