@@ -90,8 +90,8 @@ class ModelConfig(StrictModel):
         description="LSTM kernel: 'cudnn' (fused nn.LSTM) needs both clips null; 'auto' takes it "
         "then, else 'reference'; 'compiled' is the reference loop under torch.compile (clips "
         "kept, for GPUs); 'graphed' also replays it as CUDA graphs; 'fused' runs each layer as "
-        "one op with its own backward (clips kept, a third of the ops); the parameters are the same "
-        "either way",
+        "one op with its own backward (clips kept, a third of the ops); the parameters are the "
+        "same either way",
     )
     batch_directions: bool = Field(
         False,
