@@ -8,7 +8,7 @@ from elmo_core.presets import tiny
 from elmo_core.text.char_ids import batch_to_ids
 
 
-@pytest.mark.parametrize("impl", ["reference", "cudnn"])
+@pytest.mark.parametrize("impl", ["reference", "cudnn", "fused"])
 def test_activations_and_loss_under_bf16_autocast_are_close_to_float32(impl):
     config = tiny().model_copy(update={"lstm_impl": impl, "dropout": 0.0})
     if impl == "cudnn":
