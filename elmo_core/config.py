@@ -217,6 +217,12 @@ class TrainConfig(StrictModel):
         None, gt=0, description="validations without improvement before stopping"
     )
     bf16: bool = Field(True, description="bf16 autocast on GPU (ignored on CPU)")
+    shape_buckets: bool = Field(
+        False,
+        description="pad each step's token types, softmax rows and char width to a few fixed "
+        "sizes, so every tensor of the step keeps its shape (a CUDA graph, or a compiled step "
+        "without recompiles, replays it); the loss and updates are unchanged",
+    )
 
 
 ConfigT = TypeVar("ConfigT", bound=BaseModel)

@@ -80,7 +80,7 @@ class LogUniformSampler:
                 return SampledCandidates(candidates, num_tries)
             batch *= 2
 
-    def expected_count(self, ids: torch.Tensor, num_tries: int) -> torch.Tensor:
+    def expected_count(self, ids: torch.Tensor, num_tries: int | torch.Tensor) -> torch.Tensor:
         """``1 − (1 − P(k))^num_tries``: how often ``k`` is expected among the unique draws.
 
         Computed as ``−expm1(num_tries · log1p(−P))`` in float64 (as TF does). TF takes a
@@ -104,7 +104,9 @@ class SampledCandidates(NamedTuple):
     """One training call's candidate set, drawn by :meth:`LogUniformSampler.sample_unique`."""
 
     ids: torch.Tensor  # (K,) int64, distinct
-    num_tries: int  # draws it took, for the expected counts
+    # draws it took, for the expected counts: a 0-dim int64 tensor where the step must not change
+    # with it (a Python number would be baked into a CUDA graph of the step)
+    num_tries: int | torch.Tensor
 
 
 def touched_rows(targets: np.ndarray, *candidates: np.ndarray) -> np.ndarray:
@@ -367,6 +369,8 @@ class SampledSoftmax(nn.Module):
         if drawn is None:
             drawn = self.sampler.sample_unique(self.num_samples, generator)
         candidates, num_tries = drawn.ids.to(targets.device, non_blocking=True), drawn.num_tries
+        if isinstance(num_tries, torch.Tensor):
+            num_tries = num_tries.to(targets.device, non_blocking=True)
         return self.sampled_loss(
             hidden,
             targets,

@@ -13,7 +13,9 @@ a window's targets and candidates touch are found there as well, and both window
 for the step, so the softmax gathers them once and nothing sorts them on the device. Each window
 carries its stream's position after it (the generator's state included), so a checkpoint records
 where the *consumed* batches end, not how far the prefetch got: a resumed run reads exactly the
-windows and candidates a straight run would have.
+windows and candidates a straight run would have. With ``shape_buckets`` the step's sizes that
+follow the data (types, softmax rows, char width) are padded to a few fixed ones (:func:`bucket`),
+so the step's every tensor keeps its shape and a CUDA graph of it can be replayed.
 
 Shapes: B rows, T window, W chars per token.
 """
@@ -208,7 +210,7 @@ class _Reader:
         candidates, rows = None, None
         if self.sampler is not None:
             ids, num_tries = self.sampler.sample_unique(self.num_samples, self.generator)
-            candidates = (ids.numpy(), num_tries)
+            candidates = (ids.numpy(), int(num_tries))  # a count the sampler found on the host
             rows = touched_rows(window.targets, candidates[0])
         types = token_types(window.inputs, self.char_table)
         return _Arrays(
@@ -247,8 +249,39 @@ def _unchanged(window: Any) -> Any:
     return window
 
 
+def bucket(size: int, cap: int, per_octave: int) -> int:
+    """``size`` rounded up to the next of ``per_octave`` (a power of two) evenly spaced sizes
+    between two powers of two, at most ``cap`` (≥ ``size``).
+
+    Four per octave (…, 2048, 2560, 3072, 3584, 4096, …) pad by less than a quarter, and a step's
+    type and row counts, which vary by a few percent around their mean, meet one or two sizes
+    over a run: a graph each. The char width takes one per octave (powers of two up to the
+    table's W): the CNN's work grows by ``used + max_width`` columns, not ``used``, and wider
+    buckets keep the number of shape combinations (graphs) small.
+    """
+    octave = max(0, (size - 1).bit_length() - 1)  # 2**octave < size <= 2**(octave + 1)
+    spacing = 1 << max(0, octave - (per_octave.bit_length() - 1))
+    return min(cap, -(-size // spacing) * spacing)
+
+
+def pad_rows(rows: np.ndarray, size: int) -> np.ndarray:
+    """Sorted, distinct softmax ``rows (R,)`` padded to ``(size,)`` (≤ V) with the smallest ids
+    not among them: still sorted and distinct, and nothing selects them, so their gradient is
+    exactly zero and Adagrad leaves them (and their accumulators) as they were."""
+    free = np.ones(size, dtype=bool)
+    free[rows[rows < size]] = False
+    return union_of_sorted(rows, np.flatnonzero(free)[: size - len(rows)])
+
+
 class StepBatches:
-    """Both streams' windows, step by step; ``workers`` processes (0, 1 or 2) build them ahead."""
+    """Both streams' windows, step by step; ``workers`` processes (0, 1 or 2) build them ahead.
+
+    ``shape_buckets``: the step's types, softmax rows and char width padded to :func:`bucket`
+    sizes. Padded types are all-zero rows no position points at (encoded, never read: their
+    gradient is zero); padded rows are :func:`pad_rows`'s; a wider cut of the char ids keeps
+    more of each token's constant tail, which leaves every pooled max as it was. Each candidate
+    set's draw count then travels as a 0-dim tensor, not a number a CUDA graph would keep.
+    """
 
     def __init__(
         self,
@@ -258,6 +291,7 @@ class StepBatches:
         *,
         workers: int,
         pin_memory: bool,
+        shape_buckets: bool = False,
     ) -> None:
         if workers not in (0, 1, 2):
             raise ValueError(f"0, 1 or 2 loader workers (one per direction at most), got {workers}")
@@ -274,6 +308,9 @@ class StepBatches:
         )
         self._windows: Iterator[_Arrays | _Failed] = iter(loader)
         self._pin_memory = pin_memory
+        self._shape_buckets = shape_buckets
+        draw = specs[0].candidates
+        self._vocab_size = 0 if draw is None else draw.vocab_size
 
     def __iter__(self) -> Iterator[StepBatch]:
         return self
@@ -282,15 +319,23 @@ class StepBatches:
         forward, backward = self._next_arrays(), self._next_arrays()
         (forward_rows, forward_inverse, forward_used) = forward.types
         (backward_rows, backward_inverse, backward_used) = backward.types
-        types = TokenTypes(  # both windows' types, the backward rows after the forward ones
-            self._tensor(np.concatenate([forward_rows, backward_rows])),  # (U_f + U_b, W)
-            self._tensor(np.stack([forward_inverse, backward_inverse + len(forward_rows)])),
-            max(forward_used, backward_used),
-        )
+        char_ids = np.concatenate([forward_rows, backward_rows])  # (U_f + U_b, W)
+        inverse = np.stack([forward_inverse, backward_inverse + len(forward_rows)])  # (2, B, T)
+        used_width = max(forward_used, backward_used)
         rows = None
         if forward.softmax_rows is not None and backward.softmax_rows is not None:
-            rows = self._tensor(union_of_sorted(forward.softmax_rows, backward.softmax_rows))
-        return StepBatch(self._window(forward), self._window(backward), types, rows)
+            rows = union_of_sorted(forward.softmax_rows, backward.softmax_rows)  # (R,)
+        if self._shape_buckets:
+            num_types, width = char_ids.shape
+            padding = bucket(num_types, inverse.size, per_octave=4) - num_types
+            char_ids = np.concatenate([char_ids, np.zeros((padding, width), char_ids.dtype)])
+            used_width = bucket(used_width, width, per_octave=1)
+            if rows is not None:
+                rows = pad_rows(rows, bucket(len(rows), self._vocab_size, per_octave=4))
+        # both windows' types, the backward rows after the forward ones
+        types = TokenTypes(self._tensor(char_ids), self._tensor(inverse), used_width)
+        softmax_rows = None if rows is None else self._tensor(rows)
+        return StepBatch(self._window(forward), self._window(backward), types, softmax_rows)
 
     def _next_arrays(self) -> _Arrays:
         arrays = next(self._windows)
@@ -302,7 +347,8 @@ class StepBatches:
         candidates = None
         if arrays.candidates is not None:
             ids, num_tries = arrays.candidates
-            candidates = SampledCandidates(self._tensor(ids), num_tries)
+            tries = self._pinned(torch.tensor(num_tries)) if self._shape_buckets else num_tries
+            candidates = SampledCandidates(self._tensor(ids), tries)
         return DirectionWindow(self._tensor(arrays.targets), candidates, arrays.position)
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:

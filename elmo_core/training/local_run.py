@@ -31,7 +31,12 @@ def step_results(
     )
     state = None
     with StepBatches(
-        (forward, backward), manifest, table, workers=workers, pin_memory=device.type == "cuda"
+        (forward, backward),
+        manifest,
+        table,
+        workers=workers,
+        pin_memory=device.type == "cuda",
+        shape_buckets=step.train.shape_buckets,
     ) as batches:
         for batch in batches:
             result = step(**batch.step_arguments(device), state=state)

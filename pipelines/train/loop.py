@@ -211,6 +211,7 @@ class Worker:
             self.char_table,
             workers=workers,
             pin_memory=self.device.type == "cuda",
+            shape_buckets=self.train.shape_buckets,
         )
 
     def step(self, batch: StepBatch) -> tuple[LossOutput, torch.Tensor]:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from elmo_core.training.row_adagrad import RowSparseAdagrad
 
@@ -54,3 +57,34 @@ def test_its_state_is_torch_adagrads_so_checkpoints_load_either_way() -> None:
     reference.load_state_dict(optimizer.state_dict())
     assert float(reference.state_dict()["state"][0]["step"]) == 1.0
     torch.testing.assert_close(reference.state_dict()["state"][0]["sum"][3], torch.full((3,), 2.0))
+
+
+class _Reads(TorchDispatchMode):
+    """Counts the ops that read a tensor's value into Python (a step count included)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None) -> Any:  # noqa: ANN001
+        self.reads += func._schema.name == "aten::_local_scalar_dense"
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_step_reads_nothing_back_and_counts_on_the_parameters_device() -> None:
+    """Torch's Adagrad counts steps on the host and reads each count back: a CUDA graph of the
+    step would replay neither. Here the counts are tensors beside the parameters."""
+    ours = _parameters(0)
+    optimizer = RowSparseAdagrad(ours, lr=0.2, initial_accumulator_value=1.0)
+    for _ in range(2):
+        ours[0].grad = _rows([3], torch.ones(1, 3), (10, 3))
+        ours[2].grad = torch.ones(4, 4)
+        with _Reads() as mode:
+            optimizer.step()
+        assert mode.reads == 0
+    assert float(optimizer.state[ours[0]]["step"]) == 2.0
+    meta = [nn.Parameter(torch.zeros(4, 4, device="meta"))]
+    on_meta = RowSparseAdagrad(meta, lr=0.2, initial_accumulator_value=1.0)
+    meta[0].grad = torch.ones(4, 4, device="meta")
+    on_meta.step()
+    assert on_meta.state[meta[0]]["step"].device.type == "meta"

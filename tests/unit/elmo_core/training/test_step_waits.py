@@ -67,8 +67,8 @@ def _bool_index(indices: Any) -> bool:
     return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices or ())
 
 
-@pytest.fixture
-def batches(make_dataset):
+@pytest.fixture(params=[False, True], ids=["exact", "shape_buckets"])
+def batches(make_dataset, request):
     dataset = make_dataset(SENTENCES, {"held.txt": SENTENCES[:4]}, sentences_per_row_group=8)
     manifest = load_manifest(dataset)
     draw = CandidateSpec(manifest.vocab.size, num_samples=SAMPLES)
@@ -77,7 +77,9 @@ def batches(make_dataset):
         for reverse, seed in ((False, 1), (True, 2))
     )
     table = load_word_types(dataset, manifest).char_ids
-    with StepBatches(specs, manifest, table, workers=0, pin_memory=False) as loaded:
+    with StepBatches(
+        specs, manifest, table, workers=0, pin_memory=False, shape_buckets=request.param
+    ) as loaded:
         yield manifest.vocab.size, loaded
 
 
