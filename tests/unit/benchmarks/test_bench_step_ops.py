@@ -1,0 +1,77 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_step_ops.py"
+VARIANTS = ("reference_apart", "reference_batched", "fused_batched")
+
+
+@pytest.fixture
+def bench_step_ops(monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    import bench_step_ops
+
+    return bench_step_ops
+
+
+def test_smoke_run_counts_every_variant_and_ends_with_json():
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--smoke"], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["benchmark"] == "step_ops" and summary["device"] == "meta"
+    for rows in (4, 8):
+        launches = {v: summary[f"launches_{v}_{rows}"] for v in VARIANTS}
+        # batching the directions, then fusing each layer, each dispatch fewer ops
+        assert launches["reference_apart"] > launches["reference_batched"]
+        assert launches["reference_batched"] > launches["fused_batched"] > 0
+        assert summary[f"custom_ops_reference_apart_{rows}"] == 0
+        assert summary[f"custom_ops_fused_batched_{rows}"] == 4  # 2 layers, forward + backward
+        inside = summary[f"inside_fused_batched_{rows}"]
+        assert inside > 0
+        assert summary[f"flattened_fused_batched_{rows}"] == launches["fused_batched"] - 4 + inside
+        assert 0 < summary[f"views_fused_batched_{rows}"] < launches["fused_batched"]
+        for variant in VARIANTS:
+            assert summary[f"predicted_positions_per_s_{variant}_{rows}"] > 0
+            assert isinstance(summary[f"predicted_reaches_goal_{variant}_{rows}"], bool)
+        assert summary[f"ratio_{rows}"] > 1
+        assert isinstance(summary[f"fused_meets_launch_goal_{rows}"], bool)
+
+
+def test_a_custom_op_is_one_launch_and_its_inside_ops_are_counted_apart(bench_step_ops):
+    from elmo_core.model.lstm import LayerWeights
+    from elmo_core.model.lstm_fused import fused_layer
+
+    rows, window, width, cells = 2, 3, 4, 8
+    weights = LayerWeights(
+        torch.randn(width, 4 * cells),
+        torch.randn(width, 4 * cells),
+        torch.zeros(4 * cells),
+        torch.randn(cells, width),
+    )
+    with bench_step_ops.Launches() as launches:
+        fused_layer(
+            torch.randn(rows, window, width),
+            torch.ones(rows, window, dtype=torch.bool),
+            torch.zeros(rows, width),
+            torch.zeros(rows, cells),
+            weights,
+            None,
+            None,
+        )
+    assert launches.custom == {"elmo::lstm_layer": 1}
+    assert launches.total == launches.aten + 1 and launches.inside.count > window
+
+
+def test_prediction_takes_the_slower_of_launches_and_flops(bench_step_ops):
+    args = bench_step_ops.argparse.Namespace(launch_us=5.0, peak_tflops=800.0, efficiency=0.5)
+    # 1,000 launches: 5 ms; 2,560 positions of 1 GFLOP at 400 TFLOP/s: 6.4 ms
+    rate, bound = bench_step_ops.predicted_positions_per_s(1_000, 1e9, 2_560, args)
+    assert bound == "FLOP" and rate == pytest.approx(2_560 / 6.4e-3)
+    rate, bound = bench_step_ops.predicted_positions_per_s(10_000, 1e9, 2_560, args)
+    assert bound == "launch" and rate == pytest.approx(2_560 / 50e-3)
