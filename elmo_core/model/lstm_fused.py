@@ -12,6 +12,11 @@ implementations, so ``torch.compile`` keeps them whole in a compiled step; the p
 and residuals are the base class's, and both directions run together (``model.batch_directions``)
 as with the reference loop.
 
+On CUDA, where triton imports, each step's pointwise work runs in the Triton kernels of
+:mod:`~elmo_core.model.lstm_triton` instead of a dozen torch ops: two kernels in the forward, one
+each side of the projection GEMM, and one in the backward. They fill the same buffers, so what is
+saved, and the backward's reading of it, does not depend on the path.
+
 Dtypes are explicit, as custom ops run below autocast: the GEMMs run in the weights' dtype (cast
 by :meth:`~elmo_core.model.lstm.LayerWeights.for_autocast`), the cells and the carried state in
 that dtype promoted with the state's — what autocast gives the reference loop. The backward runs
@@ -77,13 +82,16 @@ def _lstm_layer(
     steps_first = _cast(inputs, dtype).transpose(-3, -2).flatten(-3, -2)  # (…, T·B, I)
     # the input GEMM for all steps, into the gates buffer where each step adds its recurrent part
     _add_product(bias, steps_first, input_weight, out=gates.flatten(-3, -2))
+    h_in.select(-3, 0).copy_(h)
+    c_in.select(-3, 0).copy_(c)
+    if _steps_on_triton(gates, c_in):
+        _triton_steps(mask, recurrent_weight, projection_weight, buffers, cell_clip, proj_clip)
+        return buffers
     in_gate, forget_gate, candidate, out_gate = (g.unbind(-3) for g in gates.chunk(4, dim=-1))
     in_and_forget = gates[..., : 2 * c.shape[-1]].unbind(-3)  # one sigmoid for both
     keep = mask.transpose(-2, -1).unsqueeze(-1).unbind(-3)  # T × (…, B, 1)
     h_prev, c_prev = h_in.unbind(-3), c_in.unbind(-3)  # T × (…, B, P), T × (…, B, H)
     h_next, c_next = (*h_prev[1:], final_h), (*c_prev[1:], final_c)
-    h_prev[0].copy_(h)
-    c_prev[0].copy_(c)
     tanh_cell = tanh_cells.unbind(-3)
     for t, (step, cell, projection) in enumerate(
         zip(gates.unbind(-3), cells.unbind(-3), projected.unbind(-3), strict=True)
@@ -101,6 +109,57 @@ def _lstm_layer(
     clipped = _clip(projected, proj_clip).transpose(-3, -2)  # (…, B, T, P)
     torch.mul(clipped, mask.unsqueeze(-1), out=outputs)  # zero where masked
     return outputs, final_h, final_c, gates, cells, tanh_cells, projected, h_in, c_in
+
+
+def _steps_on_triton(gates: Tensor, state: Tensor) -> bool:
+    """Whether the steps' pointwise work runs in :mod:`~elmo_core.model.lstm_triton`'s kernels:
+    on CUDA, where triton imports, for the dtypes they take. (The parity tests patch this to run
+    them on CPU under the Triton interpreter.)"""
+    if not gates.is_cuda:
+        return False
+    from elmo_core.model import lstm_triton  # imports triton: only ever on CUDA
+
+    return (
+        lstm_triton.AVAILABLE
+        and gates.dtype in lstm_triton.GEMM_DTYPES
+        and state.dtype in lstm_triton.STATE_DTYPES
+    )
+
+
+def _triton_steps(
+    mask: Tensor,
+    recurrent_weight: Tensor,
+    projection_weight: Tensor,
+    buffers: Tensors9,
+    cell_clip: float | None,
+    proj_clip: float | None,
+) -> None:
+    """The forward's step loop with each step's pointwise work in two Triton kernels, one each
+    side of the projection GEMM, into the same buffers as the torch loop; ``gates`` holds the
+    input GEMM and ``h_in``, ``c_in`` the state entering the first step."""
+    from elmo_core.model import lstm_triton
+
+    outputs, final_h, final_c, gates, cells, tanh_cells, projected, h_in, c_in = buffers
+    dtype = recurrent_weight.dtype
+    hidden = c_in.new_empty(c_in.select(-3, 0).shape, dtype=dtype)  # (…, B, H), each step's
+    keep = mask.unbind(-1)  # T × (…, B)
+    h_prev, c_prev = h_in.unbind(-3), c_in.unbind(-3)  # T × (…, B, P), T × (…, B, H)
+    h_next, c_next = (*h_prev[1:], final_h), (*c_prev[1:], final_c)
+    steps = zip(
+        gates.unbind(-3),
+        cells.unbind(-3),
+        tanh_cells.unbind(-3),
+        projected.unbind(-3),
+        outputs.unbind(-2),
+        strict=True,
+    )
+    for t, (step, cell, tanh_cell, projection, output) in enumerate(steps):
+        _accumulate(step, _cast(h_prev[t], dtype), recurrent_weight)  # (…, B, 4H)
+        lstm_triton.cell_step(
+            step, c_prev[t], keep[t], cell, tanh_cell, hidden, c_next[t], cell_clip
+        )
+        _product(hidden, projection_weight, out=projection)  # (…, B, P)
+        lstm_triton.projection_step(projection, keep[t], h_prev[t], h_next[t], output, proj_clip)
 
 
 @_lstm_layer.register_fake
@@ -223,6 +282,9 @@ def _lstm_layer_backward(
     d_c_each_gate = d_c.unsqueeze(-2)  # (…, B, 1, H)
     recurrent, projection = (_cast(w, dtype).mT for w in (recurrent_weight, projection_weight))
     cell = c_in.shape[-1]
+    on_triton = _steps_on_triton(d_gates, d_c)
+    if on_triton:
+        from elmo_core.model import lstm_triton
     # each step's slice, T × (…, B, ·)
     through_at, proj_flows_at, hidden_factor_at, out_factor_at, carry_at, skip_at = (
         t.unbind(-3) for t in (through, proj_flows, hidden_factor, out_factor, carry, skip)
@@ -236,10 +298,14 @@ def _lstm_layer_backward(
         for t in reversed(range(len(d_gates_at))):
             d_proj = torch.addcmul(through_at[t], d_h, proj_flows_at[t], out=d_projected_at[t])
             d_hidden = _product(d_proj, projection)  # (…, B, H)
-            d_c.addcmul_(d_hidden, hidden_factor_at[t])  # now the new cell's gradient
-            torch.mul(d_c_each_gate, cell_factors_at[t], out=d_ifg_at[t])
-            torch.mul(d_hidden, out_factor_at[t], out=d_o_at[t])
-            d_c.mul_(carry_at[t])  # now the gradient of the c entering the step
+            if on_triton:  # the four ops below in one kernel
+                factors = (cell_factors_at[t], out_factor_at[t], hidden_factor_at[t], carry_at[t])
+                lstm_triton.cell_grad_step(d_hidden, d_c, d_gates_at[t], *factors)
+            else:
+                d_c.addcmul_(d_hidden, hidden_factor_at[t])  # now the new cell's gradient
+                torch.mul(d_c_each_gate, cell_factors_at[t], out=d_ifg_at[t])
+                torch.mul(d_hidden, out_factor_at[t], out=d_o_at[t])
+                d_c.mul_(carry_at[t])  # now the gradient of the c entering the step
             _accumulate(d_h.mul_(skip_at[t]), d_gates_at[t], recurrent)
 
         gate_rows = _rows(d_gates)  # (…, T·B, 4H)
