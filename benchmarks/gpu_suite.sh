@@ -6,7 +6,8 @@
 #
 # Parts:
 #   tests            the CUDA tests: golden TensorFlow parity in fp32, CPU parity, bf16 against
-#                    fp32 over 300 steps, every LSTM variant, the step's host-sync check;
+#                    fp32 over 300 steps, every LSTM variant (the fused one's Triton steps
+#                    included), the step's host-sync check;
 #   speed-IMPL       gpu_bilm.py at original size, 128 rows, IMPL = reference, compiled, graphed or
 #                    fused (each layer one op with its own backward),
 #                    directions apart and batched: ours against the straightforward baseline, MFU,
@@ -85,6 +86,7 @@ run_part() {
                 tests/unit/elmo_core/model/test_lstm_compiled.py \
                 tests/unit/elmo_core/model/test_lstm_batched.py \
                 tests/unit/elmo_core/model/test_lstm_fused.py \
+                tests/unit/elmo_core/model/test_lstm_triton.py \
                 tests/unit/elmo_core/model/test_bilm_autocast.py ;;
         speed-reference | speed-compiled | speed-graphed | speed-fused)
             bilm "${part#speed-}" --profile && bilm "${part#speed-}" --batch-directions --profile ;;

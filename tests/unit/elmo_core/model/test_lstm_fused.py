@@ -20,13 +20,16 @@ CELL_CLIP, PROJ_CLIP = 0.5, 0.3  # small: many cells and outputs clipped
 VOCAB = 100  # more words than tiny's 64 sampled candidates
 
 
-def _leaves(directions: int | None, seed: int = 0) -> list[torch.Tensor]:
+def _leaves(directions: int | None, seed: int = 0, device: str = "cpu") -> list[torch.Tensor]:
     """One layer's parameters in their own layout (stacked over the directions when batched),
     large enough that the clips bite."""
     lead = () if directions is None else (directions,)
     generator = torch.Generator().manual_seed(seed)
     shapes = [(4 * H, I), (4 * H, P), (1, 4 * H) if lead else (4 * H,), (P, H)]
-    return [torch.randn(*lead, *shape, generator=generator).requires_grad_() for shape in shapes]
+    return [
+        torch.randn(*lead, *shape, generator=generator).to(device).requires_grad_()
+        for shape in shapes
+    ]
 
 
 def _weights(leaves: list[torch.Tensor]) -> LayerWeights:
@@ -39,19 +42,23 @@ def _mask(lengths: list[int], lead: tuple[int, ...]) -> torch.Tensor:
     return (torch.arange(T) < torch.tensor(lengths).unsqueeze(1)).expand(*lead, B, T)
 
 
-def _two_windows(loop, directions: int | None):
+def _two_windows(loop, directions: int | None, device: str = "cpu"):
     """Two windows, the second from the first's final state; a weighted loss over both windows'
     outputs and the final state -> outputs, final h and c, and the gradients of every input."""
     lead = () if directions is None else (directions,)
-    leaves = _leaves(directions)
+    leaves = _leaves(directions, device=device)
     generator = torch.Generator().manual_seed(1)
-    windows = [torch.randn(*lead, B, T, I, generator=generator).requires_grad_() for _ in "ab"]
-    h0 = torch.randn(*lead, B, P, generator=generator).requires_grad_()
-    c0 = torch.randn(*lead, B, H, generator=generator).requires_grad_()
-    masks = [_mask([T, 2, 0, 1], lead), _mask([3, T, 1, 0], lead)]  # padded and empty rows
-    output_scales = torch.randn(2, *lead, B, T, P, generator=generator)
-    h_scale = torch.randn(*lead, B, P, generator=generator)
-    c_scale = torch.randn(*lead, B, H, generator=generator)
+
+    def draw(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator).to(device)
+
+    windows = [draw(*lead, B, T, I).requires_grad_() for _ in "ab"]
+    h0 = draw(*lead, B, P).requires_grad_()
+    c0 = draw(*lead, B, H).requires_grad_()
+    masks = [_mask(lengths, lead).to(device) for lengths in ([T, 2, 0, 1], [3, T, 1, 0])]
+    output_scales = draw(2, *lead, B, T, P)
+    h_scale = draw(*lead, B, P)
+    c_scale = draw(*lead, B, H)
     h, c, outputs = h0, c0, []
     for window, mask in zip(windows, masks, strict=True):
         output, h, c = loop(window, mask, h, c, _weights(leaves), CELL_CLIP, PROJ_CLIP)
@@ -77,6 +84,22 @@ def test_outputs_states_and_every_gradient_equal_the_reference_over_two_windows(
     names = ["window 1", "window 2", "h0", "c0", "input", "recurrent", "bias", "projection"]
     for grad, ref_grad, name in zip(grads, ref_grads, names, strict=True):
         torch.testing.assert_close(grad, ref_grad, rtol=0, atol=1e-5, msg=name)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton steps run on CUDA")
+@pytest.mark.parametrize("directions", [None, 2], ids=["one-stack", "directions-batched"])
+def test_on_cuda_the_triton_steps_equal_the_reference_on_the_cpu(directions):
+    from elmo_core.model import lstm_triton
+
+    assert lstm_triton.AVAILABLE, "the device image has triton: the Triton path must run"
+    outputs, h, c, grads, _ = _two_windows(fused_layer, directions, device="cuda")
+    ref_outputs, ref_h, ref_c, ref_grads, _ = _two_windows(run_layer, directions)
+    for output, ref_output in zip(outputs, ref_outputs, strict=True):
+        torch.testing.assert_close(output.cpu(), ref_output, rtol=0, atol=1e-5)
+    torch.testing.assert_close(h.cpu(), ref_h, rtol=0, atol=1e-5)
+    torch.testing.assert_close(c.cpu(), ref_c, rtol=0, atol=1e-5)
+    for grad, ref_grad in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(grad.cpu(), ref_grad, rtol=0, atol=1e-5)
 
 
 def test_without_clips_it_equals_the_reference_and_an_empty_row_keeps_its_state():
