@@ -34,6 +34,7 @@ import torch
 from elmo_core.errors import ElmoError
 from elmo_core.model.bilm import BiLM
 from elmo_core.text.tokenize import Tokenizer
+from elmo_core.threads import threads_under_load
 from pipelines.embed.inputs import Chunk, read_chunk
 from pipelines.embed.output import EmbeddingsDir
 from pipelines.embed.shards import Dtype, shard_name, vectors_table
@@ -110,8 +111,8 @@ class ChunkEmbedder:
         if self.pool.use_gpu:  # float32 means float32: no TF32 in the convolutions or GEMMs
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
-        else:
-            torch.set_num_threads(self.pool.threads)
+        else:  # its share, fewer on a loaded machine (elmo_core.threads)
+            torch.set_num_threads(threads_under_load(self.pool.threads))
         scratch = Path(tempfile.mkdtemp(prefix="elmo-embed-"))
         bilm = load_bilm(self.job.bilm, scratch).bilm
         return bilm.to("cuda" if self.pool.use_gpu else "cpu")

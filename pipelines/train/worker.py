@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from elmo_core.errors import ElmoError
+from elmo_core.threads import threads_under_load
 from pipelines.train.loop import WorkerConfig, train_loop
 from pipelines.train.runtime import Metrics
 
@@ -28,7 +29,9 @@ RAY_TRAIN_ERROR_LOGGER = "ray.train.v2._internal.util"
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
-    """Ray Train's entry point on each worker."""
+    """Ray Train's entry point on each worker: its torch threads (Ray's ``OMP_NUM_THREADS``, the
+    worker's CPUs) fewer on a loaded machine (:mod:`elmo_core.threads`)."""
+    torch.set_num_threads(threads_under_load(torch.get_num_threads()))
     logging.getLogger(RAY_TRAIN_ERROR_LOGGER).addFilter(_drop_user_error_tracebacks)
     train_loop(WorkerConfig.model_validate(config), RayRuntime.current())
 

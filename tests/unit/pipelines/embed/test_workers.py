@@ -81,3 +81,14 @@ def test_a_user_error_in_the_actor_comes_back_as_itself(job, tmp_path):
 
     error = pickle.loads(summary["error"][0])
     assert isinstance(error, WeightsError) and "model.pt is missing" in str(error)
+
+
+def test_a_cpu_actor_takes_its_share_of_threads_fewer_under_load(job, monkeypatch):
+    shares: list[int] = []
+    monkeypatch.setattr(workers, "threads_under_load", lambda share: shares.append(share) or 1)
+    before = torch.get_num_threads()
+    try:
+        ChunkEmbedder(job, WorkerPool(1, num_cpus=2, num_gpus=0))
+        assert shares == [2] and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
