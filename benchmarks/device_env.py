@@ -30,8 +30,9 @@ from packaging.utils import canonicalize_name
 REPO = Path(__file__).resolve().parents[1]
 CONSTRAINTS = REPO / "constraints.txt"
 DEVICE_PYTHON = "3.12"
-# On the image, read there (KINDS.md): torch 2.11.0 (+cu130), numpy 2.5.2; pyarrow, h5py present.
-IMAGE = ("torch", "numpy", "pyarrow", "h5py")
+# On the image, read there (KINDS.md): torch 2.11.0 (+cu130), numpy 2.5.2, triton 3.6.0; pyarrow and
+# h5py present.
+IMAGE = ("torch", "numpy", "pyarrow", "h5py", "triton")
 # What the suite imports besides the image's: elmo_core's configs, tokenizer, CLI and readers,
 # the benchmarks' corpus preparation, and the test runner.
 ROOTS = ("pydantic", "pyyaml", "sacremoses", "typer", "tqdm", "fsspec", "pytest", "pytest-timeout")
