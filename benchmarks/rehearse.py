@@ -116,12 +116,13 @@ def device_python() -> str | None:
     return None
 
 
-def build(tools: Toolchain, cache: Path) -> tuple[Path, Path]:
-    """``(venv python, carried dir)`` under ``cache``, keyed on everything that decides them;
-    built in a temporary directory and renamed, so a killed build leaves nothing half-made."""
+def build(tools: Toolchain, cache: Path) -> Path:
+    """The environment's folder under ``cache`` (``venv``, ``carried``, and with a stand-in the
+    device's own ``device-wheels``), keyed on everything that decides them; built in a temporary
+    folder and renamed, so a killed build leaves nothing half-made."""
     key = hashlib.sha256()
-    for part in (CONSTRAINTS.read_bytes(), Path(__file__).with_name("device_env.py").read_bytes()):
-        key.update(part)
+    for path in (CONSTRAINTS, Path(__file__).with_name("device_env.py"), Path(__file__)):
+        key.update(path.read_bytes())
     key.update(" ".join([tools.python, *tools.torch]).encode())
     home = cache / key.hexdigest()[:16]
     if not (home / "complete").is_file():
@@ -143,21 +144,22 @@ def build(tools: Toolchain, cache: Path) -> tuple[Path, Path]:
             env=_without_index(),
         )
         fetch(staging / "carried", tools.version)
+        if tools.stand_in:
+            download(carried_wheels(DEVICE_PYTHON), staging / "device-wheels", DEVICE_PYTHON)
         shutil.rmtree(image)
         (staging / "complete").touch()
         staging.rename(home)  # the venv's scripts name staging's path: call its python by path
-    return home / "venv/bin/python", home / "carried"
+    return home
 
 
-def check_device_wheels(work: Path) -> str:
+def check_device_wheels(wheels: Path, work: Path) -> str:
     """Where the stand-in's Python is not the device's: the wheels the device gets, for Python
     3.12, installed by the device's own command into a Python 3.12 and every module of them
     imported there with elmo_core's configs (torch aside). An empty string when all is well."""
     python = device_python()
     if python is None:
         return f"not checked: no python{DEVICE_PYTHON} here (pyenv install {DEVICE_PYTHON})"
-    wheels, site = work / "device-wheels", work / "device-site"
-    download(carried_wheels(DEVICE_PYTHON), wheels, DEVICE_PYTHON)
+    site = work / "device-site"
     install = [python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile"]
     install += ["--no-cache-dir", "--upgrade", "--target", str(site)]
     subprocess.run([*install, *map(str, wheels.glob("*.whl"))], check=True, env=_without_index())
@@ -215,6 +217,11 @@ def problems(part: str, log: str, out: Path, seconds: float, suite: str) -> list
     return found
 
 
+def suite_test_paths(suite: str) -> list[str]:
+    """The test files and folders ``gpu_suite.sh``'s ``tests`` part runs."""
+    return TEST_PATHS.findall(suite.split("tests)", 1)[1].split(";;", 1)[0])
+
+
 def _test_problems(report: Path, suite: str) -> list[str]:
     if not report.is_file():
         return ["pytest wrote no report (it stopped before collecting)"]
@@ -225,7 +232,7 @@ def _test_problems(report: Path, suite: str) -> list[str]:
         (case.get("classname") or case.get("name", "")).replace(".", "/") for case in cases
     ]
     found = []
-    for path in TEST_PATHS.findall(suite.split("tests)", 1)[1].split(";;", 1)[0]):
+    for path in suite_test_paths(suite):
         stem = path.removesuffix(".py")
         if not any(name.endswith(stem) or f"{stem}/" in f"{name}/" for name in collected):
             found.append(f"{path} collected no test")
@@ -274,15 +281,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"rehearsal: Python {tools.version}, {tools.torch[-1]}", flush=True)
     if tools.stand_in:
         print(f"STAND-IN: {tools.stand_in}", flush=True)
-    python, carried = build(tools, args.cache.resolve())
+    home = build(tools, args.cache.resolve())
+    python = home / "venv/bin/python"
     work = Path(tempfile.mkdtemp(prefix="elmo-rehearsal-"))
     tree = work / "tree"
     archive(tree)
-    shutil.copytree(carried, tree / CARRY)
+    shutil.copytree(home / "carried", tree / CARRY)
     suite = (tree / "benchmarks/gpu_suite.sh").read_text()
     failed = False
     if tools.stand_in:
-        problem = check_device_wheels(work)
+        problem = check_device_wheels(home / "device-wheels", work)
         failed = bool(problem) and not problem.startswith("not checked")
         verdict = f"FAILED: {problem}" if failed else problem or "ok"
         print(f"{'device wheels':16} Python {DEVICE_PYTHON}: {verdict}", flush=True)

@@ -1,7 +1,6 @@
 """The device's environment as the GPU suite sees it: what it carries, and that the suite imports
 nothing else (a process ``device_env`` guards sees only the packages the device would have)."""
 
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -41,10 +40,12 @@ def test_the_carried_wheels_are_the_roots_closure_at_the_pinned_versions(device_
     assert not {"torch", "numpy", "pyarrow", "h5py", "mlflow", "ray", "prefect"} & set(wheels)
 
 
-def test_the_suites_tests_collect_with_only_the_devices_imports():
+def test_the_suites_tests_collect_with_only_the_devices_imports(monkeypatch):
     """Fails when a conftest the suite's tests load imports MLflow (or Ray, Prefect) again."""
-    block = SUITE.read_text().split("tests)", 1)[1].split(";;", 1)[0]
-    paths = re.findall(r"^\s+(tests/\S+)", block, re.MULTILINE)
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    import rehearse
+
+    paths = rehearse.suite_test_paths(SUITE.read_text())
     assert len(paths) >= 5
     result = guarded("-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only", *paths)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
