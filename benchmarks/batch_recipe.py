@@ -10,7 +10,8 @@ the sampled loss (mean of the last 10 steps) after ``--steps`` steps, the same a
 the 128-row run reached in its steps (rows/128 times fewer steps), seconds per step, and the
 heldout perplexity (full softmax, a fixed sample, both directions) at the end. Steps per epoch
 follow from the manifest at any batch (tokens / (rows × unroll × workers)), so the learning rate
-is the recipe's one free choice. Last line: one JSON object.
+is the recipe's one free choice. On CUDA the model runs the LSTM kernel a GPU run defaults to
+(``pipelines.train.config.GPU_DEFAULTS``). Last line: one JSON object.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from elmo_core.presets import model_preset
 from elmo_core.training.local_run import step_results
 from elmo_core.training.step import TrainingStep
 from pipelines.prepare.corpus_sources import SAMPLE_CORPUS
+from pipelines.train.config import GPU_DEFAULTS
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -53,7 +55,10 @@ class Run(NamedTuple):
 def train(dataset: str, preset: str, rows: int, lr: float, steps: int, device: torch.device) -> Run:
     """One run from the shared initial weights."""
     torch.manual_seed(0)  # the same initial weights in every run
-    bilm = BiLM(model_preset(preset), load_manifest(dataset).vocab.size).to(device).train()
+    config = model_preset(preset)
+    if device.type == "cuda":  # the kernel a GPU run defaults to
+        config = config.model_copy(update=GPU_DEFAULTS["model"])
+    bilm = BiLM(config, load_manifest(dataset).vocab.size).to(device).train()
     recipe = TrainConfig(batch_size=rows, unroll_steps=UNROLL, lr=lr, bf16=device.type == "cuda")
     step = TrainingStep.build(bilm, recipe)
     workers = 2 if device.type == "cuda" else 0

@@ -15,7 +15,7 @@ figure is the difference: what the pass adds on top of its inputs.
   forward and backward (the backward recomputes each chunk's logits).
 
 Last line: one JSON object; ``ratio`` = the baseline's peak over the chunked one's at the default
-chunk size (``DEFAULT_SAMPLED_CHUNK_SIZE``). The seconds per pass are a side figure (one pass).
+chunk size (``sampled_chunk_size(K)``). The seconds per pass are a side figure (one pass).
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ import time
 import torch
 
 from elmo_core.model.softmax import (
-    DEFAULT_SAMPLED_CHUNK_SIZE,
     LogUniformSampler,
     SampledSoftmax,
     SoftmaxRows,
+    sampled_chunk_size,
     touched_rows,
 )
 from elmo_core.presets import model_preset
@@ -127,13 +127,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--positions", type=int, default=1024 * 20)  # N: rows × unroll steps
     parser.add_argument("--samples", type=int, default=ORIGINAL.num_samples)  # K
     parser.add_argument("--dim", type=int, default=ORIGINAL.lstm.projection_dim)  # P
-    parser.add_argument("--chunk-sizes", default=f"512,{DEFAULT_SAMPLED_CHUNK_SIZE}")
+    parser.add_argument("--chunk-sizes", default="512,2048")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(measure(args.child, args.positions, args.samples, args.dim)))
         return 0
-    chunks = sorted({int(c) for c in args.chunk_sizes.split(",")} | {DEFAULT_SAMPLED_CHUNK_SIZE})
+    default_chunk = sampled_chunk_size(args.samples)
+    chunks = sorted({int(c) for c in args.chunk_sizes.split(",")} | {default_chunk})
     results = {"whole": run_child("whole", args)}
     results.update({str(chunk): run_child(str(chunk), args) for chunk in chunks})
     baseline = results["whole"]["peak_added_mb"]
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{baseline / result['peak_added_mb']:8.1f}x {result['peak_mb']:16,.0f} "
             f"{result['seconds']:7.2f}"
         )
-    chunked = results[str(DEFAULT_SAMPLED_CHUNK_SIZE)]["peak_added_mb"]
+    chunked = results[str(default_chunk)]["peak_added_mb"]
     summary = {
         "benchmark": "softmax_memory",
         "positions": args.positions,
@@ -162,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         "logits_mb": round(logits_mb, 1),
         **{f"peak_added_mb_{m}": round(r["peak_added_mb"], 1) for m, r in results.items()},
         **{f"seconds_{m}": round(r["seconds"], 2) for m, r in results.items()},
-        "chunk_size": DEFAULT_SAMPLED_CHUNK_SIZE,
+        "chunk_size": default_chunk,
         "ratio": round(baseline / chunked, 2),
     }
     print(json.dumps(summary))

@@ -16,7 +16,8 @@ Launch model: in eager mode on a GPU each aten op is about one kernel launch; a 
 as a GPU implementation would be one Triton/GEMM sequence. Also shown: the ops run inside the
 custom ops (what their CPU implementation dispatches; on the meta device only their fake runs, so
 this script runs the implementation itself to count them), and the step flattened, each custom op
-replaced by its inside ops. Views (``is_view``: no kernel on a GPU) are counted too, and shown.
+replaced by its inside ops. Views (``is_view``: a new tensor header, no kernel on a GPU) are
+dispatched but launch nothing: they are counted and shown apart, not as launches.
 ``compiled`` is not countable this way: Inductor's generated kernels launch below the dispatcher,
 so a dispatch mode sees neither them nor their number (``graphed`` replays a CUDA graph: likewise).
 
@@ -65,21 +66,22 @@ UNCOUNTED_NAMESPACES = ("profiler",)  # record_function markers: no kernel
 
 
 class _Inside(TorchDispatchMode):
-    """Counts the ops a custom op's own implementation dispatches."""
+    """Counts the kernels (ops less views) a custom op's own implementation dispatches."""
 
     def __init__(self) -> None:
         super().__init__()
         self.count = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-        if func.namespace not in UNCOUNTED_NAMESPACES:
+        if func.namespace not in UNCOUNTED_NAMESPACES and not func.is_view:
             self.count += 1
         return func(*args, **(kwargs or {}))
 
 
 @dataclass
 class Launches(TorchDispatchMode):
-    """Counts ops as launches: each aten op one, each custom op one (its inside ops apart)."""
+    """Counts ops as launches: each aten op that is not a view one, each custom op one (its
+    inside ops apart)."""
 
     aten: int = 0
     views: int = 0  # aten views among them: metadata only, no kernel on a GPU
@@ -90,13 +92,19 @@ class Launches(TorchDispatchMode):
         super().__init__()
 
     @property
-    def total(self) -> int:
+    def ops(self) -> int:
+        """Everything dispatched, views included."""
         return self.aten + sum(self.custom.values())
 
     @property
+    def total(self) -> int:
+        """The launches: the ops less the views."""
+        return self.ops - self.views
+
+    @property
     def flattened(self) -> int:
-        """The step with each custom op replaced by the ops its implementation dispatches."""
-        return self.aten + self.inside.count
+        """The launches with each custom op replaced by the kernels its implementation runs."""
+        return self.aten - self.views + self.inside.count
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
@@ -198,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{flops / 1e9:.3f} GFLOP/position"
     )
     print(
-        f"{'variant':18} {'rows':>5} {'launches':>9} {'views':>6} {'custom':>7} {'inside':>7} "
+        f"{'variant':18} {'rows':>5} {'ops':>6} {'views':>6} {'launches':>9} {'custom':>7} "
+        f"{'inside':>7} "
         f"{'flattened':>10} {'≤600':>5} {'pred. pos/s':>12} {'bound':>6} {'≥250k':>6} "
         f"{'pred. flat':>11}"
     )
@@ -221,12 +230,14 @@ def main(argv: list[str] | None = None) -> int:
         flat_rate, _ = predicted_positions_per_s(launches.flattened, flops, positions, args)
         custom = sum(launches.custom.values())
         print(
-            f"{variant:18} {rows:5} {launches.total:9,} {launches.views:6,} {custom:7} "
+            f"{variant:18} {rows:5} {launches.ops:6,} {launches.views:6,} {launches.total:9,} "
+            f"{custom:7} "
             f"{launches.inside.count:7,} {launches.flattened:10,} "
             f"{'yes' if launches.total <= GOAL_LAUNCHES else 'no':>5} {rate:12,.0f} {bound:>6} "
             f"{'yes' if rate >= GOAL_POSITIONS_PER_S else 'no':>6} {flat_rate:11,.0f}"
         )
         key = f"{variant}_{rows}"
+        summary[f"ops_{key}"] = launches.ops
         summary[f"launches_{key}"] = launches.total
         summary[f"views_{key}"] = launches.views
         summary[f"custom_ops_{key}"] = custom

@@ -22,10 +22,16 @@ from torch import nn
 from elmo_core.errors import ConfigError
 
 DEFAULT_CHUNK_SIZE = 16_384
-# Positions per chunk of the sampled loss: at ``original``'s K = 8,192 one chunk's logits take
-# 64 MiB in float32 (the whole N = 20,480 take 640 MiB), and a 2,048 × 8,192 × 512 GEMM still fills
-# a GPU.
-DEFAULT_SAMPLED_CHUNK_SIZE = 2_048
+# Bytes of one chunk's float32 (C, K) logits in the sampled loss: at ``original``'s K = 8,192 that
+# is C = 8,192 positions, where the whole N = 20,480 of 1,024 rows would take 640 MiB (and
+# autograd's copies ~4× that). Each chunk is a dozen launches forward and backward, so the budget
+# is bytes, not positions: as many positions per chunk as fit.
+SAMPLED_CHUNK_BYTES = 256 * 2**20
+
+
+def sampled_chunk_size(num_samples: int) -> int:
+    """Positions per chunk of the sampled loss with ``num_samples`` candidates."""
+    return max(1, SAMPLED_CHUNK_BYTES // (4 * num_samples))
 
 
 class LogUniformSampler:
@@ -190,12 +196,15 @@ class _SampledCrossEntropy(torch.autograd.Function):
     """Per-position sampled cross-entropy, target at index 0, over chunks of C positions.
 
     Why a Function: autograd would keep the ``(N, 1+K)`` logits (and their softmax) for the
-    backward. Here only each position's log-partition ``(N,)`` is saved, and the backward
-    recomputes each chunk's logits. Storing gradients from the forward instead is not possible:
-    the candidate rows' and biases' gradients sum over positions weighted by the per-position
-    ``grad_output``, so they need the ``(N, K)`` softmax until it is known. The recompute costs one
-    more ``C × K × P`` GEMM per chunk (four softmax GEMMs instead of three); memory is a few
-    ``C × K`` float32 buffers at a time plus a ``(K, P)`` float32 accumulator.
+    backward. Here only each position's target logit and log-partition ``(N,)`` are saved, and
+    the backward recomputes each chunk's candidate logits. Whatever is not ``K`` wide (target
+    logits, their gradients, the candidates' offsets) is computed once over all positions, so a
+    chunk adds a handful of ops: on a GPU each is a launch. Storing gradients from the forward
+    instead is not possible: the candidate rows' and biases' gradients sum over positions weighted
+    by the per-position ``grad_output``, so they need the ``(N, K)`` softmax until it is known.
+    The recompute costs one more ``C × K × P`` GEMM per chunk (four softmax GEMMs instead of
+    three); memory is a few ``C × K`` float32 buffers at a time plus a ``(K, P)`` float32
+    accumulator.
 
     Numerics as the whole-logits computation: target logits ``(hidden * rows).sum(-1)`` in the
     rows' dtype, candidate logits and their gradient GEMMs in ``matmul_dtype`` (the autocast dtype
@@ -216,81 +225,91 @@ class _SampledCrossEntropy(torch.autograd.Function):
         matmul_dtype: torch.dtype,
     ) -> torch.Tensor:
         num_positions = hidden.shape[0]
-        log_partition = hidden.new_empty((num_positions,), dtype=torch.float32)  # (N,)
-        loss = torch.empty_like(log_partition)  # (N,)
-        candidate_rows = weights[num_positions:].to(matmul_dtype)  # (K, P)
+        candidates = _Candidates.of(weights, biases, log_q, ids, num_positions, matmul_dtype)
+        target = _target_logits(hidden, weights, biases, log_q)  # (N,)
+        log_partition = torch.empty_like(target)  # (N,)
         for start in range(0, num_positions, chunk_size):
             end = min(start + chunk_size, num_positions)
-            target, candidate = _chunk_logits(
-                hidden, weights, biases, log_q, ids, candidate_rows, start, end
-            )  # (C,), (C, K)
+            candidate = candidates.logits(hidden[start:end], ids[start:end])  # (C, K)
             # logsumexp([target, candidates]) without concatenating them
-            log_z = torch.logaddexp(target, torch.logsumexp(candidate, dim=1))  # (C,)
-            log_partition[start:end] = log_z
-            loss[start:end] = log_z - target
-        ctx.save_for_backward(hidden, weights, biases, log_q, ids, log_partition)
+            torch.logaddexp(
+                target[start:end], torch.logsumexp(candidate, dim=1), out=log_partition[start:end]
+            )
+        ctx.save_for_backward(hidden, weights, biases, log_q, ids, target, log_partition)
         ctx.chunk_size, ctx.matmul_dtype = chunk_size, matmul_dtype
-        return loss
+        return log_partition - target
 
     @staticmethod
     def backward(  # type: ignore[override]
         ctx: Any, grad_output: torch.Tensor
     ) -> tuple[torch.Tensor | None, ...]:
-        hidden, weights, biases, log_q, ids, log_partition = ctx.saved_tensors
-        num_positions = hidden.shape[0]
-        candidate_rows = weights[num_positions:].to(ctx.matmul_dtype)  # (K, P)
-        grad_hidden = torch.empty_like(hidden)  # (N, P)
-        grad_weights = torch.empty_like(weights)  # (N+K, P)
-        grad_biases = torch.empty_like(biases)  # (N+K,)
-        candidate_rows_sum = weights.new_zeros(candidate_rows.shape, dtype=torch.float32)  # (K, P)
-        candidate_bias_sum = biases.new_zeros(candidate_rows.shape[:1], dtype=torch.float32)  # (K,)
-        grad_output = grad_output.float()
+        hidden, weights, biases, log_q, ids, target, log_partition = ctx.saved_tensors
+        num_positions, matmul_dtype = hidden.shape[0], ctx.matmul_dtype
+        candidates = _Candidates.of(weights, biases, log_q, ids, num_positions, matmul_dtype)
+        scale = grad_output.float()  # (N,)
+        # softmax minus one-hot (target at 0), times the position's incoming gradient
+        grad_target = (torch.exp(target - log_partition) - 1.0) * scale  # (N,)
+        grad_hidden = (grad_target.unsqueeze(1) * weights[:num_positions]).to(hidden.dtype)
+        candidate_rows_sum = weights.new_zeros(candidates.rows.shape, dtype=torch.float32)  # (K, P)
+        candidate_bias_sum = biases.new_zeros(candidates.rows.shape[:1], dtype=torch.float32)
         for start in range(0, num_positions, ctx.chunk_size):
             end = min(start + ctx.chunk_size, num_positions)
-            target, candidate = _chunk_logits(
-                hidden, weights, biases, log_q, ids, candidate_rows, start, end
-            )  # (C,), (C, K)
-            scale, log_z = grad_output[start:end], log_partition[start:end]  # (C,), (C,)
-            # softmax minus one-hot (target at 0), times the position's incoming gradient
-            grad_target = (torch.exp(target - log_z) - 1.0) * scale  # (C,)
-            grad_candidate = candidate.sub_(log_z.unsqueeze(1)).exp_().mul_(scale.unsqueeze(1))
-            grad_candidate_mm = grad_candidate.to(ctx.matmul_dtype)  # (C, K)
             chunk_hidden = hidden[start:end]  # (C, P)
-            grad_hidden[start:end] = grad_target.unsqueeze(1) * weights[start:end] + (
-                grad_candidate_mm @ candidate_rows
-            ).to(hidden.dtype)
-            grad_weights[start:end] = grad_target.unsqueeze(1) * chunk_hidden
-            candidate_rows_sum += (
-                grad_candidate_mm.t() @ chunk_hidden.to(ctx.matmul_dtype)
-            ).float()
-            grad_biases[start:end] = grad_target
+            grad_candidate = (
+                candidates.logits(chunk_hidden, ids[start:end])
+                .sub_(log_partition[start:end].unsqueeze(1))
+                .exp_()
+                .mul_(scale[start:end].unsqueeze(1))
+            )  # (C, K)
+            grad_candidate_mm = grad_candidate.to(matmul_dtype)  # (C, K)
+            grad_hidden[start:end] += (grad_candidate_mm @ candidates.rows).to(hidden.dtype)
+            candidate_rows_sum += (grad_candidate_mm.t() @ chunk_hidden.to(matmul_dtype)).float()
             candidate_bias_sum += grad_candidate.sum(0)
-        grad_weights[num_positions:] = candidate_rows_sum
-        grad_biases[num_positions:] = candidate_bias_sum
+        grad_weights = torch.cat(
+            [grad_target.unsqueeze(1) * hidden, candidate_rows_sum.to(weights.dtype)]
+        )  # (N+K, P)
+        grad_biases = torch.cat([grad_target, candidate_bias_sum]).to(biases.dtype)  # (N+K,)
         return grad_hidden, grad_weights, grad_biases, None, None, None, None
 
 
-def _chunk_logits(
-    hidden: torch.Tensor,
-    weights: torch.Tensor,
-    biases: torch.Tensor,
-    log_q: torch.Tensor,
-    ids: torch.Tensor,
-    candidate_rows: torch.Tensor,
-    start: int,
-    end: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Positions ``start:end``'s corrected target logits and candidate logits, the accidental
-    hits at the float32 minimum. → (C,), (C, K) float32, the latter a buffer of its own."""
+def _target_logits(
+    hidden: torch.Tensor, weights: torch.Tensor, biases: torch.Tensor, log_q: torch.Tensor
+) -> torch.Tensor:
+    """Every position's corrected target logit, in one pass (only ``(N, P)`` wide). → (N,)"""
     num_positions = hidden.shape[0]
-    chunk = hidden[start:end]  # (C, P)
-    target = (chunk * weights[start:end]).sum(-1).float()  # (C,)
-    target = target + biases[start:end].float() - log_q[start:end]
-    # (C, K): a new buffer, written in place from here on
-    candidate = (chunk.to(candidate_rows.dtype) @ candidate_rows.t()).float()
-    candidate.add_(biases[num_positions:].float()).sub_(log_q[num_positions:])
-    hits = ids[start:end].unsqueeze(1) == ids[num_positions:].unsqueeze(0)  # (C, K)
-    return target, candidate.masked_fill_(hits, torch.finfo(torch.float32).min)
+    target = (hidden * weights[:num_positions]).sum(-1).float()  # (N,)
+    return target + biases[:num_positions].float() - log_q[:num_positions]
+
+
+class _Candidates(NamedTuple):
+    """What every chunk's candidate logits share, sliced and cast once per pass."""
+
+    rows: torch.Tensor  # (K, P) in the matmul dtype
+    offsets: torch.Tensor  # (K,) float32: bias − log expected count
+    ids: torch.Tensor  # (1, K)
+
+    @classmethod
+    def of(
+        cls,
+        weights: torch.Tensor,
+        biases: torch.Tensor,
+        log_q: torch.Tensor,
+        ids: torch.Tensor,
+        num_positions: int,
+        matmul_dtype: torch.dtype,
+    ) -> _Candidates:
+        return cls(
+            weights[num_positions:].to(matmul_dtype),
+            biases[num_positions:].float() - log_q[num_positions:],
+            ids[num_positions:].unsqueeze(0),
+        )
+
+    def logits(self, chunk: torch.Tensor, chunk_ids: torch.Tensor) -> torch.Tensor:
+        """A chunk's corrected candidate logits, the accidental hits at the float32 minimum.
+        → (C, K) float32, a buffer of its own (written in place by the caller)."""
+        candidate = (chunk.to(self.rows.dtype) @ self.rows.t()).float().add_(self.offsets)
+        hits = chunk_ids.unsqueeze(1) == self.ids  # (C, K)
+        return candidate.masked_fill_(hits, torch.finfo(torch.float32).min)
 
 
 def _matmul_dtype(hidden: torch.Tensor) -> torch.dtype:
@@ -388,7 +407,7 @@ class SampledSoftmax(nn.Module):
         target_counts: torch.Tensor,
         candidate_counts: torch.Tensor,
         rows: SoftmaxRows | None = None,
-        chunk_size: int = DEFAULT_SAMPLED_CHUNK_SIZE,
+        chunk_size: int | None = None,
     ) -> torch.Tensor:
         """Sampled softmax loss for given candidates and expected counts. → (N,) float32.
 
@@ -396,8 +415,9 @@ class SampledSoftmax(nn.Module):
         a candidate equal to a position's target is removed from that position's softmax (TF's
         ``remove_accidental_hits``); the target sits at index 0 of the cross-entropy. ``rows``
         must hold every target and candidate; without them they are found here (``torch.unique``,
-        which waits for a GPU). Computed over chunks of ``chunk_size`` positions, forward and
-        backward (:class:`_SampledCrossEntropy`): the ``N × (1+K)`` logits never exist at once.
+        which waits for a GPU). Computed over chunks of ``chunk_size`` positions (by default
+        :func:`sampled_chunk_size`'s), forward and backward (:class:`_SampledCrossEntropy`): past
+        one chunk the ``N × (1+K)`` logits never exist at once.
         """
         hidden = hidden.to(self.weight.dtype)  # bf16 activations; autocast still applies
         ids = torch.cat([targets, candidates])  # (N+K,)
@@ -406,7 +426,13 @@ class SampledSoftmax(nn.Module):
         weights, biases = rows.select(ids)  # (N+K, P), (N+K,)
         log_q = torch.cat([target_counts.log().float(), candidate_counts.log().float()])  # (N+K,)
         loss: torch.Tensor = _SampledCrossEntropy.apply(
-            hidden, weights, biases, log_q, ids, chunk_size, _matmul_dtype(hidden)
+            hidden,
+            weights,
+            biases,
+            log_q,
+            ids,
+            chunk_size or sampled_chunk_size(candidates.numel()),
+            _matmul_dtype(hidden),
         )
         return loss
 

@@ -132,26 +132,26 @@ def clip_global_norm(parameters: Iterable[nn.Parameter], max_norm: float) -> tor
     """Scale all gradients by ``max_norm / max(norm, max_norm)`` (TF ``clip_by_global_norm``).
 
     The norm is over every gradient, sparse ones by their (coalesced) stored rows; returns the norm
-    before clipping, as a 0-dim tensor on the gradients' device: nothing waits for the GPU here
-    (the scale is always applied; it is exactly 1 when the norm is within ``max_norm``). Run it
-    after the exchange, so every worker clips the same averaged gradient.
+    before clipping, as a 0-dim float32 tensor on the gradients' device: nothing waits for the GPU
+    here (the scale is always applied; it is exactly 1 when the norm is within ``max_norm``). Run
+    it after the exchange, so every worker clips the same averaged gradient. The dense gradients
+    go through two multi-tensor ops (``_foreach_norm``, ``_foreach_mul_``) rather than a few ops
+    per parameter: on a GPU that is two launches where there were ~170 at ``original`` size.
     """
-    grads = [p for p in parameters if p.grad is not None]
-    if not grads:
+    with_grads = [p for p in parameters if p.grad is not None]
+    if not with_grads:
         return torch.zeros(())
-    squares = [
-        (g.coalesce().values() if g.is_sparse else g).detach().float().pow(2).sum()
-        for g in (p.grad for p in grads)
-        if g is not None
-    ]
-    norm = torch.stack(squares).sum().sqrt()
+    grads = [p.grad for p in with_grads if p.grad is not None]
+    dense = [g for g in grads if not g.is_sparse]
+    stored = [g.coalesce().values() for g in grads if g.is_sparse]
+    norms = torch._foreach_norm(dense + stored)  # one 0-dim norm per gradient
+    norm = torch.linalg.vector_norm(torch.stack(norms).float())
     scale = (max_norm / norm).clamp(max=1.0)  # a zero norm gives inf, clamped to 1
-    for parameter in grads:
-        assert parameter.grad is not None
-        if parameter.grad.is_sparse:
+    for dtype in {g.dtype for g in dense}:
+        torch._foreach_mul_([g for g in dense if g.dtype == dtype], scale.to(dtype))
+    for parameter in with_grads:
+        if parameter.grad is not None and parameter.grad.is_sparse:
             parameter.grad = parameter.grad * scale.to(parameter.grad.dtype)
-        else:
-            parameter.grad.mul_(scale.to(parameter.grad.dtype))
     return norm
 
 

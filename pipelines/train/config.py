@@ -12,8 +12,10 @@ re-running the same training with more workers, or on another storage, resumes t
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -25,6 +27,8 @@ from elmo_core.config import ModelConfig, StrictModel, TrainConfig, resolve_conf
 from elmo_core.errors import ConfigError
 from elmo_core.presets import PRESETS, model_preset
 from pipelines.common.settings import elmo_home
+
+RUNTIME_MODEL_KEYS = {"lstm_impl", "batch_directions"}  # how the LSTM runs, not what it is
 
 
 class RunConfig(StrictModel):
@@ -57,22 +61,39 @@ class TrainJobConfig(StrictModel):
     run: RunConfig = Field(default_factory=RunConfig)
 
 
+# A GPU run's defaults, beneath the preset, the model file, the YAML and the overrides: the layer
+# as one op with both directions batched (fewest launches: benchmarks/bench_step_ops.py), and 8×
+# bilm-tf's 128 rows at lr 0.2·√8, the square-root rule (benchmarks/batch_recipe.py; checked at
+# `original` size by `gpu_suite.sh recipe`). Set train.lr with train.batch_size: 0.2·√(rows/128).
+GPU_DEFAULTS: dict[str, dict[str, Any]] = {
+    "model": {"lstm_impl": "fused", "batch_directions": True},
+    "train": {"batch_size": 1024, "lr": round(0.2 * math.sqrt(1024 / 128), 4)},
+}
+
+
 def resolve_train_config(
     model: str | None = None, config_file: str | Path | None = None, overrides: Sequence[str] = ()
 ) -> TrainJobConfig:
     """``--model`` (a preset name or a YAML/JSON file of model keys) → YAML → overrides.
 
-    Without ``--model`` the model is :class:`ModelConfig`'s defaults (the original ELMo).
+    Without ``--model`` the model is :class:`ModelConfig`'s defaults (the original ELMo). With
+    ``run.use_gpu`` the keys the user left unset take :data:`GPU_DEFAULTS`.
     """
     preset: dict[str, Any] = {}
     if model is not None:
         preset["model"] = _model_section(model)
-    return resolve_config(TrainJobConfig, preset, config_file, overrides)
+    cfg = resolve_config(TrainJobConfig, preset, config_file, overrides)
+    if not cfg.run.use_gpu:
+        return cfg
+    beneath = copy.deepcopy(GPU_DEFAULTS)
+    beneath["model"].update(preset.get("model", {}))
+    return resolve_config(TrainJobConfig, beneath, config_file, overrides)
 
 
 def _model_section(model: str) -> dict[str, Any]:
+    """The keys the preset or file sets (not the defaults, so the GPU's can apply beneath)."""
     if model in PRESETS:
-        return model_preset(model).model_dump(mode="json")
+        return model_preset(model).model_dump(mode="json", exclude_unset=True)
     path = Path(model)
     if not path.is_file():
         known = ", ".join(sorted(PRESETS))
@@ -89,11 +110,15 @@ def _model_section(model: str) -> dict[str, Any]:
 
 
 def run_name(cfg: TrainJobConfig, dataset_sha256: str, init_from: str | None = None) -> str:
-    """``cfg.run.name``, or ``bilm-<12 hex>`` of the model and train sections, start and data."""
+    """``cfg.run.name``, or ``bilm-<12 hex>`` of the model and train sections, start and data.
+
+    The LSTM kernel is left out (:data:`RUNTIME_MODEL_KEYS`): every variant has the same
+    parameters and passes the same parity tests, so a run resumes under another kernel.
+    """
     if cfg.run.name:
         return cfg.run.name
     identity = {
-        "model": cfg.model.model_dump(mode="json"),
+        "model": cfg.model.model_dump(mode="json", exclude=RUNTIME_MODEL_KEYS),
         "train": cfg.train.model_dump(mode="json"),
         "init_from": init_from,
         "dataset": dataset_sha256,

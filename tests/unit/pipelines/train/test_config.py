@@ -67,8 +67,12 @@ def test_run_names_hash_what_is_trained_but_not_where_it_runs() -> None:
     name = run_name(base, "a" * 64)
     assert re.fullmatch(r"bilm-[0-9a-f]{12}", name)
     assert run_name(base, "a" * 64) == name
-    more_workers = resolve_train_config("tiny", None, ["run.num_workers=8", "run.use_gpu=true"])
+    more_workers = resolve_train_config("tiny", None, ["run.num_workers=8"])
     assert run_name(more_workers, "a" * 64) == name
+    same_recipe_on_gpus = ["run.use_gpu=true", "train.batch_size=128", "train.lr=0.2"]
+    on_gpus = resolve_train_config("tiny", None, same_recipe_on_gpus)  # and the GPU's kernel
+    assert on_gpus.model.lstm_impl != base.model.lstm_impl
+    assert run_name(on_gpus, "a" * 64) == name
     assert run_name(base, "b" * 64) != name
     assert run_name(resolve_train_config("tiny", None, ["train.lr=0.1"]), "a" * 64) != name
     assert run_name(base, "a" * 64, init_from="/weights") != name
@@ -86,3 +90,22 @@ def test_storage_root_defaults_under_elmo_home_and_is_absolute(
     assert storage_root(relative) == str(tmp_path / "runs")
     remote = resolve_train_config(None, None, ["run.storage_path=s3://bucket/runs/"]).run
     assert storage_root(remote) == "s3://bucket/runs"
+
+
+def test_a_gpu_run_defaults_to_the_fused_batched_layer_and_the_larger_batch() -> None:
+    cfg = resolve_train_config("original", None, ["run.use_gpu=true"])
+    assert (cfg.model.lstm_impl, cfg.model.batch_directions) == ("fused", True)
+    assert (cfg.train.batch_size, cfg.train.lr) == (1024, pytest.approx(0.2 * 8**0.5, abs=1e-4))
+    assert cfg.model.lstm.cell_dim == 4096  # the preset still applies above the defaults
+    on_cpu = resolve_train_config("original")
+    assert (on_cpu.model.lstm_impl, on_cpu.train.batch_size, on_cpu.train.lr) == ("auto", 128, 0.2)
+
+
+def test_the_users_keys_win_over_the_gpu_defaults(tmp_path: Path) -> None:
+    config = tmp_path / "train.yaml"
+    config.write_text("train:\n  batch_size: 256\n")
+    cfg = resolve_train_config(
+        "tiny", config, ["run.use_gpu=true", "model.lstm_impl=compiled", "train.lr=0.3"]
+    )
+    assert (cfg.model.lstm_impl, cfg.model.batch_directions) == ("compiled", True)
+    assert (cfg.train.batch_size, cfg.train.lr) == (256, 0.3)
