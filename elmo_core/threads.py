@@ -11,8 +11,12 @@ fix: 0.67-1.21x of 1 thread under load, and 0.71-1.19x of the default idle. Figu
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+from collections.abc import Iterator
+
+import torch
 
 
 def threads_under_load(share: int) -> int:
@@ -23,3 +27,15 @@ def threads_under_load(share: int) -> int:
     if load < cpus:
         return share
     return max(1, math.floor(share * cpus / load))
+
+
+@contextlib.contextmanager
+def fewer_threads_under_load() -> Iterator[int]:
+    """Torch's threads cut by :func:`threads_under_load` for a block, then restored: for work that
+    runs in a process which goes on to other things (the driver evaluating)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads_under_load(before))
+    try:
+        yield torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)

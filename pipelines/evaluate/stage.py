@@ -33,6 +33,7 @@ from elmo_core.data.manifest import load_manifest
 from elmo_core.data.reader import select_shards
 from elmo_core.errors import DataError
 from elmo_core.perplexity import PerplexitySums, Protocol, evaluate_perplexity
+from elmo_core.threads import fewer_threads_under_load
 from pipelines.common.cli_runner import run_command
 from pipelines.common.locations import absolute_location
 from pipelines.common.tracking import log_dataset, stage_run
@@ -122,22 +123,24 @@ class EvaluationPart:
 
 
 def evaluate_part(part: EvaluationPart) -> PerplexitySums:
-    """One rank's sums: load the model here, on whatever device this process has."""
+    """One rank's sums: load the model here, on whatever device this process has, with its
+    torch threads fewer on a loaded machine (:mod:`elmo_core.threads`)."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with tempfile.TemporaryDirectory(prefix="elmo-evaluate-") as scratch:
         bilm = load_bilm(part.bilm, Path(scratch)).bilm.to(device)
-    return evaluate_perplexity(
-        bilm,
-        part.data,
-        part.split,
-        files=part.files,
-        batch_size=part.batch_size,
-        protocol=part.protocol,
-        rank=part.rank,
-        world_size=part.world_size,
-        device=device,
-        progress=part.rank == 0,
-    )
+    with fewer_threads_under_load():  # in the driver too, which goes on after
+        return evaluate_perplexity(
+            bilm,
+            part.data,
+            part.split,
+            files=part.files,
+            batch_size=part.batch_size,
+            protocol=part.protocol,
+            rank=part.rank,
+            world_size=part.world_size,
+            device=device,
+            progress=part.rank == 0,
+        )
 
 
 def _short_name(checkpoint: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from elmo_core import threads
 
@@ -24,3 +25,18 @@ def test_threads_are_cut_only_while_the_cores_are_oversubscribed(
     monkeypatch.setattr(threads.os, "getloadavg", lambda: (load, load, load))
 
     assert threads.threads_under_load(share) == expected
+
+
+def test_a_block_runs_with_fewer_threads_under_load_and_restores_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(threads.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (7.0, 7.0, 7.0))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with threads.fewer_threads_under_load() as inside:
+            assert inside == torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
