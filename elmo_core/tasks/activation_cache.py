@@ -69,6 +69,15 @@ class CachedActivations:
     def layer_dim(self) -> int:
         return int(self.activations.shape[2])
 
+    def select(self, sentences: Sequence[int] | np.ndarray) -> CachedActivations:
+        """The entry of ``sentences`` alone, in that order, copied into memory (a training
+        subset: the sample-efficiency curve trains on fractions of a split)."""
+        rows = np.asarray(sentences, dtype=np.int64)  # (S',)
+        starts, lengths = self.offsets[rows], self.offsets[rows + 1] - self.offsets[rows]
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)  # (S' + 1,)
+        activations = self.activations[flat_positions(starts, lengths)]  # (N', L, D)
+        return CachedActivations(self.directory, self.key, activations, offsets)
+
     def batch(self, indices: Sequence[int] | np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """Sentences ``indices`` → float32 ``layers (L, B, T, D)`` (zero padding), ``mask``."""
         rows = np.asarray(indices, dtype=np.int64)  # (B,)

@@ -69,6 +69,21 @@ class HeadConfig(StrictModel):
     pooling: Literal["max", "mean"] = Field("max", description="classification: over time")
     pair_head: Literal["esim", "match"] = Field("esim", description="pair: ESIM or simple matching")
     elmo_at_output: bool = Field(False, description="also concatenate ELMo to the head's output")
+    elmo_layer_norm: bool = Field(
+        False, description="layer-normalise each biLM layer before the mix (paper §3.2)"
+    )
+    elmo_layers: list[int] | None = Field(
+        None,
+        min_length=1,
+        description="the biLM layers the mix reads (0: the token layer); None: all of them",
+    )
+
+    @field_validator("elmo_layers")
+    @classmethod
+    def _layers_distinct(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and (len(set(value)) != len(value) or min(value) < 0):
+            raise ValueError("elmo_layers must be distinct layer numbers from 0")
+        return value
 
 
 class TaskTrainingConfig(StrictModel):

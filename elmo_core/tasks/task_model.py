@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from elmo_core.errors import ConfigError
 from elmo_core.model.scalar_mix import ScalarMix
 from elmo_core.tasks.activation_cache import CachedActivations, live_activations, pad_ragged
 from elmo_core.tasks.config import TaskConfig
@@ -149,7 +150,6 @@ class TaskModel(nn.Module):
         use_elmo: bool,
         *,
         word_dim: int = DEFAULT_WORD_DIM,
-        do_layer_norm: bool = False,
     ) -> None:
         super().__init__()
         self.task = task
@@ -158,12 +158,19 @@ class TaskModel(nn.Module):
         self.use_elmo = use_elmo
         self.num_layers = num_layers
         self.layer_dim = layer_dim
+        self.layers = task.head.elmo_layers or list(range(num_layers))  # the ones mixed
+        if use_elmo and max(self.layers) >= num_layers:
+            raise ConfigError(
+                f"the biLM has layers 0-{num_layers - 1}, not {max(self.layers)}",
+                key="head.elmo_layers",
+            )
         self.word_embedding = nn.Embedding(len(self.vocab), word_dim, padding_idx=0)
         self.mixes = nn.ModuleDict()
         if use_elmo:
-            self.mixes["input"] = ScalarMix(num_layers, do_layer_norm=do_layer_norm)
+            norm = task.head.elmo_layer_norm
+            self.mixes["input"] = ScalarMix(len(self.layers), do_layer_norm=norm)
             if task.head.elmo_at_output:
-                self.mixes["output"] = ScalarMix(num_layers, do_layer_norm=do_layer_norm)
+                self.mixes["output"] = ScalarMix(len(self.layers), do_layer_norm=norm)
         self.elmo_dropout = nn.Dropout(task.head.dropout)  # after the mix, as in the paper
         input_dim = word_dim + (layer_dim if use_elmo else 0)
         output_dim = layer_dim if "output" in self.mixes else 0
@@ -211,7 +218,7 @@ class TaskModel(nn.Module):
             return HeadInput(words, side.mask)
         if side.layers is None:
             raise ValueError("the ELMo model needs the biLM layers of every batch")
-        layers = side.layers.unbind(0)  # L × (B, T, D)
+        layers = [side.layers[layer] for layer in self.layers]  # L' × (B, T, D)
         mask_3d = side.mask.unsqueeze(-1).to(words.dtype)  # (B, T, 1)
         elmo = self.elmo_dropout(self._mix("input")(layers, side.mask)) * mask_3d  # (B, T, D)
         output_elmo = None

@@ -14,6 +14,7 @@ seeded by ``seed`` inside a forked RNG, so training leaves the caller's global R
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from torch import nn
 
 from elmo_core.tasks.activation_cache import CachedActivations
 from elmo_core.tasks.config import TaskConfig
+from elmo_core.tasks.dataset import PairExample
 from elmo_core.tasks.metrics import accuracy, span_f1
 from elmo_core.tasks.readers import AnyDataset, check_labels, task_labels
 from elmo_core.tasks.task_model import (
@@ -58,6 +60,17 @@ class TaskSplit:
 
     dataset: AnyDataset
     activations: CachedActivations | None = None
+
+    def subset(self, indices: Sequence[int]) -> TaskSplit:
+        """Examples ``indices`` of this split, with their sentences' activations."""
+        examples = [self.dataset.examples[i] for i in indices]
+        dataset = dataclasses.replace(self.dataset, examples=examples)  # type: ignore[arg-type]
+        if self.activations is None:
+            return TaskSplit(dataset)
+        rows = np.asarray(indices, dtype=np.int64)
+        if examples and isinstance(examples[0], PairExample):  # premises first, then hypotheses
+            rows = np.concatenate([rows, rows + len(self.dataset)])
+        return TaskSplit(dataset, self.activations.select(rows))
 
 
 @dataclass

@@ -61,7 +61,6 @@ def save_task_model(
     """Write the weights and everything needed to rebuild ``model`` (no pickled classes)."""
     target = Path(directory)
     target.mkdir(parents=True, exist_ok=True)
-    input_mix = model.mixes["input"] if model.has_mix("input") else None
     description = {
         "task": model.task.model_dump(mode="json"),
         "vocab": model.vocab,
@@ -70,7 +69,6 @@ def save_task_model(
         "num_layers": model.num_layers,
         "layer_dim": model.layer_dim,
         "word_dim": model.word_embedding.embedding_dim,
-        "do_layer_norm": bool(getattr(input_mix, "do_layer_norm", False)),
         "tokenizer": tokenizer,
     }
     (target / DESCRIPTION_FILE).write_text(json.dumps(description), encoding="utf-8")
@@ -92,7 +90,6 @@ def load_task_model(directory: str | Path) -> tuple[TaskModel, dict[str, Any] | 
             description["labels"],
             description["use_elmo"],
             word_dim=description["word_dim"],
-            do_layer_norm=description["do_layer_norm"],
         )
         state = torch.load(source / WEIGHTS_FILE, map_location="cpu", weights_only=True)
         model.load_state_dict(state)

@@ -8,7 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from pydantic import ValidationError
 
+from elmo_core.errors import ConfigError
 from elmo_core.model.bilm import BiLM
 from elmo_core.tasks.config import TaskConfig
 from elmo_core.tasks.dataset import PairExample, TaggingExample
@@ -147,6 +149,42 @@ def test_elmo_model_reads_the_layers_and_baseline_ignores_them(
         assert torch.allclose(first, second) is not use_elmo
     with pytest.raises(ValueError, match="needs the biLM layers"):
         _model(task, split, True)([sides[0]._replace(layers=None)])
+
+
+def test_a_model_on_one_layer_reads_that_layer_alone(
+    task_splits: Splits, task_factory: Callable[..., TaskConfig]
+) -> None:
+    split = task_splits["classification"]["dev"]
+    model = _model(task_factory("classification", elmo_layers=[1]), split, True).eval()
+    assert model.mix_weights() == [1.0]
+    sides, _ = _encode(model, split).batch(np.arange(4))
+    layers = split.activations.batch(np.arange(4))[0]  # type: ignore[union-attr]
+    other_layers_moved = layers.clone()
+    other_layers_moved[[0, 2]] += 1.0
+    with torch.no_grad():
+        first = model([sides[0]._replace(layers=layers)])
+        assert torch.equal(first, model([sides[0]._replace(layers=other_layers_moved)]))
+        layer_one_moved = layers.clone()
+        layer_one_moved[1] += 1.0
+        assert not torch.allclose(first, model([sides[0]._replace(layers=layer_one_moved)]))
+
+
+def test_a_layer_the_bilm_lacks_names_the_key(
+    task_splits: Splits, task_factory: Callable[..., TaskConfig]
+) -> None:
+    with pytest.raises(ConfigError, match="layers 0-2, not 3") as raised:
+        _model(task_factory("tagging", elmo_layers=[0, 3]), task_splits["tagging"]["dev"], True)
+    assert raised.value.key == "head.elmo_layers"
+    with pytest.raises(ValidationError, match="distinct"):
+        task_factory("tagging", elmo_layers=[1, 1])
+
+
+def test_layer_norm_is_the_configs_choice(
+    task_splits: Splits, task_factory: Callable[..., TaskConfig]
+) -> None:
+    task = task_factory("tagging", elmo_layer_norm=True, elmo_at_output=True)
+    model = _model(task, task_splits["tagging"]["dev"], True)
+    assert all(mix.do_layer_norm for mix in model.mixes.values())  # type: ignore[union-attr]
 
 
 def test_live_inputs_need_the_bilm_for_elmo(

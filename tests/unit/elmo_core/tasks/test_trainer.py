@@ -151,3 +151,19 @@ def test_a_dev_label_unseen_in_train_is_a_data_error(
     odd = TaskDataset(Path("dev.txt"), [ClassificationExample(["meh"], "neutral")])
     with pytest.raises(DataError, match="neutral"):
         train_task(task_factory("classification"), splits["train"], TaskSplit(odd), None, False)
+
+
+@pytest.mark.parametrize("task_type", ["tagging", "classification", "pair"])
+def test_a_subset_keeps_each_examples_own_activations(
+    task_type: str, task_splits: dict[str, dict[str, TaskSplit]]
+) -> None:
+    split = task_splits[task_type]["dev"]
+    indices = [5, 0, 3]
+    subset = split.subset(indices)
+    assert subset.dataset.examples == [split.dataset.examples[i] for i in indices]
+    assert split.activations is not None and subset.activations is not None
+    sides = 2 if task_type == "pair" else 1
+    for side in range(sides):
+        whole, _ = split.activations.batch([i + side * len(split.dataset) for i in indices])
+        part, _ = subset.activations.batch([i + side * len(indices) for i in range(3)])
+        assert torch.equal(whole, part)
