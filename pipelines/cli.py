@@ -28,6 +28,7 @@ STAGES = {  # command name -> (module, typer command function)
     "promote": ("pipelines.registry.policy", "promote_command"),
     "import-weights": ("pipelines.registry.import_weights", "import_weights_command"),
     "adapt": ("pipelines.adapt.stage", "adapt_command"),
+    "analyze": ("pipelines.analyze.stage", "analyze_command"),
     "embed": ("pipelines.embed.stage", "embed_command"),
 }
 

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 def mix_figure(elmo: TaskResult) -> Figure:
     """Bars of the softmax-normalised layer weights of each mix the model has, each bar labelled
     with its value; γ in the legend, which sits below the axes so it never hides a bar."""
-    plt = _pyplot()
+    plt = pyplot()
     mixes = [
         (name, weights, gamma)
         for name, weights, gamma in (
@@ -51,7 +51,7 @@ def mix_figure(elmo: TaskResult) -> Figure:
 def confusion_figure(matrix: np.ndarray, labels: Sequence[str], title: str) -> Figure:
     """Counts with gold labels as rows and predictions as columns, shaded by the share of each
     gold row (its recall), so that a rare label's errors show as clearly as a frequent one's."""
-    plt = _pyplot()
+    plt = pyplot()
     size = 2.5 + 0.45 * len(labels)
     figure, axis = plt.subplots(figsize=(size + 1, size), layout="constrained")
     totals = matrix.sum(axis=1, keepdims=True)
@@ -71,10 +71,11 @@ def confusion_figure(matrix: np.ndarray, labels: Sequence[str], title: str) -> F
 def log_figure(figure: Figure, artifact_file: str) -> None:
     """Log ``figure`` into the active run and free it (pyplot keeps every open figure)."""
     mlflow.log_figure(figure, artifact_file)
-    _pyplot().close(figure)
+    pyplot().close(figure)
 
 
-def _pyplot() -> ModuleType:
+def pyplot() -> ModuleType:
+    """matplotlib's pyplot, Agg backend, imported on first use (Ray workers have no display)."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -128,7 +128,7 @@ def adapt(
     resources: AdaptResources | None = None,
 ) -> list[AdaptResult]:
     """Adapt ``bilm`` to every task, the tasks in parallel as Ray tasks; results in task order."""
-    _check_tasks(tasks)
+    check_tasks(tasks)
     # A bad source fails before any job starts; an alias is pinned, so every job loads one version.
     reference = resolve_bilm(bilm, bilm_options, options_key="bilm_options")
     use_tracking()
@@ -258,7 +258,7 @@ def _result(
     )
 
 
-def _check_tasks(tasks: Sequence[TaskConfig]) -> None:
+def check_tasks(tasks: Sequence[TaskConfig]) -> None:
     """No tasks, two tasks registering one model name, or a missing data file: refuse now."""
     if not tasks:
         raise ConfigError("no task to adapt to", key="tasks")

@@ -48,6 +48,7 @@ REQUIRED_ARGS = {  # the least each stage parses; the server check comes before 
     "promote": ["--version", "1"],
     "import-weights": ["--options", "options.json", "--weights", "weights.hdf5"],
     "adapt": ["--task", "task.yaml", "--bilm", "model"],
+    "analyze": ["--task", "task.yaml", "--bilm", "model"],
     "embed": ["--bilm", "model", "--input", "in.txt", "--out", "out"],
 }
 

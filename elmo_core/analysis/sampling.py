@@ -1,0 +1,107 @@
+"""Training-set fractions for the sample-efficiency curve (Peters et al. 2018, §5.5, Figure 1).
+
+The paper trains each task with and without ELMo on growing fractions of its training set. A
+subset here is a list of example indices, in the split's order:
+
+* classification and pairs: stratified by label, ``floor(fraction × count)`` examples of each
+  label, so the subset keeps the split's label proportions and holds at most ``fraction × N``;
+* tagging: ``floor(fraction × S)`` random sentences (tags are per token: nothing to stratify).
+
+Subsets are nested: for one seed each label's examples (or the sentences) are shuffled once and
+every fraction takes a prefix of that order, so the 5 % subset lies inside the 10 % one. The curve
+then reads as "more data added" and the difference between two points is the data, not the luck
+of two unrelated draws.
+
+Floor, not rounding up to one per label: rounding up would over-represent rare labels at small
+fractions and put more than ``fraction × N`` examples behind the curve's x-axis. A fraction whose
+floor leaves a label present in the training split with no example is a :class:`DataError`
+instead, and :func:`check_fractions` raises it for a whole list before any training starts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from elmo_core.errors import ConfigError, DataError
+from elmo_core.tasks.dataset import TaggingExample
+from elmo_core.tasks.task_model import Example
+
+_ROUNDING_SLACK = 1e-9  # 0.29 × 100 is 28.999999999999996 in floating point: count it as 29
+
+
+def subsample(
+    examples: Sequence[Example], fraction: float, seed: int, *, task_name: str = "task"
+) -> list[int]:
+    """Indices (ascending) of the ``fraction`` subset of ``examples`` drawn with ``seed``.
+
+    Deterministic for a seed and nested across fractions (module docstring). Raises
+    :class:`DataError` when the fraction leaves a label (or the split) with no example.
+    """
+    groups = _groups(examples, task_name)
+    sizes = _subset_sizes(groups, fraction, task_name)
+    shuffler = np.random.default_rng(seed)
+    chosen: list[int] = []
+    for label in sorted(groups, key=str):  # a fixed order: draws do not depend on dict order
+        order = shuffler.permutation(np.array(groups[label], dtype=np.int64))
+        chosen += order[: sizes[label]].tolist()
+    return sorted(chosen)
+
+
+def check_fractions(
+    examples: Sequence[Example], fractions: Iterable[float], task_name: str
+) -> None:
+    """Fail before any work if one of ``fractions`` is outside (0, 1] or empties a label."""
+    groups = _groups(examples, task_name)
+    for fraction in sorted(fractions):  # the smallest fraction is the one that fails first
+        _subset_sizes(groups, fraction, task_name)
+
+
+def smallest_fraction(count: int) -> float:
+    """``1 / count`` rounded up to 3 significant digits (1/3 → 0.334): keeps one of ``count``."""
+    digits = 2 - math.floor(math.log10(1 / count))
+    return round(math.ceil(10**digits / count - _ROUNDING_SLACK) / 10**digits, digits)
+
+
+def _groups(examples: Sequence[Example], task_name: str) -> dict[str | None, list[int]]:
+    """Example indices by label; tagging: all sentences under the single key ``None``."""
+    if not examples:
+        raise DataError(f"task '{task_name}': no training examples to subsample")
+    groups: dict[str | None, list[int]] = {}
+    for index, example in enumerate(examples):
+        key = None if isinstance(example, TaggingExample) else example.label
+        groups.setdefault(key, []).append(index)
+    if None in groups and len(groups) > 1:
+        raise ValueError(f"task '{task_name}': tagged sentences mixed with labelled examples")
+    return groups
+
+
+def _subset_sizes(
+    groups: dict[str | None, list[int]], fraction: float, task_name: str
+) -> dict[str | None, int]:
+    """``floor(fraction × count)`` per group, or the error naming the label it empties."""
+    if not 0.0 < fraction <= 1.0:
+        raise ConfigError(f"task '{task_name}': fraction {fraction} is not in (0, 1]")
+    sizes = {
+        key: math.floor(fraction * len(group) + _ROUNDING_SLACK) for key, group in groups.items()
+    }
+    empty = [key for key, size in sizes.items() if size == 0]
+    if not empty:
+        return sizes
+    if None in empty:
+        num_sentences = len(groups[None])
+        raise DataError(
+            f"task '{task_name}': fraction {fraction} of {num_sentences} training sentences keeps "
+            f"none; the smallest fraction that keeps one is {smallest_fraction(num_sentences)}"
+        )
+    rarest = min(empty, key=lambda key: (len(groups[key]), str(key)))
+    count = len(groups[rarest])
+    total = sum(len(group) for group in groups.values())
+    others = f" (and {len(empty) - 1} more labels)" if len(empty) > 1 else ""
+    raise DataError(
+        f"task '{task_name}': fraction {fraction} leaves label '{rarest}' ({count} of {total} "
+        f"training examples){others} with no example; the smallest fraction that keeps one of "
+        f"every label is {smallest_fraction(min(len(group) for group in groups.values()))}"
+    )

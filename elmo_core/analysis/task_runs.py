@@ -1,0 +1,164 @@
+"""The task runs behind the paper's §5 comparisons, each over several seeds.
+
+- **Sample efficiency** (§5.5): the task trained on fractions of its training examples, with and
+  without ELMo. The fractions of one seed are nested, so the curve reads as data added.
+- **Per layer** (§5.3, Table 5/6 style): the ELMo model on one biLM layer alone, and on the learned
+  mix of all of them, whose weights (§5.6) are kept.
+- **Placement** (§5.2): ELMo at the task RNN's input, and at its input and output.
+
+A run is :func:`~elmo_core.tasks.trainer.train_task` on a variant of the task's config or training
+split; its score is the main metric on test (dev when the task has no test split). The full-data
+ELMo run with the mix at the input is shared by all three comparisons, so it runs once per seed.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from elmo_core.analysis.sampling import check_fractions, subsample
+from elmo_core.tasks.config import TaskConfig
+from elmo_core.tasks.trainer import TaskResult, TaskSplit, main_metric, train_task
+
+DEFAULT_FRACTIONS = (0.01, 0.05, 0.1, 0.25, 1.0)
+DEFAULT_SEEDS = (0, 1, 2)
+MIX = "mix"  # the per-layer comparison's learned mix of every layer
+INPUT, INPUT_OUTPUT = "input", "input+output"  # ELMo's placements
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Scores:
+    """One score per seed, and what a table shows of them."""
+
+    values: tuple[float, ...]
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.values)
+
+    @property
+    def spread(self) -> float:
+        """The sample standard deviation over seeds (0 for one seed)."""
+        return statistics.stdev(self.values) if len(self.values) > 1 else 0.0
+
+
+@dataclass
+class TaskAnalysis:
+    """One task's comparisons: ``efficiency[fraction]["elmo" | "baseline"]``, ``layers[j | mix]``,
+    ``placement[input | input+output]`` and the learned mix's weights, mean over seeds."""
+
+    task: str
+    metric: str  # e.g. "test_accuracy"
+    efficiency: dict[float, dict[str, Scores]] = field(default_factory=dict)
+    layers: dict[str, Scores] = field(default_factory=dict)
+    placement: dict[str, Scores] = field(default_factory=dict)
+    mix_weights: list[float] = field(default_factory=list)
+
+
+def analyze_task(
+    task: TaskConfig,
+    splits: Mapping[str, TaskSplit],
+    num_layers: int,
+    *,
+    fractions: Sequence[float] = DEFAULT_FRACTIONS,
+    seeds: Sequence[int] = DEFAULT_SEEDS,
+    device: str | torch.device = "cpu",
+    progress: Progress | None = None,
+) -> TaskAnalysis:
+    """Every run of the three comparisons for ``task`` (``splits``: train, and dev/test)."""
+    train = splits["train"]
+    check_fractions(list(train.dataset.examples), fractions, task.name)
+    split = "test" if "test" in splits else "dev"
+    analysis = TaskAnalysis(task.name, f"{split}_{main_metric(task)}")
+    base = task.model_copy(
+        update={"head": task.head.model_copy(update={"elmo_at_output": False, "elmo_layers": None})}
+    )
+    runs = _Runs(splits, split, device, progress, total=_num_runs(fractions, seeds, num_layers))
+    full: dict[int, TaskResult] = {}
+    for fraction in sorted(fractions):
+        scores: dict[str, list[float]] = {"elmo": [], "baseline": []}
+        for seed in seeds:
+            part = _fraction_of(train, fraction, seed)
+            for name, use_elmo in (("elmo", True), ("baseline", False)):
+                result = runs.train(base, part, use_elmo, seed, f"{fraction:g} of train, {name}")
+                scores[name].append(runs.score(result))
+                if use_elmo and fraction == 1.0:
+                    full[seed] = result
+        analysis.efficiency[fraction] = {name: Scores(tuple(v)) for name, v in scores.items()}
+    if not full:  # 1.0 was not among the fractions: the shared run is made here
+        full = {seed: runs.train(base, train, True, seed, "all of train, elmo") for seed in seeds}
+    analysis.layers[MIX] = analysis.placement[INPUT] = Scores(
+        tuple(runs.score(full[seed]) for seed in seeds)
+    )
+    analysis.mix_weights = _mean_weights([full[seed].mix_weights or [] for seed in seeds])
+    for layer in range(num_layers):
+        alone = _with_head(base, elmo_layers=[layer])
+        analysis.layers[str(layer)] = runs.scores(alone, train, seeds, f"layer {layer} alone")
+    both = _with_head(base, elmo_at_output=True)
+    analysis.placement[INPUT_OUTPUT] = runs.scores(both, train, seeds, "ELMo at input and output")
+    return analysis
+
+
+@dataclass
+class _Runs:
+    """Trains runs one after another, reporting each to ``progress``."""
+
+    splits: Mapping[str, TaskSplit]
+    split: str
+    device: str | torch.device
+    progress: Progress | None
+    total: int
+    done: int = 0
+
+    def train(
+        self, task: TaskConfig, train: TaskSplit, use_elmo: bool, seed: int, what: str
+    ) -> TaskResult:
+        result = train_task(
+            task,
+            train,
+            self.splits.get("dev"),
+            self.splits.get("test"),
+            use_elmo,
+            seed=seed,
+            device=self.device,
+        )
+        self.done += 1
+        if self.progress is not None:
+            score = self.score(result)
+            self.progress(
+                f"{task.name}: run {self.done}/{self.total}, {what}, seed {seed}: "
+                f"{self.split} {result.metric} {score:.4f}"
+            )
+        return result
+
+    def score(self, result: TaskResult) -> float:
+        scores = result.test_metrics if self.split == "test" else result.dev_metrics
+        return scores[result.metric]
+
+    def scores(self, task: TaskConfig, train: TaskSplit, seeds: Sequence[int], what: str) -> Scores:
+        return Scores(
+            tuple(self.score(self.train(task, train, True, seed, what)) for seed in seeds)
+        )
+
+
+def _fraction_of(train: TaskSplit, fraction: float, seed: int) -> TaskSplit:
+    if fraction == 1.0:
+        return train
+    return train.subset(subsample(list(train.dataset.examples), fraction, seed))
+
+
+def _with_head(task: TaskConfig, **head: object) -> TaskConfig:
+    return task.model_copy(update={"head": task.head.model_copy(update=head)})
+
+
+def _mean_weights(per_seed: Sequence[Sequence[float]]) -> list[float]:
+    return [statistics.fmean(weights) for weights in zip(*per_seed, strict=True)]
+
+
+def _num_runs(fractions: Sequence[float], seeds: Sequence[int], num_layers: int) -> int:
+    shared = 0 if 1.0 in fractions else 1
+    return len(seeds) * (2 * len(fractions) + shared + num_layers + 1)

@@ -1,0 +1,275 @@
+"""The analyze stage: the paper's §5 for any biLM, as one MLflow run.
+
+    elmo analyze --bilm URI_OR_PATH --task a.yaml [--task b.yaml] [--senses-train T --senses-test T]
+                 [--fractions 0.01,0.05,0.1,0.25,1] [--seeds 0,1,2] [--parent-run-id ID]
+    elmo analyze --compare RUN_A RUN_B                    # two biLMs' tables side by side
+    python -m pipelines.analyze ...                       # the same main
+    analyze(tasks, bilm, ...) -> AnalyzeResult            # what flows call
+
+For each task: the sample-efficiency curve with and without ELMo, the task on each layer alone and
+on the learned mix (with the mix's weights), and ELMo's placement (:mod:`elmo_core.analysis.
+task_runs`); for each tagging task a linear probe per layer (:mod:`elmo_core.analysis.probe`); on
+a sense-labelled file the nearest-centroid sense probe per layer (:mod:`elmo_core.analysis.
+senses`). Every biLM pass goes through the activation cache, so each sentence is run once. All
+input is read and checked before the biLM loads. The run holds one table (``analysis.md``,
+``analysis.json``), its cells as metrics ``<row>/<column>`` (and ``…_spread``), so MLflow's compare
+view lines two biLMs up, and the figures.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import mlflow
+import torch
+import typer
+
+from elmo_core.analysis.probe import flat_tag_ids, linear_probe
+from elmo_core.analysis.sampling import check_fractions
+from elmo_core.analysis.senses import (
+    SenseExample,
+    read_sense_splits,
+    sense_probe,
+    sense_sentences,
+    target_vectors,
+)
+from elmo_core.analysis.task_runs import DEFAULT_FRACTIONS, DEFAULT_SEEDS, analyze_task
+from elmo_core.errors import ConfigError
+from elmo_core.tasks import load_task_config
+from elmo_core.tasks.activation_cache import ActivationCache, CachedActivations
+from elmo_core.tasks.config import TaskConfig
+from elmo_core.tasks.readers import AnyDataset, task_labels
+from elmo_core.tasks.trainer import TaskSplit
+from pipelines.adapt.figures import log_figure
+from pipelines.adapt.stage import cache_splits, check_tasks, read_splits
+from pipelines.analyze.figures import efficiency_figure, layers_figure
+from pipelines.analyze.table import (
+    MARKDOWN_FILE,
+    TABLE_FILE,
+    Row,
+    compare_rows,
+    format_rows,
+    from_json,
+    markdown,
+    probe_row,
+    sense_row,
+    task_rows,
+    to_json,
+)
+from pipelines.common.cli_runner import run_command
+from pipelines.common.settings import elmo_home
+from pipelines.common.tracking import PARENT_RUN_ENV, stage_run, use_tracking
+from pipelines.models.bilm_loader import OPTIONS_HELP, SOURCE_HELP, load_bilm, resolve_bilm
+
+SenseSplits = tuple[list[SenseExample], list[SenseExample]]
+DEFAULT_FRACTIONS_TEXT = ",".join(f"{fraction:g}" for fraction in DEFAULT_FRACTIONS)
+DEFAULT_SEEDS_TEXT = ",".join(str(seed) for seed in DEFAULT_SEEDS)
+
+
+@dataclass
+class AnalyzeResult:
+    """The table's rows and the run that holds them."""
+
+    run_id: str
+    rows: list[Row] = field(default_factory=list)
+
+
+def analyze(
+    tasks: Sequence[TaskConfig],
+    bilm: str,
+    *,
+    bilm_options: str | None = None,
+    senses: tuple[Path, Path] | None = None,
+    fractions: Sequence[float] = DEFAULT_FRACTIONS,
+    seeds: Sequence[int] = DEFAULT_SEEDS,
+    parent_run_id: str | None = None,
+) -> AnalyzeResult:
+    """Every analysis of ``bilm`` on ``tasks`` (and ``senses``: train and test files)."""
+    check_tasks(tasks)
+    datasets = {task.name: read_splits(task) for task in tasks}
+    for task in tasks:
+        check_fractions(list(datasets[task.name]["train"].examples), fractions, task.name)
+    sense_splits = read_sense_splits(*senses) if senses is not None else None
+    if not seeds:
+        raise ConfigError("at least one seed", key="seeds")
+    reference = resolve_bilm(bilm, bilm_options, options_key="bilm_options")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    parent = parent_run_id or os.environ.get(PARENT_RUN_ENV) or None
+    cache_dir = elmo_home() / "cache" / "activations"
+    with tempfile.TemporaryDirectory(prefix="elmo-analyze-") as scratch:
+        source = load_bilm(reference, Path(scratch) / "bilm-source").bilm.to(device)
+        with stage_run(
+            "analyze", run_name="analyze", parent_run_id=parent, tags=reference.tags
+        ) as run:
+            mlflow.log_params(
+                {
+                    "bilm": reference.location,
+                    "tasks": ",".join(task.name for task in tasks),
+                    "fractions": ",".join(f"{f:g}" for f in fractions),
+                    "seeds": ",".join(str(s) for s in seeds),
+                    "device": device,
+                }
+            )
+            rows = _run_analyses(
+                tasks, datasets, source, sense_splits, cache_dir, device, fractions, seeds
+            )
+            _log_rows(rows)
+    typer.echo(format_rows(rows))
+    return AnalyzeResult(run.info.run_id, rows)
+
+
+def _run_analyses(
+    tasks: Sequence[TaskConfig],
+    datasets: dict[str, dict[str, AnyDataset]],
+    bilm: torch.nn.Module,
+    sense_splits: SenseSplits | None,
+    cache_dir: Path,
+    device: str,
+    fractions: Sequence[float],
+    seeds: Sequence[int],
+) -> list[Row]:
+    rows: list[Row] = []
+    results, probes = [], []
+    for task in tasks:
+        splits = cache_splits(bilm, datasets[task.name], cache_dir)
+        num_layers = _num_layers(splits)
+        result = analyze_task(
+            task,
+            splits,
+            num_layers,
+            fractions=fractions,
+            seeds=seeds,
+            device=device,
+            progress=typer.echo,
+        )
+        log_figure(efficiency_figure(result), f"efficiency_{task.name}.png")
+        results.append(result)
+        rows += task_rows(result)
+        if task.type == "tagging":
+            probes.append(_probe(task, splits, seeds[0], device))
+    if sense_splits is not None:
+        probes.append(_senses(bilm, sense_splits, cache_dir))
+    log_figure(layers_figure(results, probes), "layers.png")
+    return rows + probes
+
+
+def _probe(task: TaskConfig, splits: dict[str, TaskSplit], seed: int, device: str) -> Row:
+    """The linear probe per layer, trained on train and scored on test (dev without a test)."""
+    train = splits["train"]
+    evaluation = splits["test"] if "test" in splits else splits["dev"]
+    label_ids = {tag: i for i, tag in enumerate(task_labels(task, train.dataset))}
+    assert train.activations is not None and evaluation.activations is not None
+    result = linear_probe(
+        train.activations,
+        flat_tag_ids(train.dataset, label_ids),
+        evaluation.activations,
+        flat_tag_ids(evaluation.dataset, label_ids),
+        len(label_ids),
+        seed=seed,
+        device=device,
+    )
+    return probe_row(task.name, result)
+
+
+def _senses(bilm: torch.nn.Module, splits: SenseSplits, cache_dir: Path) -> Row:
+    cache = ActivationCache(cache_dir)
+    train, test = (
+        target_vectors(cache.get_or_build(bilm, sense_sentences(part), progress=False), part)
+        for part in splits
+    )
+    result = sense_probe(train, [e.sense for e in splits[0]], test, [e.sense for e in splits[1]])
+    return sense_row(result)
+
+
+def _num_layers(splits: dict[str, TaskSplit]) -> int:
+    activations: CachedActivations | None = splits["train"].activations
+    assert activations is not None
+    return activations.num_layers
+
+
+def _log_rows(rows: Sequence[Row]) -> None:
+    """The table as artifacts, and each cell as a metric (and its spread where it has one)."""
+    mlflow.log_text(markdown(rows), MARKDOWN_FILE)
+    mlflow.log_text(to_json(rows), TABLE_FILE)
+    metrics = {}
+    for row in rows:
+        for column, cell in row.cells.items():
+            name = f"{_slug(row.analysis)}/{_slug(column)}"
+            metrics[name] = cell.mean
+            if cell.spread:
+                metrics[f"{name}_spread"] = cell.spread
+    mlflow.log_metrics(metrics)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9.]+", "_", text.lower().replace("%", "pct")).strip("_")
+
+
+def compare(first_run: str, second_run: str) -> str:
+    """The tables of two analyze runs side by side."""
+    use_tracking()
+    tables = [
+        from_json(mlflow.artifacts.load_text(f"runs:/{run}/{TABLE_FILE}"))
+        for run in (first_run, second_run)
+    ]
+    return compare_rows(tables[0], tables[1], (first_run[:8], second_run[:8]))
+
+
+# --- command line --------------------------------------------------------------------------------
+
+
+def analyze_command(
+    task: Annotated[
+        list[Path] | None, typer.Option(help="task config YAML (repeat for several)")
+    ] = None,
+    bilm: Annotated[str | None, typer.Option(help=SOURCE_HELP)] = None,
+    bilm_options: Annotated[str | None, typer.Option(help=OPTIONS_HELP)] = None,
+    senses_train: Annotated[Path | None, typer.Option(help="sense-labelled training file")] = None,
+    senses_test: Annotated[Path | None, typer.Option(help="sense-labelled test file")] = None,
+    fractions: Annotated[str, typer.Option(help="training fractions, comma-separated")] = (
+        DEFAULT_FRACTIONS_TEXT
+    ),
+    seeds: Annotated[str, typer.Option(help="seeds, comma-separated")] = DEFAULT_SEEDS_TEXT,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="key=value override for every task")
+    ] = None,
+    parent_run_id: Annotated[str | None, typer.Option(help="MLflow parent run")] = None,
+    compare_runs: Annotated[
+        tuple[str, str] | None, typer.Option("--compare", help="two analyze run ids")
+    ] = None,
+) -> None:
+    """The paper's §5 for a biLM: sample efficiency, per layer, placement, sense and POS probes."""
+    if compare_runs is not None:
+        typer.echo(compare(*compare_runs))
+        return
+    if bilm is None or not task:
+        raise ConfigError("give --bilm and at least one --task (or --compare RUN_A RUN_B)")
+    if (senses_train is None) != (senses_test is None):
+        raise ConfigError("give both --senses-train and --senses-test", key="senses")
+    analyze(
+        [load_task_config(path, set_ or []) for path in task],
+        bilm,
+        bilm_options=bilm_options,
+        senses=(senses_train, senses_test) if senses_train and senses_test else None,
+        fractions=_numbers(fractions, float, "fractions"),
+        seeds=_numbers(seeds, int, "seeds"),
+        parent_run_id=parent_run_id,
+    )
+
+
+def _numbers(text: str, kind: type[float] | type[int], key: str) -> list[Any]:
+    try:
+        return [kind(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(f"not a comma-separated list of numbers: '{text}'", key=key) from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m pipelines.analyze``: the same command as ``elmo analyze``."""
+    return run_command(analyze_command, argv)

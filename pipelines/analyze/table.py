@@ -1,0 +1,126 @@
+"""The analysis as one table: rows are analyses, columns are layers or fractions, with spread.
+
+The same rows are printed, logged as ``analysis.md`` and ``analysis.json`` to the run, and read
+back by ``elmo analyze --compare`` to put two biLMs side by side.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from elmo_core.analysis.probe import ProbeResult
+from elmo_core.analysis.senses import SenseProbeResult
+from elmo_core.analysis.task_runs import INPUT, INPUT_OUTPUT, MIX, Scores, TaskAnalysis
+
+TABLE_FILE = "analysis.json"
+MARKDOWN_FILE = "analysis.md"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """A mean and its spread over seeds (0 where one run decides it)."""
+
+    mean: float
+    spread: float = 0.0
+
+    def text(self) -> str:
+        return f"{self.mean:.3f}±{self.spread:.3f}" if self.spread else f"{self.mean:.3f}"
+
+    @classmethod
+    def of(cls, scores: Scores) -> Cell:
+        return cls(scores.mean, scores.spread)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One analysis: ``cells`` by column name (a layer, a fraction, a placement)."""
+
+    analysis: str
+    cells: dict[str, Cell]
+
+
+def task_rows(result: TaskAnalysis) -> list[Row]:
+    """Sample efficiency (ELMo, baseline), per layer, mix weights, placement of one task."""
+    fractions = sorted(result.efficiency)
+    prefix = f"{result.task} {result.metric}"
+    rows = [
+        Row(
+            f"{prefix}, {name} by train fraction",
+            {f"{f:.0%}": Cell.of(result.efficiency[f][name]) for f in fractions},
+        )
+        for name in ("elmo", "baseline")
+    ]
+    layers = {f"layer {k}": Cell.of(v) for k, v in result.layers.items() if k != MIX}
+    rows.append(Row(f"{prefix}, per layer", layers | {"mix": Cell.of(result.layers[MIX])}))
+    weights = {f"layer {j}": Cell(w) for j, w in enumerate(result.mix_weights)}
+    rows.append(Row(f"{result.task} learned mix weights", weights))
+    placement = {name: Cell.of(result.placement[name]) for name in (INPUT, INPUT_OUTPUT)}
+    rows.append(Row(f"{prefix}, ELMo placement", placement))
+    return rows
+
+
+def sense_row(result: SenseProbeResult) -> Row:
+    cells = {f"layer {j}": Cell(a) for j, a in enumerate(result.layer_accuracies)}
+    return Row("word sense, nearest centroid accuracy", cells | {"MFS": Cell(result.mfs_accuracy)})
+
+
+def probe_row(task: str, result: ProbeResult) -> Row:
+    cells = {f"layer {j}": Cell(a) for j, a in enumerate(result.test_accuracy)}
+    return Row(
+        f"{task} linear probe accuracy", cells | {"majority": Cell(result.majority_accuracy)}
+    )
+
+
+def format_rows(rows: Sequence[Row]) -> str:
+    """A plain-text table; each row lists its own columns (fractions and layers differ)."""
+    width = max((len(row.analysis) for row in rows), default=0)
+    lines = []
+    for row in rows:
+        cells = "  ".join(f"{name} {cell.text()}" for name, cell in row.cells.items())
+        lines.append(f"{row.analysis:<{width}}  {cells}")
+    return "\n".join(lines)
+
+
+def markdown(rows: Sequence[Row]) -> str:
+    lines = ["| analysis | results |", "|---|---|"]
+    for row in rows:
+        cells = ", ".join(f"{name}: {cell.text()}" for name, cell in row.cells.items())
+        lines.append(f"| {row.analysis} | {cells} |")
+    return "\n".join(lines) + "\n"
+
+
+def to_json(rows: Sequence[Row]) -> str:
+    return json.dumps([asdict(row) for row in rows], indent=1)
+
+
+def from_json(text: str) -> list[Row]:
+    return [
+        Row(row["analysis"], {name: Cell(**cell) for name, cell in row["cells"].items()})
+        for row in json.loads(text)
+    ]
+
+
+def compare_rows(first: Sequence[Row], second: Sequence[Row], names: tuple[str, str]) -> str:
+    """Two analyses side by side, cell by cell: ``A → B`` for each analysis both hold."""
+    by_name = {row.analysis: row for row in second}
+    width = max((len(row.analysis) for row in first), default=0)
+    lines = [f"{'analysis':<{width}}  {names[0]} → {names[1]}"]
+    for row in first:
+        other = by_name.get(row.analysis)
+        if other is None:
+            lines.append(f"{row.analysis:<{width}}  (only in {names[0]})")
+            continue
+        cells = "  ".join(
+            f"{name} {cell.text()}→{other.cells[name].text()}"
+            for name, cell in row.cells.items()
+            if name in other.cells
+        )
+        lines.append(f"{row.analysis:<{width}}  {cells}")
+    lines += [
+        f"{row.analysis:<{width}}  (only in {names[1]})"
+        for row in second
+        if row.analysis not in {r.analysis for r in first}
+    ]
+    return "\n".join(lines)
