@@ -21,6 +21,7 @@ import torch
 
 from elmo_core.analysis.sampling import check_fractions, subsample
 from elmo_core.tasks.config import TaskConfig
+from elmo_core.tasks.readers import task_labels
 from elmo_core.tasks.trainer import TaskResult, TaskSplit, main_metric, train_task
 
 DEFAULT_FRACTIONS = (0.01, 0.05, 0.1, 0.25, 1.0)
@@ -74,9 +75,10 @@ def analyze_task(
     check_fractions(list(train.dataset.examples), fractions, task.name)
     split = "test" if "test" in splits else "dev"
     analysis = TaskAnalysis(task.name, f"{split}_{main_metric(task)}")
-    base = task.model_copy(
-        update={"head": task.head.model_copy(update={"elmo_at_output": False, "elmo_layers": None})}
-    )
+    head = task.head.model_copy(update={"elmo_at_output": False, "elmo_layers": None})
+    # The labels of the whole training split: a fraction may lack a rare tag that dev or test has.
+    labels = task_labels(task, train.dataset)
+    base = task.model_copy(update={"head": head, "labels": labels})
     runs = _Runs(splits, split, device, progress, total=_num_runs(fractions, seeds, num_layers))
     full: dict[int, TaskResult] = {}
     for fraction in sorted(fractions):

@@ -1,0 +1,75 @@
+"""analyze_task: every comparison's runs, over seeds, on activations made up for the test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from elmo_core.analysis.task_runs import INPUT, INPUT_OUTPUT, MIX, Scores, analyze_task
+from elmo_core.tasks.activation_cache import CachedActivations
+from elmo_core.tasks.config import TaskConfig
+from elmo_core.tasks.dataset import TaggingExample, TaskDataset
+from elmo_core.tasks.trainer import TaskSplit
+
+NUM_LAYERS, DIM = 3, 4
+
+
+def _split(examples: list[TaggingExample], seed: int) -> TaskSplit:
+    """The examples with random activations, layer 1 holding the tag (a NOUN dimension)."""
+    lengths = np.array([len(e.tokens) for e in examples])
+    rng = np.random.default_rng(seed)
+    activations = rng.normal(size=(int(lengths.sum()), NUM_LAYERS, DIM)).astype(np.float32)
+    tags = np.array([tag == "NOUN" for e in examples for tag in e.tags], dtype=np.float32)
+    activations[:, 1, 0] += 3.0 * tags
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    cache = CachedActivations(Path("unused"), "test", activations, offsets)
+    return TaskSplit(TaskDataset(Path(f"split-{seed}"), examples), cache)
+
+
+def _examples(count: int, rare_at: int | None) -> list[TaggingExample]:
+    words = ["the", "cat", "sat", "dog", "ran"]
+    examples = [
+        TaggingExample(words[:3], ["DET", "NOUN", "VERB"])
+        if i % 2
+        else TaggingExample([words[0], words[3], words[4]], ["DET", "NOUN", "VERB"])
+        for i in range(count)
+    ]
+    if rare_at is not None:  # one sentence with a tag nowhere else
+        examples[rare_at] = TaggingExample(["wow", "cat"], ["INTJ", "NOUN"])
+    return examples
+
+
+def test_every_comparison_runs_over_the_seeds_and_the_full_data_run_is_shared() -> None:
+    task = TaskConfig(
+        name="toy",
+        type="tagging",
+        format="conllu",
+        train=Path("unused"),
+        head={"hidden_dim": 4, "dropout": 0.0},  # type: ignore[arg-type]
+        training={"epochs": 2, "batch_size": 4, "lr": 0.05, "patience": None},  # type: ignore[arg-type]
+    )
+    splits = {
+        "train": _split(_examples(8, rare_at=7), 0),
+        "dev": _split(_examples(4, rare_at=0), 1),  # INTJ in dev: fractions must keep the tag set
+    }
+    lines: list[str] = []
+    result = analyze_task(
+        task, splits, NUM_LAYERS, fractions=(0.5, 1.0), seeds=(0, 1), progress=lines.append
+    )
+    assert result.metric == "dev_accuracy"
+    assert sorted(result.efficiency) == [0.5, 1.0]
+    assert all(len(s.values) == 2 for f in result.efficiency.values() for s in f.values())
+    assert list(result.layers) == [MIX, "0", "1", "2"]
+    assert result.layers[MIX] == result.efficiency[1.0]["elmo"] == result.placement[INPUT]
+    assert set(result.placement) == {INPUT, INPUT_OUTPUT}
+    assert sum(result.mix_weights) == pytest.approx(1.0) and len(result.mix_weights) == 3
+    # 2 seeds × (2 fractions × 2 models + 3 layers alone + input and output)
+    assert len(lines) == 2 * (4 + 3 + 1) and lines[-1].startswith("toy: run 16/16")
+
+
+def test_scores_give_the_mean_and_the_sample_spread() -> None:
+    assert Scores((0.5,)).spread == 0.0
+    scores = Scores((0.5, 0.7, 0.9))
+    assert scores.mean == pytest.approx(0.7) and scores.spread == pytest.approx(0.2)
