@@ -12,22 +12,32 @@ implementations, so ``torch.compile`` keeps them whole in a compiled step; the p
 and residuals are the base class's, and both directions run together (``model.batch_directions``)
 as with the reference loop.
 
+Where no gradient is taken (``no_grad``, ``inference_mode``: ``elmo embed``, the pyfunc models,
+evaluation), ``elmo::lstm_layer_inference`` runs the same steps keeping nothing: the state is
+updated in place and each step's cells in one scratch buffer. On the CPU it also leaves out the
+rows whose real tokens have all been read, as AllenNLP's ``LstmCellWithProjection`` does: rows
+sorted by their last real token, a step's GEMMs take only the rows still running, and the input
+GEMM only their positions, so the padding after a row's last token costs nothing.
+
 On CUDA, where triton imports, each step's pointwise work runs in the Triton kernels of
 :mod:`~elmo_core.model.lstm_triton` instead of a dozen torch ops: two kernels in the forward, one
-each side of the projection GEMM, and one in the backward. They fill the same buffers, so what is
-saved, and the backward's reading of it, does not depend on the path.
+each side of the projection GEMM, and one in the backward. :func:`_cell_step` and
+:func:`_projection_step` are their torch counterparts, with the same arguments, so both forwards
+write the same buffers whichever path runs.
 
 Dtypes are explicit, as custom ops run below autocast: the GEMMs run in the weights' dtype (cast
 by :meth:`~elmo_core.model.lstm.LayerWeights.for_autocast`), the cells and the carried state in
 that dtype promoted with the state's — what autocast gives the reference loop. The backward runs
 in at least float32, autocast or not, and returns each gradient in its input's dtype.
 
-Shape legend: D = 2 directions (or none), B rows, T window, I input width, P projection, H cell.
+Shape legend: D = 2 directions (or none), B rows, T window, I input width, P projection, H cell,
+N running (row, step) pairs.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -36,6 +46,7 @@ from elmo_core.model.lstm import LayerLoop, LayerWeights, ProjectedLSTM
 
 Tensors9 = tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]
 Tensors7 = tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]
+Tensors3 = tuple[Tensor, Tensor, Tensor]
 
 
 def fused_layer(
@@ -46,11 +57,15 @@ def fused_layer(
     weights: LayerWeights,
     cell_clip: float | None,
     proj_clip: float | None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """:func:`~elmo_core.model.lstm.run_layer` as one op: the same arguments and results."""
+) -> Tensors3:
+    """:func:`~elmo_core.model.lstm.run_layer` as one op: the same arguments and results; the
+    inference op where no gradient can reach the inputs, state or weights."""
     weights = weights.for_autocast()
-    outputs, h, c, *_ = _lstm_layer(inputs, mask, h, c, *weights, cell_clip, proj_clip)
-    return outputs, h, c
+    arguments = (inputs, mask, h, c, *weights, cell_clip, proj_clip)
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (inputs, h, c, *weights)):
+        outputs, h, c, *_ = _lstm_layer(*arguments)
+        return outputs, h, c
+    return _lstm_layer_inference(*arguments)
 
 
 class FusedProjectedLSTM(ProjectedLSTM):
@@ -58,6 +73,98 @@ class FusedProjectedLSTM(ProjectedLSTM):
 
     def layer_loop(self) -> LayerLoop:
         return fused_layer
+
+
+class _Step(NamedTuple):
+    """One step's slices ``(…, n, X)`` of ``n`` rows, for :func:`_run_steps`."""
+
+    gates: Tensor  # (…, n, 4H): the input GEMM's part in, σ(i), σ(f), tanh(g), σ(o) out
+    keep: Tensor  # (…, n) bool: the step's mask
+    h_prev: Tensor  # (…, n, P): the state entering the step
+    c_prev: Tensor  # (…, n, H)
+    h_next: Tensor  # (…, n, P): the state leaving it (h_prev itself when updated in place)
+    c_next: Tensor  # (…, n, H)
+    cell: Tensor  # (…, n, H): the new cell before the clip
+    tanh_cell: Tensor  # (…, n, H): its tanh after it
+    hidden: Tensor  # (…, n, H): σ(o)·tanh(c), the projection GEMM's input
+    projection: Tensor  # (…, n, P): before the clip
+    output: Tensor  # (…, n, P): clipped, zero where masked
+
+
+def _run_steps(
+    steps: Iterable[_Step],
+    recurrent_weight: Tensor,
+    projection_weight: Tensor,
+    cell_clip: float | None,
+    proj_clip: float | None,
+    on_triton: bool,
+) -> None:
+    """The recurrence, each step written into its slices: the recurrent GEMM, the cell's pointwise
+    work, the projection GEMM, the projection's; both forwards run their steps here."""
+    cell_step, projection_step = _step_kernels(on_triton)
+    dtype = recurrent_weight.dtype
+    for step in steps:
+        _accumulate(step.gates, _cast(step.h_prev, dtype), recurrent_weight)  # (…, n, 4H)
+        cell_step(
+            step.gates,
+            step.c_prev,
+            step.keep,
+            step.cell,
+            step.tanh_cell,
+            step.hidden,
+            step.c_next,
+            cell_clip,
+        )
+        _product(step.hidden, projection_weight, out=step.projection)  # (…, n, P)
+        projection_step(
+            step.projection, step.keep, step.h_prev, step.h_next, step.output, proj_clip
+        )
+
+
+def _step_kernels(on_triton: bool) -> tuple[Callable[..., None], Callable[..., None]]:
+    """A step's pointwise work, each side of the projection GEMM: in Triton or in torch."""
+    if not on_triton:
+        return _cell_step, _projection_step
+    from elmo_core.model import lstm_triton  # imports triton: only ever on CUDA
+
+    return lstm_triton.cell_step, lstm_triton.projection_step
+
+
+def _cell_step(
+    gates: Tensor,
+    c_prev: Tensor,
+    keep: Tensor,
+    cell: Tensor,
+    tanh_cell: Tensor,
+    hidden: Tensor,
+    c_next: Tensor,
+    cell_clip: float | None,
+) -> None:
+    """:func:`~elmo_core.model.lstm_triton.cell_step` in torch ops, the same slices written."""
+    width = c_prev.shape[-1]
+    gates[..., : 2 * width].sigmoid_()  # σ(i), σ(f): one sigmoid for both
+    in_gate, forget_gate, candidate, out_gate = gates.chunk(4, dim=-1)  # 4 × (…, n, H)
+    _tanh(candidate, out=candidate)
+    out_gate.sigmoid_()
+    torch.mul(forget_gate, c_prev, out=cell).addcmul_(in_gate, candidate)
+    new_c = _clip(cell, cell_clip)  # (…, n, H)
+    torch.mul(out_gate, _tanh(new_c, out=tanh_cell), out=hidden)
+    torch.where(keep.unsqueeze(-1), new_c, c_prev, out=c_next)
+
+
+def _projection_step(
+    projection: Tensor,
+    keep: Tensor,
+    h_prev: Tensor,
+    h_next: Tensor,
+    output: Tensor,
+    proj_clip: float | None,
+) -> None:
+    """:func:`~elmo_core.model.lstm_triton.projection_step` in torch ops."""
+    new_h = _clip(projection, proj_clip)  # (…, n, P)
+    kept = keep.unsqueeze(-1)  # (…, n, 1)
+    torch.where(kept, new_h, h_prev, out=h_next)
+    torch.mul(new_h, kept, out=output)  # zero where masked
 
 
 @torch.library.custom_op("elmo::lstm_layer", mutates_args=())
@@ -84,31 +191,26 @@ def _lstm_layer(
     _add_product(bias, steps_first, input_weight, out=gates.flatten(-3, -2))
     h_in.select(-3, 0).copy_(h)
     c_in.select(-3, 0).copy_(c)
-    if _steps_on_triton(gates, c_in):
-        _triton_steps(mask, recurrent_weight, projection_weight, buffers, cell_clip, proj_clip)
-        return buffers
-    in_gate, forget_gate, candidate, out_gate = (g.unbind(-3) for g in gates.chunk(4, dim=-1))
-    in_and_forget = gates[..., : 2 * c.shape[-1]].unbind(-3)  # one sigmoid for both
-    keep = mask.transpose(-2, -1).unsqueeze(-1).unbind(-3)  # T × (…, B, 1)
+    hidden = c_in.new_empty(c.shape, dtype=dtype)  # (…, B, H), each step's
     h_prev, c_prev = h_in.unbind(-3), c_in.unbind(-3)  # T × (…, B, P), T × (…, B, H)
-    h_next, c_next = (*h_prev[1:], final_h), (*c_prev[1:], final_c)
-    tanh_cell = tanh_cells.unbind(-3)
-    for t, (step, cell, projection) in enumerate(
-        zip(gates.unbind(-3), cells.unbind(-3), projected.unbind(-3), strict=True)
-    ):
-        _accumulate(step, _cast(h_prev[t], dtype), recurrent_weight)  # (…, B, 4H)
-        in_and_forget[t].sigmoid_()
-        candidate[t].tanh_()
-        out_gate[t].sigmoid_()
-        torch.mul(forget_gate[t], c_prev[t], out=cell).addcmul_(in_gate[t], candidate[t])
-        new_c = _clip(cell, cell_clip)  # (…, B, H)
-        hidden = _cast(out_gate[t] * torch.tanh(new_c, out=tanh_cell[t]), dtype)
-        new_h = _clip(_product(hidden, projection_weight, out=projection), proj_clip)
-        torch.where(keep[t], new_h, h_prev[t], out=h_next[t])
-        torch.where(keep[t], new_c, c_prev[t], out=c_next[t])
-    clipped = _clip(projected, proj_clip).transpose(-3, -2)  # (…, B, T, P)
-    torch.mul(clipped, mask.unsqueeze(-1), out=outputs)  # zero where masked
-    return outputs, final_h, final_c, gates, cells, tanh_cells, projected, h_in, c_in
+    slices = zip(
+        gates.unbind(-3),
+        mask.unbind(-1),
+        h_prev,
+        c_prev,
+        (*h_prev[1:], final_h),
+        (*c_prev[1:], final_c),
+        cells.unbind(-3),
+        tanh_cells.unbind(-3),
+        [hidden] * len(h_prev),
+        projected.unbind(-3),
+        outputs.unbind(-2),
+        strict=True,
+    )
+    on_triton = _steps_on_triton(gates, c_in)
+    steps = map(_Step._make, slices)
+    _run_steps(steps, recurrent_weight, projection_weight, cell_clip, proj_clip, on_triton)
+    return buffers
 
 
 def _steps_on_triton(gates: Tensor, state: Tensor) -> bool:
@@ -124,42 +226,6 @@ def _steps_on_triton(gates: Tensor, state: Tensor) -> bool:
         and gates.dtype in lstm_triton.GEMM_DTYPES
         and state.dtype in lstm_triton.STATE_DTYPES
     )
-
-
-def _triton_steps(
-    mask: Tensor,
-    recurrent_weight: Tensor,
-    projection_weight: Tensor,
-    buffers: Tensors9,
-    cell_clip: float | None,
-    proj_clip: float | None,
-) -> None:
-    """The forward's step loop with each step's pointwise work in two Triton kernels, one each
-    side of the projection GEMM, into the same buffers as the torch loop; ``gates`` holds the
-    input GEMM and ``h_in``, ``c_in`` the state entering the first step."""
-    from elmo_core.model import lstm_triton
-
-    outputs, final_h, final_c, gates, cells, tanh_cells, projected, h_in, c_in = buffers
-    dtype = recurrent_weight.dtype
-    hidden = c_in.new_empty(c_in.select(-3, 0).shape, dtype=dtype)  # (…, B, H), each step's
-    keep = mask.unbind(-1)  # T × (…, B)
-    h_prev, c_prev = h_in.unbind(-3), c_in.unbind(-3)  # T × (…, B, P), T × (…, B, H)
-    h_next, c_next = (*h_prev[1:], final_h), (*c_prev[1:], final_c)
-    steps = zip(
-        gates.unbind(-3),
-        cells.unbind(-3),
-        tanh_cells.unbind(-3),
-        projected.unbind(-3),
-        outputs.unbind(-2),
-        strict=True,
-    )
-    for t, (step, cell, tanh_cell, projection, output) in enumerate(steps):
-        _accumulate(step, _cast(h_prev[t], dtype), recurrent_weight)  # (…, B, 4H)
-        lstm_triton.cell_step(
-            step, c_prev[t], keep[t], cell, tanh_cell, hidden, c_next[t], cell_clip
-        )
-        _product(hidden, projection_weight, out=projection)  # (…, B, P)
-        lstm_triton.projection_step(projection, keep[t], h_prev[t], h_next[t], output, proj_clip)
 
 
 @_lstm_layer.register_fake
@@ -181,8 +247,9 @@ def _(
 def _forward_buffers(
     inputs: Tensor, h: Tensor, c: Tensor, input_weight: Tensor, projection_weight: Tensor
 ) -> Tensors9:
-    """The forward's results, unfilled: the op fills them, its fake implementation returns them.
-    What is saved is time-major, ``(…, T, B, X)``, so that each step's slice is one block."""
+    """The training forward's results, unfilled: the op fills them, its fake implementation
+    returns them. What is saved is time-major, ``(…, T, B, X)``, so that each step's slice is
+    one block."""
     cell, projection = projection_weight.shape[-2:]
     *lead, batch, steps = inputs.shape[:-1]
     gemm = input_weight.dtype
@@ -192,9 +259,7 @@ def _forward_buffers(
         return inputs.new_empty((*lead, steps, batch, width), dtype=dtype)
 
     return (
-        inputs.new_empty((*lead, batch, steps, projection), dtype=gemm),  # outputs
-        h.new_empty(h.shape, dtype=state),
-        c.new_empty(c.shape, dtype=state),
+        *_inference_buffers(inputs, h, c, input_weight, projection_weight),  # outputs, h, c
         per_step(4 * cell, gemm),  # σ(i), σ(f), tanh(g), σ(o)
         per_step(cell, state),  # cells before the clip
         per_step(cell, state),  # tanh of the clipped cells
@@ -361,6 +426,144 @@ def _(
     )
 
 
+@torch.library.custom_op("elmo::lstm_layer_inference", mutates_args=())
+def _lstm_layer_inference(
+    inputs: Tensor,
+    mask: Tensor,
+    h: Tensor,
+    c: Tensor,
+    input_weight: Tensor,
+    recurrent_weight: Tensor,
+    bias: Tensor,
+    projection_weight: Tensor,
+    cell_clip: float | None,
+    proj_clip: float | None,
+) -> Tensors3:
+    """The recurrence with nothing kept for a backward, each step on its running rows
+    (:func:`_running_rows`): returns outputs, h and c as ``elmo::lstm_layer`` does."""
+    outputs, final_h, final_c = _inference_buffers(inputs, h, c, input_weight, projection_weight)
+    dtype = input_weight.dtype
+    rows = _running_rows(mask)
+    positions = _take(_cast(inputs, dtype).flatten(-3, -2), rows.positions)  # (…, N, I)
+    gates = _add_product(bias, positions, input_weight)  # (…, N, 4H): the input GEMM, once
+    keep = _take(mask.flatten(-2).unsqueeze(-1), rows.positions).squeeze(-1)  # (…, N)
+    h_state, c_state = (_take(x, rows.order).to(final_c.dtype) for x in (h, c))  # sorted rows
+    cell, tanh_cell = torch.empty_like(c_state), torch.empty_like(c_state)  # (…, B, H)
+    hidden = torch.empty_like(c_state, dtype=dtype)  # (…, B, H)
+    projection = torch.empty_like(h_state, dtype=dtype)  # (…, B, P)
+    packed = gates.new_empty((*gates.shape[:-1], outputs.shape[-1]))  # (…, N, P)
+    steps = (
+        _Step(
+            gates=gates[..., start:end, :],
+            keep=keep[..., start:end],
+            h_prev=h_state[..., :running, :],  # the state updated in place
+            c_prev=c_state[..., :running, :],
+            h_next=h_state[..., :running, :],
+            c_next=c_state[..., :running, :],
+            cell=cell[..., :running, :],
+            tanh_cell=tanh_cell[..., :running, :],
+            hidden=hidden[..., :running, :],
+            projection=projection[..., :running, :],
+            output=packed[..., start:end, :],
+        )
+        for start, end, running in rows.slices()
+    )
+    on_triton = _steps_on_triton(gates, c_state)
+    _run_steps(steps, recurrent_weight, projection_weight, cell_clip, proj_clip, on_triton)
+    _put(outputs.zero_().flatten(-3, -2), rows.positions, packed)  # zero where no row ran
+    _put(final_h, rows.order, h_state)
+    _put(final_c, rows.order, c_state)
+    return outputs, final_h, final_c
+
+
+@_lstm_layer_inference.register_fake
+def _(
+    inputs: Tensor,
+    mask: Tensor,
+    h: Tensor,
+    c: Tensor,
+    input_weight: Tensor,
+    recurrent_weight: Tensor,
+    bias: Tensor,
+    projection_weight: Tensor,
+    cell_clip: float | None,
+    proj_clip: float | None,
+) -> Tensors3:
+    return _inference_buffers(inputs, h, c, input_weight, projection_weight)
+
+
+class _RunningRows(NamedTuple):
+    """Which rows each step of the inference op runs: the rows sorted by their last real step,
+    latest first, so that those still running at a step are the first few."""
+
+    order: Tensor  # (…, B) int64: the rows in that order
+    counts: list[int]  # per step, how many of them run (the most over the directions)
+    positions: Tensor  # (…, N) int64: step after step, the position b·T + t of each row run
+
+    def slices(self) -> Iterator[tuple[int, int, int]]:
+        """Per step that runs rows: its span of the ``N`` positions, and how many rows."""
+        start = 0
+        for running in self.counts:
+            if running:
+                yield start, start + running, running
+            start += running
+
+
+def _running_rows(mask: Tensor) -> _RunningRows:
+    """After its last real step a row only carries its state through, so no later step needs it.
+    On CUDA every row runs every step: reading the counts back would stall the queue of kernels,
+    and there a GEMM on fewer rows takes about as long."""
+    *lead, batch, steps = mask.shape
+    step_numbers = torch.arange(1, steps + 1, device=mask.device)  # (T,)
+    if mask.is_cuda or steps == 0:
+        order = torch.arange(batch, device=mask.device).expand(*lead, batch)  # (…, B)
+        counts = [batch] * steps
+    else:
+        ends = (mask * step_numbers).amax(-1)  # (…, B): one past each row's last real step
+        order = ends.argsort(dim=-1, descending=True, stable=True)  # (…, B)
+        per_step = (ends.unsqueeze(-1) >= step_numbers).sum(-2)  # (…, T)
+        counts = per_step.reshape(-1, steps).amax(0).tolist()
+    step_major = order.unsqueeze(-2) * steps + step_numbers.unsqueeze(-1) - 1  # (…, T, B)
+    if sum(counts) == batch * steps:  # every row runs every step (and nothing waits on CUDA)
+        return _RunningRows(order, counts, step_major.flatten(-2))
+    runs = torch.arange(batch) < torch.tensor(counts).unsqueeze(-1)  # (T, B)
+    picked = runs.flatten().nonzero().squeeze(-1)  # (N,)
+    return _RunningRows(order, counts, step_major.flatten(-2).index_select(-1, picked))
+
+
+def _inference_buffers(
+    inputs: Tensor, h: Tensor, c: Tensor, input_weight: Tensor, projection_weight: Tensor
+) -> Tensors3:
+    """The results of either op's forward, unfilled: outputs ``(…, B, T, P)``, h and c."""
+    *lead, batch, steps = inputs.shape[:-1]
+    state = torch.promote_types(input_weight.dtype, c.dtype)
+    return (
+        inputs.new_empty(
+            (*lead, batch, steps, projection_weight.shape[-1]), dtype=input_weight.dtype
+        ),
+        h.new_empty(h.shape, dtype=state),
+        c.new_empty(c.shape, dtype=state),
+    )
+
+
+def _take(x: Tensor, index: Tensor) -> Tensor:
+    """``x (…, R, X)`` at the rows ``index (…, N)`` -> ``(…, N, X)``, each direction's own."""
+    flat = x.reshape(-1, x.shape[-1]).index_select(0, _flat_rows(index, x.shape[-2]))
+    return flat.view(*index.shape, x.shape[-1])
+
+
+def _put(into: Tensor, index: Tensor, values: Tensor) -> None:
+    """``into (…, R, X)`` at the rows ``index (…, N)`` set to ``values (…, N, X)``."""
+    flat = values.reshape(-1, values.shape[-1])
+    into.view(-1, into.shape[-1]).index_copy_(0, _flat_rows(index, into.shape[-2]), flat)
+
+
+def _flat_rows(index: Tensor, rows: int) -> Tensor:
+    """``index (…, N)`` into each direction's ``rows`` rows, as one index into all of them."""
+    starts = torch.arange(index.shape[:-1].numel(), device=index.device) * rows
+    return (index + starts.view(*index.shape[:-1], 1)).flatten()
+
+
 def _rows(x: Tensor) -> Tensor:
     """``(…, T, B, X)`` -> ``(…, T·B, X)``."""
     return x.flatten(-3, -2)
@@ -387,6 +590,15 @@ def _cast(x: Tensor, dtype: torch.dtype) -> Tensor:
     return x if x.dtype == dtype else x.to(dtype)
 
 
+def _tanh(x: Tensor, out: Tensor) -> Tensor:
+    """``tanh(x)`` into ``out`` (``x`` itself for in place); on the CPU in float32 as 2σ(2x) − 1,
+    as torch's tanh there runs several times slower than its sigmoid. The identity is exact,
+    its rounding within 3e-7."""
+    if x.is_cuda or x.dtype != torch.float32:
+        return torch.tanh(x, out=out)
+    return torch.sigmoid(torch.mul(x, 2.0, out=out), out=out).mul_(2.0).sub_(1.0)
+
+
 def _clip(x: Tensor, clip: float | None) -> Tensor:
     return x if clip is None else x.clamp(-clip, clip)
 
@@ -402,7 +614,7 @@ def _product(x: Tensor, weight: Tensor, out: Tensor | None = None) -> Tensor:
     return (torch.mm if x.dim() == 2 else torch.bmm)(x, weight, out=out)
 
 
-def _add_product(base: Tensor, x: Tensor, weight: Tensor, out: Tensor) -> Tensor:
+def _add_product(base: Tensor, x: Tensor, weight: Tensor, out: Tensor | None = None) -> Tensor:
     """``base + x·weight`` into ``out``, the addition done by the GEMM."""
     return (torch.addmm if x.dim() == 2 else torch.baddbmm)(base, x, weight, out=out)
 

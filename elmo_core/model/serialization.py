@@ -3,7 +3,8 @@
 ``model_config.json`` holds the resolved :class:`~elmo_core.config.ModelConfig` and the vocabulary
 size, ``model.pt`` the state dict (no pickled classes, so any later version of the code can read
 it). Training checkpoints, the MLflow model and ``Elmo.from_checkpoint`` all use this one format;
-the bilm-tf HDF5 layout lives in :mod:`elmo_core.interop.bilm_tf`.
+the bilm-tf HDF5 layout lives in :mod:`elmo_core.interop.bilm_tf`. A model saved to run the
+reference LSTM loop loads, on a machine without CUDA, to run the fused one (:func:`_loop_for_cpu`).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def load_bilm(
             raise WeightsError(f"not a biLM directory: {path.name} is missing", path=source)
     try:
         description = json.loads(config_path.read_text())
-        config = ModelConfig.model_validate(description["model"])
+        config = _loop_for_cpu(ModelConfig.model_validate(description["model"]))
         vocab_size = description["vocab_size"]
     except (ValueError, KeyError) as err:
         raise WeightsError(f"unreadable model description: {err}", path=config_path) from None
@@ -80,6 +81,19 @@ def load_bilm(
             path=weights_path,
         )
     return bilm
+
+
+def _loop_for_cpu(config: ModelConfig) -> ModelConfig:
+    """``config`` with the fused LSTM loop where the reference loop would run (``lstm_impl``
+    ``auto`` or ``reference`` with clips), when no CUDA device is visible: every loop takes the
+    same parameters and gives the same outputs to rounding, and on the CPU the fused one embeds
+    faster (``benchmarks/results/bench_inference-2026-11-25.md``). With CUDA the saved loop runs:
+    the fused loop's Triton kernels are not yet measured on a GPU. Saved again, the model names
+    the fused loop."""
+    clipped = config.lstm.cell_clip is not None or config.lstm.proj_clip is not None
+    if config.lstm_impl not in ("auto", "reference") or not clipped or torch.cuda.is_available():
+        return config
+    return config.model_copy(update={"lstm_impl": "fused"})
 
 
 def find_model_dir(path: Path) -> Path:

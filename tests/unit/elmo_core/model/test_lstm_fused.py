@@ -1,19 +1,24 @@
 """The fused LSTM layer (one op with its own backward) equals the reference loop."""
 
+import importlib
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from elmo_core.config import LSTMConfig, ModelConfig
+from elmo_core.model import lstm_fused
 from elmo_core.model.bilm import BiLM
 from elmo_core.model.lstm import LayerWeights, ProjectedLSTM, run_layer
 from elmo_core.model.lstm_fused import (
     FusedProjectedLSTM,
     _lstm_layer,
     _lstm_layer_backward,
+    _lstm_layer_inference,
     fused_layer,
 )
 from elmo_core.presets import tiny
+from elmo_core.text.char_ids import batch_to_ids
 
 B, T, I, P, H = 4, 5, 3, 6, 8  # noqa: E741 (the input narrower than P: no transposition hides)
 CELL_CLIP, PROJ_CLIP = 0.5, 0.3  # small: many cells and outputs clipped
@@ -100,6 +105,99 @@ def test_on_cuda_the_triton_steps_equal_the_reference_on_the_cpu(directions):
     torch.testing.assert_close(c.cpu(), ref_c, rtol=0, atol=1e-5)
     for grad, ref_grad in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(grad.cpu(), ref_grad, rtol=0, atol=1e-5)
+    with torch.inference_mode():
+        got = _carried_windows(fused_layer, directions, (CELL_CLIP, PROJ_CLIP), device="cuda")
+    for result, expected in zip(got, _carried_windows(run_layer, directions), strict=True):
+        torch.testing.assert_close(result.cpu(), expected, rtol=0, atol=1e-5)
+
+
+def _carried_windows(
+    loop, directions: int | None, clips=(CELL_CLIP, PROJ_CLIP), device: str = "cpu"
+) -> list[torch.Tensor]:
+    """Both windows' outputs and the final h and c of :func:`_two_windows`'s inputs, without
+    gradients; batched directions get masks of their own, one with a gap inside a row."""
+    lead = () if directions is None else (directions,)
+    leaves = [leaf.detach() for leaf in _leaves(directions, device=device)]
+    generator = torch.Generator().manual_seed(1)
+    windows = [torch.randn(*lead, B, T, I, generator=generator).to(device) for _ in "ab"]
+    h = torch.randn(*lead, B, P, generator=generator).to(device)
+    c = torch.randn(*lead, B, H, generator=generator).to(device)
+    masks = [_mask(lengths, lead).clone() for lengths in ([T, 2, 0, 1], [3, T, 1, 0])]
+    if directions is not None:
+        masks[0][1] = _mask([1, 0, T, 3], ())
+        masks[1][1, 2, 3] = True  # a real token after padding
+    outputs = []
+    for window, mask in zip(windows, masks, strict=True):
+        output, h, c = loop(window, mask.to(device), h, c, _weights(leaves), *clips)
+        outputs.append(output)
+    return [*outputs, h, c]
+
+
+@pytest.mark.parametrize("clips", [(CELL_CLIP, PROJ_CLIP), (None, None)], ids=["clip", "none"])
+@pytest.mark.parametrize("directions", [None, 2], ids=["one-stack", "directions-batched"])
+def test_without_gradients_it_keeps_nothing_and_equals_the_training_op_and_the_reference(
+    directions, clips
+):
+    """Padded, empty and (batched) gapped rows, the state carried from one window to the next."""
+    with torch.no_grad(), _Ops() as ops:
+        inference = _carried_windows(fused_layer, directions, clips)
+    assert set(ops.elmo) == {"lstm_layer_inference"}
+    training = _carried_windows(  # the training op, its saved buffers dropped
+        lambda *args: _lstm_layer(*args[:4], *args[4], *args[5:])[:3], directions, clips
+    )
+    reference = _carried_windows(run_layer, directions, clips)
+    if clips[0] is not None:
+        assert (reference[-1].abs() == CELL_CLIP).float().mean() > 0.2  # the clips bite
+        assert (reference[1].abs() == PROJ_CLIP).float().mean() > 0.1
+    for got, op, expected in zip(inference, training, reference, strict=True):
+        torch.testing.assert_close(got, op, rtol=0, atol=1e-5)
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+
+
+@pytest.fixture
+def interpreted_triton(monkeypatch):
+    """The fused ops' steps through :mod:`lstm_triton`'s kernels on CPU tensors: decorated under
+    ``TRITON_INTERPRET=1``, as in ``test_lstm_triton.py``, and decorated afresh afterwards."""
+    pytest.importorskip("triton", reason="triton is not installed")
+    module = importlib.import_module("elmo_core.model.lstm_triton")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRITON_INTERPRET", "1")
+        importlib.reload(module)
+    monkeypatch.setattr(lstm_fused, "_steps_on_triton", lambda gates, state: True)
+    yield
+    importlib.reload(module)
+
+
+@pytest.mark.parametrize("directions", [None, 2], ids=["one-stack", "directions-batched"])
+def test_without_gradients_the_triton_steps_equal_the_reference(directions, interpreted_triton):
+    """The state updated in place and the rows that ran out left out, through the kernels."""
+    with torch.no_grad():
+        got = _carried_windows(fused_layer, directions)
+    for result, expected in zip(got, _carried_windows(run_layer, directions), strict=True):
+        torch.testing.assert_close(result, expected, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("directions", [None, 2], ids=["one-stack", "directions-batched"])
+def test_without_gradients_a_batch_of_empty_rows_passes_its_state_through(directions):
+    lead = () if directions is None else (directions,)
+    leaves = [leaf.detach() for leaf in _leaves(directions)]
+    h, c = torch.randn(*lead, B, P), torch.randn(*lead, B, H)
+    empty = torch.zeros(*lead, B, T, dtype=torch.bool)
+    with torch.inference_mode():
+        outputs, new_h, new_c = fused_layer(
+            torch.randn(*lead, B, T, I), empty, h, c, _weights(leaves), CELL_CLIP, PROJ_CLIP
+        )
+    assert not outputs.any() and torch.equal(new_h, h) and torch.equal(new_c, c)
+
+
+def test_frozen_weights_take_the_inference_op_and_inputs_that_need_a_gradient_do_not():
+    leaves = [leaf.detach() for leaf in _leaves(None)]
+    inputs, mask = torch.randn(B, T, I), _mask([T, 2, 0, 1], ())
+    h, c = torch.zeros(B, P), torch.zeros(B, H)
+    for needs_grad, expected in ((False, "lstm_layer_inference"), (True, "lstm_layer")):
+        with _Ops() as ops:
+            fused_layer(inputs.requires_grad_(needs_grad), mask, h, c, _weights(leaves), 0.5, 0.3)
+        assert ops.elmo == [expected]
 
 
 def test_without_clips_it_equals_the_reference_and_an_empty_row_keeps_its_state():
@@ -149,6 +247,7 @@ def test_the_ops_fake_implementations_and_autograd_registration_pass_opcheck(dir
     args = (torch.randn(*lead, B, T, I), mask, torch.randn(*lead, B, P), torch.randn(*lead, B, H))
     forward = (*args, *_weights(leaves), CELL_CLIP, PROJ_CLIP)
     torch.library.opcheck(_lstm_layer, forward)
+    torch.library.opcheck(_lstm_layer_inference, forward)
     saved = _lstm_layer(*forward)[3:]
     input_weight, recurrent, _, projection = _weights(leaves)
     grads = (torch.randn(*lead, B, T, P), None, torch.randn(*lead, B, H))  # h unused
@@ -182,6 +281,38 @@ def test_a_compiled_function_calling_it_runs_whole_and_matches_eager():
     torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-5)
     for grad, expected_grad in zip(grads, expected_grads, strict=True):
         torch.testing.assert_close(grad, expected_grad, rtol=0, atol=1e-5)
+
+
+def test_a_compiled_function_calling_it_without_gradients_runs_whole_and_matches_eager():
+    leaves = [leaf.detach() for leaf in _leaves(2)]
+    inputs, mask = torch.randn(2, B, T, I), _mask([T, 2, 0, 1], (2,))
+    h, c = torch.randn(2, B, P), torch.randn(2, B, H)
+
+    def layer(x, h, c):
+        return fused_layer(x, mask, h, c, _weights(leaves), CELL_CLIP, PROJ_CLIP)
+
+    with torch.inference_mode():
+        expected = layer(inputs, h, c)
+        got = torch.compile(layer, fullgraph=True)(inputs, h, c)
+    for result, reference in zip(got, expected, strict=True):
+        torch.testing.assert_close(result, reference, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("batch_directions", [False, True])
+def test_the_bilm_embeds_as_with_the_reference_loop(batch_directions):
+    config = tiny().model_copy(update={"batch_directions": batch_directions})
+    torch.manual_seed(0)
+    reference = BiLM(config.model_copy(update={"lstm_impl": "reference"})).eval()
+    fused = BiLM(config.model_copy(update={"lstm_impl": "fused"})).eval()
+    fused.load_state_dict(reference.state_dict())
+    ids = batch_to_ids([["a", "b"], ["the", "cat", "sat", "on", "the", "mat"], [], ["hi"]])
+    with torch.inference_mode():
+        got, expected = fused(ids), reference(ids)
+    for layer, reference_layer in zip(got.activations, expected.activations, strict=True):
+        torch.testing.assert_close(layer, reference_layer, rtol=0, atol=1e-5)
+    for state, reference_state in zip(got.state, expected.state, strict=True):
+        torch.testing.assert_close(state.h, reference_state.h, rtol=0, atol=1e-5)
+        torch.testing.assert_close(state.c, reference_state.c, rtol=0, atol=1e-5)
 
 
 def _training_windows(width: int) -> list[torch.Tensor]:
@@ -227,11 +358,13 @@ class _Ops(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.count = 0
+        self.elmo: list[str] = []  # the fused layer's own ops, by name
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         self.count += 1
         kwargs = kwargs or {}
         if func.namespace == "elmo":  # run its implementation with this mode still counting
+            self.elmo.append(func._opname)
             with self:
                 cpu = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
                 return func.redispatch(cpu, *args, **kwargs)

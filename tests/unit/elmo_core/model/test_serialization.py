@@ -3,6 +3,8 @@ import torch
 
 from elmo_core.errors import WeightsError
 from elmo_core.model.bilm import BiLM
+from elmo_core.model.lstm import ProjectedLSTM
+from elmo_core.model.lstm_fused import FusedProjectedLSTM
 from elmo_core.model.serialization import CONFIG_FILE, load_bilm, save_bilm
 from elmo_core.presets import tiny
 from elmo_core.text.char_ids import batch_to_ids
@@ -10,7 +12,7 @@ from elmo_core.text.char_ids import batch_to_ids
 
 def test_save_then_load_gives_identical_weights_and_outputs(tmp_path):
     torch.manual_seed(0)
-    bilm = BiLM(tiny(), vocab_size=100).eval()
+    bilm = BiLM(tiny().model_copy(update={"lstm_impl": "fused"}), vocab_size=100).eval()
     save_bilm(bilm, tmp_path / "model")
     loaded = load_bilm(tmp_path / "model").eval()
     assert loaded.vocab_size == 100
@@ -24,6 +26,37 @@ def test_save_then_load_gives_identical_weights_and_outputs(tmp_path):
     for left, right in zip(expected, actual, strict=True):
         assert torch.equal(left, right)
     assert not list((tmp_path / "model").glob(".*"))  # no temporary files left behind
+
+
+@pytest.mark.parametrize("cuda", [False, True], ids=["cpu-machine", "cuda-machine"])
+def test_the_reference_loop_loads_as_the_fused_one_where_no_cuda_is_visible(
+    tmp_path, monkeypatch, cuda
+):
+    torch.manual_seed(0)
+    bilm = BiLM(tiny()).eval()  # lstm_impl auto, clipped: the reference loop
+    assert type(bilm.forward_lstm) is ProjectedLSTM
+    save_bilm(bilm, tmp_path / "model")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    loaded = load_bilm(tmp_path / "model").eval()
+    assert isinstance(loaded.forward_lstm, FusedProjectedLSTM) != cuda
+    assert loaded.config.model_copy(update={"lstm_impl": "auto"}) == bilm.config
+    ids = batch_to_ids([["The", "cat", "sat"], ["Hi"], []])
+    with torch.inference_mode():
+        expected, actual = bilm(ids).activations, loaded(ids).activations
+    for left, right in zip(expected, actual, strict=True):
+        torch.testing.assert_close(right, left, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("update", [{"lstm_impl": "compiled"}, {"lstm": {"cell_clip": None}}])
+def test_other_loops_and_unclipped_models_load_as_saved(tmp_path, monkeypatch, update):
+    config = tiny()
+    if "lstm" in update:  # unclipped: auto takes the cuDNN kernel (nn.LSTM on a CPU)
+        lstm = config.lstm.model_copy(update={"cell_clip": None, "proj_clip": None})
+        update = {"lstm": lstm}
+    config = config.model_copy(update=update)
+    save_bilm(BiLM(config), tmp_path / "model")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert load_bilm(tmp_path / "model").config == config
 
 
 def test_embedding_only_model_round_trips(tmp_path):
