@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from elmo_core.data.manifest import Manifest
 from pipelines.adapt.stage import AdaptResult
+from pipelines.analyze.table import Row, markdown
 from pipelines.common.flow_runs import run_links
 from pipelines.evaluate.result import EvaluationResult
 from pipelines.registry.register import RegisteredBiLM
@@ -37,6 +38,15 @@ class PretrainSummary(BaseModel):
     task_models: list[str]
     task_scores: list[str]  # per task: test score with and without ELMo (task_line)
     parent_run_id: str
+    analysis_run_id: str | None = None  # the analyze run, when the flow ran the analysis
+
+
+class AnalyzeSummary(BaseModel):
+    """What the ``analyze`` flow returns: the runs and the table as text lines."""
+
+    run_id: str
+    parent_run_id: str
+    table: list[str]
 
 
 def dataset_rows(manifest: Manifest) -> Rows:
@@ -204,6 +214,12 @@ def adapt_markdown(bilm: str, results: Sequence[AdaptResult], run_ids: dict[str,
     return "\n".join(lines)
 
 
+def analysis_markdown(bilm: str, rows: Sequence[Row], run_ids: dict[str, str]) -> str:
+    """The analysis table of ``bilm`` and the MLflow links."""
+    lines = [f"# ELMo analysis of `{bilm}`", "", markdown(rows), "## MLflow runs", ""]
+    return "\n".join([*lines, *run_links(run_ids)])
+
+
 def _decision(model: RegisteredBiLM) -> str:
     return "champion policy not applied" if model.decision is None else model.decision.reason
 
@@ -227,6 +243,6 @@ def publish_table(key: str, rows: Rows, description: str) -> None:
         create_table_artifact(rows, key=key, description=description)
 
 
-def publish_markdown(key: str, markdown: str) -> None:
-    """The flow run's markdown summary."""
-    create_markdown_artifact(markdown, key=key, description="run summary")
+def publish_markdown(key: str, text: str, description: str = "run summary") -> None:
+    """A markdown artifact of the flow run (by default its summary)."""
+    create_markdown_artifact(text, key=key, description=description)

@@ -19,6 +19,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from elmo_core.analysis.task_runs import DEFAULT_FRACTIONS, DEFAULT_SEEDS
 from elmo_core.config import PrepareConfig, override_pattern, resolve_config
 from elmo_core.errors import ConfigError
 from pipelines.common.settings import RAY_JOBS_ENV, elmo_home
@@ -32,6 +33,7 @@ DEFAULT_BILM = "models:/elmo-bilm@champion"
 # Prefect server refuses ``train.max_step=50`` when the run is created, naming the entry.
 PrepareOverride = Annotated[str, Field(pattern=override_pattern(PrepareConfig))]
 TrainOverride = Annotated[str, Field(pattern=override_pattern(TrainJobConfig))]
+Fraction = Annotated[float, Field(gt=0, le=1)]
 
 
 class Params(BaseModel):
@@ -132,6 +134,11 @@ class PretrainParams(Params):
         default_factory=list, description="task config YAML paths (relative: to the repository)"
     )
     model_name: str = Field("elmo-bilm", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    analyze: bool = Field(
+        False,
+        description="run the analysis on the new biLM after adapt, over `tasks` and the bundled "
+        "sense set (the analysis' default fractions and seeds)",
+    )
 
 
 class AdaptParams(Params):
@@ -140,3 +147,38 @@ class AdaptParams(Params):
     tasks: list[str] = Field(min_length=1, description="task config YAML paths")
     bilm: str = Field(DEFAULT_BILM, description="models:/ URI, model/run directory or HDF5")
     bilm_options: str | None = Field(None, description="options.json of an HDF5 biLM")
+
+
+class AnalyzeParams(Params):
+    """The paper's section 5 for a biLM: tasks with and without ELMo, per layer, probes."""
+
+    tasks: list[str] = Field(
+        min_length=1, description="task config YAML paths (relative: to the repository)"
+    )
+    bilm: str = Field(DEFAULT_BILM, description="models:/ URI, model/run directory or HDF5")
+    bilm_options: str | None = Field(None, description="options.json of an HDF5 biLM")
+    senses_train: str | None = Field(None, description="sense-labelled training TSV")
+    senses_test: str | None = Field(None, description="sense-labelled test TSV")
+    fractions: list[Fraction] = Field(
+        default_factory=lambda: list(DEFAULT_FRACTIONS),
+        min_length=1,
+        description="training fractions of the sample-efficiency curve, each in (0, 1]",
+    )
+    seeds: list[int] = Field(
+        default_factory=lambda: list(DEFAULT_SEEDS),
+        min_length=1,
+        description="seeds: every score is a mean (and spread) over them",
+    )
+
+    @model_validator(mode="after")
+    def _senses_paired(self) -> AnalyzeParams:
+        if (self.senses_train is None) != (self.senses_test is None):
+            missing = "senses_test" if self.senses_test is None else "senses_train"
+            raise ValueError(f"{missing}: give senses_train and senses_test together, or neither")
+        return self
+
+    def senses(self) -> tuple[Path, Path] | None:
+        """The sense-labelled (train, test) files, or None."""
+        if self.senses_train is None or self.senses_test is None:
+            return None
+        return Path(self.senses_train), Path(self.senses_test)

@@ -1,4 +1,5 @@
-"""The ``pretrain`` flow: corpus → dataset → biLM → perplexity → registered model → task models.
+"""The ``pretrain`` flow: corpus → dataset → biLM → perplexity → registered model → task models
+(→ the analysis, with ``analyze: true``).
 
     prefect deployment run pretrain/smoke --watch      # a deployment of prefect.yaml
     python -m flows.run_local                          # the same flow, embedded, one command
@@ -15,7 +16,10 @@ from prefect import flow
 from flows.artifacts import PretrainSummary, task_line
 from flows.params import PretrainParams
 from flows.tasks import (
+    BUNDLED_SENSES,
     adapt,
+    analyze,
+    check_analysis,
     check_tasks,
     evaluate,
     flow_parent_run,
@@ -29,9 +33,12 @@ from pipelines.common.services import check_services
 
 @flow(name="pretrain")
 def pretrain(params: PretrainParams) -> PretrainSummary:
-    """Pretrain a biLM on a corpus, register it, and adapt it to the configured tasks."""
+    """Pretrain a biLM on a corpus, register it, adapt it to the configured tasks and, with
+    ``params.analyze``, analyze it on them."""
     check_services(ray_jobs=params.training.resolved_mode() == "ray-job")
     check_tasks(params.tasks)
+    if params.analyze:
+        check_analysis(params.tasks)
     subject = f"{params.data.corpus_name()} {params.training.model}"
     with flow_parent_run("pretrain", subject, params) as parent:
         dataset = prepare(params.data, parent)
@@ -39,7 +46,10 @@ def pretrain(params: PretrainParams) -> PretrainSummary:
         perplexity = evaluate(run, dataset, parent)
         model = register(run, dataset, perplexity, params.model_name, parent)
         results = adapt(model.uri, params.tasks, parent)
-        summarize(dataset, run, perplexity, model, results, parent)
+        analysis = None
+        if params.analyze and params.tasks:
+            analysis = analyze(model.uri, params.tasks, parent, senses=BUNDLED_SENSES).run_id
+        summarize(dataset, run, perplexity, model, results, parent, analysis)
     return PretrainSummary(
         dataset=dataset,
         train_run=run.run_name,
@@ -51,4 +61,5 @@ def pretrain(params: PretrainParams) -> PretrainSummary:
         task_models=[result.model_uri for result in results],
         task_scores=[task_line(result) for result in results],
         parent_run_id=parent,
+        analysis_run_id=analysis,
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -23,10 +23,12 @@ from prefect.runtime import flow_run
 from prefect.states import State
 from pydantic import BaseModel
 
+from elmo_core.analysis.task_runs import DEFAULT_FRACTIONS, DEFAULT_SEEDS
 from elmo_core.data.reader import load_manifest
 from elmo_core.errors import ElmoError
 from elmo_core.tasks import load_task_config
 from flows.artifacts import (
+    analysis_markdown,
     dataset_lines,
     dataset_rows,
     perplexity_line,
@@ -44,6 +46,9 @@ from flows.cache import PrepareCachePolicy, dataset_exists
 from flows.params import DataParams, TrainingParams
 from pipelines.adapt import stage as adapt_stage
 from pipelines.adapt.stage import AdaptResult
+from pipelines.analyze import stage as analyze_stage
+from pipelines.analyze.stage import AnalyzeResult
+from pipelines.analyze.table import format_rows
 from pipelines.common.flow_runs import (
     FLOW_RUN_TAG,
     parent_run,
@@ -66,6 +71,10 @@ from pipelines.train.stage import TrainResult
 FLOW_RUN_URL_TAG = "prefect.flow_run_url"
 FLOW_LOG_INTERVAL_ENV = "ELMO_FLOW_LOG_INTERVAL_S"
 DEFAULT_FLOW_LOG_INTERVAL_S = 60.0
+# The hand-written sense set the ``pretrain`` flow's analysis probes (``analyze: true``), found
+# from this checkout as flows/run_local.py finds the bundled task.
+_SENSE_DATA = Path(__file__).resolve().parents[1] / "examples" / "analysis" / "data"
+BUNDLED_SENSES = (_SENSE_DATA / "senses.train.tsv", _SENSE_DATA / "senses.test.tsv")
 
 
 def _transient(task: Task[..., Any], task_run: TaskRun, state: State[Any]) -> bool:
@@ -283,6 +292,42 @@ def adapt(
     return results
 
 
+def check_analysis(task_paths: list[str]) -> None:
+    """What the ``pretrain`` flow's analysis will read, checked before training, not after it."""
+    configs = [load_task_config(path) for path in task_paths]
+    analyze_stage.check_inputs(configs, BUNDLED_SENSES, DEFAULT_FRACTIONS, DEFAULT_SEEDS)
+
+
+@task(name="analyze")
+def analyze(
+    bilm: str,
+    task_paths: list[str],
+    parent_run_id: str,
+    *,
+    bilm_options: str | None = None,
+    senses: tuple[Path, Path] | None = None,
+    fractions: Sequence[float] = DEFAULT_FRACTIONS,
+    seeds: Sequence[int] = DEFAULT_SEEDS,
+) -> AnalyzeResult:
+    """The paper's section 5 on ``bilm`` as one ``analyze`` run, a child of the flow's; its table
+    goes to the flow's log and to the ``analysis`` artifact."""
+    result = analyze_stage.analyze(
+        [load_task_config(path) for path in task_paths],
+        bilm,
+        bilm_options=bilm_options,
+        senses=senses,
+        fractions=fractions,
+        seeds=seeds,
+        parent_run_id=parent_run_id,
+        tags=flow_tags(),
+    )
+    for line in format_rows(result.rows).splitlines():
+        get_run_logger().info(line)
+    run_ids = {"flow (parent)": parent_run_id, "analyze": result.run_id}
+    publish_markdown("analysis", analysis_markdown(bilm, result.rows, run_ids), "analysis table")
+    return result
+
+
 # --- summary ------------------------------------------------------------------------------------
 
 
@@ -294,6 +339,7 @@ def summarize(
     model: RegisteredBiLM,
     results: list[AdaptResult],
     parent_run_id: str,
+    analysis_run_id: str | None = None,
 ) -> None:
     """The markdown summary linking to MLflow, also made the parent run's description, with the
     headline numbers as its metrics and the dataset statistics beside them."""
@@ -302,6 +348,8 @@ def summarize(
         run_ids["evaluate"] = evaluation.run_id
     run_ids["register"] = model.run_id
     run_ids.update({f"adapt {r.task}": r.run_id for r in results})
+    if analysis_run_id:
+        run_ids["analyze"] = analysis_run_id
     markdown = summary_markdown(run, evaluation, model, results, run_ids)
     publish_markdown("pretrain-summary", markdown)
     manifest = load_manifest(dataset)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -89,15 +89,10 @@ def analyze(
     fractions: Sequence[float] = DEFAULT_FRACTIONS,
     seeds: Sequence[int] = DEFAULT_SEEDS,
     parent_run_id: str | None = None,
+    tags: Mapping[str, str] | None = None,
 ) -> AnalyzeResult:
     """Every analysis of ``bilm`` on ``tasks`` (and ``senses``: train and test files)."""
-    check_tasks(tasks)
-    datasets = {task.name: read_splits(task) for task in tasks}
-    for task in tasks:
-        check_fractions(list(datasets[task.name]["train"].examples), fractions, task.name)
-    sense_splits = read_sense_splits(*senses) if senses is not None else None
-    if not seeds:
-        raise ConfigError("at least one seed", key="seeds")
+    datasets, sense_splits = check_inputs(tasks, senses, fractions, seeds)
     reference = resolve_bilm(bilm, bilm_options, options_key="bilm_options")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     parent = parent_run_id or os.environ.get(PARENT_RUN_ENV) or None
@@ -105,7 +100,10 @@ def analyze(
     with tempfile.TemporaryDirectory(prefix="elmo-analyze-") as scratch:
         source = load_bilm(reference, Path(scratch) / "bilm-source").bilm.to(device)
         with stage_run(
-            "analyze", run_name="analyze", parent_run_id=parent, tags=reference.tags
+            "analyze",
+            run_name="analyze",
+            parent_run_id=parent,
+            tags={**reference.tags, **(tags or {})},
         ) as run:
             mlflow.log_params(
                 {
@@ -122,6 +120,24 @@ def analyze(
             _log_rows(rows)
     typer.echo(format_rows(rows))
     return AnalyzeResult(run.info.run_id, rows)
+
+
+def check_inputs(
+    tasks: Sequence[TaskConfig],
+    senses: tuple[Path, Path] | None,
+    fractions: Sequence[float],
+    seeds: Sequence[int],
+) -> tuple[dict[str, dict[str, AnyDataset]], SenseSplits | None]:
+    """Read and check everything an analysis reads, before any work (a flow calls it before
+    training): task files, each fraction against each task's labels, the sense files, the seeds.
+    """
+    check_tasks(tasks)
+    if not seeds:
+        raise ConfigError("at least one seed", key="seeds")
+    datasets = {task.name: read_splits(task) for task in tasks}
+    for task in tasks:
+        check_fractions(list(datasets[task.name]["train"].examples), fractions, task.name)
+    return datasets, read_sense_splits(*senses) if senses is not None else None
 
 
 def _run_analyses(

@@ -22,6 +22,7 @@ from typing import Any
 from uuid import UUID
 
 import pytest
+import torch
 from mlflow.tracking import MlflowClient
 from prefect import flow
 from prefect.client.orchestration import get_client
@@ -31,11 +32,16 @@ from prefect.client.schemas.filters import (
     LogFilter,
     LogFilterFlowRunId,
 )
+from prefect.logging.handlers import APILogWorker
 from prefect.testing.utilities import prefect_test_harness
 
 from elmo_core.data.manifest import manifest_sha256
-from flows.artifacts import PretrainSummary
-from flows.params import DataParams, PretrainParams
+from elmo_core.model.bilm import BiLM
+from elmo_core.model.serialization import save_bilm
+from elmo_core.presets import tiny
+from flows.analyze import analyze
+from flows.artifacts import AnalyzeSummary, PretrainSummary
+from flows.params import AnalyzeParams, DataParams, PretrainParams
 from flows.pretrain import pretrain
 from flows.run_local import REPO
 from flows.tasks import prepare
@@ -84,6 +90,42 @@ def corpus(home: Path) -> str:
 
 def _data(corpus: str) -> dict[str, Any]:
     return {"corpus": corpus, "prepare": ["heldout_fraction=0.1"]}
+
+
+def _write_tagging(root: Path, num_train: int) -> str:
+    """A task of ``Name went to Place .`` sentences (B-PER / B-LOC), 1 epoch: ``num_train`` to
+    train on, 6 to score."""
+    names, places = ["Anna", "Bob", "Carla"], ["Rome", "Oslo", "Lima"]
+    sentences = [
+        f"{names[i % 3]} B-PER\nwent O\nto O\n{places[i // 3 % 3]} B-LOC\n. O\n"
+        for i in range(num_train + 6)
+    ]
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "tags.train").write_text("\n".join(sentences[:num_train]))
+    (root / "tags.dev").write_text("\n".join(sentences[num_train:]))
+    (root / "tags.yaml").write_text(
+        "name: tagger\ntype: tagging\nformat: conll2003\ntrain: tags.train\ndev: tags.dev\n"
+        "test: tags.dev\nreader: {tag_scheme: iob2}\nhead: {hidden_dim: 8}\n"
+        "training: {epochs: 1, batch_size: 32, lr: 0.01, patience: null}\n"
+    )
+    return str(root / "tags.yaml")
+
+
+def _children(client: MlflowClient, parent_run_id: str) -> dict[str, Any]:
+    """The parent's child runs by stage."""
+    experiment = client.get_run(parent_run_id).info.experiment_id
+    runs = client.search_runs(
+        [experiment], filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}'"
+    )
+    return {run.data.tags["elmo.stage"]: run for run in runs}
+
+
+def _artifacts(flow_run_id: UUID) -> dict[str, Any]:
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+        )
+    return {artifact.key: artifact for artifact in artifacts}
 
 
 def _task_states(flow_run_id: UUID) -> dict[str, str]:
@@ -271,6 +313,98 @@ def test_the_run_publishes_tables_and_a_summary_linking_to_mlflow(
     assert "mlflow ui --backend-store-uri sqlite:///" in markdown
     assert "?workflowType=machine_learning" in markdown
     assert "heldout perplexity" in markdown and "elmo-ner" in markdown
+
+
+# --- analyze --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def analyzed(home: Path) -> tuple[AnalyzeSummary, UUID]:
+    """The analyze flow on a tiny untrained biLM: a 12-sentence tagging task and the bundled
+    sense set, two fractions, two seeds."""
+    torch.manual_seed(0)
+    bilm = save_bilm(BiLM(tiny(), 100), home.parent / "analyze-bilm")
+    params = AnalyzeParams(
+        tasks=[_write_tagging(home.parent / "analyze-task", num_train=12)],
+        bilm=str(bilm),
+        senses_train=str(REPO / "examples/analysis/data/senses.train.tsv"),
+        senses_test=str(REPO / "examples/analysis/data/senses.test.tsv"),
+        fractions=[0.5, 1.0],
+        seeds=[0, 1],
+    )
+    state = analyze(params, return_state=True)
+    APILogWorker.drain_all(timeout=10)  # the run's log lines reach the server before we read them
+    assert state.state_details.flow_run_id is not None
+    return state.result(), state.state_details.flow_run_id
+
+
+def test_the_analyze_flows_run_is_a_child_of_the_flow_runs_parent(
+    analyzed: tuple[AnalyzeSummary, UUID],
+) -> None:
+    summary, flow_run_id = analyzed
+    client = MlflowClient(mlflow_tracking_uri())
+    parent = client.get_run(summary.parent_run_id)
+    children = _children(client, summary.parent_run_id)
+
+    assert _task_states(flow_run_id) == {"analyze": "Completed"}
+    assert parent.info.run_name.startswith("analyze ") and parent.info.status == "FINISHED"
+    assert parent.data.tags["prefect.flow_run_id"] == str(flow_run_id)
+    assert list(children) == ["analyze"]
+    run = children["analyze"]
+    assert run.info.run_id == summary.run_id and run.info.status == "FINISHED"
+    assert run.data.tags["prefect.flow_run_id"] == str(flow_run_id)
+    assert "word_sense_nearest_centroid_accuracy/mfs" in run.data.metrics
+    assert re.match(r"tagger test_f1, elmo by train fraction +50% [\d.±]+  100% ", summary.table[0])
+
+
+def test_the_analyze_flow_publishes_and_logs_the_table(
+    analyzed: tuple[AnalyzeSummary, UUID],
+) -> None:
+    summary, flow_run_id = analyzed
+    artifact = _artifacts(flow_run_id)["analysis"]
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(
+            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
+        )
+    messages = {log.message for log in logs}
+
+    assert artifact.type == "markdown"
+    markdown = str(artifact.data)
+    assert "| tagger linear probe accuracy | layer 0: " in markdown
+    assert "| word sense, nearest centroid accuracy | layer 0: " in markdown
+    assert summary.run_id in markdown and summary.parent_run_id in markdown
+    assert set(summary.table) <= messages
+
+
+def test_pretrain_with_analyze_analyzes_the_new_biLM_in_its_flow_run(
+    two_runs: list[tuple[PretrainSummary, UUID]], home: Path, corpus: str
+) -> None:
+    """A third run of the same pretraining (its dataset, training and version reused) with
+    ``analyze``: the analysis of the registered biLM on its task and the bundled sense set is one
+    more child of the parent. 100 training sentences: the default fractions start at 1%."""
+    params = PretrainParams.model_validate(
+        {
+            "data": _data(corpus),
+            "training": TRAINING,
+            "tasks": [_write_tagging(home.parent / "pretrain-task", num_train=100)],
+            "analyze": True,
+        }
+    )
+
+    state = pretrain(params, return_state=True)
+    summary, flow_run_id = state.result(), state.state_details.flow_run_id
+    client = MlflowClient(mlflow_tracking_uri())
+    children = _children(client, summary.parent_run_id)
+
+    assert flow_run_id is not None and summary.analysis_run_id is not None
+    assert summary.already_trained and summary.model_uri == two_runs[0][0].model_uri
+    assert _task_states(flow_run_id)["analyze"] == "Completed"
+    assert children["analyze"].info.run_id == summary.analysis_run_id
+    assert children["analyze"].data.params["bilm"] == summary.model_uri
+    assert "word_sense_nearest_centroid_accuracy/mfs" in children["analyze"].data.metrics
+    artifacts = _artifacts(flow_run_id)
+    assert "analysis" in artifacts
+    assert summary.analysis_run_id in str(artifacts["pretrain-summary"].data)
 
 
 def test_ill_typed_and_unknown_parameters_are_refused_with_the_field(home: Path) -> None:

@@ -4,17 +4,27 @@ demo runs the smoke deployment's parameters."""
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from pydantic import BaseModel
 
+from elmo_core.analysis.sampling import check_fractions
+from elmo_core.tasks import load_task_config
 from flows.embed_params import EmbedParams
-from flows.params import AdaptParams, PretrainParams
+from flows.params import AdaptParams, AnalyzeParams, PretrainParams
 from flows.run_local import REPO, smoke_parameters
+from pipelines.adapt.stage import read_splits
 
-PARAMS_OF = {"pretrain": PretrainParams, "adapt": AdaptParams, "embed": EmbedParams}
-DEPLOYMENTS = ["pretrain/full", "pretrain/smoke", "adapt/smoke", "embed/smoke"]
+PARAMS_OF: dict[str, type[BaseModel]] = {
+    "pretrain": PretrainParams,
+    "adapt": AdaptParams,
+    "analyze": AnalyzeParams,
+    "embed": EmbedParams,
+}
+DEPLOYMENTS = ["pretrain/full", "pretrain/smoke", "adapt/smoke", "analyze/smoke", "embed/smoke"]
 ONE_BILLION_WORD = "https://www.statmt.org/lm-benchmark/1-billion-word-language-modeling-benchmark-r13output.tar.gz"
 
 
@@ -39,8 +49,10 @@ def test_the_documented_deployments_exist_on_the_process_pool() -> None:
 @pytest.mark.parametrize("name", DEPLOYMENTS)
 def test_deployment_parameters_validate_against_the_flow_params(name: str) -> None:
     deployment = _deployments()[name]
-    PARAMS_OF[name.split("/")[0]].model_validate(deployment["parameters"]["params"])
-    for path in deployment["parameters"]["params"].get("tasks", []):
+    params = deployment["parameters"]["params"]
+    PARAMS_OF[name.split("/")[0]].model_validate(params)
+    paths = [*params.get("tasks", []), params.get("senses_train"), params.get("senses_test")]
+    for path in filter(None, paths):
         assert (REPO / path).is_file()
 
 
@@ -64,6 +76,23 @@ def test_embed_smoke_embeds_the_bundled_corpus_with_the_champion_into_elmo_home(
     out = params.out_dir()
     assert out.startswith(str(tmp_path / "embeddings" / "python-docs-"))
     assert params.model_copy(update={"output": "top"}).out_dir() != out
+
+
+def test_analyze_smoke_probes_the_champion_on_both_bundled_tasks_and_the_sense_set() -> None:
+    params = AnalyzeParams.model_validate(_deployments()["analyze/smoke"]["parameters"]["params"])
+
+    assert params.bilm == "models:/elmo-bilm@champion"
+    assert params.senses() == (
+        Path("examples/analysis/data/senses.train.tsv"),
+        Path("examples/analysis/data/senses.test.tsv"),
+    )
+    for path in params.tasks:  # each fraction keeps an example of every label: checked up front
+        task = load_task_config(REPO / path)
+        check_fractions(list(read_splits(task)["train"].examples), params.fractions, task.name)
+    assert {load_task_config(REPO / path).type for path in params.tasks} == {
+        "classification",
+        "tagging",
+    }
 
 
 def test_the_local_demo_runs_the_smoke_deployments_parameters() -> None:

@@ -9,7 +9,8 @@ import pytest
 from prefect.utilities.callables import parameter_schema
 from pydantic import ValidationError
 
-from flows.params import AdaptParams, DataParams, PretrainParams, TrainingParams
+from flows.analyze import analyze
+from flows.params import AdaptParams, AnalyzeParams, DataParams, PretrainParams, TrainingParams
 from flows.pretrain import pretrain
 
 
@@ -109,3 +110,63 @@ def test_adapt_needs_at_least_one_task_and_defaults_to_the_champion() -> None:
     with pytest.raises(ValidationError, match="tasks"):
         AdaptParams(tasks=[])
     assert AdaptParams(tasks=["t.yaml"]).bilm == "models:/elmo-bilm@champion"
+
+
+def test_pretrain_analyzes_only_when_asked() -> None:
+    assert PretrainParams(data=DataParams(corpus="c")).analyze is False
+    assert PretrainParams.model_validate({"data": {"corpus": "c"}, "analyze": True}).analyze
+
+
+def test_analyze_defaults_to_the_champion_and_the_papers_fractions_and_seeds() -> None:
+    params = AnalyzeParams(tasks=["t.yaml"])
+
+    assert params.bilm == "models:/elmo-bilm@champion"
+    assert (params.fractions, params.seeds) == ([0.01, 0.05, 0.1, 0.25, 1.0], [0, 1, 2])
+    assert params.senses() is None
+    with pytest.raises(ValidationError, match="tasks"):
+        AnalyzeParams(tasks=[])
+
+
+@pytest.mark.parametrize("given", ["senses_train", "senses_test"])
+def test_analyze_takes_both_sense_files_or_neither_naming_the_missing_one(given: str) -> None:
+    missing = ({"senses_train", "senses_test"} - {given}).pop()
+    with pytest.raises(ValidationError, match=f"{missing}: give senses_train and senses_test"):
+        AnalyzeParams.model_validate({"tasks": ["t.yaml"], given: "s.tsv"})
+
+    both = AnalyzeParams(tasks=["t.yaml"], senses_train="a.tsv", senses_test="b.tsv")
+    assert both.senses() == (Path("a.tsv"), Path("b.tsv"))
+
+
+@pytest.mark.parametrize(
+    ("update", "field"),
+    [
+        ({"fractions": [0.5, 0.0]}, "fractions.1"),
+        ({"fractions": [1.5]}, "fractions.0"),
+        ({"fractions": []}, "fractions"),
+        ({"seeds": []}, "seeds"),
+        ({"seeds": ["first"]}, "seeds.0"),
+        ({"sense_train": "s.tsv"}, "sense_train"),
+    ],
+)
+def test_analyze_refuses_bad_fractions_seeds_and_keys_naming_the_field(
+    update: dict[str, object], field: str
+) -> None:
+    with pytest.raises(ValidationError) as raised:
+        AnalyzeParams.model_validate({"tasks": ["t.yaml"], **update})
+
+    assert raised.value.errors()[0]["loc"] == tuple(
+        int(part) if part.isdigit() else part for part in field.split(".")
+    )
+
+
+def test_the_analyze_schema_bounds_the_fractions_for_the_server_to_check() -> None:
+    schema = parameter_schema(analyze.fn).model_dump()
+    properties = schema["definitions"]["AnalyzeParams"]["properties"]
+
+    assert schema["definitions"]["AnalyzeParams"]["additionalProperties"] is False
+    assert properties["fractions"]["items"] == {
+        "exclusiveMinimum": 0,
+        "maximum": 1,
+        "type": "number",
+    }
+    assert properties["seeds"]["minItems"] == 1
