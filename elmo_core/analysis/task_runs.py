@@ -63,7 +63,6 @@ class TaskAnalysis:
 def analyze_task(
     task: TaskConfig,
     splits: Mapping[str, TaskSplit],
-    num_layers: int,
     *,
     fractions: Sequence[float] = DEFAULT_FRACTIONS,
     seeds: Sequence[int] = DEFAULT_SEEDS,
@@ -72,6 +71,9 @@ def analyze_task(
 ) -> TaskAnalysis:
     """Every run of the three comparisons for ``task`` (``splits``: train, and dev/test)."""
     train = splits["train"]
+    if train.activations is None:
+        raise ValueError("the analysis needs the cached activations of the training split")
+    num_layers = train.activations.num_layers
     check_fractions(list(train.dataset.examples), fractions, task.name)
     split = "test" if "test" in splits else "dev"
     analysis = TaskAnalysis(task.name, f"{split}_{main_metric(task)}")

@@ -42,7 +42,7 @@ from elmo_core.analysis.senses import (
 from elmo_core.analysis.task_runs import DEFAULT_FRACTIONS, DEFAULT_SEEDS, analyze_task
 from elmo_core.errors import ConfigError
 from elmo_core.tasks import load_task_config
-from elmo_core.tasks.activation_cache import ActivationCache, CachedActivations
+from elmo_core.tasks.activation_cache import ActivationCache
 from elmo_core.tasks.config import TaskConfig
 from elmo_core.tasks.readers import AnyDataset, task_labels
 from elmo_core.tasks.trainer import TaskSplit
@@ -118,7 +118,6 @@ def analyze(
                 tasks, datasets, source, sense_splits, cache_dir, device, fractions, seeds
             )
             _log_rows(rows)
-    typer.echo(format_rows(rows))
     return AnalyzeResult(run.info.run_id, rows)
 
 
@@ -154,11 +153,9 @@ def _run_analyses(
     results, probes = [], []
     for task in tasks:
         splits = cache_splits(bilm, datasets[task.name], cache_dir)
-        num_layers = _num_layers(splits)
         result = analyze_task(
             task,
             splits,
-            num_layers,
             fractions=fractions,
             seeds=seeds,
             device=device,
@@ -201,12 +198,6 @@ def _senses(bilm: torch.nn.Module, splits: SenseSplits, cache_dir: Path) -> Row:
     )
     result = sense_probe(train, [e.sense for e in splits[0]], test, [e.sense for e in splits[1]])
     return sense_row(result)
-
-
-def _num_layers(splits: dict[str, TaskSplit]) -> int:
-    activations: CachedActivations | None = splits["train"].activations
-    assert activations is not None
-    return activations.num_layers
 
 
 def _log_rows(rows: Sequence[Row]) -> None:
@@ -268,7 +259,7 @@ def analyze_command(
         raise ConfigError("give --bilm and at least one --task (or --compare RUN_A RUN_B)")
     if (senses_train is None) != (senses_test is None):
         raise ConfigError("give both --senses-train and --senses-test", key="senses")
-    analyze(
+    result = analyze(
         [load_task_config(path, set_ or []) for path in task],
         bilm,
         bilm_options=bilm_options,
@@ -277,6 +268,7 @@ def analyze_command(
         seeds=_numbers(seeds, int, "seeds"),
         parent_run_id=parent_run_id,
     )
+    typer.echo(format_rows(result.rows))
 
 
 def _numbers(text: str, kind: type[float] | type[int], key: str) -> list[Any]:

@@ -55,9 +55,7 @@ def test_every_comparison_runs_over_the_seeds_and_the_full_data_run_is_shared() 
         "dev": _split(_examples(4, rare_at=0), 1),  # INTJ in dev: fractions must keep the tag set
     }
     lines: list[str] = []
-    result = analyze_task(
-        task, splits, NUM_LAYERS, fractions=(0.5, 1.0), seeds=(0, 1), progress=lines.append
-    )
+    result = analyze_task(task, splits, fractions=(0.5, 1.0), seeds=(0, 1), progress=lines.append)
     assert result.metric == "dev_accuracy"
     assert sorted(result.efficiency) == [0.5, 1.0]
     assert all(len(s.values) == 2 for f in result.efficiency.values() for s in f.values())
