@@ -128,6 +128,18 @@ def _artifacts(flow_run_id: UUID) -> dict[str, Any]:
     return {artifact.key: artifact for artifact in artifacts}
 
 
+def _log_messages(flow_run_id: UUID) -> list[str]:
+    """Every log line of a flow run, page by page (the API returns at most 200 lines a call)."""
+    messages: list[str] = []
+    with get_client(sync_client=True) as client:
+        while page := client.read_logs(
+            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])),
+            offset=len(messages),
+        ):
+            messages += [log.message for log in page]
+    return messages
+
+
 def _task_states(flow_run_id: UUID) -> dict[str, str]:
     with get_client(sync_client=True) as client:
         runs = client.read_task_runs(
@@ -174,6 +186,7 @@ def two_runs(home: Path, corpus: str) -> list[tuple[PretrainSummary, UUID]]:
     runs = []
     for _ in range(2):
         state = pretrain(params, return_state=True)
+        APILogWorker.drain_all(timeout=30)  # the run's log lines reach the server before we read them
         runs.append((state.result(), state.state_details.flow_run_id))
     return runs
 
@@ -254,11 +267,7 @@ def test_the_flow_log_says_what_happens_in_domain_terms(
     two_runs: list[tuple[PretrainSummary, UUID]],
 ) -> None:
     _, flow_run_id = two_runs[0]
-    with get_client(sync_client=True) as client:
-        logs = client.read_logs(
-            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
-        )
-    text = "\n".join(log.message for log in logs)
+    text = "\n".join(_log_messages(flow_run_id))
 
     for expected in (
         r"dataset train: [\d,]+ sentences, [\d,]+ tokens, OOV [\d.]+%",
@@ -333,7 +342,7 @@ def analyzed(home: Path) -> tuple[AnalyzeSummary, UUID]:
         seeds=[0, 1],
     )
     state = analyze(params, return_state=True)
-    APILogWorker.drain_all(timeout=10)  # the run's log lines reach the server before we read them
+    APILogWorker.drain_all(timeout=30)  # the run's log lines reach the server before we read them
     assert state.state_details.flow_run_id is not None
     return state.result(), state.state_details.flow_run_id
 
@@ -362,11 +371,7 @@ def test_the_analyze_flow_publishes_and_logs_the_table(
 ) -> None:
     summary, flow_run_id = analyzed
     artifact = _artifacts(flow_run_id)["analysis"]
-    with get_client(sync_client=True) as client:
-        logs = client.read_logs(
-            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
-        )
-    messages = {log.message for log in logs}
+    messages = set(_log_messages(flow_run_id))
 
     assert artifact.type == "markdown"
     markdown = str(artifact.data)
