@@ -22,7 +22,9 @@ def adapt(params: AdaptParams) -> list[str]:
     check_services(ray_jobs=False)
     tasks.check_tasks(params.tasks)
     with tasks.flow_parent_run("adapt", params.bilm, params) as parent:
-        results = tasks.adapt(params.bilm, params.tasks, parent, params.bilm_options)
+        results = tasks.adapt(
+            params.bilm, params.tasks, parent, params.bilm_options, seeds=params.seeds
+        )
         run_ids = {"flow (parent)": parent, **{f"adapt {r.task}": r.run_id for r in results}}
         publish_markdown("adapt-summary", adapt_markdown(params.bilm, results, run_ids))
     return [result.model_uri for result in results]

@@ -15,7 +15,8 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import BaseModel
 
 from elmo_core.data.manifest import Manifest
-from pipelines.adapt.stage import AdaptResult
+from elmo_core.tasks.seeds import Scores
+from pipelines.adapt.stage import AdaptResult, result_line
 from pipelines.analyze.table import Row, markdown
 from pipelines.common.flow_runs import run_links
 from pipelines.evaluate.result import EvaluationResult
@@ -36,9 +37,10 @@ class PretrainSummary(BaseModel):
     model_uri: str
     champion: bool
     task_models: list[str]
-    task_scores: list[str]  # per task: test score with and without ELMo (task_line)
+    task_scores: list[str]  # per task: scores over seeds with and without ELMo (result_line)
     parent_run_id: str
     analysis_run_id: str | None = None  # the analyze run, when the flow ran the analysis
+    analysis_headline: list[str] = []  # and its headline (pipelines.analyze.table.headline)
 
 
 class AnalyzeSummary(BaseModel):
@@ -106,15 +108,6 @@ def registry_line(model: RegisteredBiLM) -> str:
     return f"{verb} {model.uri}, alias @{model.alias}: {_decision(model)}"
 
 
-def task_line(result: AdaptResult) -> str:
-    metric = result.metric
-    elmo, baseline = result.elmo_test.get(metric), result.baseline_test.get(metric)
-    return (
-        f"task {result.task}: test {metric} {_score(elmo)} with ELMo, {_score(baseline)} "
-        f"without (gain {_gain(result)}) → {result.model_uri}"
-    )
-
-
 def summary_metrics(
     evaluation: EvaluationResult, results: Sequence[AdaptResult]
 ) -> dict[str, float]:
@@ -126,14 +119,15 @@ def summary_metrics(
         f"{split}_perplexity_backward": evaluation.backward_perplexity,
     }
     for result in results:
-        metric = result.metric
-        for name, value in (
-            (f"{result.task}/test_{metric}", result.elmo_test.get(metric)),
-            (f"{result.task}/test_{metric}_baseline", result.baseline_test.get(metric)),
-            (f"{result.task}/test_gain", result.gain.get(f"test_{metric}")),
-        ):
-            if value is not None:
-                metrics[name] = value
+        elmo, baseline = Scores(tuple(result.elmo_scores)), Scores(tuple(result.baseline_scores))
+        name = f"{result.task}/{_split(result)}_{result.metric}"
+        metrics |= {
+            f"{name}_mean": elmo.mean,
+            f"{name}_spread": elmo.spread,
+            f"{name}_baseline_mean": baseline.mean,
+            f"{name}_baseline_spread": baseline.spread,
+            f"{name}_gain_mean": elmo.mean - baseline.mean,
+        }
     return metrics
 
 
@@ -155,19 +149,20 @@ def perplexity_rows(evaluation: EvaluationResult) -> Rows:
 
 
 def task_rows(results: Sequence[AdaptResult]) -> Rows:
-    """Per task: the main metric on dev and test with and without ELMo, and the gain."""
+    """Per task: the main metric's mean and spread over the seeds, with and without ELMo."""
     rows = []
     for result in results:
-        metric = result.metric
+        elmo, baseline = Scores(tuple(result.elmo_scores)), Scores(tuple(result.baseline_scores))
         rows.append(
             {
                 "task": result.task,
-                "metric": metric,
-                "dev_elmo": _rounded(result.elmo_dev.get(metric)),
-                "dev_baseline": _rounded(result.baseline_dev.get(metric)),
-                "test_elmo": _rounded(result.elmo_test.get(metric)),
-                "test_baseline": _rounded(result.baseline_test.get(metric)),
-                "test_gain": _rounded(result.gain.get(f"test_{metric}")),
+                "score": f"{_split(result)} {result.metric}",
+                "seeds": len(result.seeds),
+                "elmo": round(elmo.mean, 4),
+                "elmo_spread": round(elmo.spread, 4),
+                "baseline": round(baseline.mean, 4),
+                "baseline_spread": round(baseline.spread, 4),
+                "gain": round(elmo.mean - baseline.mean, 4),
                 "model": result.model_uri,
             }
         )
@@ -188,7 +183,7 @@ def summary_markdown(
         f"- {train_line(train)}; model in `{train.model_dir}`",
         f"- {perplexity_line(evaluation)}",
         f"- {registry_line(model)}",
-        *[f"- {task_line(r)}" for r in results],
+        *[f"- {result_line(r)}" for r in results],
         "",
         "## MLflow runs",
         "",
@@ -205,7 +200,7 @@ def adapt_markdown(bilm: str, results: Sequence[AdaptResult], run_ids: dict[str,
         "# ELMo adaptation",
         "",
         f"- biLM `{bilm}`",
-        *[f"- {task_line(r)}" for r in results],
+        *[f"- {result_line(r)}" for r in results],
         "",
         "## MLflow runs",
         "",
@@ -224,17 +219,8 @@ def _decision(model: RegisteredBiLM) -> str:
     return "champion policy not applied" if model.decision is None else model.decision.reason
 
 
-def _gain(result: AdaptResult) -> str:
-    value = result.gain.get(f"test_{result.metric}")
-    return "n/a" if value is None else f"{value:+.4f}"
-
-
-def _score(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.4f}"
-
-
-def _rounded(value: float | None) -> float | None:
-    return None if value is None else round(value, 4)
+def _split(result: AdaptResult) -> str:
+    return "test" if result.elmo_test else "dev"
 
 
 def publish_table(key: str, rows: Rows, description: str) -> None:

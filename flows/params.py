@@ -19,14 +19,15 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from elmo_core.analysis.task_runs import DEFAULT_FRACTIONS, DEFAULT_SEEDS
+from elmo_core.analysis.task_runs import DEFAULT_FRACTIONS
 from elmo_core.config import PrepareConfig, override_pattern, resolve_config
 from elmo_core.errors import ConfigError
+from elmo_core.tasks.seeds import DEFAULT_SEEDS
 from pipelines.common.settings import RAY_JOBS_ENV, elmo_home
 from pipelines.train.config import TrainJobConfig, resolve_train_config
 from pipelines.train.ray_job import TrainJob
 
-Preset = Literal["tiny", "small", "medium", "original"]
+Preset = Literal["tiny", "mini", "small", "medium", "original"]
 Mode = Literal["local", "ray-job"]
 DEFAULT_BILM = "models:/elmo-bilm@champion"
 # ``key=value`` strings whose key the config has: the JSON schema carries the pattern, so the
@@ -134,10 +135,21 @@ class PretrainParams(Params):
         default_factory=list, description="task config YAML paths (relative: to the repository)"
     )
     model_name: str = Field("elmo-bilm", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    seeds: list[int] = Field(
+        default_factory=lambda: list(DEFAULT_SEEDS),
+        min_length=1,
+        description="seeds: each task trains with and without ELMo once per seed; scores are "
+        "means (and spreads) over them",
+    )
     analyze: bool = Field(
         False,
         description="run the analysis on the new biLM after adapt, over `tasks` and the bundled "
-        "sense set (the analysis' default fractions and seeds)",
+        "sense set, with `fractions` and `seeds`",
+    )
+    fractions: list[Fraction] = Field(
+        default_factory=lambda: list(DEFAULT_FRACTIONS),
+        min_length=1,
+        description="the analysis' training fractions (sample-efficiency curve), each in (0, 1]",
     )
 
 
@@ -147,6 +159,11 @@ class AdaptParams(Params):
     tasks: list[str] = Field(min_length=1, description="task config YAML paths")
     bilm: str = Field(DEFAULT_BILM, description="models:/ URI, model/run directory or HDF5")
     bilm_options: str | None = Field(None, description="options.json of an HDF5 biLM")
+    seeds: list[int] = Field(
+        default_factory=lambda: list(DEFAULT_SEEDS),
+        min_length=1,
+        description="seeds: each task trains with and without ELMo once per seed",
+    )
 
 
 class AnalyzeParams(Params):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from prefect import flow
 
-from flows.artifacts import PretrainSummary, task_line
+from flows.artifacts import PretrainSummary
 from flows.params import PretrainParams
 from flows.tasks import (
     BUNDLED_SENSES,
@@ -28,6 +28,7 @@ from flows.tasks import (
     summarize,
     train,
 )
+from pipelines.adapt.stage import result_line
 from pipelines.common.services import check_services
 
 
@@ -38,18 +39,26 @@ def pretrain(params: PretrainParams) -> PretrainSummary:
     check_services(ray_jobs=params.training.resolved_mode() == "ray-job")
     check_tasks(params.tasks)
     if params.analyze:
-        check_analysis(params.tasks)
+        check_analysis(params.tasks, params.fractions, params.seeds)
     subject = f"{params.data.corpus_name()} {params.training.model}"
     with flow_parent_run("pretrain", subject, params) as parent:
         dataset = prepare(params.data, parent)
         run = train(dataset, params.training, parent)
         perplexity = evaluate(run, dataset, parent)
         model = register(run, dataset, perplexity, params.model_name, parent)
-        results = adapt(model.uri, params.tasks, parent)
+        results = adapt(model.uri, params.tasks, parent, seeds=params.seeds)
         analysis = None
         if params.analyze and params.tasks:
-            analysis = analyze(model.uri, params.tasks, parent, senses=BUNDLED_SENSES).run_id
-        summarize(dataset, run, perplexity, model, results, parent, analysis)
+            analysis = analyze(
+                model.uri,
+                params.tasks,
+                parent,
+                senses=BUNDLED_SENSES,
+                fractions=params.fractions,
+                seeds=params.seeds,
+            )
+        analysis_run = analysis.run_id if analysis is not None else None
+        summarize(dataset, run, perplexity, model, results, parent, analysis_run)
     return PretrainSummary(
         dataset=dataset,
         train_run=run.run_name,
@@ -59,7 +68,8 @@ def pretrain(params: PretrainParams) -> PretrainSummary:
         model_uri=model.uri,
         champion=model.champion,
         task_models=[result.model_uri for result in results],
-        task_scores=[task_line(result) for result in results],
+        task_scores=[result_line(result) for result in results],
         parent_run_id=parent,
-        analysis_run_id=analysis,
+        analysis_run_id=analysis_run,
+        analysis_headline=analysis.headline if analysis is not None else [],
     )

@@ -23,10 +23,11 @@ from prefect.runtime import flow_run
 from prefect.states import State
 from pydantic import BaseModel
 
-from elmo_core.analysis.task_runs import DEFAULT_FRACTIONS, DEFAULT_SEEDS
+from elmo_core.analysis.task_runs import DEFAULT_FRACTIONS
 from elmo_core.data.reader import load_manifest
 from elmo_core.errors import ElmoError
 from elmo_core.tasks import load_task_config
+from elmo_core.tasks.seeds import DEFAULT_SEEDS
 from flows.artifacts import (
     analysis_markdown,
     dataset_lines,
@@ -38,14 +39,13 @@ from flows.artifacts import (
     registry_line,
     summary_markdown,
     summary_metrics,
-    task_line,
     task_rows,
     train_line,
 )
 from flows.cache import PrepareCachePolicy, dataset_exists
 from flows.params import DataParams, TrainingParams
 from pipelines.adapt import stage as adapt_stage
-from pipelines.adapt.stage import AdaptResult
+from pipelines.adapt.stage import AdaptResult, result_line
 from pipelines.analyze import stage as analyze_stage
 from pipelines.analyze.stage import AnalyzeResult
 from pipelines.analyze.table import format_rows
@@ -277,25 +277,35 @@ def check_tasks(paths: list[str]) -> None:
 
 @task(name="adapt")
 def adapt(
-    bilm: str, task_paths: list[str], parent_run_id: str, bilm_options: str | None = None
+    bilm: str,
+    task_paths: list[str],
+    parent_run_id: str,
+    bilm_options: str | None = None,
+    *,
+    seeds: Sequence[int] = DEFAULT_SEEDS,
 ) -> list[AdaptResult]:
     """One adaptation job per task (in parallel on Ray), each an ``elmo-<task>`` model."""
     if not task_paths:
         return []
     configs = [load_task_config(path) for path in task_paths]
     results = adapt_stage.adapt(
-        configs, bilm, bilm_options=bilm_options, parent_run_id=parent_run_id, tags=flow_tags()
+        configs,
+        bilm,
+        bilm_options=bilm_options,
+        seeds=seeds,
+        parent_run_id=parent_run_id,
+        tags=flow_tags(),
     )
     for result in results:
-        get_run_logger().info(task_line(result))
+        get_run_logger().info(result_line(result))
     publish_table("task-scores", task_rows(results), "task scores with and without ELMo")
     return results
 
 
-def check_analysis(task_paths: list[str]) -> None:
+def check_analysis(task_paths: list[str], fractions: Sequence[float], seeds: Sequence[int]) -> None:
     """What the ``pretrain`` flow's analysis will read, checked before training, not after it."""
     configs = [load_task_config(path) for path in task_paths]
-    analyze_stage.check_inputs(configs, BUNDLED_SENSES, DEFAULT_FRACTIONS, DEFAULT_SEEDS)
+    analyze_stage.check_inputs(configs, BUNDLED_SENSES, fractions, seeds)
 
 
 @task(name="analyze")
@@ -321,7 +331,7 @@ def analyze(
         parent_run_id=parent_run_id,
         tags=flow_tags(),
     )
-    for line in format_rows(result.rows).splitlines():
+    for line in [*format_rows(result.rows).splitlines(), *result.headline]:
         get_run_logger().info(line)
     run_ids = {"flow (parent)": parent_run_id, "analyze": result.run_id}
     publish_markdown("analysis", analysis_markdown(bilm, result.rows, run_ids), "analysis table")

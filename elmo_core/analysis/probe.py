@@ -19,6 +19,7 @@ Shapes: B tokens of a batch, L layers, D layer width, K tags, N tokens of a spli
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -33,6 +34,7 @@ from elmo_core.tasks.readers import AnyDataset
 from elmo_core.tasks.task_model import Example
 
 DEFAULT_EPOCHS = 5
+MIN_UPDATES = 500  # a small tagged set gets more epochs: a probe must converge to be compared
 DEFAULT_BATCH_SIZE = 256  # tokens
 DEFAULT_LR = 1e-3
 DEFAULT_WEIGHT_DECAY = 0.01  # AdamW's decoupled decay on the weights, not the biases
@@ -112,11 +114,13 @@ def linear_probe(
     batch_size: int = DEFAULT_BATCH_SIZE,
     lr: float = DEFAULT_LR,
     weight_decay: float = DEFAULT_WEIGHT_DECAY,
+    min_updates: int = MIN_UPDATES,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     device: str | torch.device = "cpu",
     progress: ProbeCallback | None = None,
 ) -> ProbeResult:
-    """Train one linear tagger per layer of ``train`` and score each on ``test``.
+    """Train one linear tagger per layer of ``train`` and score each on ``test``: ``epochs``
+    epochs, or as many as make ``min_updates`` minibatch updates when that is more.
 
     ``progress(epoch, losses)`` is called after each epoch (from 1) with each layer's mean loss.
     """
@@ -130,6 +134,7 @@ def linear_probe(
     probes.mean.copy_(torch.from_numpy(mean))
     probes.scale.copy_(torch.from_numpy(scale))
     probes.to(device)
+    epochs = max(epochs, math.ceil(min_updates / math.ceil(len(train_tags) / batch_size)))
     history = _fit(
         probes, train.activations, train_tags, seed, epochs, batch_size, lr, weight_decay, progress
     )

@@ -1,7 +1,8 @@
 """The task runs behind the paper's §5 comparisons, each over several seeds.
 
 - **Sample efficiency** (§5.5): the task trained on fractions of its training examples, with and
-  without ELMo. The fractions of one seed are nested, so the curve reads as data added.
+  without ELMo. The fractions of one seed are nested, so the curve reads as data added; each
+  fraction trains for as many updates as the whole split (more epochs, early stopping on dev).
 - **Per layer** (§5.3, Table 5/6 style): the ELMo model on one biLM layer alone, and on the learned
   mix of all of them, whose weights (§5.6) are kept.
 - **Placement** (§5.2): ELMo at the task RNN's input, and at its input and output.
@@ -13,6 +14,7 @@ ELMo run with the mix at the input is shared by all three comparisons, so it run
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,29 +24,13 @@ import torch
 from elmo_core.analysis.sampling import check_fractions, subsample
 from elmo_core.tasks.config import TaskConfig
 from elmo_core.tasks.readers import task_labels
+from elmo_core.tasks.seeds import DEFAULT_SEEDS, Scores
 from elmo_core.tasks.trainer import TaskResult, TaskSplit, main_metric, train_task
 
 DEFAULT_FRACTIONS = (0.01, 0.05, 0.1, 0.25, 1.0)
-DEFAULT_SEEDS = (0, 1, 2)
 MIX = "mix"  # the per-layer comparison's learned mix of every layer
 INPUT, INPUT_OUTPUT = "input", "input+output"  # ELMo's placements
-Progress = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class Scores:
-    """One score per seed, and what a table shows of them."""
-
-    values: tuple[float, ...]
-
-    @property
-    def mean(self) -> float:
-        return statistics.fmean(self.values)
-
-    @property
-    def spread(self) -> float:
-        """The sample standard deviation over seeds (0 for one seed)."""
-        return statistics.stdev(self.values) if len(self.values) > 1 else 0.0
+Progress = Callable[[str], object]
 
 
 @dataclass
@@ -81,14 +67,16 @@ def analyze_task(
     # The labels of the whole training split: a fraction may lack a rare tag that dev or test has.
     labels = task_labels(task, train.dataset)
     base = task.model_copy(update={"head": head, "labels": labels})
-    runs = _Runs(splits, split, device, progress, total=_num_runs(fractions, seeds, num_layers))
+    runs = _Runs(splits, split, device, progress, total=num_runs(fractions, seeds, num_layers))
     full: dict[int, TaskResult] = {}
     for fraction in sorted(fractions):
         scores: dict[str, list[float]] = {"elmo": [], "baseline": []}
         for seed in seeds:
             part = _fraction_of(train, fraction, seed)
+            budget = same_updates(base, len(train.dataset.examples), len(part.dataset.examples))
             for name, use_elmo in (("elmo", True), ("baseline", False)):
-                result = runs.train(base, part, use_elmo, seed, f"{fraction:g} of train, {name}")
+                what = f"{fraction:g} of train, {name}"
+                result = runs.train(budget, part, use_elmo, seed, what)
                 scores[name].append(runs.score(result))
                 if use_elmo and fraction == 1.0:
                     full[seed] = result
@@ -155,6 +143,13 @@ def _fraction_of(train: TaskSplit, fraction: float, seed: int) -> TaskSplit:
     return train.subset(subsample(list(train.dataset.examples), fraction, seed))
 
 
+def same_updates(task: TaskConfig, full: int, part: int) -> TaskConfig:
+    """``task`` with as many epochs over ``part`` examples as make the updates of its epochs over
+    ``full``: a smaller fraction must not lose by training less (early stopping still ends it)."""
+    epochs = math.ceil(task.training.epochs * full / max(part, 1))
+    return task.model_copy(update={"training": task.training.model_copy(update={"epochs": epochs})})
+
+
 def _with_head(task: TaskConfig, **head: object) -> TaskConfig:
     return task.model_copy(update={"head": task.head.model_copy(update=head)})
 
@@ -163,6 +158,7 @@ def _mean_weights(per_seed: Sequence[Sequence[float]]) -> list[float]:
     return [statistics.fmean(weights) for weights in zip(*per_seed, strict=True)]
 
 
-def _num_runs(fractions: Sequence[float], seeds: Sequence[int], num_layers: int) -> int:
+def num_runs(fractions: Sequence[float], seeds: Sequence[int], num_layers: int) -> int:
+    """How many task models :func:`analyze_task` trains."""
     shared = 0 if 1.0 in fractions else 1
     return len(seeds) * (2 * len(fractions) + shared + num_layers + 1)

@@ -38,14 +38,17 @@ from elmo_core.tasks import load_task_config, read_task_split
 from elmo_core.tasks.activation_cache import ActivationCache
 from elmo_core.tasks.config import SPLITS, TaskConfig
 from elmo_core.tasks.readers import AnyDataset, check_labels, task_labels
+from elmo_core.tasks.seeds import DEFAULT_SEEDS, Scores, difference
 from elmo_core.tasks.task_model import example_sentences
 from elmo_core.tasks.trainer import BASELINE, TaskResult, TaskSplit, main_metric, train_task
 from pipelines.adapt.error_analysis import evaluation_split, log_error_analysis, predict_split
 from pipelines.adapt.figures import log_figure, mix_figure
 from pipelines.adapt.tracking import (
+    SeedRun,
     TaskModelVersion,
     epoch_logger,
     gains,
+    headline_score,
     input_columns,
     log_outcome,
     log_task_data,
@@ -53,7 +56,7 @@ from pipelines.adapt.tracking import (
     source_tags,
     task_params,
 )
-from pipelines.common.cli_runner import run_command
+from pipelines.common.cli_runner import comma_separated, run_command
 from pipelines.common.settings import elmo_home, mlflow_tracking_uri
 from pipelines.common.tracking import (
     EXPERIMENT,
@@ -94,13 +97,16 @@ class AdaptJob:
     task: TaskConfig
     bilm: BiLMReference
     cache_dir: str
+    seeds: tuple[int, ...] = DEFAULT_SEEDS
     parent_run_id: str | None = None
     tags: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class AdaptResult:
-    """Scores with and without ELMo, the gain, the learned mix and the registered model."""
+    """Scores with and without ELMo, the gain, the learned mix and the registered model (the
+    first seed's); ``elmo_scores`` and ``baseline_scores``: the main metric on test (dev without
+    a test split) for every seed."""
 
     task: str
     run_id: str
@@ -115,6 +121,9 @@ class AdaptResult:
     gain: dict[str, float]  # "dev_<metric>" / "test_<metric>": ELMo − baseline
     mix_weights: list[float]
     gamma: float
+    seeds: list[int] = field(default_factory=list)
+    elmo_scores: list[float] = field(default_factory=list)
+    baseline_scores: list[float] = field(default_factory=list)
     baseline: str = BASELINE  # which baseline ran
 
 
@@ -123,12 +132,18 @@ def adapt(
     bilm: str,
     *,
     bilm_options: str | None = None,
+    seeds: Sequence[int] = DEFAULT_SEEDS,
     parent_run_id: str | None = None,
     tags: Mapping[str, str] | None = None,
     resources: AdaptResources | None = None,
 ) -> list[AdaptResult]:
-    """Adapt ``bilm`` to every task, the tasks in parallel as Ray tasks; results in task order."""
+    """Adapt ``bilm`` to every task, the tasks in parallel as Ray tasks; results in task order.
+    Each task trains ELMo and the baseline once per seed."""
     check_tasks(tasks)
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ConfigError(
+            f"seeds must be distinct and at least one, not {list(seeds)}", key="seeds"
+        )
     # A bad source fails before any job starts; an alias is pinned, so every job loads one version.
     reference = resolve_bilm(bilm, bilm_options, options_key="bilm_options")
     use_tracking()
@@ -136,7 +151,7 @@ def adapt(
     cache_dir = str(elmo_home() / "cache" / "activations")
     parent = parent_run_id or os.environ.get(PARENT_RUN_ENV) or None
     run_tags = source_tags(parent) | dict(tags or {})  # the commit is the driver's checkout's
-    jobs = [AdaptJob(task, reference, cache_dir, parent, run_tags) for task in tasks]
+    jobs = [AdaptJob(task, reference, cache_dir, tuple(seeds), parent, run_tags) for task in tasks]
     return _run_on_ray(jobs, resources or AdaptResources())
 
 
@@ -157,14 +172,24 @@ def run_adapt_job(job: AdaptJob) -> AdaptResult:
             mlflow.log_params(task_params(task) | {"bilm": job.bilm.location, "device": device})
             mlflow.log_dict(task.model_dump(mode="json"), "config.json")
             log_task_data(task)
-            elmo, baseline = (
-                _train(task, splits, use_elmo, device, seconds) for use_elmo in (True, False)
-            )
+            mlflow.log_param("seeds", ",".join(map(str, job.seeds)))
+            runs = [
+                SeedRun(
+                    seed,
+                    *(
+                        _train(task, splits, use_elmo, seed, device, seconds, curves=seed == first)
+                        for use_elmo in (True, False)
+                    ),
+                )
+                for first in job.seeds[:1]
+                for seed in job.seeds
+            ]
+            elmo, baseline = runs[0].elmo, runs[0].baseline
             example = input_columns(datasets["train"].examples[0])
             model = log_task_model(elmo, baseline, source, job.bilm, Path(scratch), example)
-            log_outcome(elmo, baseline, seconds, model.model_id)
+            log_outcome(runs, seconds, model.model_id)
             _log_analysis(task, elmo, baseline, source, datasets)
-    return _result(run.info.run_id, model, elmo, baseline)
+    return _result(run.info.run_id, model, runs)
 
 
 def read_splits(task: TaskConfig) -> dict[str, AnyDataset]:
@@ -196,10 +221,14 @@ def _train(
     task: TaskConfig,
     splits: Mapping[str, TaskSplit],
     use_elmo: bool,
+    seed: int,
     device: str,
     seconds: dict[str, float],
+    *,
+    curves: bool,
 ) -> TaskResult:
-    """Train one of the two models, logging its curves; its time goes into ``seconds``."""
+    """Train one of the two models with ``seed``, logging its curves when ``curves`` (the first
+    seed's: the model registered); its time is added to ``seconds``."""
     prefix = "elmo" if use_elmo else "baseline"
     started = time.perf_counter()
     result = train_task(
@@ -208,10 +237,11 @@ def _train(
         splits.get("dev"),
         splits.get("test"),
         use_elmo,
-        epoch_callback=epoch_logger(prefix, main_metric(task)),
+        epoch_callback=epoch_logger(prefix, main_metric(task)) if curves else None,
         device=device,
+        seed=seed,
     )
-    seconds[prefix] = time.perf_counter() - started
+    seconds[prefix] = seconds.get(prefix, 0.0) + time.perf_counter() - started
     return result
 
 
@@ -238,9 +268,8 @@ def _log_analysis(
         log_error_analysis(task, elmo.model.labels, found)
 
 
-def _result(
-    run_id: str, model: TaskModelVersion, elmo: TaskResult, baseline: TaskResult
-) -> AdaptResult:
+def _result(run_id: str, model: TaskModelVersion, runs: Sequence[SeedRun]) -> AdaptResult:
+    elmo, baseline = runs[0].elmo, runs[0].baseline
     return AdaptResult(
         task=elmo.task,
         run_id=run_id,
@@ -255,6 +284,9 @@ def _result(
         gain=gains(elmo, baseline),
         mix_weights=list(elmo.mix_weights or []),
         gamma=float(elmo.gamma if elmo.gamma is not None else 1.0),
+        seeds=[run.seed for run in runs],
+        elmo_scores=[headline_score(run.elmo) for run in runs],
+        baseline_scores=[headline_score(run.baseline) for run in runs],
     )
 
 
@@ -305,6 +337,9 @@ def adapt_command(
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="key=value override for every task")
     ] = None,
+    seeds: Annotated[
+        str, typer.Option(help="seeds, comma-separated: scores are means over them")
+    ] = ",".join(map(str, DEFAULT_SEEDS)),
     parent_run_id: Annotated[str | None, typer.Option(help="MLflow parent run")] = None,
     cpus_per_task: Annotated[float, typer.Option(help="Ray CPUs per job")] = 1.0,
     gpus_per_task: Annotated[
@@ -315,27 +350,28 @@ def adapt_command(
     tasks = [load_task_config(path, set_ or []) for path in task]
     resources = AdaptResources(cpus_per_task=cpus_per_task, gpus_per_task=gpus_per_task)
     results = adapt(
-        tasks, bilm, bilm_options=bilm_options, parent_run_id=parent_run_id, resources=resources
+        tasks,
+        bilm,
+        bilm_options=bilm_options,
+        seeds=comma_separated(seeds, int, "seeds"),
+        parent_run_id=parent_run_id,
+        resources=resources,
     )
-    typer.echo(f"{'task':<20} {'metric':<9} {'dev':>15} {'test':>15} {'gain (test)':>11}  model")
     for result in results:
-        typer.echo(_result_line(result))
+        typer.echo(result_line(result))
     typer.echo(f"baseline: {BASELINE}")
 
 
-def _result_line(result: AdaptResult) -> str:
-    """``dev`` and ``test`` as ``baseline → ELMo``."""
-    metric = result.metric
-
-    def pair(baseline: dict[str, float], elmo: dict[str, float]) -> str:
-        if metric not in elmo:
-            return "-"
-        return f"{baseline[metric]:.4f}→{elmo[metric]:.4f}"
-
-    gain = result.gain.get(f"test_{metric}", result.gain.get(f"dev_{metric}", float("nan")))
-    dev = pair(result.baseline_dev, result.elmo_dev)
-    test = pair(result.baseline_test, result.elmo_test)
-    return f"{result.task:<20} {metric:<9} {dev:>15} {test:>15} {gain:>+11.4f}  {result.model_uri}"
+def result_line(result: AdaptResult) -> str:
+    """``task ner: test f1 0.9120 ± 0.0100 with ELMo, 0.8800 ± 0.0200 without over seeds 0,1,2
+    (gain +0.0320, beyond the seeds' spread (0.0224)) → models:/elmo-ner/3``."""
+    split = "test" if result.elmo_test else "dev"
+    elmo, baseline = Scores(tuple(result.elmo_scores)), Scores(tuple(result.baseline_scores))
+    seeds = ",".join(map(str, result.seeds))
+    return (
+        f"task {result.task}: {split} {result.metric} {elmo} with ELMo, {baseline} without over "
+        f"seeds {seeds} ({difference(elmo, baseline)}) → {result.model_uri}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

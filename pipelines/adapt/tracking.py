@@ -8,10 +8,13 @@ or ``accuracy``):
   the head also mixes ELMo at its output); ``baseline/train_loss``, ``baseline/dev_<metric>``;
 - final, a few single values, linked to the logged task model: ``elmo/best_dev_<metric>`` (the
   dev score of the epoch kept), ``elmo/test_<metric>``, the same under ``baseline/``, and
-  ``gain/dev_<metric>``, ``gain/test_<metric>`` (ELMo − baseline);
+  ``gain/dev_<metric>``, ``gain/test_<metric>`` (ELMo − baseline), all of the first seed's
+  models (the one registered, whose curves are logged); over every seed, the main score on test
+  (dev without a test split) as ``elmo/test_<metric>_mean`` and ``_spread``, the same under
+  ``baseline/``, and ``gain/test_<metric>_mean``;
 - everything else is in ``scores.json``: every score of both models on dev and test (precision,
-  recall, accuracy, per-type F1), the epochs kept, the learned mix at the kept epoch and the
-  seconds each part took.
+  recall, accuracy, per-type F1), the epochs kept, the learned mix at the kept epoch, each
+  seed's main scores and the seconds each part took.
 
 Params are the task config's fields that apply to its format and type (``config.json`` holds it
 whole), plus the biLM and the device; the task's files are the run's datasets. Figures and
@@ -20,7 +23,7 @@ tables are :mod:`pipelines.adapt.figures` and :mod:`pipelines.adapt.error_analys
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +32,7 @@ import mlflow
 from elmo_core.files import sha256_file
 from elmo_core.tasks.config import SPLITS, TaskConfig
 from elmo_core.tasks.dataset import PairExample
+from elmo_core.tasks.seeds import Scores
 from elmo_core.tasks.task_model import Example
 from elmo_core.tasks.trainer import TaskResult, main_metric
 from pipelines.common.tracking import flatten_params, git_commit, log_input_file
@@ -77,6 +81,38 @@ class TaskModelVersion:
     name: str
     version: int
     model_id: str
+
+
+@dataclass(frozen=True)
+class SeedRun:
+    """The ELMo model and the baseline trained with one seed."""
+
+    seed: int
+    elmo: TaskResult
+    baseline: TaskResult
+
+
+def headline_score(result: TaskResult) -> float:
+    """The main metric on test, or on dev when the task has no test split (NaN: neither)."""
+    for split in (result.test_metrics, result.dev_metrics):
+        if result.metric in split:
+            return split[result.metric]
+    return float("nan")
+
+
+def seed_metrics(runs: Sequence[SeedRun]) -> dict[str, float]:
+    """Each model's mean and spread of the main score over the seeds, and the mean gain."""
+    split = "test" if runs[0].elmo.test_metrics else "dev"
+    name = f"{split}_{runs[0].elmo.metric}"
+    elmo = Scores(tuple(headline_score(run.elmo) for run in runs))
+    baseline = Scores(tuple(headline_score(run.baseline) for run in runs))
+    return {
+        f"elmo/{name}_mean": elmo.mean,
+        f"elmo/{name}_spread": elmo.spread,
+        f"baseline/{name}_mean": baseline.mean,
+        f"baseline/{name}_spread": baseline.spread,
+        f"gain/{name}_mean": elmo.mean - baseline.mean,
+    }
 
 
 def source_tags(parent_run_id: str | None) -> dict[str, str]:
@@ -189,13 +225,16 @@ def scores(
     }
 
 
-def log_outcome(
-    elmo: TaskResult, baseline: TaskResult, seconds: Mapping[str, float], model_id: str
-) -> None:
+def log_outcome(runs: Sequence[SeedRun], seconds: Mapping[str, float], model_id: str) -> None:
     """The final metrics, linked to the logged task model so its page shows them, and
     ``scores.json``."""
-    mlflow.log_metrics(final_metrics(elmo, baseline), model_id=model_id)
-    mlflow.log_dict(scores(elmo, baseline, seconds), SCORES_FILE)
+    elmo, baseline = runs[0].elmo, runs[0].baseline
+    mlflow.log_metrics(final_metrics(elmo, baseline) | seed_metrics(runs), model_id=model_id)
+    by_seed = {
+        str(run.seed): {"elmo": headline_score(run.elmo), "baseline": headline_score(run.baseline)}
+        for run in runs
+    }
+    mlflow.log_dict(scores(elmo, baseline, seconds) | {"seeds": by_seed}, SCORES_FILE)
 
 
 def log_task_model(

@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import mlflow
 import torch
@@ -39,12 +39,13 @@ from elmo_core.analysis.senses import (
     sense_sentences,
     target_vectors,
 )
-from elmo_core.analysis.task_runs import DEFAULT_FRACTIONS, DEFAULT_SEEDS, analyze_task
+from elmo_core.analysis.task_runs import DEFAULT_FRACTIONS, analyze_task, num_runs
 from elmo_core.errors import ConfigError
 from elmo_core.tasks import load_task_config
 from elmo_core.tasks.activation_cache import ActivationCache
 from elmo_core.tasks.config import TaskConfig
 from elmo_core.tasks.readers import AnyDataset, task_labels
+from elmo_core.tasks.seeds import DEFAULT_SEEDS
 from elmo_core.tasks.trainer import TaskSplit
 from pipelines.adapt.figures import log_figure
 from pipelines.adapt.stage import cache_splits, check_tasks, read_splits
@@ -56,13 +57,15 @@ from pipelines.analyze.table import (
     compare_rows,
     format_rows,
     from_json,
+    headline,
     markdown,
     probe_row,
     sense_row,
     task_rows,
     to_json,
 )
-from pipelines.common.cli_runner import run_command
+from pipelines.common.cli_runner import comma_separated, run_command
+from pipelines.common.console_progress import console_progress
 from pipelines.common.settings import elmo_home
 from pipelines.common.tracking import PARENT_RUN_ENV, stage_run, use_tracking
 from pipelines.models.bilm_loader import OPTIONS_HELP, SOURCE_HELP, load_bilm, resolve_bilm
@@ -78,6 +81,7 @@ class AnalyzeResult:
 
     run_id: str
     rows: list[Row] = field(default_factory=list)
+    headline: list[str] = field(default_factory=list)  # table.headline's lines
 
 
 def analyze(
@@ -114,11 +118,11 @@ def analyze(
                     "device": device,
                 }
             )
-            rows = _run_analyses(
+            rows, lines = _run_analyses(
                 tasks, datasets, source, sense_splits, cache_dir, device, fractions, seeds
             )
             _log_rows(rows)
-    return AnalyzeResult(run.info.run_id, rows)
+    return AnalyzeResult(run.info.run_id, rows, lines)
 
 
 def check_inputs(
@@ -148,19 +152,24 @@ def _run_analyses(
     device: str,
     fractions: Sequence[float],
     seeds: Sequence[int],
-) -> list[Row]:
+) -> tuple[list[Row], list[str]]:
+    """The table's rows and its headline."""
     rows: list[Row] = []
     results, probes = [], []
     for task in tasks:
         splits = cache_splits(bilm, datasets[task.name], cache_dir)
-        result = analyze_task(
-            task,
-            splits,
-            fractions=fractions,
-            seeds=seeds,
-            device=device,
-            progress=typer.echo,
-        )
+        activations = splits["train"].activations
+        assert activations is not None  # cache_splits computes them
+        total = num_runs(fractions, seeds, activations.num_layers)
+        with console_progress(total, f"analyze {task.name}", unit="run") as bar:
+            result = analyze_task(
+                task,
+                splits,
+                fractions=fractions,
+                seeds=seeds,
+                device=device,
+                progress=lambda _: bar.update(1),
+            )
         log_figure(efficiency_figure(result), f"efficiency_{task.name}.png")
         results.append(result)
         rows += task_rows(result)
@@ -169,7 +178,7 @@ def _run_analyses(
     if sense_splits is not None:
         probes.append(_senses(bilm, sense_splits, cache_dir))
     log_figure(layers_figure(results, probes), "layers.png")
-    return rows + probes
+    return rows + probes, headline(results, probes)
 
 
 def _probe(task: TaskConfig, splits: dict[str, TaskSplit], seed: int, device: str) -> Row:
@@ -264,18 +273,12 @@ def analyze_command(
         bilm,
         bilm_options=bilm_options,
         senses=(senses_train, senses_test) if senses_train and senses_test else None,
-        fractions=_numbers(fractions, float, "fractions"),
-        seeds=_numbers(seeds, int, "seeds"),
+        fractions=comma_separated(fractions, float, "fractions"),
+        seeds=comma_separated(seeds, int, "seeds"),
         parent_run_id=parent_run_id,
     )
     typer.echo(format_rows(result.rows))
-
-
-def _numbers(text: str, kind: type[float] | type[int], key: str) -> list[Any]:
-    try:
-        return [kind(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise ConfigError(f"not a comma-separated list of numbers: '{text}'", key=key) from None
+    typer.echo("\n".join(["", *result.headline]))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,8 @@ from dataclasses import asdict, dataclass
 
 from elmo_core.analysis.probe import ProbeResult
 from elmo_core.analysis.senses import SenseProbeResult
-from elmo_core.analysis.task_runs import INPUT, INPUT_OUTPUT, MIX, Scores, TaskAnalysis
+from elmo_core.analysis.task_runs import INPUT, INPUT_OUTPUT, MIX, TaskAnalysis
+from elmo_core.tasks.seeds import Scores, difference
 
 TABLE_FILE = "analysis.json"
 MARKDOWN_FILE = "analysis.md"
@@ -71,6 +72,34 @@ def probe_row(task: str, result: ProbeResult) -> Row:
     return Row(
         f"{task} linear probe accuracy", cells | {"majority": Cell(result.majority_accuracy)}
     )
+
+
+def headline(results: Sequence[TaskAnalysis], probes: Sequence[Row]) -> list[str]:
+    """What a reader looks for first: per task the fraction of the training data where ELMo
+    gains most (the sample-efficiency point) and the single layer that does best; per probe the
+    layer that wins, against the probe's own baseline."""
+    lines = []
+    for result in results:
+        efficiency = result.efficiency
+        fraction = max(
+            efficiency, key=lambda f: efficiency[f]["elmo"].mean - efficiency[f]["baseline"].mean
+        )
+        elmo, baseline = efficiency[fraction]["elmo"], efficiency[fraction]["baseline"]
+        scores = {name: scores for name, scores in result.layers.items() if name != MIX}
+        layer = max(scores, key=lambda name: scores[name].mean)
+        lines.append(
+            f"{result.task}: with {fraction:.0%} of its training data, {result.metric} {elmo} "
+            f"with ELMo, {baseline} without ({difference(elmo, baseline)}); "
+            f"best single layer {layer} ({scores[layer]})"
+        )
+    for row in probes:
+        layers = {name: cell for name, cell in row.cells.items() if name.startswith("layer ")}
+        best = max(layers, key=lambda name: layers[name].mean)
+        others = ", ".join(
+            f"{name} {cell.text()}" for name, cell in row.cells.items() if name not in layers
+        )
+        lines.append(f"{row.analysis}: {best} wins ({layers[best].text()}; {others})")
+    return lines
 
 
 def format_rows(rows: Sequence[Row]) -> str:

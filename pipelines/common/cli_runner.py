@@ -19,7 +19,7 @@ import click
 import typer
 from typer._click import exceptions as typer_click
 
-from elmo_core.errors import ElmoError
+from elmo_core.errors import ConfigError, ElmoError
 from pipelines.common.console_noise import quiet_environment
 from pipelines.common.services import check_services
 
@@ -89,3 +89,11 @@ def _sigterm_interrupts() -> Iterator[None]:
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+def comma_separated(text: str, kind: type[float] | type[int], key: str) -> list[Any]:
+    """``--seeds 0,1,2``-style option text as numbers; anything else is a user error on ``key``."""
+    try:
+        return [kind(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(f"not a comma-separated list of numbers: '{text}'", key=key) from None

@@ -103,7 +103,7 @@ def stdlib_docstrings(stdlib: Path) -> Iterator[str]:
             tree = ast.parse(path.read_bytes(), filename=str(path))
         except (SyntaxError, ValueError):
             continue  # a file for another Python version (e.g. lib2to3 test data)
-        for node in _documentable(tree):
+        for node in documentable(tree):
             docstring = ast.get_docstring(node, clean=True)
             if docstring:
                 yield from clean_text(docstring)
@@ -112,7 +112,7 @@ def stdlib_docstrings(stdlib: Path) -> Iterator[str]:
 _Documentable = ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef
 
 
-def _documentable(node: ast.AST) -> Iterator[_Documentable]:
+def documentable(node: ast.AST) -> Iterator[_Documentable]:
     """Modules, classes and functions in source order, descending through statement bodies only.
 
     Much cheaper than :func:`ast.walk`, which also visits every expression node.
@@ -124,7 +124,7 @@ def _documentable(node: ast.AST) -> Iterator[_Documentable]:
         if isinstance(children, list):
             for child in children:
                 if isinstance(child, ast.stmt | ast.excepthandler):
-                    yield from _documentable(child)
+                    yield from documentable(child)
 
 
 def _stdlib_sources(stdlib: Path) -> Iterator[Path]:

@@ -245,7 +245,7 @@ def _finish(worker_cfg: WorkerConfig, run_dir: RunDirectory, seconds: float) -> 
 def train_command(
     data: Annotated[str, typer.Option(help="prepared dataset directory or URL")],
     model: Annotated[
-        str | None, typer.Option(help="preset (tiny|small|medium|original) or file")
+        str | None, typer.Option(help="preset (tiny|mini|small|medium|original) or file")
     ] = None,
     config: Annotated[Path | None, typer.Option(help="YAML with model/train/run sections")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="section.key=value")] = None,

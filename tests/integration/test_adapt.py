@@ -17,6 +17,7 @@ from elmo_core.model.bilm import BiLM
 from elmo_core.model.serialization import save_bilm
 from elmo_core.presets import tiny
 from elmo_core.tasks import load_task_config
+from elmo_core.tasks.seeds import Scores
 from elmo_core.text.tokenize import WhitespaceTokenizer
 from pipelines.adapt import stage as adapt_stage
 from pipelines.common import tracking
@@ -95,6 +96,7 @@ def adapted(ray_session, tmp_path_factory):  # type: ignore[no-untyped-def]
         nested = adapt_stage.adapt(
             tasks[1:],
             "models:/elmo-bilm@champion",
+            seeds=[5],
             parent_run_id=parent.info.run_id,
             tags={"elmo.flow": "test"},
         )
@@ -174,7 +176,10 @@ def test_the_chart_view_holds_epoch_curves_and_a_few_final_scores_each_named_onc
         curves = {"elmo/train_loss", f"elmo/dev_{metric}", "elmo/gamma", "baseline/train_loss"}
         curves |= {f"baseline/dev_{metric}"} | {f"elmo/mix_weight_{j}" for j in range(3)}
         finals = {f"{p}/{s}_{metric}" for p in ("elmo", "baseline") for s in ("best_dev", "test")}
-        finals |= {f"gain/dev_{metric}", f"gain/test_{metric}"}
+        finals |= {f"gain/dev_{metric}", f"gain/test_{metric}", f"gain/test_{metric}_mean"}
+        finals |= {
+            f"{p}/test_{metric}_{s}" for p in ("elmo", "baseline") for s in ("mean", "spread")
+        }
         assert set(metrics) == curves | finals
         for name in curves:
             history = adapted.client.get_metric_history(result.run_id, name)
@@ -184,6 +189,12 @@ def test_the_chart_view_holds_epoch_curves_and_a_few_final_scores_each_named_onc
         gain = result.elmo_test[metric] - result.baseline_test[metric]
         assert metrics[f"gain/test_{metric}"] == pytest.approx(gain)
         assert result.gain[f"test_{metric}"] == pytest.approx(gain)
+        # The registered model is the first seed's; the means are over every seed.
+        assert result.seeds == [0, 1, 2] and result.elmo_scores[0] == result.elmo_test[metric]
+        elmo, baseline = Scores(tuple(result.elmo_scores)), Scores(tuple(result.baseline_scores))
+        assert metrics[f"elmo/test_{metric}_mean"] == pytest.approx(elmo.mean)
+        assert metrics[f"baseline/test_{metric}_spread"] == pytest.approx(baseline.spread)
+        assert metrics[f"gain/test_{metric}_mean"] == pytest.approx(elmo.mean - baseline.mean)
 
 
 def test_every_score_the_mix_and_the_timings_are_in_scores_json(adapted) -> None:
@@ -197,6 +208,12 @@ def test_every_score_the_mix_and_the_timings_are_in_scores_json(adapted) -> None
         assert mix["weights"] == pytest.approx(result.mix_weights)
         assert sum(mix["weights"]) == pytest.approx(1) and mix["gamma"] == result.gamma
         assert set(scores["seconds"]) == {"cache", "elmo", "baseline"}
+        assert scores["seeds"] == {
+            str(seed): {"elmo": elmo, "baseline": baseline}
+            for seed, elmo, baseline in zip(
+                result.seeds, result.elmo_scores, result.baseline_scores, strict=True
+            )
+        }
     tagger = mlflow.artifacts.load_dict(f"runs:/{adapted.standalone[0].run_id}/scores.json")
     assert {"precision", "recall", "f1.PER", "f1.LOC", "accuracy"} <= set(tagger["elmo"]["test"])
 

@@ -186,7 +186,7 @@ def two_runs(home: Path, corpus: str) -> list[tuple[PretrainSummary, UUID]]:
     runs = []
     for _ in range(2):
         state = pretrain(params, return_state=True)
-        APILogWorker.drain_all(timeout=30)  # the run's log lines reach the server before we read them
+        APILogWorker.drain_all(timeout=30)  # its log lines reach the server before we read them
         runs.append((state.result(), state.state_details.flow_run_id))
     return runs
 

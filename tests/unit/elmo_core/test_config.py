@@ -14,7 +14,7 @@ def test_presets_have_the_released_sizes():
     assert (original.lstm.cell_dim, original.lstm.projection_dim) == (4096, 512)
     assert model_preset("small").lstm.cell_dim == 1024
     assert model_preset("medium").lstm.projection_dim == 256
-    assert set(PRESETS) == {"tiny", "small", "medium", "original"}
+    assert set(PRESETS) == {"tiny", "mini", "small", "medium", "original"}
 
 
 def test_unknown_preset_lists_known_ones():

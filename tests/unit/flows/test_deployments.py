@@ -101,8 +101,12 @@ def test_the_local_demo_runs_the_smoke_deployments_parameters() -> None:
 
     assert PretrainParams.model_validate(smoke) == PretrainParams.model_validate(smoke_parameters())
     params = PretrainParams.model_validate(smoke)
-    assert params.training.model == "tiny"
-    assert params.training.job_config().train.max_steps <= 500
+    assert params.training.model == "mini"
+    assert params.training.job_config().train.max_steps <= 2000
+    assert params.analyze and len(params.seeds) >= 3
+    for path in params.tasks:
+        task = load_task_config(path)
+        check_fractions(list(read_splits(task)["train"].examples), params.fractions, task.name)
 
 
 def test_the_working_directory_comes_from_elmo_repo() -> None:

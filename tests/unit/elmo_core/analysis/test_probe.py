@@ -20,7 +20,7 @@ from elmo_core.tasks.dataset import ClassificationExample, TaggingExample, TaskD
 
 NUM_LABELS = 3
 DIM = 8
-SETTINGS = {"epochs": 8, "batch_size": 32, "lr": 1e-2}
+SETTINGS = {"epochs": 8, "batch_size": 32, "lr": 1e-2, "min_updates": 0}
 Splits = tuple[CachedActivations, np.ndarray, CachedActivations, np.ndarray]
 
 
@@ -72,6 +72,13 @@ def test_probe_finds_the_tag_in_the_informative_layer_only(splits: Splits) -> No
     assert result.best_layer == 1
     assert len(result.history) == SETTINGS["epochs"]
     assert result.num_train_tokens == 600 and result.num_test_tokens == 300
+
+
+def test_a_small_split_gets_the_epochs_of_the_minimum_number_of_updates(splits: Splits) -> None:
+    settings = SETTINGS | {"min_updates": 100}  # 600 tokens in 19 batches: 6 epochs are 114
+    result = linear_probe(*splits, NUM_LABELS, seed=0, **settings | {"epochs": 2})
+    assert len(result.history) == 6
+    assert len(linear_probe(*splits, NUM_LABELS, seed=0, **settings).history) == 8
 
 
 def test_same_seed_gives_identical_probes(splits: Splits) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from elmo_core.analysis.task_runs import INPUT, INPUT_OUTPUT, MIX, Scores, analyze_task
+from elmo_core.analysis.task_runs import INPUT, INPUT_OUTPUT, MIX, analyze_task, same_updates
 from elmo_core.tasks.activation_cache import CachedActivations
 from elmo_core.tasks.config import TaskConfig
 from elmo_core.tasks.dataset import TaggingExample, TaskDataset
@@ -67,7 +67,8 @@ def test_every_comparison_runs_over_the_seeds_and_the_full_data_run_is_shared() 
     assert len(lines) == 2 * (4 + 3 + 1) and lines[-1].startswith("toy: run 16/16")
 
 
-def test_scores_give_the_mean_and_the_sample_spread() -> None:
-    assert Scores((0.5,)).spread == 0.0
-    scores = Scores((0.5, 0.7, 0.9))
-    assert scores.mean == pytest.approx(0.7) and scores.spread == pytest.approx(0.2)
+def test_a_fraction_trains_for_as_many_updates_as_the_whole_split() -> None:
+    task = TaskConfig(name="toy", type="tagging", format="conllu", train=Path("unused"))
+    assert same_updates(task, full=100, part=25).training.epochs == 4 * task.training.epochs
+    assert same_updates(task, full=100, part=30).training.epochs == 34  # ceil(10 · 100 / 30)
+    assert same_updates(task, full=100, part=100) == task

@@ -1,0 +1,48 @@
+"""Scores over seeds: a task model's score is a mean with a spread, never one lucky draw.
+
+On small task sets two seeds of the same model differ by more than ELMo's gain can (the bundled
+tasks: several points), so every comparison of ELMo against the baseline trains each over the
+same seeds and says whether the difference of the means exceeds the spread of that difference.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+DEFAULT_SEEDS = (0, 1, 2)
+
+
+@dataclass(frozen=True)
+class Scores:
+    """One score per seed."""
+
+    values: tuple[float, ...]
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.values)
+
+    @property
+    def spread(self) -> float:
+        """The sample standard deviation over seeds (0 for one seed)."""
+        return statistics.stdev(self.values) if len(self.values) > 1 else 0.0
+
+    def __str__(self) -> str:
+        """``0.8123 ± 0.0150``; one seed: ``0.8123``."""
+        return (
+            f"{self.mean:.4f} ± {self.spread:.4f}" if len(self.values) > 1 else f"{self.mean:.4f}"
+        )
+
+
+def difference(elmo: Scores, baseline: Scores) -> str:
+    """``gain +0.0650, beyond the seeds' spread (0.0512)``, ``... within ...``, or with one seed
+    ``gain +0.0650 (one seed, no spread)``. The spread is the standard deviation of the
+    difference of one draw of each, √(s_elmo² + s_baseline²)."""
+    gain = elmo.mean - baseline.mean
+    if min(len(elmo.values), len(baseline.values)) < 2:
+        return f"gain {gain:+.4f} (one seed, no spread)"
+    spread = math.hypot(elmo.spread, baseline.spread)
+    where = "beyond" if abs(gain) > spread else "within"
+    return f"gain {gain:+.4f}, {where} the seeds' spread ({spread:.4f})"

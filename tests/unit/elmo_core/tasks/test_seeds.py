@@ -1,0 +1,32 @@
+"""Scores over seeds and the verdict on a difference of means."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from elmo_core.tasks.seeds import Scores, difference
+
+
+def test_scores_give_the_mean_and_the_sample_spread() -> None:
+    assert Scores((0.5,)).spread == 0.0
+    scores = Scores((0.5, 0.7, 0.9))
+    assert scores.mean == pytest.approx(0.7) and scores.spread == pytest.approx(0.2)
+    assert str(scores) == "0.7000 ± 0.2000" and str(Scores((0.5,))) == "0.5000"
+
+
+def test_a_gain_larger_than_the_spread_of_the_difference_is_beyond_it() -> None:
+    elmo, baseline = Scores((0.80, 0.82, 0.84)), Scores((0.70, 0.72, 0.74))
+    spread = math.hypot(0.02, 0.02)
+    assert difference(elmo, baseline) == f"gain +0.1000, beyond the seeds' spread ({spread:.4f})"
+
+
+def test_a_gain_inside_the_spread_says_so_whatever_its_sign() -> None:
+    elmo, baseline = Scores((0.70, 0.80, 0.90)), Scores((0.72, 0.74, 0.76))
+    assert difference(elmo, baseline).startswith("gain +0.0600, within the seeds' spread")
+    assert difference(baseline, elmo).startswith("gain -0.0600, within the seeds' spread")
+
+
+def test_one_seed_claims_no_spread() -> None:
+    assert difference(Scores((0.9,)), Scores((0.8, 0.7))) == "gain +0.1500 (one seed, no spread)"

@@ -1,0 +1,29 @@
+"""The analysis table's headline: the sample-efficiency point and the winning layers."""
+
+from __future__ import annotations
+
+from elmo_core.analysis.task_runs import MIX, TaskAnalysis
+from elmo_core.tasks.seeds import Scores
+from pipelines.analyze.table import Cell, Row, headline
+
+
+def test_the_headline_names_the_fraction_of_the_largest_gain_and_the_best_layers() -> None:
+    analysis = TaskAnalysis("docstrings", "test_accuracy")
+    analysis.efficiency = {
+        0.25: {"elmo": Scores((0.52, 0.54)), "baseline": Scores((0.46, 0.47))},
+        1.0: {"elmo": Scores((0.64, 0.65)), "baseline": Scores((0.62, 0.61))},
+    }
+    analysis.layers = {MIX: Scores((0.9, 0.9)), "0": Scores((0.6, 0.6)), "1": Scores((0.7, 0.8))}
+    senses = Row(
+        "word sense, nearest centroid accuracy",
+        {"layer 0": Cell(0.48), "layer 1": Cell(0.72), "MFS": Cell(0.48)},
+    )
+
+    first, second = headline([analysis], [senses])
+
+    assert first.startswith(
+        "docstrings: with 25% of its training data, test_accuracy 0.5300 ± 0.0141 with ELMo, "
+        "0.4650 ± 0.0071 without (gain +0.0650, beyond the seeds' spread"
+    )
+    assert first.endswith("best single layer 1 (0.7500 ± 0.0707)")  # the mix is not a layer
+    assert second == "word sense, nearest centroid accuracy: layer 1 wins (0.720; MFS 0.480)"
