@@ -2,11 +2,12 @@
 
 Runs the ``pretrain`` flow with the embedded defaults — Prefect's ephemeral mode, a Ray started
 in-process, MLflow on ``$ELMO_HOME/mlflow.db`` — on the bundled ``python-docs`` corpus and the
-bundled NER task, with the same parameters as the ``pretrain/smoke`` deployment. It ends with what
-a user came for: the registered biLM and its heldout perplexity, the task scores with and without
-ELMo, the link into the MLflow UI, and "bank" in two senses through ``models:/elmo-bilm@champion``
-(:mod:`pipelines.common.demo`). Along the way it prints the stages' progress and nothing of the
-libraries' chatter (:mod:`pipelines.common.console_noise`, and Prefect's settings below).
+three bundled tasks, with the same parameters as the ``pretrain/smoke`` deployment. It ends with
+what a user came for: the registered biLM and its heldout perplexity, each task's score with and
+without ELMo over three seeds, the link into the MLflow UI, "bank" in two senses through
+``models:/elmo-bilm@champion`` (:mod:`pipelines.common.demo`) and the analysis' headline.
+Along the way it prints the stages' progress and nothing of the libraries' chatter
+(:mod:`pipelines.common.console_noise`, and Prefect's settings below).
 Any of ``PREFECT_API_URL``, ``MLFLOW_TRACKING_URI``, ``RAY_ADDRESS`` set in the environment switch
 that part to a real server (for example after ``eval "$(infra/local/status.sh)"``).
 """
@@ -57,7 +58,10 @@ def smoke_parameters(repo: Path = REPO) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--max-steps", type=int, help="training steps (default: the smoke 200)")
+    parser.add_argument("--max-steps", type=int, help="training steps (default: the smoke 1500)")
+    parser.add_argument(
+        "--seeds", help="comma-separated seeds of the task runs (default: 0,1,2); fewer is faster"
+    )
     args = parser.parse_args(argv)
     quiet_environment()  # before mlflow and ray are imported
     for name, value in embedded_settings(elmo_home(), os.environ).items():
@@ -69,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     parameters = smoke_parameters()
     if args.max_steps is not None:
         parameters["training"]["overrides"] += [f"train.max_steps={args.max_steps}"]
+    if args.seeds is not None:
+        parameters["seeds"] = [int(seed) for seed in args.seeds.split(",")]
     summary = pretrain(PretrainParams.model_validate(parameters))
     champion = " (@champion)" if summary.champion else ""
     print(f"\nbiLM {summary.model_uri}{champion}: heldout perplexity {summary.perplexity:.1f}")

@@ -20,8 +20,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
+import yaml
 from mlflow.tracking import MlflowClient
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -125,6 +127,19 @@ def _bank_vectors(env: dict[str, str]) -> list[list[list[float]]]:
     return json.loads(embedded.stdout.strip().splitlines()[-1])
 
 
+def _shorter_smoke() -> dict[str, Any]:
+    """The deployment's parameters for a shorter run: 100 steps, the NER task over one seed, no
+    analysis (the whole set is the demo's, checked in tests/unit/flows/test_deployments.py)."""
+    config = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+    (smoke,) = [
+        d for d in config["deployments"] if d["name"] == "smoke" and "pretrain" in d["entrypoint"]
+    ]
+    params = smoke["parameters"]["params"]
+    short = ["train.max_steps=100", "train.checkpoint_every=100", "train.validate_every=100"]
+    params["training"]["overrides"] += short
+    return params | {"tasks": ["examples/tasks/ner.yaml"], "seeds": [0], "analyze": False}
+
+
 def test_smoke_deployment_runs_the_pipeline_and_registers_models_that_embed(
     stack: dict[str, str],
 ) -> None:
@@ -133,11 +148,8 @@ def test_smoke_deployment_runs_the_pipeline_and_registers_models_that_embed(
 
     deployed = _run([prefect, "--no-prompt", "deploy", "--name", "pretrain/smoke"], stack, 300)
     assert deployed.returncode == 0, deployed.stdout + deployed.stderr
-    watched = _run(
-        [prefect, "deployment", "run", "pretrain/smoke", "--watch", "--watch-timeout", "600"],
-        stack,
-        timeout=660,
-    )
+    run = [prefect, "deployment", "run", "pretrain/smoke", "--watch", "--watch-timeout", "600"]
+    watched = _run([*run, "--param", f"params={json.dumps(_shorter_smoke())}"], stack, 660)
     print(watched.stdout[-4000:], f"\nflow run finished after {time.monotonic() - began:.0f} s")
 
     assert watched.returncode == 0, watched.stdout[-4000:] + watched.stderr[-2000:]
