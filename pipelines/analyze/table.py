@@ -7,7 +7,7 @@ back by ``elmo analyze --compare`` to put two biLMs side by side.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 from elmo_core.analysis.probe import ProbeResult
@@ -85,21 +85,28 @@ def headline(results: Sequence[TaskAnalysis], probes: Sequence[Row]) -> list[str
             efficiency, key=lambda f: efficiency[f]["elmo"].mean - efficiency[f]["baseline"].mean
         )
         elmo, baseline = efficiency[fraction]["elmo"], efficiency[fraction]["baseline"]
-        scores = {name: scores for name, scores in result.layers.items() if name != MIX}
-        layer = max(scores, key=lambda name: scores[name].mean)
+        scores = {f"layer {name}": s for name, s in result.layers.items() if name != MIX}
+        best = _best(scores)
         lines.append(
             f"{result.task}: with {fraction:.0%} of its training data, {result.metric} {elmo} "
             f"with ELMo, {baseline} without ({difference(elmo, baseline)}); "
-            f"best single layer {layer} ({scores[layer]})"
+            f"best alone: {best} ({scores[best.split(' and ')[0]]})"
         )
     for row in probes:
         layers = {name: cell for name, cell in row.cells.items() if name.startswith("layer ")}
-        best = max(layers, key=lambda name: layers[name].mean)
+        best = _best(layers)
         others = ", ".join(
             f"{name} {cell.text()}" for name, cell in row.cells.items() if name not in layers
         )
-        lines.append(f"{row.analysis}: {best} wins ({layers[best].text()}; {others})")
+        top = layers[best.split(" and ")[0]].text()
+        lines.append(f"{row.analysis}: best {best} ({top}; {others})")
     return lines
+
+
+def _best(scores: Mapping[str, Scores | Cell]) -> str:
+    """``layer 1``, or ``layer 0 and layer 2`` when they tie on the mean."""
+    top = max(score.mean for score in scores.values())
+    return " and ".join(name for name, score in scores.items() if score.mean == top)
 
 
 def format_rows(rows: Sequence[Row]) -> str:

@@ -97,9 +97,11 @@ def test_one_finished_run_holds_the_table_figures_and_a_metric_per_cell(analyzed
     logged = json.loads(mlflow.artifacts.load_text(f"runs:/{result.run_id}/analysis.json"))
     assert [row["analysis"] for row in logged] == names
     tagger, probe, senses = result.headline
-    assert tagger.startswith("tagger: with ") and "best single layer" in tagger
-    assert probe.startswith("tagger linear probe accuracy: layer ") and "majority" in probe
-    assert senses.startswith("word sense, nearest centroid accuracy: layer ") and "MFS" in senses
+    assert tagger.startswith("tagger: with ") and "best alone: layer " in tagger
+    assert probe.startswith("tagger linear probe accuracy: best layer ") and "majority" in probe
+    assert (
+        senses.startswith("word sense, nearest centroid accuracy: best layer ") and "MFS" in senses
+    )
 
 
 def test_the_layer_alone_runs_read_one_layer_and_the_mix_runs_read_all(analyzed) -> None:

@@ -30,3 +30,8 @@ def test_a_gain_inside_the_spread_says_so_whatever_its_sign() -> None:
 
 def test_one_seed_claims_no_spread() -> None:
     assert difference(Scores((0.9,)), Scores((0.8, 0.7))) == "gain +0.1500 (one seed, no spread)"
+
+
+def test_seeds_that_all_score_the_same_give_no_spread_to_judge_by() -> None:
+    same = difference(Scores((1.0, 1.0, 1.0)), Scores((0.99, 0.99, 0.99)))
+    assert same == "gain +0.0100, every seed scoring the same"

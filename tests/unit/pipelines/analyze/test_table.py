@@ -25,5 +25,14 @@ def test_the_headline_names_the_fraction_of_the_largest_gain_and_the_best_layers
         "docstrings: with 25% of its training data, test_accuracy 0.5300 ± 0.0141 with ELMo, "
         "0.4650 ± 0.0071 without (gain +0.0650, beyond the seeds' spread"
     )
-    assert first.endswith("best single layer 1 (0.7500 ± 0.0707)")  # the mix is not a layer
-    assert second == "word sense, nearest centroid accuracy: layer 1 wins (0.720; MFS 0.480)"
+    assert first.endswith("best alone: layer 1 (0.7500 ± 0.0707)")  # the mix is not a layer
+    assert second == "word sense, nearest centroid accuracy: best layer 1 (0.720; MFS 0.480)"
+
+
+def test_layers_that_tie_are_named_together() -> None:
+    probe = Row(
+        "ner linear probe accuracy",
+        {"layer 0": Cell(0.9), "layer 1": Cell(0.8), "layer 2": Cell(0.9), "majority": Cell(0.6)},
+    )
+    (line,) = headline([], [probe])
+    assert line == "ner linear probe accuracy: best layer 0 and layer 2 (0.900; majority 0.600)"
