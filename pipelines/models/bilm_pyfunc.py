@@ -49,6 +49,7 @@ from pipelines.models.bilm_loader import (
 from pipelines.models.pyfunc_request import (
     BATCH_SIZE_SPEC,
     DEFAULT_BATCH_SIZE,
+    RequestLimits,
     batch_size_param,
     checked_params,
     mlflow_errors,
@@ -72,7 +73,8 @@ class EmbedOptions:
     counts from the top); ``mix`` the weighted sum ``Σ_j weights_j · h_j`` ``(T, 2P)``, with
     ``weights`` used as given (uniform ``1/L`` when empty; a trained mix's are
     ``γ · softmax(s)``). ``mean_pool`` averages over the tokens: one vector (or ``L`` vectors)
-    per sentence, zeros for a sentence without tokens.
+    per sentence, None for a sentence without tokens (whose per-token outputs are empty): the
+    mean of no vectors is undefined, and zeros would pass for an embedding.
     """
 
     output: Output = "layers"
@@ -134,13 +136,16 @@ class BiLMEmbedder(PythonModel):
     def __init__(self) -> None:
         self._bilm: BiLM | None = None
         self._tokenizer: Tokenizer | None = None
+        self._limits = RequestLimits()
 
     def load_context(self, context: PythonModelContext) -> None:
         watch_dropped_params()
         self.load(context.artifacts[BILM_ARTIFACT], context.artifacts[MANIFEST_ARTIFACT])
 
     def load(self, bilm_dir: str | Path, manifest_file: str | Path) -> None:
-        """Load our biLM directory and the manifest's tokenizer (what ``load_context`` does)."""
+        """Load our biLM directory, the manifest's tokenizer and the request limits (what
+        ``load_context`` does)."""
+        self._limits = RequestLimits.from_env()
         device = "cuda" if torch.cuda.is_available() else "cpu"
         self._bilm = load_bilm(resolve_bilm(bilm_dir)).bilm.to(device)
         tokenizer = manifest_tokenizer(Path(manifest_file))
@@ -178,23 +183,24 @@ class BiLMEmbedder(PythonModel):
         return pd.DataFrame(
             {
                 TOKENS_COLUMN: sentences,
-                EMBEDDINGS_COLUMN: [array.tolist() for array in vectors],
+                EMBEDDINGS_COLUMN: [None if array is None else array.tolist() for array in vectors],
             }
         )
 
     def sentences_of(self, frame: pd.DataFrame) -> list[list[str]]:
         """Token lists from the ``tokens`` column, else from tokenizing ``sentence``."""
-        return token_lists(frame, TOKENS_COLUMN, SENTENCE_COLUMN, self.tokenizer)
+        return token_lists(frame, TOKENS_COLUMN, SENTENCE_COLUMN, self.tokenizer, self._limits)
 
-    def embed(self, sentences: list[list[str]], options: EmbedOptions) -> list[np.ndarray]:
-        """Per sentence, the selected layers of its tokens, in input order.
+    def embed(self, sentences: list[list[str]], options: EmbedOptions) -> list[np.ndarray | None]:
+        """Per sentence, the selected layers of its tokens (mean-pooled: None without tokens), in
+        input order.
 
         Sentences are batched by length (less padding); results do not depend on the batching
         because the biLM masks padding and keeps no state between calls.
         """
         weights = self._layer_weights(options)
         order = sorted(range(len(sentences)), key=lambda index: len(sentences[index]))
-        vectors: list[np.ndarray] = [np.empty(0)] * len(sentences)
+        vectors: list[np.ndarray | None] = [None] * len(sentences)
         for start in range(0, len(order), options.batch_size):
             chunk = order[start : start + options.batch_size]
             layers = bilm_layers(self.bilm, [sentences[index] for index in chunk])  # (N, L, T, 2P)
@@ -202,7 +208,9 @@ class BiLMEmbedder(PythonModel):
             for row, index in enumerate(chunk):
                 real = selected[row, ..., : len(sentences[index]), :]  # (L, T_i, 2P) or (T_i, 2P)
                 if options.mean_pool:
-                    real = real.sum(dim=-2) / max(real.shape[-2], 1)  # (L, 2P) or (2P,)
+                    if not sentences[index]:
+                        continue  # no mean: None
+                    real = real.mean(dim=-2)  # (L, 2P) or (2P,)
                 vectors[index] = real.float().cpu().numpy()
         return vectors
 

@@ -13,8 +13,9 @@ registered ``elmo-<task>`` model is loaded from files, never unpickled. Its arti
 
 Inputs: a ``sentence`` (raw text) or ``tokens`` (list of strings) column; for pair tasks
 ``premise`` and ``hypothesis`` (text) or ``premise_tokens`` and ``hypothesis_tokens``. Outputs:
-the ``tokens`` read and a ``label`` per row, or ``tags`` (one per token) for tagging tasks. The
-one param is ``batch_size``. The request is read, and a bad one reported, as the biLM's is:
+the ``tokens`` read and a ``label`` per row, or ``tags`` (one per token) for tagging tasks; a row
+without tokens (on either side of a pair) has no tags and no label (None). The one param is
+``batch_size``. The request is read, limited, and a bad one reported, as the biLM's is:
 :mod:`pipelines.models.pyfunc_request`.
 """
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 import importlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import mlflow
 import pandas as pd
@@ -36,11 +37,12 @@ from elmo_core.errors import WeightsError
 from elmo_core.model.bilm import BiLM
 from elmo_core.tasks.config import TaskConfig, TaskType
 from elmo_core.tasks.task_model import TaskModel
-from elmo_core.tasks.trainer import predict
+from elmo_core.tasks.trainer import Prediction, predict
 from elmo_core.text.tokenize import MosesTokenizer, Tokenizer
 from pipelines.models.bilm_loader import BILM_ARTIFACT, load_bilm, resolve_bilm
 from pipelines.models.pyfunc_request import (
     BATCH_SIZE_SPEC,
+    RequestLimits,
     batch_size_param,
     checked_params,
     mlflow_errors,
@@ -53,6 +55,8 @@ WEIGHTS_FILE = "model.pt"
 DESCRIPTION_FILE = "task_model.json"
 SENTENCE, TOKENS, LABEL, TAGS = "sentence", "tokens", "label", "tags"
 PAIR_SIDES = ("premise", "hypothesis")
+
+Rows = list[list[str]] | list[tuple[list[str], list[str]]]
 
 
 def save_task_model(
@@ -130,13 +134,15 @@ class TaskPredictor(PythonModel):
         self._model: TaskModel | None = None
         self._bilm: BiLM | None = None
         self._tokenizer: Tokenizer = MosesTokenizer()
+        self._limits = RequestLimits()
 
     def load_context(self, context: PythonModelContext) -> None:
         watch_dropped_params()
         self.load(context.artifacts[TASK_ARTIFACT], context.artifacts[BILM_ARTIFACT])
 
     def load(self, task_dir: str | Path, bilm_dir: str | Path) -> None:
-        """Load the task model and the biLM (what ``load_context`` does)."""
+        """Load the task model, the biLM and the request limits (what ``load_context`` does)."""
+        self._limits = RequestLimits.from_env()
         device = "cuda" if torch.cuda.is_available() else "cpu"
         model, tokenizer = load_task_model(task_dir)
         self._model = model.to(device)
@@ -166,17 +172,32 @@ class TaskPredictor(PythonModel):
             if task_type == "pair":
                 premises, hypotheses = (self._column(model_input, side) for side in PAIR_SIDES)
                 pairs = list(zip(premises, hypotheses, strict=True))
-                return pd.DataFrame({LABEL: predict(self.model, pairs, self._bilm, batch_size)})
-            sentences = self._column(model_input, None)
-            predictions = predict(self.model, sentences, self._bilm, batch_size)
-        return pd.DataFrame(
-            {TOKENS: sentences, TAGS if task_type == "tagging" else LABEL: predictions}
-        )
+                labels = self._predict(pairs, [all(pair) for pair in pairs], batch_size)
+                columns: dict[str, list[Any]] = {LABEL: labels}
+            else:
+                sentences = self._column(model_input, None)
+                predictions = self._predict(sentences, [bool(s) for s in sentences], batch_size)
+                columns = {
+                    TOKENS: sentences,
+                    TAGS if task_type == "tagging" else LABEL: predictions,
+                }
+        # object columns: pandas would store the None label of a string column as NaN
+        return pd.DataFrame(columns, dtype=object)
+
+    def _predict(
+        self, rows: Rows, has_tokens: list[bool], batch_size: int
+    ) -> list[Prediction | None]:
+        """The model's predictions of the rows with tokens; for the others no tags, or no label:
+        an empty sentence has nothing to label (and the model cannot pack a batch of them)."""
+        kept = cast(Rows, [row for row, full in zip(rows, has_tokens, strict=True) if full])
+        predicted = iter(predict(self.model, kept, self._bilm, batch_size))
+        tagging = self.model.task.type == "tagging"
+        return [next(predicted) if full else ([] if tagging else None) for full in has_tokens]
 
     def _column(self, frame: pd.DataFrame, side: str | None) -> list[list[str]]:
         """Token lists of one input: its tokens column if complete, else its text tokenized."""
         tokens = f"{side}_{TOKENS}" if side else TOKENS
-        return token_lists(frame, tokens, side or SENTENCE, self._tokenizer)
+        return token_lists(frame, tokens, side or SENTENCE, self._tokenizer, self._limits)
 
 
 if __name__ != "pipelines.models.task_pyfunc":

@@ -1,5 +1,8 @@
 """``mlflow models serve`` of a registered biLM, as the README's "Serving a model" shows it: the
-documented requests answer 200, bad ones 400 with a message saying what is wrong."""
+documented requests answer 200, empty sentences too, bad ones 400 with a message that leads with
+what is wrong, and the server's log stays quiet. Task models read requests and report errors
+through the same code (:mod:`pipelines.models.pyfunc_request`); their own handling of empty rows
+is tested in process."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +33,7 @@ from elmo_core.presets import tiny
 from elmo_core.text.tokenize import MosesTokenizer
 from pipelines.common import tracking
 from pipelines.models.bilm_loader import LoadedBiLM
+from pipelines.models.pyfunc_request import MAX_ROWS_ENV, MAX_TOKENS_ENV
 from pipelines.registry.policy import promote
 from pipelines.registry.register import DatasetFiles, register_bilm
 
@@ -39,6 +44,14 @@ NUM_LAYERS, WIDTH = 3, 32  # tiny(): token layer + 2 LSTM layers, 2 × projectio
 START_TIMEOUT_S = 60
 JOHN = "John lives in Berlin."
 JOHN_TOKENS = ["John", "lives", "in", "Berlin", "."]
+# The limits' defaults (pipelines.models.pyfunc_request.RequestLimits), which the server keeps.
+MAX_TOKENS, MAX_ROWS = 512, 1000
+
+
+@dataclass(frozen=True)
+class Server:
+    url: str
+    log: Path
 
 
 def _register_champion(root: Path) -> None:
@@ -87,9 +100,9 @@ def served(
     tmp_path_factory: pytest.TempPathFactory,
     isolated_home: Callable[[Path], AbstractContextManager[None]],
     free_port: Callable[[], int],
-) -> Iterator[str]:
-    """The base URL of ``mlflow models serve -m models:/elmo-bilm@champion --env-manager local``
-    (its own process group, killed whole at teardown)."""
+) -> Iterator[Server]:
+    """``mlflow models serve -m models:/elmo-bilm@champion --env-manager local`` with the README's
+    environment (its own process group, killed whole at teardown): its URL and its log."""
     root = tmp_path_factory.mktemp("serving")
     with isolated_home(root):
         _register_champion(root)
@@ -99,7 +112,10 @@ def served(
             **os.environ,
             "MLFLOW_TRACKING_URI": tracking.use_tracking(),
             "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}",
+            "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
         }
+        for limit in (MAX_TOKENS_ENV, MAX_ROWS_ENV):
+            env.pop(limit, None)
         command = [sys.executable, "-m", "mlflow", "models", "serve", "-m", MODEL_URI]
         command += ["--env-manager", "local", "-h", "127.0.0.1", "-p", str(port)]
         log = root / "serve.log"
@@ -110,15 +126,15 @@ def served(
         try:
             url = f"http://127.0.0.1:{port}"
             _wait_for_ping(url, server, log)
-            yield url
+            yield Server(url, log)
         finally:
             _stop(server)
 
 
-def _invoke(url: str, body: dict[str, Any]) -> tuple[int, Any]:
+def _invoke(server: Server, body: dict[str, Any]) -> tuple[int, Any]:
     """POST ``body`` to /invocations: the status and the decoded answer."""
     request = urllib.request.Request(
-        f"{url}/invocations",
+        f"{server.url}/invocations",
         data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json"},
     )
@@ -133,7 +149,7 @@ def _shapes(answer: Any) -> list[tuple[int, ...]]:
     return [np.asarray(row["embeddings"]).shape for row in answer["predictions"]]
 
 
-def test_dataframe_split_of_sentences_answers_every_layer_of_every_token(served: str) -> None:
+def test_dataframe_split_of_sentences_answers_every_layer_of_every_token(served: Server) -> None:
     body = {"dataframe_split": {"columns": ["sentence"], "data": [[JOHN], ["Hi!"]]}}
     status, answer = _invoke(served, body)
     assert status == 200
@@ -141,7 +157,7 @@ def test_dataframe_split_of_sentences_answers_every_layer_of_every_token(served:
     assert _shapes(answer) == [(NUM_LAYERS, 5, WIDTH), (NUM_LAYERS, 2, WIDTH)]
 
 
-def test_served_vectors_equal_the_in_process_ones(served: str) -> None:
+def test_served_vectors_equal_the_in_process_ones(served: Server) -> None:
     status, answer = _invoke(served, {"dataframe_records": [{"sentence": JOHN}]})
     assert status == 200
     local = mlflow.pyfunc.load_model(MODEL_URI).predict(pd.DataFrame({"sentence": [JOHN]}))
@@ -153,7 +169,7 @@ def test_served_vectors_equal_the_in_process_ones(served: str) -> None:
     )
 
 
-def test_records_of_tokens_with_params_answer_one_mixed_vector_per_sentence(served: str) -> None:
+def test_records_of_tokens_with_params_answer_one_mixed_vector_per_sentence(served: Server) -> None:
     body = {
         "dataframe_records": [{"tokens": ["John", "lives"]}, {"tokens": ["Hi"]}],
         "params": {"output": "mix", "weights": [0.5, 0.25, 0.25], "mean_pool": True},
@@ -163,7 +179,7 @@ def test_records_of_tokens_with_params_answer_one_mixed_vector_per_sentence(serv
     assert _shapes(answer) == [(WIDTH,), (WIDTH,)]
 
 
-def test_inputs_as_a_list_of_records_answer_one_row_each(served: str) -> None:
+def test_inputs_as_a_list_of_records_answer_one_row_each(served: Server) -> None:
     body = {
         "inputs": [{"sentence": JOHN}, {"sentence": "Hi!"}],
         "params": {"output": "layer", "layer": -1},
@@ -173,14 +189,14 @@ def test_inputs_as_a_list_of_records_answer_one_row_each(served: str) -> None:
     assert _shapes(answer) == [(5, WIDTH), (2, WIDTH)]
 
 
-def test_a_bare_list_under_inputs_is_refused_saying_how_to_send_sentences(served: str) -> None:
+def test_a_bare_list_under_inputs_is_refused_saying_how_to_send_sentences(served: Server) -> None:
     status, answer = _invoke(served, {"inputs": [JOHN, "Hi!"]})
     assert status == 400
     assert 'a bare list under "inputs"' in answer["message"]
     assert '{"inputs": [{"sentence": "..."}, ...]}' in answer["message"]
 
 
-def test_a_list_of_sentences_in_one_inputs_record_is_refused(served: str) -> None:
+def test_a_list_of_sentences_in_one_inputs_record_is_refused(served: Server) -> None:
     status, answer = _invoke(served, {"inputs": {"sentence": [JOHN, "Hi!"]}})
     assert status == 400
     assert "'sentence' holds one text per row" in answer["message"]
@@ -199,9 +215,57 @@ def test_a_list_of_sentences_in_one_inputs_record_is_refused(served: str) -> Non
     ids=["output", "layer", "weights", "batch_size", "unknown-param", "wrong-column"],
 )
 def test_a_bad_request_answers_400_naming_the_problem(
-    served: str, body: dict[str, Any], problem: str
+    served: Server, body: dict[str, Any], problem: str
 ) -> None:
     status, answer = _invoke(served, {"dataframe_records": [{"sentence": JOHN}], **body})
     assert status == 400
     assert answer["error_code"] == "INVALID_PARAMETER_VALUE"
-    assert problem in answer["message"]
+    cause, _, echo = answer["message"].partition("\n")
+    assert problem in cause  # the cause first, MLflow's echo of the request after it
+    assert echo.startswith("Failed to predict data")
+
+
+def test_sentences_without_tokens_answer_no_vectors_and_no_mean(served: Server) -> None:
+    status, answer = _invoke(served, {"inputs": [{"sentence": ""}, {"sentence": " "}]})
+    assert status == 200
+    assert answer["predictions"] == [{"tokens": [], "embeddings": [[]] * NUM_LAYERS}] * 2
+    body = {"dataframe_records": [{"tokens": []}], "params": {"output": "mix", "mean_pool": True}}
+    status, answer = _invoke(served, body)
+    assert status == 200
+    assert answer["predictions"] == [{"tokens": [], "embeddings": None}]
+
+
+@pytest.mark.parametrize(
+    ("records", "cause"),
+    [
+        (
+            [{"sentence": "word " * (MAX_TOKENS + 1)}],
+            f"row 0: 'sentence' has {MAX_TOKENS + 1} tokens, over the limit of {MAX_TOKENS} per "
+            f"sentence ({MAX_TOKENS_ENV} where the model runs)",
+        ),
+        (
+            [{"tokens": ["Hi"]}] * (MAX_ROWS + 1),
+            f"the request has {MAX_ROWS + 1} rows, over the limit of {MAX_ROWS} per request "
+            f"({MAX_ROWS_ENV} where the model runs)",
+        ),
+    ],
+    ids=["tokens", "rows"],
+)
+def test_a_request_over_a_limit_answers_400_that_leads_with_the_limit(
+    served: Server, records: list[dict[str, Any]], cause: str
+) -> None:
+    status, answer = _invoke(served, {"dataframe_records": records})
+    assert status == 400
+    assert answer["message"].startswith(cause)
+    assert len(answer["message"]) < len(cause) + 300  # MLflow's echo of the request is cut
+
+
+def test_the_log_has_no_download_bar_and_no_warning_for_a_refused_param(served: Server) -> None:
+    status, _ = _invoke(served, {"inputs": [{"sentence": JOHN}], "params": {"outptu": "mix"}})
+    assert status == 400
+    deadline = time.monotonic() + 10
+    while '"POST /invocations HTTP/1.1" 400' not in (log := served.log.read_text()):
+        assert time.monotonic() < deadline, f"no access line for the 400:\n{log[-3000:]}"
+        time.sleep(0.1)
+    assert "Downloading artifacts" not in log
+    assert "Unrecognized params" not in log

@@ -98,11 +98,18 @@ def test_mix_is_uniform_by_default_and_uses_given_weights_as_they_are(embedder):
 def test_mean_pool_gives_one_vector_per_layer_or_per_sentence(embedder):
     frame = pd.DataFrame({"tokens": [["x", "y", "z"], []]})
     (layers, _) = _arrays(embedder.predict(None, frame))
-    pooled, empty = _arrays(embedder.predict(None, frame, params={"mean_pool": True}))
-    np.testing.assert_allclose(pooled, layers.mean(axis=1), rtol=1e-5, atol=1e-6)
-    np.testing.assert_array_equal(empty, np.zeros((NUM_LAYERS, WIDTH)))
+    pooled, empty = embedder.predict(None, frame, params={"mean_pool": True})["embeddings"]
+    np.testing.assert_allclose(np.asarray(pooled), layers.mean(axis=1), rtol=1e-5, atol=1e-6)
+    assert empty is None
     mixed = embedder.predict(None, frame, params={"output": "mix", "mean_pool": True})
     assert _arrays(mixed)[0].shape == (WIDTH,)
+
+
+def test_a_sentence_without_tokens_has_no_vectors_and_no_mean(embedder):
+    frame = pd.DataFrame({"sentence": ["", " "]})
+    assert embedder.predict(None, frame)["embeddings"].tolist() == [[[]] * NUM_LAYERS] * 2
+    pooled = embedder.predict(None, frame, params={"output": "mix", "mean_pool": True})
+    assert pooled.to_dict("list") == {"tokens": [[], []], "embeddings": [None, None]}
 
 
 @pytest.mark.parametrize(

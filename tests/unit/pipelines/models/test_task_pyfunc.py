@@ -19,6 +19,7 @@ from elmo_core.tasks.task_model import TaskModel, build_word_vocab
 from elmo_core.tasks.trainer import predict
 from elmo_core.text.tokenize import WhitespaceTokenizer
 from pipelines.models import task_pyfunc
+from pipelines.models.pyfunc_request import MAX_ROWS_ENV, MAX_TOKENS_ENV
 
 SENTENCES = [["The", "cat", "sat", "."], ["Dogs", "bark", "loudly", "."], ["Hi", "!"]]
 TAGS = ["B-X", "I-X", "O"]
@@ -145,6 +146,47 @@ def test_bad_params_are_invalid_parameter_errors(
     with pytest.raises(MlflowException, match=message) as caught:
         predictor.predict(None, pd.DataFrame({"sentence": ["Hi!"]}), params=params)
     assert caught.value.error_code == "INVALID_PARAMETER_VALUE"
+
+
+def test_rows_without_tokens_get_no_tags_and_do_not_change_the_others(
+    tmp_path: Path, bilm_dir: Path
+) -> None:
+    predictor = _predictor(_model("tagging"), tmp_path, bilm_dir)
+    alone = predictor.predict(None, pd.DataFrame({"tokens": SENTENCES}))["tags"].tolist()
+    only_empty = predictor.predict(None, pd.DataFrame({"sentence": ["", " "]}))
+    assert only_empty.to_dict("list") == {"tokens": [[], []], "tags": [[], []]}
+    mixed = predictor.predict(None, pd.DataFrame({"tokens": [[], *SENTENCES, []]}))
+    assert mixed["tags"].tolist() == [[], *alone, []]
+
+
+@pytest.mark.parametrize("task_type", ["classification", "pair"])
+def test_rows_without_tokens_have_no_label(tmp_path: Path, bilm_dir: Path, task_type: str) -> None:
+    predictor = _predictor(_model(task_type), tmp_path, bilm_dir)
+    if task_type == "pair":  # an empty premise or hypothesis leaves nothing to compare
+        frame = pd.DataFrame(
+            {"premise": ["", "Hi!", "A cat."], "hypothesis": ["Bye.", "", "A pet."]}
+        )
+    else:
+        frame = pd.DataFrame({"sentence": ["", " ", "A cat."]})
+    labels = predictor.predict(None, frame)["label"].tolist()
+    assert labels[:2] == [None, None] and labels[2] in LABELS
+    assert predictor.predict(None, frame[:2])["label"].tolist() == [None, None]
+
+
+def test_the_environment_limits_tokens_per_sentence_and_rows_per_request(
+    tmp_path: Path, bilm_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(MAX_TOKENS_ENV, "3")
+    monkeypatch.setenv(MAX_ROWS_ENV, "2")
+    predictor = _predictor(_model("pair"), tmp_path, bilm_dir)
+    long = pd.DataFrame({"premise": ["Hi!"], "hypothesis": ["A cat sat."]})
+    with pytest.raises(
+        MlflowException, match="row 0: 'hypothesis' has 4 tokens, over the limit of 3"
+    ):
+        predictor.predict(None, long)
+    many = pd.DataFrame({"premise": ["Hi!"] * 3, "hypothesis": ["Bye."] * 3})
+    with pytest.raises(MlflowException, match="3 rows, over the limit of 2 per request"):
+        predictor.predict(None, many)
 
 
 def test_batch_size_does_not_change_the_predictions(tmp_path: Path, bilm_dir: Path) -> None:
