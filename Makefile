@@ -7,10 +7,12 @@ PY := $(VENV)/bin/python
 
 setup: $(VENV)/.installed
 
+# PYTHONWARNINGS: without setuptools' "Editable installation" notice, a 10-line banner pip shows
+# despite -q.
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install -q -c constraints.txt -e '.[dev]'
 	$(PY) -m pip check
 	touch $@
 

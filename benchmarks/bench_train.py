@@ -136,11 +136,14 @@ def training_tokens_per_s(dataset: str, workers: int, steps: int, storage: Path)
     """Median logged in-loop throughput of a real Ray Train run (first log window dropped)."""
     from mlflow.tracking import MlflowClient
 
+    from pipelines.common.flow_runs import TOKENS_PER_S_METRIC
     from pipelines.common.tracking import use_tracking
     from pipelines.train.stage import train
 
     result = train(train_config(workers, steps, storage), dataset)
-    history = MlflowClient(use_tracking()).get_metric_history(result.mlflow_run_id, "tokens_per_s")
+    history = MlflowClient(use_tracking()).get_metric_history(
+        result.mlflow_run_id, TOKENS_PER_S_METRIC
+    )
     values = [m.value for m in sorted(history, key=lambda m: m.step)][1:]
     return statistics.median(values)
 

@@ -67,13 +67,26 @@ def dataset_rows(manifest: Manifest) -> Rows:
 
 
 def dataset_lines(manifest: Manifest) -> list[str]:
-    """The dataset as log lines: one per split, then the vocabulary."""
+    """The dataset as log lines: one per split, then the vocabulary among the word types (the
+    vocabulary first, then every other type seen in any split). Shards are the table's: a
+    split's count follows its input files, not its size."""
     lines = [
         f"dataset {name}: {split.num_sentences:,} sentences, {split.num_tokens:,} tokens, "
-        f"OOV {100 * split.oov_rate:.2f}%, {len(split.shards)} shard(s)"
+        f"OOV {100 * split.oov_rate:.2f}%"
         for name, split in manifest.splits.items()
     ]
-    return [*lines, f"vocabulary {manifest.vocab.size:,}, {manifest.word_types.num_types:,} types"]
+    splits = " and ".join(manifest.splits)
+    vocabulary = (
+        f"vocabulary {manifest.vocab.size:,} words (<S>, </S>, <UNK> included) of the "
+        f"{manifest.word_types.num_types:,} word types in {splits}"
+    )
+    return [*lines, vocabulary]
+
+
+def run_link_line(what: str, url: str) -> str:
+    """A run's MLflow link as the flow's log shows it: the bare URL, which Prefect's UI makes a
+    link (it shows a message as plain text, markdown included)."""
+    return f"{what} in MLflow: {url}"
 
 
 def train_line(train: TrainResult) -> str:
@@ -99,7 +112,7 @@ def perplexity_line(evaluation: EvaluationResult) -> str:
     return (
         f"{evaluation.split} perplexity {evaluation.perplexity:.2f} (forward "
         f"{evaluation.forward_perplexity:.2f}, backward {evaluation.backward_perplexity:.2f}) "
-        f"on {evaluation.num_tokens:,} tokens"
+        f"over {evaluation.num_tokens:,} predicted tokens"
     )
 
 

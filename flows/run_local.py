@@ -4,7 +4,8 @@ Runs the ``pretrain`` flow with the embedded defaults — Prefect's ephemeral mo
 in-process, MLflow on ``$ELMO_HOME/mlflow.db`` — on the bundled ``python-docs`` corpus and the
 three bundled tasks, with the same parameters as the ``pretrain/smoke`` deployment. It ends with
 what a user came for: the registered biLM and its heldout perplexity, each task's score with and
-without ELMo over three seeds, the link into the MLflow UI, "bank" in two senses through
+without ELMo over three seeds, the links into the MLflow and Prefect UIs (each with the command
+that serves it first, on this machine), "bank" in two senses through
 ``models:/elmo-bilm@champion`` (:mod:`pipelines.common.demo`) and the analysis' headline.
 Along the way it prints the stages' progress and nothing of the libraries' chatter
 (:mod:`pipelines.common.console_noise`, and Prefect's settings below).
@@ -16,9 +17,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 from pipelines.common.console_noise import quiet_environment
 from pipelines.common.settings import RAY_JOBS_ENV, elmo_home
@@ -62,6 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--seeds", help="comma-separated seeds of the task runs (default: 0,1,2); fewer is faster"
     )
+    parser.add_argument(
+        "--fractions",
+        help="comma-separated training fractions of the analysis (default: "
+        "0.1,0.25,0.5,1); fewer is faster",
+    )
     args = parser.parse_args(argv)
     quiet_environment()  # before mlflow and ray are imported
     for name, value in embedded_settings(elmo_home(), os.environ).items():
@@ -75,15 +83,33 @@ def main(argv: list[str] | None = None) -> int:
         parameters["training"]["overrides"] += [f"train.max_steps={args.max_steps}"]
     if args.seeds is not None:
         parameters["seeds"] = [int(seed) for seed in args.seeds.split(",")]
-    summary = pretrain(PretrainParams.model_validate(parameters))
+    if args.fractions is not None:
+        parameters["fractions"] = [float(part) for part in args.fractions.split(",")]
+    state = pretrain(PretrainParams.model_validate(parameters), return_state=True)
+    summary = state.result()
     champion = " (@champion)" if summary.champion else ""
     print(f"\nbiLM {summary.model_uri}{champion}: heldout perplexity {summary.perplexity:.1f}")
     print("\n".join(summary.task_scores))
     print(demo.mlflow_ui_hint())
+    print(prefect_ui_hint(state.state_details.flow_run_id))
     print(demo.sense_demo())
     print("\nThe analysis (elmo analyze), in short:")
     print("\n".join(f"  {line}" for line in summary.analysis_headline))
     return 0
+
+
+def prefect_ui_hint(flow_run_id: UUID | None) -> str:
+    """The link that opens this flow run in Prefect's UI; in ephemeral mode, first the command
+    that serves the history it left in PREFECT_HOME (on 127.0.0.1:4200, Prefect's default)."""
+    from prefect.settings import get_current_settings
+
+    from flows.tasks import flow_run_url
+
+    settings, link = get_current_settings(), flow_run_url(flow_run_id)
+    if settings.api.url:
+        return f"Prefect UI: {link}"
+    home = shlex.quote(str(settings.home))
+    return f"Prefect UI: PREFECT_HOME={home} prefect server start\n  then open {link}"
 
 
 def embedded_settings(home: Path, environ: Mapping[str, str]) -> dict[str, str]:

@@ -10,20 +10,25 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
+import time
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 from prefect import Task, get_run_logger, task
 from prefect.artifacts import create_link_artifact
 from prefect.client.schemas.objects import TaskRun
 from prefect.runtime import flow_run
 from prefect.states import State
+from prefect.utilities.urls import url_for
 from pydantic import BaseModel
 
 from elmo_core.analysis.task_runs import DEFAULT_FRACTIONS
+from elmo_core.data.manifest import manifest_sha256
 from elmo_core.data.reader import load_manifest
 from elmo_core.errors import ElmoError
 from elmo_core.tasks import load_task_config
@@ -37,6 +42,7 @@ from flows.artifacts import (
     publish_markdown,
     publish_table,
     registry_line,
+    run_link_line,
     summary_markdown,
     summary_metrics,
     task_rows,
@@ -49,15 +55,16 @@ from pipelines.adapt.stage import AdaptResult, result_line
 from pipelines.analyze import stage as analyze_stage
 from pipelines.analyze.stage import AnalyzeResult
 from pipelines.analyze.table import format_rows
+from pipelines.common.demo import mlflow_link
 from pipelines.common.flow_runs import (
     FLOW_RUN_TAG,
     parent_run,
     record_summary,
-    run_links,
     tag_run,
     training_progress,
 )
 from pipelines.common.settings import RAY_JOBS_ENV, elmo_home
+from pipelines.common.tracking import find_run, stage_run_name
 from pipelines.evaluate import stage as evaluate_stage
 from pipelines.evaluate.result import EvaluationResult
 from pipelines.prepare import stage as prepare_stage
@@ -65,12 +72,16 @@ from pipelines.registry import register as register_stage
 from pipelines.registry.register import RegisteredBiLM
 from pipelines.train import ray_job
 from pipelines.train import stage as train_stage
+from pipelines.train.config import run_name
 from pipelines.train.ray_job import TrainJob
 from pipelines.train.stage import TrainResult
 
-FLOW_RUN_URL_TAG = "prefect.flow_run_url"
 FLOW_LOG_INTERVAL_ENV = "ELMO_FLOW_LOG_INTERVAL_S"
 DEFAULT_FLOW_LOG_INTERVAL_S = 60.0
+PROGRESS_LOOK_S = 2.0  # how often the flow looks at a training run's MLflow record
+PROGRESS_STEP = re.compile(r"step (\d+)/(\d+|\?)")  # in a training_progress line
+# Where `prefect server start` serves the flow runs an ephemeral run left in PREFECT_HOME.
+LOCAL_PREFECT_UI = "http://127.0.0.1:4200"
 # The hand-written sense set the ``pretrain`` flow's analysis probes (``analyze: true``), found
 # from this checkout as flows/run_local.py finds the bundled task.
 _SENSE_DATA = Path(__file__).resolve().parents[1] / "examples" / "analysis" / "data"
@@ -100,26 +111,28 @@ def flow_tags() -> dict[str, str]:
     return {FLOW_RUN_TAG: str(flow_run.get_id() or "")}
 
 
-def flow_parent_run(flow: str, subject: str, params: BaseModel) -> AbstractContextManager[str]:
+@contextmanager
+def flow_parent_run(flow: str, subject: str, params: BaseModel) -> Iterator[str]:
     """This flow run's MLflow parent run, named ``<flow> <subject> · <flow run name>``, linked back
-    to the Prefect flow run; yields its id."""
-    title = f"{flow} {subject} · {flow_run.get_name()}"
-    return parent_run(
-        flow, title, flow_run.get_id(), params, flow_run_tags(), flow_run_description()
-    )
-
-
-def flow_run_tags() -> dict[str, str]:
-    """The parent run's link back to Prefect (when Prefect serves a UI)."""
-    url = flow_run.get_flow_run_ui_url()
-    return {FLOW_RUN_URL_TAG: url} if url else {}
-
-
-def flow_run_description() -> str:
-    """The parent run's description until the summary replaces it at the end."""
-    name, url = flow_run.get_name(), flow_run.get_flow_run_ui_url()
+    to the Prefect flow run; yields its id once the flow's log links it (every stage's run is
+    its child, one click away)."""
+    name, url = flow_run.get_name(), flow_run_url(flow_run.get_id())
     where = f"[{name}]({url})" if url else f"`{name}`"
-    return f"Prefect flow run {where} of flow `{flow_run.get_flow_name()}`: in progress."
+    description = f"Prefect flow run {where} of flow `{flow_run.get_flow_name()}`: in progress."
+    title = f"{flow} {subject} · {name}"
+    with parent_run(
+        flow, title, flow_run.get_id(), params, description=description, flow_run_url=url
+    ) as parent:
+        get_run_logger().info(run_link_line("the flow run's parent run", mlflow_link(parent)))
+        yield parent
+
+
+def flow_run_url(flow_run_id: UUID | str | None) -> str | None:
+    """A flow run in Prefect's UI: its server's, or, in ephemeral mode, the one that
+    ``prefect server start`` serves from the same PREFECT_HOME (as ``make run`` prints)."""
+    if flow_run_id is None:
+        return None
+    return url_for("flow-run", obj_id=flow_run_id, default_base_url=LOCAL_PREFECT_UI)
 
 
 # --- prepare ------------------------------------------------------------------------------------
@@ -185,14 +198,19 @@ def _await_train_job(job_id: str, job: TrainJob) -> TrainResult:
 
 def train(dataset: str, training: TrainingParams, parent_run_id: str) -> TrainResult:
     """Train in process (local Ray / RAY_ADDRESS) or as a Ray Job; a finished run is reused.
-    While it trains, the flow's log shows its progress at a steady interval."""
+    The flow's log names the run as it starts, links its MLflow run and follows its progress
+    (:func:`_training_followed`)."""
     logger = get_run_logger()
-    with _training_progress_logged(parent_run_id):
+    name = run_name(training.job_config(), manifest_sha256(dataset))
+    logger.info(f"train: biLM {name}, preset {training.model}, dataset {Path(dataset).name}")
+    with _training_followed(name, parent_run_id) as linked:
         if training.resolved_mode() == "local":
             result = _train_in_process(dataset, training, parent_run_id)
         else:
             result = _train_as_ray_job(dataset, training, parent_run_id)
     logger.info(train_line(result))
+    if not linked.is_set():  # reused, or done before the first look
+        logger.info(_train_run_link(name, result.mlflow_run_id))
     return result
 
 
@@ -210,30 +228,62 @@ def _train_as_ray_job(dataset: str, training: TrainingParams, parent_run_id: str
 
 
 @contextmanager
-def _training_progress_logged(parent_run_id: str) -> Iterator[None]:
-    """Log :func:`training_progress` every ``ELMO_FLOW_LOG_INTERVAL_S`` seconds (default 60)
-    from a thread while the block trains; a failed look is skipped, never fatal."""
+def _training_followed(name: str, parent_run_id: str) -> Iterator[threading.Event]:
+    """While the block trains, a thread looks at the run's MLflow record every few seconds: it
+    logs the run's link once the run exists (and sets the event it yields), then its progress
+    (:func:`training_progress`) at each tenth of the run and at least every
+    ``ELMO_FLOW_LOG_INTERVAL_S`` seconds (default 60). A failed look is skipped, never fatal."""
     logger = get_run_logger()
     interval = float(os.environ.get(FLOW_LOG_INTERVAL_ENV, DEFAULT_FLOW_LOG_INTERVAL_S))
-    stop = threading.Event()
+    stop, linked = threading.Event(), threading.Event()
 
-    def log_progress() -> None:
-        while not stop.wait(interval):
+    def follow() -> None:
+        logged_step, logged_at = None, time.monotonic()
+        while not stop.wait(min(interval, PROGRESS_LOOK_S)):
             try:
+                if not linked.is_set():
+                    run = find_run(stage_run_name("train", name), "train")
+                    if run is not None:
+                        logger.info(_train_run_link(name, run.info.run_id))
+                        linked.set()
                 line = training_progress(parent_run_id)
             except Exception as err:  # the tracking server may be busy: try again next time
                 logger.debug("no training progress this time: %s", err)
                 continue
-            if line is not None:
+            found = PROGRESS_STEP.search(line or "")
+            if found is None:  # no step logged yet
+                continue
+            step, total = int(found[1]), int(found[2]) if found[2].isdigit() else None
+            if progress_due(step, total, logged_step, time.monotonic() - logged_at, interval):
                 logger.info(line)
+                logged_step, logged_at = step, time.monotonic()
 
-    thread = threading.Thread(target=log_progress, name="training-progress", daemon=True)
+    thread = threading.Thread(target=follow, name="training-progress", daemon=True)
     thread.start()
     try:
-        yield
+        yield linked
     finally:
         stop.set()
         thread.join()
+
+
+def _train_run_link(name: str, run_id: str) -> str:
+    return run_link_line(f"train run of biLM {name}", mlflow_link(run_id))
+
+
+def progress_due(
+    step: int, total: int | None, logged_step: int | None, seconds: float, interval: float
+) -> bool:
+    """Whether the flow's log says where training is now, at ``step`` of ``total`` (None while
+    unknown): at the first step it sees, when the run has entered another tenth since
+    ``logged_step``, or when ``interval`` seconds have passed since then with a step to report."""
+    if logged_step is None:
+        return True
+    if step <= logged_step:
+        return False
+    if total and step * 10 // total > logged_step * 10 // total:
+        return True
+    return seconds >= interval
 
 
 # --- evaluate, register, adapt --------------------------------------------------------------------
@@ -246,6 +296,8 @@ def evaluate(run: TrainResult, dataset: str, parent_run_id: str) -> EvaluationRe
         run.model_dir, dataset, parent_run_id=parent_run_id, tags=flow_tags()
     )
     get_run_logger().info(perplexity_line(result))
+    if result.run_id:
+        get_run_logger().info(run_link_line("evaluate run", mlflow_link(result.run_id)))
     publish_table("heldout-perplexity", perplexity_rows(result), "heldout perplexity")
     return result
 
@@ -266,6 +318,7 @@ def register(
         tags=flow_tags(),
     )
     get_run_logger().info(registry_line(registered))
+    get_run_logger().info(run_link_line("register run", mlflow_link(registered.run_id)))
     return registered
 
 
@@ -298,6 +351,8 @@ def adapt(
     )
     for result in results:
         get_run_logger().info(result_line(result))
+        what = f"adapt run of task {result.task}"
+        get_run_logger().info(run_link_line(what, mlflow_link(result.run_id)))
     publish_table("task-scores", task_rows(results), "task scores with and without ELMo")
     return results
 
@@ -333,6 +388,7 @@ def analyze(
     )
     for line in [*format_rows(result.rows).splitlines(), *result.headline]:
         get_run_logger().info(line)
+    get_run_logger().info(run_link_line("analyze run", mlflow_link(result.run_id)))
     run_ids = {"flow (parent)": parent_run_id, "analyze": result.run_id}
     publish_markdown("analysis", analysis_markdown(bilm, result.rows, run_ids), "analysis table")
     return result
@@ -369,6 +425,5 @@ def summarize(
         {"summary.md": markdown, "dataset.json": json.dumps(dataset_rows(manifest), indent=1)},
         markdown,
     )
-    for line in run_links(run_ids):
-        if line:
-            get_run_logger().info(line.removeprefix("- "))
+    what = "the summary (the parent run's description)"
+    get_run_logger().info(run_link_line(what, mlflow_link(parent_run_id)))

@@ -12,7 +12,7 @@ gets:
   the errors first.
 
 The activation cache the training scores came from holds float16 layers and these predictions
-use the live float32 ones, so an overall score here can differ from ``elmo/test_<metric>`` in
+use the live float32 ones, so an overall score here can differ from ``task/elmo/test_<metric>`` in
 its last digits.
 """
 

@@ -260,8 +260,8 @@ def _log_analysis(
             label: [(int(epoch["epoch"]), epoch[f"dev_{metric}"]) for epoch in result.history]
             for label, result in (("ELMo", elmo), ("baseline", baseline))
         }
-        title = f"{task.name}: dev {metric} by epoch (step), ELMo vs baseline"
-        log_curves(curves, DEV_CURVE_FIGURE, title=title, ylabel=f"dev {metric}")
+        title = f"{task.name}: dev {metric} by epoch, ELMo vs baseline"
+        log_curves(curves, DEV_CURVE_FIGURE, title=title, ylabel=f"dev {metric}", xlabel="epoch")
     split = evaluation_split(datasets)
     if split is not None:
         found = predict_split(elmo.model, datasets[split], split, source.bilm)

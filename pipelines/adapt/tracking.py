@@ -1,17 +1,19 @@
 """What an adapt run records in MLflow: its inputs, curves, final scores, the task model.
 
 One name per quantity, inside one ``adapt`` run (``<metric>`` is the task's main score, ``f1``
-or ``accuracy``):
+or ``accuracy``), each under ``task/``: the MLflow UI orders chart sections by name, and the
+biLM's training curves (``bilm/...``) come first:
 
-- per epoch (step = epoch), the curves the chart view opens on: ``elmo/train_loss``,
-  ``elmo/dev_<metric>``, ``elmo/mix_weight_<j>`` and ``elmo/gamma`` (``elmo/output_*`` too when
-  the head also mixes ELMo at its output); ``baseline/train_loss``, ``baseline/dev_<metric>``;
-- final, a few single values, linked to the logged task model: ``elmo/best_dev_<metric>`` (the
-  dev score of the epoch kept), ``elmo/test_<metric>``, the same under ``baseline/``, and
-  ``gain/dev_<metric>``, ``gain/test_<metric>`` (ELMo − baseline), all of the first seed's
-  models (the one registered, whose curves are logged); over every seed, the main score on test
-  (dev without a test split) as ``elmo/test_<metric>_mean`` and ``_spread``, the same under
-  ``baseline/``, and ``gain/test_<metric>_mean``;
+- per epoch (step = epoch): ``task/elmo/train_loss``, ``task/elmo/dev_<metric>``,
+  ``task/elmo/mix_weight_<j>`` and ``task/elmo/gamma`` (``task/elmo/output_*`` too when the head
+  also mixes ELMo at its output); ``task/baseline/train_loss``, ``task/baseline/dev_<metric>``;
+- final, a few single values, linked to the logged task model: ``task/elmo/best_dev_<metric>``
+  (the dev score of the epoch kept), ``task/elmo/test_<metric>``, the same under
+  ``task/baseline/``, and ``task/gain/dev_<metric>``, ``task/gain/test_<metric>`` (ELMo −
+  baseline), all of the first seed's models (the one registered, whose curves are logged); over
+  every seed, the main score on test (dev without a test split) as
+  ``task/elmo/test_<metric>_mean`` and ``_spread``, the same under ``task/baseline/``, and
+  ``task/gain/test_<metric>_mean``;
 - everything else is in ``scores.json``: every score of both models on dev and test (precision,
   recall, accuracy, per-type F1), the epochs kept, the learned mix at the kept epoch, each
   seed's main scores and the seconds each part took.
@@ -35,14 +37,19 @@ from elmo_core.tasks.dataset import PairExample
 from elmo_core.tasks.seeds import Scores
 from elmo_core.tasks.task_model import Example
 from elmo_core.tasks.trainer import TaskResult, main_metric
-from pipelines.common.tracking import flatten_params, git_commit, log_input_file
+from pipelines.common import tracking
+from pipelines.common.tracking import (
+    flatten_params,
+    log_input_file,
+    logged_model_tags,
+    register_model,
+)
 from pipelines.models import task_pyfunc
 from pipelines.models.bilm_loader import BiLMReference, LoadedBiLM
 from pipelines.registry.model_card import ModelCard, example_frame, publish_card
 from pipelines.registry.register import model_requirements
 from pipelines.registry.tags import KIND_TAG, TASK_TAG, gain_tag, score_tag
 
-MODEL_ARTIFACT = "task_model"
 SCORES_FILE = "scores.json"
 SOURCE_NAME = "pipelines.adapt"
 # The fields of ReaderConfig that each format reads, and of HeadConfig that each task type builds
@@ -100,6 +107,11 @@ def headline_score(result: TaskResult) -> float:
     return float("nan")
 
 
+def task_metric(model: str, name: str) -> str:
+    """``task/<model>/<name>``, ``model`` being ``elmo``, ``baseline`` or ``gain``."""
+    return f"task/{model}/{name}"
+
+
 def seed_metrics(runs: Sequence[SeedRun]) -> dict[str, float]:
     """Each model's mean and spread of the main score over the seeds, and the mean gain."""
     split = "test" if runs[0].elmo.test_metrics else "dev"
@@ -107,26 +119,18 @@ def seed_metrics(runs: Sequence[SeedRun]) -> dict[str, float]:
     elmo = Scores(tuple(headline_score(run.elmo) for run in runs))
     baseline = Scores(tuple(headline_score(run.baseline) for run in runs))
     return {
-        f"elmo/{name}_mean": elmo.mean,
-        f"elmo/{name}_spread": elmo.spread,
-        f"baseline/{name}_mean": baseline.mean,
-        f"baseline/{name}_spread": baseline.spread,
-        f"gain/{name}_mean": elmo.mean - baseline.mean,
+        task_metric("elmo", f"{name}_mean"): elmo.mean,
+        task_metric("elmo", f"{name}_spread"): elmo.spread,
+        task_metric("baseline", f"{name}_mean"): baseline.mean,
+        task_metric("baseline", f"{name}_spread"): baseline.spread,
+        task_metric("gain", f"{name}_mean"): elmo.mean - baseline.mean,
     }
 
 
 def source_tags(parent_run_id: str | None) -> dict[str, str]:
     """MLflow's source tags for a run created in a Ray worker, where MLflow's own guess would be
-    Ray's ``default_worker.py``: the stage's module, ``JOB`` inside a flow (a parent run) else
-    ``LOCAL``, and the driver's git commit when it runs from a checkout."""
-    tags = {
-        "mlflow.source.name": SOURCE_NAME,
-        "mlflow.source.type": "JOB" if parent_run_id else "LOCAL",
-    }
-    commit = git_commit()
-    if commit is not None:
-        tags["mlflow.source.git.commit"] = commit
-    return tags
+    Ray's ``default_worker.py``: the stage's module, ``JOB`` inside a flow (a parent run)."""
+    return tracking.source_tags(SOURCE_NAME, job=parent_run_id is not None)
 
 
 def task_params(task: TaskConfig) -> dict[str, str]:
@@ -154,12 +158,12 @@ def log_task_data(task: TaskConfig) -> None:
 
 
 def epoch_logger(prefix: str, metric: str) -> Callable[[int, dict[str, float]], None]:
-    """An ``epoch_callback`` for ``train_task``: ``<prefix>/train_loss``, the main dev score and
-    the mix at step ``epoch``; the other dev scores stay in the trainer's history."""
+    """An ``epoch_callback`` for ``train_task``: ``task/<prefix>/train_loss``, the main dev score
+    and the mix at step ``epoch``; the other dev scores stay in the trainer's history."""
 
     def log_epoch(epoch: int, metrics: dict[str, float]) -> None:
         kept = {
-            f"{prefix}/{name}": value
+            task_metric(prefix, name): value
             for name, value in metrics.items()
             if not name.startswith("dev_") or name == f"dev_{metric}"
         }
@@ -187,12 +191,14 @@ def final_metrics(elmo: TaskResult, baseline: TaskResult) -> dict[str, float]:
     found: dict[str, float] = {}
     for prefix, result in (("elmo", elmo), ("baseline", baseline)):
         if metric in result.dev_metrics:
-            found[f"{prefix}/best_dev_{metric}"] = result.dev_metrics[metric]
+            found[task_metric(prefix, f"best_dev_{metric}")] = result.dev_metrics[metric]
         if metric in result.test_metrics:
-            found[f"{prefix}/test_{metric}"] = result.test_metrics[metric]
+            found[task_metric(prefix, f"test_{metric}")] = result.test_metrics[metric]
     gained = gains(elmo, baseline)
     found |= {
-        f"gain/{key}": gained[key] for key in (f"dev_{metric}", f"test_{metric}") if key in gained
+        task_metric("gain", key): gained[key]
+        for key in (f"dev_{metric}", f"test_{metric}")
+        if key in gained
     }
     return found
 
@@ -245,13 +251,17 @@ def log_task_model(
     scratch: Path,
     example: Mapping[str, str],
 ) -> TaskModelVersion:
-    """Log the ELMo task model as a pyfunc model with ``example`` as its input example; register
-    it as ``elmo-<task>`` tagged with the task, its main score and gain and the biLM it was
-    adapted from, and describe it as every registered model is
-    (:mod:`pipelines.registry.model_card`)."""
+    """Log the ELMo task model as a pyfunc model ``elmo-<task>`` with ``example`` as its input
+    example and its run's source tags; register it under that name, tagged with the task, its
+    main score and gain and the biLM it was adapted from, and describe it as every registered
+    model is (:mod:`pipelines.registry.model_card`)."""
+    name = f"elmo-{elmo.task}"
     task_dir = task_pyfunc.save_task_model(elmo.model, scratch / "task", source.tokenizer)
+    run = mlflow.active_run()
+    assert run is not None  # the adapt run
     info = mlflow.pyfunc.log_model(
-        name=MODEL_ARTIFACT,
+        name=name,
+        tags=logged_model_tags(mlflow.get_run(run.info.run_id)),
         python_model=task_pyfunc.__file__,
         artifacts={
             task_pyfunc.TASK_ARTIFACT: str(task_dir),
@@ -261,10 +271,9 @@ def log_task_model(
         input_example=example_frame(example),
         pip_requirements=model_requirements(),
     )
-    name = f"elmo-{elmo.task}"
     headline = Headline.of(elmo, baseline)
     tags = {TASK_TAG: elmo.task, **bilm.tags, **(headline.tags() if headline else {})}
-    version = int(mlflow.register_model(info.model_uri, name, tags=tags).version)
+    version = register_model(info.model_uri, name, tags)
     card = task_card(elmo.model.task, elmo.model.labels, bilm.location, version, example)
     scored = headline or "no dev or test split to score it on"
     publish_card(card, version, f"Adapted from `{bilm.location}`: {scored}.")

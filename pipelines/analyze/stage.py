@@ -67,7 +67,13 @@ from pipelines.analyze.table import (
 from pipelines.common.cli_runner import comma_separated, run_command
 from pipelines.common.console_progress import console_progress
 from pipelines.common.settings import elmo_home
-from pipelines.common.tracking import PARENT_RUN_ENV, stage_run, use_tracking
+from pipelines.common.tracking import (
+    PARENT_RUN_ENV,
+    location_name,
+    stage_run,
+    stage_run_name,
+    use_tracking,
+)
 from pipelines.models.bilm_loader import OPTIONS_HELP, SOURCE_HELP, load_bilm, resolve_bilm
 
 SenseSplits = tuple[list[SenseExample], list[SenseExample]]
@@ -105,7 +111,7 @@ def analyze(
         source = load_bilm(reference, Path(scratch) / "bilm-source").bilm.to(device)
         with stage_run(
             "analyze",
-            run_name="analyze",
+            run_name=stage_run_name("analyze", location_name(bilm)),
             parent_run_id=parent,
             tags={**reference.tags, **(tags or {})},
         ) as run:

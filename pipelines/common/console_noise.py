@@ -10,6 +10,16 @@ filtered as text; each source is switched off:
   sit in the object store). The train stage restarts a failed worker group itself (Ray's
   ``max_failures`` and ``max_preemption_failures`` are 0), so the watcher changes nothing here:
   ``RAY_TRAIN_ENABLE_PREEMPTION_WATCHER=0``.
+- Ray prefixes every line a worker prints with its name and pid, in colour codes even when the
+  output is not a terminal; our workers' lines say what they are (``[train] step …``):
+  ``RAY_DISABLE_WORKER_LOG_PREFIX=1``.
+- Ray Train sets a worker's root logger to INFO, so its record of every ``report`` reached the
+  console (``Reporting training result 1: TrainingReport(…)``, whose loss is the last step's, not
+  the mean the ``[train]`` line prints), and so did matplotlib's ``generated new fontManager``.
+  ``RAY_TRAIN_ENABLE_WORKER_STRUCTURED_LOGGING=0`` leaves a worker's logging as Python's: warnings
+  and errors print, INFO does not (Ray Train's JSON log files for the dashboard's Train view are not
+  written). Ray's own loggers then print their INFO lines (``Setting up process group``):
+  ``RAY_LOGGER_LEVEL=warning``, which a local Ray's processes read as they start.
 - MLflow draws a progress bar for every artifact download and logs its routine steps (creating
   tables, starting system metrics) at INFO: ``MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR=false`` and
   ``MLFLOW_LOGGING_LEVEL=WARNING`` (read when mlflow is imported).
@@ -27,6 +37,9 @@ import os
 QUIET_ENVIRONMENT = {
     "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
     "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+    "RAY_DISABLE_WORKER_LOG_PREFIX": "1",
+    "RAY_TRAIN_ENABLE_WORKER_STRUCTURED_LOGGING": "0",
+    "RAY_LOGGER_LEVEL": "warning",
     "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
     "MLFLOW_LOGGING_LEVEL": "WARNING",
 }

@@ -25,13 +25,20 @@ from pipelines.common.tracking import (
     ended_status,
     ensure_experiment,
     flatten_params,
+    source_tags,
     ui_url,
     use_tracking,
 )
 
 FLOW_RUN_TAG = "prefect.flow_run_id"
+FLOW_RUN_URL_TAG = "prefect.flow_run_url"  # the flow run in Prefect's UI, when it serves one
 TOTAL_STEPS_TAG = "elmo.total_steps"  # set by the train stage: what a progress line counts to
-TRAIN_LOSS_METRIC = "train/sampled_loss"
+# The biLM's training curves, named so that the MLflow UI, which orders chart sections by name,
+# shows their sections before the task models' (task/...) and the unsectioned ones.
+TRAIN_SECTION = "bilm/train"
+VALIDATION_SECTION = "bilm/validation"
+TRAIN_LOSS_METRIC = f"{TRAIN_SECTION}/sampled_loss"
+TOKENS_PER_S_METRIC = f"{TRAIN_SECTION}/tokens_per_s"
 MAX_PARAMS_PER_BATCH = 100
 
 
@@ -43,9 +50,11 @@ def parent_run(
     params: BaseModel,
     tags: Mapping[str, str] = {},
     description: str = "",
+    flow_run_url: str | None = None,
 ) -> Iterator[str]:
-    """Open the flow run's parent run (tagged with the flow run's id, "" outside a flow run),
-    with ``description`` on its page; yields its run id.
+    """Open the flow run's parent run (tagged with the flow run's id, "" outside a flow run, and
+    its Prefect UI address where it has one), with ``description`` on its page and the user and
+    source MLflow shows for a run (the client sets none); yields its run id.
 
     The run ends FINISHED when the block completes, KILLED when it is interrupted and FAILED
     when it raises.
@@ -55,12 +64,15 @@ def parent_run(
     client = MlflowClient()
     experiment = client.get_experiment_by_name(EXPERIMENT)
     assert experiment is not None  # ensure_experiment created it
+    link = web_url(flow_run_url)
     run = client.create_run(
         experiment.experiment_id,
         run_name=run_name,
         tags={
+            **source_tags(f"prefect flow {flow}", job=flow_run_id is not None),
             STAGE_TAG: flow,
             FLOW_RUN_TAG: flow_run_id or "",
+            **({FLOW_RUN_URL_TAG: link} if link else {}),
             DESCRIPTION_TAG: description,
             **tags,
         },
@@ -75,6 +87,12 @@ def parent_run(
         client.set_terminated(run_id, ended_status(error))
         raise
     client.set_terminated(run_id, ended_status(None))
+
+
+def web_url(url: str | None) -> str | None:
+    """``url`` when it is a web address, else None: Prefect builds a flow run's UI address from
+    ``PREFECT_UI_URL`` even when that is unset (``None/flow-runs/flow-run/<id>``)."""
+    return url if url and urlparse(url).scheme in ("http", "https") else None
 
 
 def run_links(run_ids: Mapping[str, str]) -> list[str]:
@@ -118,9 +136,9 @@ def record_summary(
 
 
 def training_progress(parent_run_id: str) -> str | None:
-    """One line on the flow's training run as its MLflow run shows it now (step, rate, loss,
-    ETA), or None before its first logged step: what a flow's log says while training runs in
-    Ray workers, local or in a Ray job, whose console the flow never sees."""
+    """One line on the flow's training run as its MLflow run shows it now (its name, step,
+    rate, loss, ETA), or None before its first logged step: what a flow's log says while
+    training runs in Ray workers, local or in a Ray job, whose console the flow never sees."""
     use_tracking()
     client = MlflowClient()
     experiment = client.get_experiment_by_name(EXPERIMENT)
@@ -142,8 +160,8 @@ def training_progress(parent_run_id: str) -> str | None:
     eta = (total - step) * elapsed / step if 0 < step <= total else math.nan
     metrics = run.data.metrics
     return (
-        f"training {run.info.run_name}: step {step}/{total or '?'}, "
-        f"{metrics.get('tokens_per_s', math.nan):,.0f} tokens/s, "
+        f"{run.info.run_name}: step {step}/{total or '?'}, "
+        f"{metrics.get(TOKENS_PER_S_METRIC, math.nan):,.0f} tokens/s, "
         f"sampled loss {metrics[TRAIN_LOSS_METRIC]:.3f}, ETA {_minutes(eta)}"
     )
 

@@ -2,15 +2,19 @@
 
 A stage run started inside a flow is a child of the flow's parent run (passed explicitly or through
 ``ELMO_MLFLOW_PARENT_RUN_ID``, which survives the hop into a Ray job); a stage run on its own is a
-top-level run tagged with what it used. Curves people would rather see than read are logged as
-figures next to the metrics.
+top-level run tagged with what it used. Each is named ``<stage>-<what it worked on>`` and
+samples this process's system metrics from its start to its end. Curves people would rather see
+than read are logged as figures next to the metrics.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
+import logging
 import os
 import subprocess
+import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -18,7 +22,15 @@ from pathlib import Path
 from typing import Any
 
 import mlflow
+import psutil
 from mlflow.entities import Run, RunStatus
+from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+from mlflow.utils.mlflow_tags import (
+    MLFLOW_GIT_COMMIT,
+    MLFLOW_SOURCE_NAME,
+    MLFLOW_SOURCE_TYPE,
+    MLFLOW_USER,
+)
 from pydantic import BaseModel
 
 from pipelines.common.settings import elmo_home, mlflow_tracking_uri
@@ -28,10 +40,19 @@ PARENT_RUN_ENV = "ELMO_MLFLOW_PARENT_RUN_ID"
 STAGE_TAG = "elmo.stage"
 MAX_PARAM_CHARS = 6000
 SYSTEM_METRICS_INTERVAL_ENV = "ELMO_SYSTEM_METRICS_INTERVAL_S"
-DEFAULT_SYSTEM_METRICS_S = 2.0
+DEFAULT_SYSTEM_METRICS_S = 1.0  # at first; wider apart as a run ages, up to LATE_SYSTEM_METRICS_S
+LATE_SYSTEM_METRICS_S = 10.0  # MLflow's own interval: what an hours-long run is sampled at
 DATASET_DIGEST_CHARS = 36  # the longest digest MLflow's stores keep
 LOCAL_UI = "http://127.0.0.1:5000"  # where `mlflow ui` serves the embedded store
-DESCRIPTION_TAG = "mlflow.note.content"  # the run page's description
+DESCRIPTION_TAG = "mlflow.note.content"  # the run's (and the experiment's) description
+EXPERIMENT_DESCRIPTION = (
+    "ELMo pretraining and adaptation. Each flow run is a parent run; its stages (prepare, train, "
+    "evaluate, register, adapt, analyze, embed) are its child runs, named `<stage>-<subject>`. "
+    "The biLM's training curves are the `bilm/train` and `bilm/validation` chart sections; the "
+    "task models' are `task/elmo`, `task/baseline` and `task/gain`."
+)
+
+log = logging.getLogger(__name__)
 
 
 def ui_url(experiment_id: str, run_id: str | None = None, server: str | None = None) -> str:
@@ -43,6 +64,12 @@ def ui_url(experiment_id: str, run_id: str | None = None, server: str | None = N
         server = uri if uri.startswith(("http://", "https://")) else LOCAL_UI
     route = f"/experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "")
     return f"{server.rstrip('/')}/#{route}?workflowType=machine_learning"
+
+
+def run_link(run_id: str) -> str:
+    """``[<run name>](<its page>)``: a run as a description in the MLflow UI names it."""
+    run = mlflow.MlflowClient(use_tracking()).get_run(run_id)
+    return f"[{run.info.run_name}]({ui_url(run.info.experiment_id, run_id)})"
 
 
 def use_tracking() -> str:
@@ -60,7 +87,6 @@ def stage_run(
     run_id: str | None = None,
     parent_run_id: str | None = None,
     tags: Mapping[str, str] | None = None,
-    system_metrics: bool = True,
 ) -> Iterator[mlflow.ActiveRun]:
     """Start (or resume, given ``run_id``) the MLflow run of one stage; it ends as what happened.
 
@@ -68,37 +94,87 @@ def stage_run(
     :mod:`pipelines.common.cli_runner`), FAILED on any other exception; MLflow's own context
     manager would call an interrupted run FAILED. The parent comes from ``parent_run_id`` or
     ``ELMO_MLFLOW_PARENT_RUN_ID``; the run is tagged with its stage name so the flow's summary can
-    find its children. ``system_metrics``: this process's CPU, memory, disk and network (GPU with
-    pynvml) beside the run's metrics; off where the work runs in other processes that log them.
+    find its children. This process's system metrics are sampled for as long as the block runs.
     """
     use_tracking()
     ensure_experiment()
-    sample_system_metrics()
     if run_id is not None:
-        run = mlflow.start_run(run_id=run_id, log_system_metrics=system_metrics)
+        run = mlflow.start_run(run_id=run_id, log_system_metrics=False)
     else:
         parent = parent_run_id or os.environ.get(PARENT_RUN_ENV) or None
         all_tags = {STAGE_TAG: stage, **(tags or {})}
         run = mlflow.start_run(
-            run_name=run_name,
-            parent_run_id=parent,
-            tags=all_tags,
-            log_system_metrics=system_metrics,
+            run_name=run_name, parent_run_id=parent, tags=all_tags, log_system_metrics=False
         )
     try:
-        yield run
+        with system_metrics(run.info.run_id):
+            yield run
     except BaseException as error:
         mlflow.end_run(ended_status(error))
         raise
     mlflow.end_run(ended_status(None))
 
 
-def sample_system_metrics() -> None:
-    """Sample system metrics every ``ELMO_SYSTEM_METRICS_INTERVAL_S`` seconds (default 2): at
-    MLflow's 10 s a stage of a minute or two shows a point or two, not a curve."""
+def stage_run_name(stage: str, subject: str) -> str:
+    """``<stage>-<subject>``: every stage run is named by its verb and what it worked on."""
+    return f"{stage}-{subject}"
+
+
+def location_name(location: str) -> str:
+    """What a run working on ``location`` is named after: an MLflow URI without its scheme
+    (``elmo-bilm/3``), else the last part of the path, or the part before it for a ``model``
+    directory (a training run's ``bilm-<hash>/model`` is ``bilm-<hash>``)."""
+    from elmo_core.model.serialization import MODEL_DIR
+
+    if location.startswith(("models:/", "runs:/")):
+        return location.split(":/", 1)[1].strip("/")
+    parts = [part for part in location.rstrip("/").split("/") if part]
+    if len(parts) > 1 and parts[-1] == MODEL_DIR:
+        return parts[-2]
+    return parts[-1] if parts else location
+
+
+@contextmanager
+def system_metrics(run_id: str, node: str | None = None) -> Iterator[None]:
+    """Sample this process's system metrics into ``run_id`` while the block runs (under
+    ``system/<node>/`` when ``node`` names the machine: one of several logging into one run)."""
     interval = float(os.environ.get(SYSTEM_METRICS_INTERVAL_ENV, DEFAULT_SYSTEM_METRICS_S))
-    mlflow.set_system_metrics_sampling_interval(interval)
-    mlflow.set_system_metrics_samples_before_logging(1)
+    sampler = SystemMetricsSampler(
+        run_id, sampling_interval=interval, resume_logging=True, node_id=node
+    )
+    sampler.start()
+    try:
+        yield
+    finally:
+        sampler.finish()
+
+
+class SystemMetricsSampler(SystemMetricsMonitor):
+    """MLflow's system metrics monitor, sampled so that a stage of seconds shows a curve.
+
+    Every ``sampling_interval`` seconds at first, wider apart as the run ages (an interval of a
+    thirtieth of its age, up to MLflow's 10 s), and once more as the run ends. MLflow's own loop
+    logs nothing for a run shorter than one interval, drops the last interval, logs psutil's
+    first CPU reading (a meaningless 0) and stops for good when one look at the run fails (a
+    busy SQLite store); here a failed write is retried with the next sample.
+    """
+
+    def monitor(self) -> None:
+        psutil.cpu_percent()  # the baseline of the first reading
+        started = time.monotonic()
+        while not self._shutdown_event.wait(self._interval(time.monotonic() - started)):
+            self._sample()
+        self._sample()  # the last, partial interval
+
+    def _interval(self, age: float) -> float:
+        return max(float(self.sampling_interval), min(LATE_SYSTEM_METRICS_S, age / 30))
+
+    def _sample(self) -> None:
+        try:
+            self.collect_metrics()
+            self.publish_metrics(self.aggregate_metrics())
+        except Exception as error:  # the store may be busy: the next sample goes on
+            log.debug("system metrics sample not logged: %s", error)
 
 
 def ended_status(error: BaseException | None) -> str:
@@ -111,30 +187,37 @@ def ended_status(error: BaseException | None) -> str:
 
 
 @contextmanager
-def shared_run(run_id: str) -> Iterator[mlflow.ActiveRun]:
+def shared_run(run_id: str, node: str | None = None) -> Iterator[mlflow.ActiveRun]:
     """Log into a run that another process owns (a training worker into the driver's run),
-    leaving it RUNNING: the owner's :func:`stage_run` decides how it ends. The system metrics
-    are this process's (a training worker's node: where the work runs)."""
+    leaving it RUNNING: the owner's :func:`stage_run` decides how it ends. The owner samples its
+    own machine's system metrics; ``node`` names this one where it is another machine, whose
+    metrics are logged under ``system/<node>/``."""
     use_tracking()
-    sample_system_metrics()
-    run = mlflow.start_run(run_id=run_id, log_system_metrics=True)
+    run = mlflow.start_run(run_id=run_id, log_system_metrics=False)
     try:
-        yield run
+        with system_metrics(run_id, node) if node else contextlib.nullcontext():
+            yield run
     finally:
         mlflow.end_run(RunStatus.to_string(RunStatus.RUNNING))
 
 
 def ensure_experiment() -> None:
-    """Select the experiment, creating it with its artifacts under ``ELMO_HOME`` when the store is
-    the embedded SQLite file (MLflow's default would be ``./mlruns`` of whatever directory a
-    command happens to run in)."""
-    if mlflow.get_experiment_by_name(EXPERIMENT) is None and mlflow_tracking_uri().startswith(
-        "sqlite:"
-    ):
+    """Select the experiment, creating it with its description (and, when the store is the
+    embedded SQLite file, its artifacts under ``ELMO_HOME``: MLflow's default would be
+    ``./mlruns`` of whatever directory a command happens to run in)."""
+    experiment = mlflow.get_experiment_by_name(EXPERIMENT)
+    if experiment is None:
+        local = mlflow_tracking_uri().startswith("sqlite:")
         with contextlib.suppress(mlflow.exceptions.MlflowException):  # created meanwhile
             mlflow.create_experiment(
-                EXPERIMENT, artifact_location=(elmo_home() / "artifacts").as_uri()
+                EXPERIMENT,
+                artifact_location=(elmo_home() / "artifacts").as_uri() if local else None,
+                tags={DESCRIPTION_TAG: EXPERIMENT_DESCRIPTION},
             )
+    elif DESCRIPTION_TAG not in experiment.tags:  # created before it had one
+        mlflow.MlflowClient().set_experiment_tag(
+            experiment.experiment_id, DESCRIPTION_TAG, EXPERIMENT_DESCRIPTION
+        )
     mlflow.set_experiment(EXPERIMENT)
 
 
@@ -180,14 +263,15 @@ def log_input_file(location: str, name: str, sha256: str, context: str) -> None:
 
 
 def flatten_params(config: BaseModel | Mapping[str, Any], prefix: str = "") -> dict[str, str]:
-    """Dotted ``section.key`` → string value as MLflow params (long values cut, not refused)."""
+    """Dotted ``section.key`` → string value as MLflow params (long values cut, not refused);
+    a key whose value is None is left out, not logged as the string "None"."""
     data = config.model_dump(mode="json") if isinstance(config, BaseModel) else dict(config)
     flat: dict[str, str] = {}
     for key, value in data.items():
         dotted = f"{prefix}{key}"
         if isinstance(value, Mapping):
             flat.update(flatten_params(value, f"{dotted}."))
-        else:
+        elif value is not None:
             flat[dotted] = str(value)[:MAX_PARAM_CHARS]
     return flat
 
@@ -204,20 +288,24 @@ def log_curves(
     *,
     title: str,
     ylabel: str,
+    xlabel: str = "step",
     log_y: bool = False,
 ) -> None:
-    """Plot named ``(step, value)`` curves on one axis and log the figure as ``artifact_file``."""
+    """Plot named ``(x, value)`` curves on one axis and log the figure as ``artifact_file``; x
+    counts (steps, epochs), so its ticks are whole numbers."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     figure, axis = plt.subplots(figsize=(7, 4))
     for name, points in curves.items():
         if points:
             steps, values = zip(*points, strict=True)
             axis.plot(steps, values, label=name, marker="." if len(points) < 50 else None)
-    axis.set(title=title, xlabel="step", ylabel=ylabel)
+    axis.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    axis.xaxis.set_major_locator(MaxNLocator(integer=True))
     if log_y:
         axis.set_yscale("log")
     axis.grid(alpha=0.3)
@@ -225,6 +313,38 @@ def log_curves(
     figure.tight_layout()
     mlflow.log_figure(figure, artifact_file)
     plt.close(figure)
+
+
+def source_tags(source_name: str, *, job: bool) -> dict[str, str]:
+    """MLflow's user and source tags for a run or model that MLflow would name wrongly or not at
+    all (one created in a Ray worker would name Ray's ``default_worker.py``, one created with the
+    client nothing): ``source_name``, ``JOB`` inside a flow else ``LOCAL``, and the commit of
+    this checkout when it is one."""
+    from mlflow.tracking.context.registry import resolve_tags
+
+    tags = {MLFLOW_SOURCE_NAME: source_name, MLFLOW_SOURCE_TYPE: "JOB" if job else "LOCAL"}
+    commit = git_commit()
+    if commit is not None:
+        tags[MLFLOW_GIT_COMMIT] = commit
+    return dict(resolve_tags(tags))
+
+
+def logged_model_tags(run: Run) -> dict[str, str]:
+    """The user and source tags of ``run``, for a model it logs: MLflow would tag the model
+    with the logging process's own (Ray's worker script, no commit)."""
+    return {
+        key: value
+        for key, value in run.data.tags.items()
+        if key == MLFLOW_USER or key.startswith("mlflow.source.")
+    }
+
+
+def register_model(model_uri: str, name: str, tags: Mapping[str, str]) -> int:
+    """Register ``model_uri`` as a new version of ``name``; its number. MLflow's own call prints
+    "Successfully registered model" and "Created version" on stderr beside the stage's line that
+    says the same, so its stderr is taken for the call (its warnings go to logging, unaffected)."""
+    with contextlib.redirect_stderr(io.StringIO()):
+        return int(mlflow.register_model(model_uri, name, tags=dict(tags)).version)
 
 
 def git_commit(repo: Path | None = None) -> str | None:

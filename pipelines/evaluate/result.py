@@ -23,7 +23,7 @@ class EvaluationResult(BaseModel):
     forward_perplexity: float
     backward_perplexity: float
     perplexity: float  # geometric mean of the two directions
-    num_tokens: int
+    num_tokens: int  # positions predicted: each sentence's words and its end
     split: str
     files: list[str] | None
     protocol: Protocol

@@ -10,8 +10,10 @@ checkpoint or run directory, local or remote, or an MLflow URI such as ``models:
 is pinned here and each Ray task loads the pinned reference. With ``RAY_ADDRESS`` set or
 ``workers > 1`` the split is divided over Ray tasks (the reader's rank/world_size partitioning)
 and their sums added; otherwise it runs in this process. Forward, backward and geometric-mean
-perplexity are printed and logged to MLflow with ``heldout_hash``, a digest of the shards
-evaluated, so the registry compares models on the same heldout data. The result is an
+perplexity are printed and logged to MLflow (an ``evaluate-<model>`` run) with ``heldout_hash``, a
+digest of the shards evaluated, so the registry compares models on the same heldout data, and
+``<split>_predicted_tokens``: the positions each direction predicted, every sentence's words
+and its end (the prepare run's ``<split>_tokens`` counts the words). The result is an
 :class:`~pipelines.evaluate.result.EvaluationResult` (``--output`` saves it for ``elmo register``).
 """
 
@@ -36,7 +38,7 @@ from elmo_core.perplexity import PerplexitySums, Protocol, evaluate_perplexity
 from elmo_core.threads import fewer_threads_under_load
 from pipelines.common.cli_runner import run_command
 from pipelines.common.locations import absolute_location
-from pipelines.common.tracking import log_dataset, stage_run
+from pipelines.common.tracking import location_name, log_dataset, stage_run, stage_run_name
 from pipelines.evaluate.result import EvaluationResult
 from pipelines.models.bilm_loader import SOURCE_HELP, BiLMReference, load_bilm, resolve_bilm
 
@@ -63,14 +65,14 @@ def evaluate(
         "checkpoint": checkpoint,
         "data": data,
         "split": split,
-        "files": str(files),
         "protocol": protocol,
-        "batch_size": str(batch_size),
         "heldout_hash": heldout,
+        **({"files": ",".join(files)} if files else {}),
+        **({"batch_size": str(batch_size)} if batch_size is not None else {}),
     }
     with stage_run(
         "evaluate",
-        run_name=f"evaluate-{_short_name(checkpoint)}",
+        run_name=stage_run_name("evaluate", location_name(checkpoint)),
         parent_run_id=parent_run_id,
         tags={**bilm.tags, **(tags or {})},
     ) as run:
@@ -86,7 +88,7 @@ def evaluate(
                 f"{split}_perplexity_forward": sums.forward_perplexity,
                 f"{split}_perplexity_backward": sums.backward_perplexity,
                 f"{split}_perplexity": sums.perplexity,
-                f"{split}_tokens": sums.num_tokens,
+                f"{split}_predicted_tokens": sums.num_tokens,
             }
         )
     return EvaluationResult(
@@ -141,10 +143,6 @@ def evaluate_part(part: EvaluationPart) -> PerplexitySums:
             device=device,
             progress=part.rank == 0,
         )
-
-
-def _short_name(checkpoint: str) -> str:
-    return checkpoint.rstrip("/").rsplit("/", 1)[-1] or checkpoint
 
 
 # --- Ray -----------------------------------------------------------------------------------------

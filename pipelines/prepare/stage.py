@@ -85,12 +85,12 @@ def prepare(
     ``overwrite`` replaces another dataset found there. Recorded as the stage's MLflow run (a
     child of ``parent_run_id``'s, inside a flow)."""
     from pipelines.common.settings import elmo_home
-    from pipelines.common.tracking import stage_run
+    from pipelines.common.tracking import location_name, stage_run, stage_run_name
     from pipelines.prepare.corpus_sources import locate_corpus
     from pipelines.prepare.tracking import log_prepared
 
     dataset = absolute_location(out)
-    name = f"prepare {dataset.rstrip('/').rsplit('/', 1)[-1]}"
+    name = stage_run_name("prepare", location_name(dataset))
     all_tags = {"elmo.dataset": dataset, **(tags or {})}
     with stage_run("prepare", run_name=name, parent_run_id=parent_run_id, tags=all_tags):
         located = locate_corpus(

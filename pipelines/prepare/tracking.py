@@ -23,7 +23,9 @@ def log_prepared(
     num_shards: tuple[int, int],
 ) -> None:
     """Log into the active run: the config, the corpus, per-split sizes, the vocabulary, the
-    phases' seconds and the shards (written, reused) of a finished prepare."""
+    phases' seconds and the shards (written, reused) of a finished prepare. A split's
+    ``_tokens`` are its words, as the tokenizer split them (the evaluate run's
+    ``_predicted_tokens`` add one end per sentence)."""
     log_config(cfg, "prepare_config.json")
     mlflow.log_params({"corpus": corpus, "dataset": dataset})
     metrics = {

@@ -30,7 +30,6 @@ from pipelines.registry.tags import (
     PERPLEXITY_TAG,
     PRESET_TAG,
     SIZE_TAG,
-    TRAIN_RUN_TAG,
 )
 
 BILM_EXAMPLE = {bilm_pyfunc.SENTENCE_COLUMN: "The cat sat on the mat."}
@@ -120,12 +119,14 @@ def bilm_card(name: str) -> ModelCard:
     )
 
 
-def bilm_version_description(version_tags: Mapping[str, str]) -> str:
-    """One line on the version: its size, where it came from, what it scored."""
+def bilm_version_description(
+    version_tags: Mapping[str, str], runs: Mapping[str, str] | None = None
+) -> str:
+    """One line on the version: its size, where it came from, what it scored; ``runs``: what
+    happened to it in which run (``trained`` → a link to the training run)."""
     size, preset, data = (version_tags[tag] for tag in (SIZE_TAG, PRESET_TAG, DATASET_TAG))
     lines = [f"{size} biLM ({preset}) on `{data}`"]
-    if TRAIN_RUN_TAG in version_tags:
-        lines.append(f"trained in run `{version_tags[TRAIN_RUN_TAG]}`")
+    lines += [f"{what} in run {link}" for what, link in (runs or {}).items()]
     if PERPLEXITY_TAG in version_tags:
         lines.append(
             f"heldout perplexity {float(version_tags[PERPLEXITY_TAG]):.2f} (forward "

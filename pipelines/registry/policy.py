@@ -146,20 +146,29 @@ def decide(candidate: ModelVersion, champion: ModelVersion | None) -> PromotionD
         reason = "no heldout perplexity: only an explicit promotion makes it champion"
         return PromotionDecision(CHALLENGER, reason, previous)
     if champion is None:
-        return PromotionDecision(
-            CHAMPION, f"first champion: heldout perplexity {perplexity:.6g}", None
-        )
+        reason = f"first champion: heldout perplexity {_perplexity(perplexity)}"
+        return PromotionDecision(CHAMPION, reason, None)
     mismatch = _incomparable(candidate, champion)
     if mismatch is not None:
         return PromotionDecision(CHALLENGER, mismatch, previous)
     best = perplexity_of(champion)
     assert best is not None  # _incomparable checked it
+    ours, theirs = _perplexity(perplexity, best), _perplexity(best, perplexity)
     if perplexity < best:
-        reason = f"heldout perplexity {perplexity:.6g} beats champion v{previous}'s {best:.6g}"
+        reason = f"heldout perplexity {ours} beats champion v{previous}'s {theirs}"
         return PromotionDecision(CHAMPION, reason, previous)
     relation = "ties" if perplexity == best else "does not beat"
-    reason = f"heldout perplexity {perplexity:.6g} {relation} champion v{previous}'s {best:.6g}"
+    reason = f"heldout perplexity {ours} {relation} champion v{previous}'s {theirs}"
     return PromotionDecision(CHALLENGER, reason, previous)
+
+
+def _perplexity(value: float, other: float | None = None) -> str:
+    """``value`` to two decimals at most, as the flow's log prints perplexities (``596.21``,
+    ``31``), or to six significant digits where two decimals would not tell it from ``other``."""
+    rounded = f"{value:.2f}"
+    if other is not None and other != value and rounded == f"{other:.2f}":
+        return f"{value:.6g}"
+    return rounded.rstrip("0").rstrip(".")
 
 
 def _incomparable(candidate: ModelVersion, champion: ModelVersion) -> str | None:

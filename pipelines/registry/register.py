@@ -1,22 +1,24 @@
 """register: a trained biLM becomes a version of the MLflow model ``elmo-bilm``, once per run.
 
-Registration is a stage with an MLflow ``register`` run of its own: a child of the flow's run
-inside a flow, carrying the flow's tags, else a top-level run. The run is tagged with the training
-run the weights came from (``elmo.train_run_id``, on the version too) and, once the champion
-policy has decided, with its decision (the version's promotion tags). It holds:
+Registration is a stage with an MLflow ``register-<name>`` run of its own: a child of the flow's
+run inside a flow, carrying the flow's tags, else a top-level run. The run is tagged with the
+training run the weights came from and the evaluate run that scored them (``elmo.train_run_id``,
+``elmo.evaluate_run_id``, on the version too, which also names the register run) and, once the
+champion policy has decided, with its decision (the version's promotion tags).
 
-- the version: a pyfunc model logged from code (:mod:`pipelines.models.bilm_pyfunc`) whose
-  artifacts are our biLM directory, the dataset's ``vocab.txt`` and ``manifest.json`` (the
-  tokenizer used at inference), logged with an input example. Its tags
-  (:mod:`pipelines.registry.tags`) carry what the promotion policy compares (heldout
-  perplexities), what makes two numbers comparable at all (the heldout, vocabulary and manifest
-  hashes) and the architecture (``elmo.preset``, ``elmo.size``); the registered model gets a
-  description showing how to call it (:mod:`pipelines.registry.model_card`);
-- the evaluation's perplexities as metrics of that logged model, named as the evaluate run names
-  them (``heldout_perplexity``, ``heldout_perplexity_forward``, ``heldout_perplexity_backward``),
-  so the model's own page shows what it scored;
-- a bilm-tf HDF5 export (``bilm_tf/options.json`` + ``weights.hdf5``, DESIGN.md §3), for tools
-  that read the original format.
+The version is a pyfunc model logged from code (:mod:`pipelines.models.bilm_pyfunc`) whose
+artifacts are our biLM directory, the dataset's ``vocab.txt`` and ``manifest.json`` (the tokenizer
+used at inference), logged with an input example. It is logged *from the training run* (the
+register run lists it as its input): MLflow's UI then shows the training run as the version's
+source run, and the version and the logged model on the training run's page. Without a training
+run (imported weights) the register run logs it. The version's tags
+(:mod:`pipelines.registry.tags`) carry what the promotion policy compares (heldout perplexities:
+the evaluate run holds them as metrics, registration does not log them again), what makes two
+numbers comparable at all (the heldout, vocabulary and manifest hashes) and the architecture
+(``elmo.preset``, ``elmo.size``); the registered model gets a description showing how to call it
+and the version one linking its runs (:mod:`pipelines.registry.model_card`). The register run
+also holds a bilm-tf HDF5 export (``bilm_tf/options.json`` + ``weights.hdf5``, DESIGN.md §3), for
+tools that read the original format.
 
 After registering, :mod:`pipelines.registry.policy` decides once whether the version takes the
 ``champion`` or the ``challenger`` alias (``apply_policy=False`` skips that), and the record
@@ -49,14 +51,24 @@ import mlflow
 import torch
 import typer
 from mlflow import MlflowClient
+from mlflow.entities import LoggedModelInput
 from mlflow.entities.model_registry import ModelVersion
+from mlflow.models import Model
 from mlflow.models.model import ModelInfo
 
 from elmo_core.data.manifest import MANIFEST_NAME, join_url, load_manifest
 from elmo_core.errors import ConfigError, DataError
 from elmo_core.model.bilm import BiLM
 from pipelines.common.cli_runner import run_command
-from pipelines.common.tracking import stage_run, use_tracking
+from pipelines.common.tracking import (
+    DESCRIPTION_TAG,
+    logged_model_tags,
+    register_model,
+    run_link,
+    stage_run,
+    stage_run_name,
+    use_tracking,
+)
 from pipelines.evaluate.result import EvaluationResult
 from pipelines.models import bilm_pyfunc
 from pipelines.models.bilm_loader import (
@@ -90,18 +102,19 @@ from pipelines.registry.tags import (
     BILM_TF_TAG,
     DATASET_TAG,
     DEFAULT_NAME,
+    EVALUATE_RUN_TAG,
     FORWARD_PERPLEXITY_TAG,
     HELDOUT_HASH_TAG,
     HELDOUT_SPLIT_TAG,
-    HELDOUT_TOKENS_TAG,
     MANIFEST_HASH_TAG,
     PERPLEXITY_TAG,
+    PREDICTED_TOKENS_TAG,
     PROTOCOL_TAG,
+    REGISTER_RUN_TAG,
     TRAIN_RUN_TAG,
     VOCAB_HASH_TAG,
 )
 
-MODEL_ARTIFACT = "bilm"  # the logged model's name inside the run
 BILM_TF_ARTIFACTS = "bilm_tf"  # run artifact folder of the HDF5 export
 
 
@@ -109,10 +122,10 @@ BILM_TF_ARTIFACTS = "bilm_tf"  # run artifact folder of the HDF5 export
 class RegisteredBiLM:
     """A registered version and what the champion policy decided for it.
 
-    ``run_id`` is the register run that logged the version, ``train_run_id`` the training run its
-    weights came from (None when registered from elsewhere). ``perplexity`` is None when registered
-    without an evaluation, ``decision`` when the policy was not applied; ``newly_registered`` is
-    False when the training run had registered it before.
+    ``run_id`` is the register run that registered the version, ``train_run_id`` the training run
+    its weights came from, the version's source run (None when registered from elsewhere).
+    ``perplexity`` is None when registered without an evaluation, ``decision`` when the policy was
+    not applied; ``newly_registered`` is False when the training run had registered it before.
     """
 
     name: str
@@ -206,19 +219,25 @@ def register_bilm(
     exporter = _bilm_tf_exporter() if hdf5_export else None
     version_tags = model_version_tags(evaluation, dataset) | architecture_tags(source.bilm.config)
     run_tags = dict(tags or {})
-    if run_id is not None:
-        version_tags[TRAIN_RUN_TAG] = run_tags[TRAIN_RUN_TAG] = run_id
+    evaluate_run_id = evaluation.run_id if evaluation is not None else None
+    for tag, linked in ((TRAIN_RUN_TAG, run_id), (EVALUATE_RUN_TAG, evaluate_run_id)):
+        if linked is not None:
+            version_tags[tag] = run_tags[tag] = linked
     with stage_run(
-        "register", run_name=f"register-{name}", parent_run_id=parent_run_id, tags=run_tags
+        "register",
+        run_name=stage_run_name("register", name),
+        parent_run_id=parent_run_id,
+        tags=run_tags,
     ) as run:
+        version_tags[REGISTER_RUN_TAG] = run.info.run_id
         mlflow.log_params({"model_name": name, "dataset": dataset.url})
         if exporter is not None:
             version_tags[BILM_TF_TAG] = _log_bilm_tf_export(exporter, source.bilm, run.info.run_id)
-        info = log_bilm_model(source.model_dir, dataset)
-        if evaluation is not None:
-            mlflow.log_metrics(evaluation_metrics(evaluation), model_id=info.model_id)
-        version = int(mlflow.register_model(info.model_uri, name, tags=version_tags).version)
-        publish_card(bilm_card(name), version, bilm_version_description(version_tags))
+        info = log_bilm_model(source.model_dir, dataset, name, source_run_id=run_id)
+        version = register_model(info.model_uri, name, version_tags)
+        runs = version_runs(version_tags)
+        publish_card(bilm_card(name), version, bilm_version_description(version_tags, runs))
+        mlflow.set_tag(DESCRIPTION_TAG, register_description(name, version, runs))
         decision = apply_champion_policy(name, version) if apply_policy else None
         if decision is not None:
             mlflow.set_tags(decision_tags(decision))
@@ -250,7 +269,7 @@ def _existing_version(version: ModelVersion, apply_policy: bool) -> RegisteredBi
         name=version.name,
         version=int(version.version),
         uri=f"models:/{version.name}/{version.version}",
-        run_id=str(version.run_id),
+        run_id=version.tags.get(REGISTER_RUN_TAG, str(version.run_id)),
         perplexity=perplexity_of(version),
         decision=decision,
         newly_registered=False,
@@ -258,27 +277,42 @@ def _existing_version(version: ModelVersion, apply_policy: bool) -> RegisteredBi
     )
 
 
-def log_bilm_model(model_dir: Path, dataset: DatasetFiles) -> ModelInfo:
-    """Log the pyfunc model into the active run, from code, with explicit requirements and
-    :data:`~pipelines.registry.model_card.BILM_EXAMPLE` as its input example.
+def log_bilm_model(
+    model_dir: Path, dataset: DatasetFiles, name: str, source_run_id: str | None = None
+) -> ModelInfo:
+    """Log the pyfunc model as ``name`` from the run ``source_run_id`` (default: the active run),
+    with that run's source tags, from code, with explicit requirements and
+    :data:`~pipelines.registry.model_card.BILM_EXAMPLE` as its input example. Logged from
+    another run, it is also the active run's input.
 
     The input example costs one load of the model while logging (MLflow checks that it predicts),
     in exchange for a model whose page shows a call that ran.
     """
+    active = mlflow.active_run()
+    assert active is not None  # the register run
+    client = MlflowClient()
+    source = client.get_run(source_run_id or active.info.run_id)
     artifacts = {
         BILM_ARTIFACT: str(model_dir),
         MANIFEST_ARTIFACT: str(dataset.manifest),
     }
     if dataset.vocab is not None:
         artifacts[VOCAB_ARTIFACT] = str(dataset.vocab)
-    return mlflow.pyfunc.log_model(
-        name=MODEL_ARTIFACT,
+    info = Model.log(  # pyfunc.log_model's call, with the run to log from
+        artifact_path=None,
+        name=name,
+        flavor=mlflow.pyfunc,
+        run_id=source.info.run_id,
+        tags=logged_model_tags(source),
         python_model=bilm_pyfunc.__file__,
         artifacts=artifacts,
         signature=bilm_pyfunc.model_signature(),
         input_example=example_frame(BILM_EXAMPLE),
         pip_requirements=model_requirements(),
     )
+    if source.info.run_id != active.info.run_id:
+        client.log_inputs(active.info.run_id, models=[LoggedModelInput(info.model_id)])
+    return info
 
 
 def model_requirements() -> list[str]:
@@ -291,15 +325,25 @@ def model_requirements() -> list[str]:
     ]
 
 
-def evaluation_metrics(evaluation: EvaluationResult) -> dict[str, float]:
-    """The evaluation's perplexities under the names the evaluate run logged them with
-    (``heldout_perplexity``, ``…_forward``, ``…_backward`` for the heldout split)."""
-    split = evaluation.split
+def version_runs(version_tags: Mapping[str, str]) -> dict[str, str]:
+    """What happened to the version in which run, as links into the MLflow UI: ``trained``,
+    ``evaluated`` and ``registered`` (those its tags name)."""
     return {
-        f"{split}_perplexity": float(evaluation.perplexity),
-        f"{split}_perplexity_forward": float(evaluation.forward_perplexity),
-        f"{split}_perplexity_backward": float(evaluation.backward_perplexity),
+        what: run_link(version_tags[tag])
+        for what, tag in (
+            ("trained", TRAIN_RUN_TAG),
+            ("evaluated", EVALUATE_RUN_TAG),
+            ("registered", REGISTER_RUN_TAG),
+        )
+        if tag in version_tags
     }
+
+
+def register_description(name: str, version: int, runs: Mapping[str, str]) -> str:
+    """The register run's description: the version it made and the runs it came from."""
+    earlier = [f"{what} in {link}" for what, link in runs.items() if what != "registered"]
+    came_from = f" ({'; '.join(earlier)})" if earlier else ""
+    return f"Registered `models:/{name}/{version}`{came_from}."
 
 
 def fetch_dataset_files(dataset_url: str, target: Path) -> DatasetFiles:
@@ -345,7 +389,7 @@ def model_version_tags(
                 PERPLEXITY_TAG: repr(float(evaluation.perplexity)),
                 HELDOUT_HASH_TAG: evaluation.heldout_hash,
                 HELDOUT_SPLIT_TAG: evaluation.split,
-                HELDOUT_TOKENS_TAG: str(evaluation.num_tokens),
+                PREDICTED_TOKENS_TAG: str(evaluation.num_tokens),
                 PROTOCOL_TAG: str(evaluation.protocol),
             }
         )

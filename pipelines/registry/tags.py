@@ -19,7 +19,7 @@ BACKWARD_PERPLEXITY_TAG = "elmo.perplexity.backward"
 PERPLEXITY_TAG = "elmo.perplexity"  # geometric mean: exp(mean(½(CE_f + CE_b)))
 HELDOUT_HASH_TAG = "elmo.heldout_hash"
 HELDOUT_SPLIT_TAG = "elmo.heldout_split"
-HELDOUT_TOKENS_TAG = "elmo.heldout_tokens"
+PREDICTED_TOKENS_TAG = "elmo.heldout_predicted_tokens"  # each sentence's words and its end
 PROTOCOL_TAG = "elmo.perplexity_protocol"
 VOCAB_HASH_TAG = "elmo.vocab_sha256"
 MANIFEST_HASH_TAG = "elmo.manifest_sha256"
@@ -28,6 +28,8 @@ BILM_TF_TAG = "elmo.bilm_tf"
 PRESET_TAG = "elmo.preset"  # the preset whose architecture it has, or "custom"
 SIZE_TAG = "elmo.size"  # <LSTM layers>x<cells>_<projection>, as the released models are named
 TRAIN_RUN_TAG = "elmo.train_run_id"  # the training run; also on the register run
+EVALUATE_RUN_TAG = "elmo.evaluate_run_id"  # the perplexities' run; also on the register run
+REGISTER_RUN_TAG = "elmo.register_run_id"  # the run that registered the version
 
 # What the champion policy records: its decision (alias, reason, the champion it was measured
 # against) and, on a dethroned champion, its successor. The register run carries the same tags.

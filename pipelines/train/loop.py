@@ -22,6 +22,7 @@ import math
 import os
 import random
 import signal
+import socket
 import tempfile
 import time
 from pathlib import Path
@@ -76,6 +77,7 @@ class WorkerConfig(StrictModel):
     validation_windows: int = Field(gt=0)
     mlflow_tracking_uri: str
     mlflow_run_id: str
+    driver_host: str = Field(default_factory=socket.gethostname)  # built on the driver
     init_from: BiLMReference | None = None  # pinned by the driver (train --init-from)
     resume_step: int | None = Field(
         None, description="the complete checkpoint to resume from, chosen by the driver"
@@ -175,6 +177,7 @@ class Worker:
             self.cfg.run_name,
             self.cfg.mlflow_run_id,
             self.cfg.run_dir,
+            self.cfg.driver_host,
         )
         progress = Progress(
             run,

@@ -2,8 +2,9 @@
 
 The driver creates the run's MLflow run (:mod:`pipelines.train.stage`); rank 0 resumes it for the
 whole loop (:meth:`Progress.tracking`), so a restarted or resumed run keeps adding to the same
-curves. Training losses are averaged over the ``log_every`` steps since the last line; the curves
-also live in the checkpoint's :class:`~pipelines.train.checkpoints.SharedState`, so the figures of a
+curves: ``bilm/train/*`` at every logged step, ``bilm/validation/*`` at every validation.
+Training losses are averaged over the ``log_every`` steps since the last line; the curves also
+live in the checkpoint's :class:`~pipelines.train.checkpoints.SharedState`, so the figures of a
 resumed run start at step 1. Other ranks report nothing.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,19 +23,29 @@ import torch
 
 from elmo_core.model.bilm import BiLM, LossOutput
 from elmo_core.perplexity import PerplexitySums
+from pipelines.common.flow_runs import (
+    TOKENS_PER_S_METRIC,
+    TRAIN_LOSS_METRIC,
+    TRAIN_SECTION,
+    VALIDATION_SECTION,
+)
 from pipelines.common.tracking import log_curves, shared_run
 from pipelines.train.checkpoints import SharedState
 from pipelines.train.run_directory import BEST_DIR, RunDirectory
 
+VALIDATION_PERPLEXITY = f"{VALIDATION_SECTION}/perplexity"
+
 
 @dataclass(frozen=True)
 class TrackedRun:
-    """Where rank 0 reports: the MLflow store and run the driver opened, and the run directory."""
+    """Where rank 0 reports: the MLflow store and run the driver opened, the run directory, and
+    the driver's machine (which samples its own system metrics into the run)."""
 
     tracking_uri: str
     run_name: str
     run_id: str
     run_dir: str
+    driver_host: str
 
 
 class Progress:
@@ -61,12 +73,15 @@ class Progress:
 
     @contextmanager
     def tracking(self) -> Iterator[None]:
-        """Rank 0 logs into the run's MLflow run (the driver's) for the whole loop."""
+        """Rank 0 logs into the run's MLflow run (the driver's) for the whole loop, with its
+        machine's system metrics where that is not the driver's."""
         if not self.active:
             yield
             return
         os.environ["MLFLOW_TRACKING_URI"] = self.run.tracking_uri
-        with shared_run(self.run.run_id):  # the driver's run: it decides how the run ends
+        host = socket.gethostname()
+        node = None if host == self.run.driver_host else host
+        with shared_run(self.run.run_id, node):  # the driver's run: it decides how the run ends
             yield
 
     def after_step(
@@ -84,15 +99,15 @@ class Progress:
         elapsed = time.perf_counter() - self._window_started
         tokens_per_s = tokens * world_size / max(elapsed, 1e-9)
         metrics = {
-            "train/sampled_loss": loss / num_steps,
-            "train/sampled_loss_forward": forward / num_steps,
-            "train/sampled_loss_backward": backward / num_steps,
-            "tokens_per_s": tokens_per_s,
-            "lr": lr,
-            "grad_norm": float(grad_norm),
+            TRAIN_LOSS_METRIC: loss / num_steps,
+            f"{TRAIN_LOSS_METRIC}_forward": forward / num_steps,
+            f"{TRAIN_LOSS_METRIC}_backward": backward / num_steps,
+            TOKENS_PER_S_METRIC: tokens_per_s,
+            f"{TRAIN_SECTION}/lr": lr,
+            f"{TRAIN_SECTION}/grad_norm": float(grad_norm),
         }
         mlflow.log_metrics(metrics, step=step)
-        self.shared.curves.setdefault("train/sampled_loss", []).append((step, loss / num_steps))
+        self.shared.curves.setdefault(TRAIN_LOSS_METRIC, []).append((step, loss / num_steps))
         rate = (step - self._start_step) / max(time.perf_counter() - self._started, 1e-9)
         eta = (self.total - step) / rate if rate > 0 else math.inf
         print(
@@ -103,7 +118,8 @@ class Progress:
         self._reset_window()
 
     def after_validation(self, step: int, sums: PerplexitySums, best: BiLM | None) -> None:
-        """Log the validation perplexities; keep the model as ``best/`` when it improved.
+        """Log the validation perplexities; keep the model as ``best/`` when it improved (the
+        best perplexity itself is logged once, when the run ends: :mod:`pipelines.train.stage`).
 
         Validation scores a fixed sample of the heldout split, not all of it: it is named
         "validation" everywhere, and "heldout perplexity" is the evaluate stage's, on every
@@ -112,16 +128,18 @@ class Progress:
         if not self.active:
             return
         values = {
-            "validation/perplexity": sums.perplexity,
-            "validation/perplexity_forward": sums.forward_perplexity,
-            "validation/perplexity_backward": sums.backward_perplexity,
+            f"{VALIDATION_PERPLEXITY}{suffix}": value
+            for suffix, value in (
+                ("", sums.perplexity),
+                ("_forward", sums.forward_perplexity),
+                ("_backward", sums.backward_perplexity),
+            )
         }
         mlflow.log_metrics(values, step=step)
         for name, value in values.items():
             self.shared.curves.setdefault(name, []).append((step, value))
         if best is not None:
             RunDirectory(self.run.run_dir).put_model(best, BEST_DIR)
-            mlflow.log_metric("validation/best_perplexity", sums.perplexity, step=step)
         print(
             f"[train] step {step}: validation perplexity {sums.perplexity:.2f} (forward "
             f"{sums.forward_perplexity:.2f}, backward {sums.backward_perplexity:.2f}) on a "
@@ -136,14 +154,14 @@ class Progress:
         if not self.active:
             return
         log_curves(
-            {"sampled loss": curves.get("train/sampled_loss", [])},
+            {"sampled loss": curves.get(TRAIN_LOSS_METRIC, [])},
             "curves/train_sampled_loss.png",
             ylabel="sampled softmax loss",
             title="training loss (sampled softmax: not comparable to perplexity)",
         )
         log_curves(
             {
-                direction: curves.get(f"validation/perplexity{suffix}", [])
+                direction: curves.get(f"{VALIDATION_PERPLEXITY}{suffix}", [])
                 for direction, suffix in (
                     ("mean", ""),
                     ("forward", "_forward"),

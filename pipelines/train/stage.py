@@ -8,7 +8,8 @@
     train(cfg, data) -> TrainResult                             # what flows call
 
 The driver checks what the user gave (:mod:`pipelines.train.preflight`), names the run
-``bilm-<hash>`` from the resolved config and the dataset manifest, opens its MLflow run, joins the
+``bilm-<hash>`` from the resolved config and the dataset manifest, opens its MLflow run
+(``train-bilm-<hash>``, sampling the driver's system metrics from the start), joins the
 cluster named by ``RAY_ADDRESS`` (or starts a local Ray) and hands
 :func:`pipelines.train.worker.train_loop_per_worker` to a TorchTrainer, restarting it after a
 failure (:mod:`pipelines.train.supervision`). The run lives in ``storage_path/name`` with its
@@ -38,11 +39,18 @@ from pydantic import BaseModel
 from ray.train.torch import TorchTrainer
 
 from pipelines.common.cli_runner import run_command
-from pipelines.common.flow_runs import TOTAL_STEPS_TAG
+from pipelines.common.flow_runs import TOTAL_STEPS_TAG, VALIDATION_SECTION
 from pipelines.common.locations import absolute_location
 from pipelines.common.ray_cluster import connect_ray
 from pipelines.common.settings import mlflow_tracking_uri
-from pipelines.common.tracking import find_run, git_commit, log_config, log_dataset, stage_run
+from pipelines.common.tracking import (
+    find_run,
+    git_commit,
+    log_config,
+    log_dataset,
+    stage_run,
+    stage_run_name,
+)
 from pipelines.models.bilm_loader import OPTIONS_HELP, SOURCE_HELP
 from pipelines.train.checkpoint_store import CheckpointStore, StoredCheckpoint
 from pipelines.train.config import TrainJobConfig, resolve_train_config
@@ -162,28 +170,24 @@ def _tracked_run(
 ) -> Iterator[str]:
     """The run's MLflow run, open while it trains: the one recorded in the run directory (or
     found by name), else a new one with the config as params."""
-    run_id = _recorded_run_id(plan)
+    run_name = stage_run_name("train", plan.name)
+    run_id = _recorded_run_id(plan, run_name)
     if run_id is not None:
-        with stage_run("train", run_name=plan.name, run_id=run_id, system_metrics=False):
+        with stage_run("train", run_name=run_name, run_id=run_id):
             yield run_id
         return
     all_tags = {"elmo.dataset": plan.data, "elmo.run_dir": plan.run_dir.url, **(tags or {})}
     if plan.init_from is not None:
         all_tags |= plan.init_from.tags
-    with stage_run(
-        "train",
-        run_name=plan.name,
-        parent_run_id=parent_run_id,
-        tags=all_tags,
-        system_metrics=False,  # rank 0 logs them, from where training runs
-    ) as run:
+    with stage_run("train", run_name=run_name, parent_run_id=parent_run_id, tags=all_tags) as run:
         log_config(cfg)
+        commit = git_commit()
         mlflow.log_params(
             {
                 "dataset.url": plan.data,
                 "dataset.manifest_sha256": plan.dataset_sha256,
-                "git_commit": git_commit() or "unknown",
-                "init_from": "none" if plan.init_from is None else plan.init_from.location,
+                **({"git_commit": commit} if commit else {}),
+                **({"init_from": plan.init_from.location} if plan.init_from else {}),
             }
         )
         log_dataset(plan.data, "training")
@@ -191,11 +195,11 @@ def _tracked_run(
         yield run.info.run_id
 
 
-def _recorded_run_id(plan: TrainPlan) -> str | None:
+def _recorded_run_id(plan: TrainPlan, run_name: str) -> str | None:
     recorded = plan.run_dir.read_json(RUN_ID_FILE)
     if recorded is not None and _run_exists(recorded["run_id"]):
         return str(recorded["run_id"])
-    existing = find_run(plan.name, "train")
+    existing = find_run(run_name, "train")
     if existing is None:
         return None
     plan.run_dir.write_json(RUN_ID_FILE, {"run_id": existing.info.run_id})
@@ -212,7 +216,8 @@ def _run_exists(run_id: str) -> bool:
 
 
 def _finish(worker_cfg: WorkerConfig, run_dir: RunDirectory, seconds: float) -> TrainResult:
-    """Copy the final model out of the last checkpoint, write FINISHED.json, log the outcome."""
+    """Copy the final model out of the last checkpoint, write FINISHED.json, log the outcome
+    (with the best validation perplexity, once: the curve is rank 0's)."""
     store = CheckpointStore(run_dir)
     final = store.newest()
     record = {} if final is None else store.record(final)
@@ -234,6 +239,9 @@ def _finish(worker_cfg: WorkerConfig, run_dir: RunDirectory, seconds: float) -> 
         seconds=seconds,
     )
     mlflow.log_dict(outcome.model_dump(mode="json"), "train_result.json")
+    if outcome.best_perplexity is not None:
+        best_metric = f"{VALIDATION_SECTION}/best_perplexity"
+        mlflow.log_metric(best_metric, outcome.best_perplexity, step=outcome.steps)
     mlflow.set_tags({"elmo.model_dir": outcome.model_dir, "elmo.finished": "true"})
     run_dir.write_json(FINISHED_FILE, outcome.model_dump(mode="json"))
     return outcome
@@ -307,7 +315,8 @@ def _evaluate_and_register(result: TrainResult, data: str, parent_run_id: str | 
     scores = evaluate(result.model_dir, data, parent_run_id=parent_run_id)
     typer.echo(
         f"heldout perplexity {scores.perplexity:.2f} (forward {scores.forward_perplexity:.2f}, "
-        f"backward {scores.backward_perplexity:.2f}) on all {scores.num_tokens:,} heldout tokens"
+        f"backward {scores.backward_perplexity:.2f}) over all {scores.num_tokens:,} heldout "
+        "tokens predicted (each sentence's words and its end)"
     )
     from pipelines.registry.register import register
 

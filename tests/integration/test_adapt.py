@@ -68,7 +68,7 @@ def _register_bilm(model_dir: Path, root: Path) -> None:
     (root / "manifest.json").write_text(json.dumps({"tokenizer": WhitespaceTokenizer().describe()}))
     dataset = DatasetFiles("test", root / "vocab.txt", root / "manifest.json", "-", "-")
     with tracking.stage_run("register", run_name="register-test"):
-        info = log_bilm_model(model_dir, dataset)
+        info = log_bilm_model(model_dir, dataset, "elmo-bilm")
     version = mlflow.register_model(info.model_uri, "elmo-bilm")
     MlflowClient().set_registered_model_alias("elmo-bilm", "champion", version.version)
 
@@ -142,6 +142,18 @@ def test_a_run_names_its_source_and_commit_not_the_ray_worker(adapted) -> None:
     assert nested["mlflow.source.type"] == "JOB"  # inside a flow
 
 
+def test_a_run_samples_system_metrics_from_its_start_in_its_ray_worker(adapted) -> None:
+    for result in adapted.standalone:
+        history = adapted.client.get_metric_history(
+            result.run_id, "system/cpu_utilization_percentage"
+        )
+        run = adapted.client.get_run(result.run_id).info
+        assert len(history) >= 2  # from its start to its end, however short the run
+        first = min(m.timestamp for m in history) - run.start_time
+        assert first <= max(5_000, (run.end_time - run.start_time) / 2)  # not minutes late
+        assert any(m.value > 0 for m in history)  # not psutil's first reading, always 0
+
+
 def test_params_are_only_the_config_fields_the_task_kind_reads(adapted) -> None:
     tagger, questions = (adapted.client.get_run(r.run_id).data.params for r in adapted.standalone)
     assert [key for key in tagger if key.startswith("reader.")] == ["reader.tag_scheme"]
@@ -149,6 +161,8 @@ def test_params_are_only_the_config_fields_the_task_kind_reads(adapted) -> None:
     assert "head.crf" in tagger and "head.pooling" not in tagger
     assert "head.pooling" in questions and "head.crf" not in questions
     assert "head.pair_head" not in tagger | questions
+    assert "training.patience" not in tagger  # None: left out, not logged as "None"
+    assert "None" not in [*tagger.values(), *questions.values()]
     assert tagger["bilm"] == str(adapted.model_dir) and tagger["device"] == "cpu"
 
 
@@ -173,28 +187,33 @@ def test_the_chart_view_holds_epoch_curves_and_a_few_final_scores_each_named_onc
         assert result.metric == metric
         metrics = adapted.client.get_run(result.run_id).data.metrics
         metrics = {name: value for name, value in metrics.items() if not name.startswith("system/")}
+        # task/...: the MLflow UI orders chart sections by name, the biLM's (bilm/...) first
         curves = {"elmo/train_loss", f"elmo/dev_{metric}", "elmo/gamma", "baseline/train_loss"}
         curves |= {f"baseline/dev_{metric}"} | {f"elmo/mix_weight_{j}" for j in range(3)}
+        curves = {f"task/{name}" for name in curves}
         finals = {f"{p}/{s}_{metric}" for p in ("elmo", "baseline") for s in ("best_dev", "test")}
         finals |= {f"gain/dev_{metric}", f"gain/test_{metric}", f"gain/test_{metric}_mean"}
         finals |= {
             f"{p}/test_{metric}_{s}" for p in ("elmo", "baseline") for s in ("mean", "spread")
         }
+        finals = {f"task/{name}" for name in finals}
         assert set(metrics) == curves | finals
         for name in curves:
             history = adapted.client.get_metric_history(result.run_id, name)
             assert [point.step for point in history] == [1, 2]
         for prefix in ("elmo", "baseline"):
-            assert metrics[f"{prefix}/test_{metric}"] == getattr(result, f"{prefix}_test")[metric]
+            score = getattr(result, f"{prefix}_test")[metric]
+            assert metrics[f"task/{prefix}/test_{metric}"] == score
         gain = result.elmo_test[metric] - result.baseline_test[metric]
-        assert metrics[f"gain/test_{metric}"] == pytest.approx(gain)
+        assert metrics[f"task/gain/test_{metric}"] == pytest.approx(gain)
         assert result.gain[f"test_{metric}"] == pytest.approx(gain)
         # The registered model is the first seed's; the means are over every seed.
         assert result.seeds == [0, 1, 2] and result.elmo_scores[0] == result.elmo_test[metric]
         elmo, baseline = Scores(tuple(result.elmo_scores)), Scores(tuple(result.baseline_scores))
-        assert metrics[f"elmo/test_{metric}_mean"] == pytest.approx(elmo.mean)
-        assert metrics[f"baseline/test_{metric}_spread"] == pytest.approx(baseline.spread)
-        assert metrics[f"gain/test_{metric}_mean"] == pytest.approx(elmo.mean - baseline.mean)
+        assert metrics[f"task/elmo/test_{metric}_mean"] == pytest.approx(elmo.mean)
+        assert metrics[f"task/baseline/test_{metric}_spread"] == pytest.approx(baseline.spread)
+        gain_mean = metrics[f"task/gain/test_{metric}_mean"]
+        assert gain_mean == pytest.approx(elmo.mean - baseline.mean)
 
 
 def test_every_score_the_mix_and_the_timings_are_in_scores_json(adapted) -> None:
@@ -283,10 +302,17 @@ def test_the_final_scores_are_metrics_of_the_logged_task_model(adapted) -> None:
     logged = adapted.client.get_logged_model(version.source.removeprefix("models:/"))
     linked = {metric.key: metric.value for metric in logged.metrics}
     finals = {f"{p}/{s}_accuracy" for p in ("elmo", "baseline") for s in ("best_dev", "test")}
-    finals |= {"gain/dev_accuracy", "gain/test_accuracy"}
+    finals |= {"gain/dev_accuracy", "gain/test_accuracy", "gain/test_accuracy_mean"}
+    finals |= {f"{p}/test_accuracy_{s}" for p in ("elmo", "baseline") for s in ("mean", "spread")}
     # MLflow also links the run's step-0 metrics at log_model: the first system metrics sample.
-    assert {name for name in linked if not name.startswith("system/")} == finals
-    assert linked["elmo/test_accuracy"] == result.elmo_test["accuracy"]
+    assert {name for name in linked if not name.startswith("system/")} == {
+        f"task/{name}" for name in finals
+    }
+    assert linked["task/elmo/test_accuracy"] == result.elmo_test["accuracy"]
+    # Named as the model it is registered as, from its adapt run, not Ray's worker script
+    assert logged.name == "elmo-questions" and logged.source_run_id == result.run_id
+    assert logged.tags["mlflow.source.name"] == "pipelines.adapt"
+    assert logged.tags.get("mlflow.source.git.commit") == tracking.git_commit()
     example = mlflow.models.Model.load(f"models:/{result.model_name}/1").load_input_example()
     assert example.to_dict("list") == {"sentence": ["where is Rome ?"]}
 

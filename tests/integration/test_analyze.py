@@ -74,6 +74,7 @@ def test_one_finished_run_holds_the_table_figures_and_a_metric_per_cell(analyzed
     result = analyzed.runs[0]
     run = analyzed.client.get_run(result.run_id)
     assert run.info.status == "FINISHED" and run.data.tags[tracking.STAGE_TAG] == "analyze"
+    assert run.info.run_name == "analyze-bilm-a"  # <stage>-<the biLM it analyzed>
     artifacts = {a.path for a in analyzed.client.list_artifacts(result.run_id)}
     assert {"analysis.md", "analysis.json", "efficiency_tagger.png", "layers.png"} <= artifacts
     names = [row.analysis for row in result.rows]

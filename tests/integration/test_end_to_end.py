@@ -128,14 +128,14 @@ def _bank_vectors(env: dict[str, str]) -> list[list[list[float]]]:
 
 
 def _shorter_smoke() -> dict[str, Any]:
-    """The deployment's parameters for a shorter run: 100 steps, the NER task over one seed, no
+    """The deployment's parameters for a shorter run: 30 steps, the NER task over one seed, no
     analysis (the whole set is the demo's, checked in tests/unit/flows/test_deployments.py)."""
     config = yaml.safe_load((ROOT / "prefect.yaml").read_text())
     (smoke,) = [
         d for d in config["deployments"] if d["name"] == "smoke" and "pretrain" in d["entrypoint"]
     ]
     params = smoke["parameters"]["params"]
-    short = ["train.max_steps=100", "train.checkpoint_every=100", "train.validate_every=100"]
+    short = ["train.max_steps=30", "train.checkpoint_every=30", "train.validate_every=30"]
     params["training"]["overrides"] += short
     return params | {"tasks": ["examples/tasks/ner.yaml"], "seeds": [0], "analyze": False}
 

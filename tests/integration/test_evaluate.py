@@ -66,8 +66,17 @@ def test_evaluate_a_model_directory_logs_metrics_and_params(store, dataset, mode
     assert result.heldout_hash == heldout_hash(dataset, "heldout", None)
     run = store.get_run(result.run_id)
     assert run.data.metrics["heldout_perplexity"] == pytest.approx(result.perplexity)
-    names = {"heldout_perplexity_forward", "heldout_perplexity_backward", "heldout_tokens"}
+    names = {"heldout_perplexity_forward", "heldout_perplexity_backward"}
     assert names <= set(run.data.metrics)
+    # What was predicted: each heldout word and each sentence's end (prepare counts the words).
+    heldout = load_manifest(dataset).split("heldout")
+    predicted = heldout.num_tokens + heldout.num_sentences
+    assert run.data.metrics["heldout_predicted_tokens"] == result.num_tokens == predicted
+    assert "heldout_tokens" not in run.data.metrics
+    assert run.info.run_name == f"evaluate-{model_dir.name}"  # named after what it evaluates
+    assert "system/cpu_utilization_percentage" in run.data.metrics
+    assert "None" not in run.data.params.values()  # no files or batch size given: none logged
+    assert not {"files", "batch_size"} & set(run.data.params)
     (dataset_input,) = run.inputs.dataset_inputs  # MLflow's Datasets panel: the manifest's hash
     assert dataset_input.dataset.digest == manifest_sha256(dataset)[:36]
     assert dataset_input.dataset.name == "dataset"

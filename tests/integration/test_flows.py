@@ -264,6 +264,11 @@ def test_the_runs_that_read_the_dataset_record_it_as_their_mlflow_input(
     assert {dataset.source_type for dataset in inputs.values()} == {"local"}
 
 
+# A run's page in the MLflow UI (`mlflow ui` on the embedded store), as a bare URL: Prefect's UI
+# shows log messages as plain text and links the URLs in them.
+RUN_URL = r"http://127\.0\.0\.1:5000/#/experiments/\d+/runs/\w+\?workflowType=machine_learning$"
+
+
 def test_the_flow_log_says_what_happens_in_domain_terms(
     two_runs: list[tuple[PretrainSummary, UUID]],
 ) -> None:
@@ -271,16 +276,29 @@ def test_the_flow_log_says_what_happens_in_domain_terms(
     text = "\n".join(_log_messages(flow_run_id))
 
     for expected in (
-        r"dataset train: [\d,]+ sentences, [\d,]+ tokens, OOV [\d.]+%",
-        r"training bilm-\w+: step \d+/8, [\d,]+ tokens/s, sampled loss [\d.]+, ETA",
+        rf"^the flow run's parent run in MLflow: {RUN_URL}",
+        r"dataset train: [\d,]+ sentences, [\d,]+ tokens, OOV [\d.]+%$",
+        r"vocabulary [\d,]+ words \(<S>, </S>, <UNK> included\) of the [\d,]+ word types in "
+        r"train and heldout$",
+        r"^train: biLM bilm-\w+, preset tiny, dataset corpus\.txt-\w+$",
+        rf"^train run of biLM bilm-\w+ in MLflow: {RUN_URL}",
+        r"train-bilm-\w+: step \d+/8, [\d,]+ tokens/s, sampled loss [\d.]+, ETA",
         r"biLM bilm-\w+ trained: 8/8 steps",
         r"heldout perplexity [\d.]+ \(forward [\d.]+, backward [\d.]+\)",
-        r"registered models:/elmo-bilm/1, alias @champion",
+        rf"^evaluate run in MLflow: {RUN_URL}",
+        r"registered models:/elmo-bilm/1, alias @champion: first champion: heldout perplexity "
+        r"\d+(\.\d\d?)?$",
+        rf"^register run in MLflow: {RUN_URL}",
         r"task ner: test f1 [\d.]+ ± [\d.]+ with ELMo, [\d.]+ ± [\d.]+ without over seeds 0,1,2",
-        r"flow \(parent\): \[\w+\]\(http://127.0.0.1:5000/#/experiments/\d+/runs/\w+"
-        r"\?workflowType=machine_learning\)",
+        rf"^adapt run of task ner in MLflow: {RUN_URL}",
+        rf"^the summary \(the parent run's description\) in MLflow: {RUN_URL}",
     ):
-        assert re.search(expected, text), expected
+        assert re.search(expected, text, re.MULTILINE), expected
+    assert "](" not in text and "shard" not in text  # no markdown links; no shard counts
+    training = [line.split(" ", 2)[:2] for line in text.splitlines() if "bilm-" in line]
+    # Named as it starts, linked while it trains (not once it is done), then its outcome.
+    assert training[0] == ["train:", "biLM"] and training[1] == ["train", "run"]
+    assert training[-1][0] == "biLM"
 
 
 def test_a_rerun_reuses_the_cached_dataset_the_finished_training_and_its_version(
@@ -291,6 +309,8 @@ def test_a_rerun_reuses_the_cached_dataset_the_finished_training_and_its_version
     states = _task_states(flow_run_id)
     assert states["prepare"] == "Cached"
     assert second.already_trained
+    log = "\n".join(_log_messages(flow_run_id))
+    assert re.search(rf"^train run of biLM bilm-\w+ in MLflow: {RUN_URL}", log, re.MULTILINE)
     assert (second.dataset, second.train_run, second.model_uri) == (
         first.dataset,
         first.train_run,
@@ -490,9 +510,18 @@ CONSOLE_NOISE = (
     "Token authentication is enabled",
     "temporary server",  # Prefect's ephemeral server starting and stopping
     "INFO mlflow",  # MLflow's routine steps
+    "\x1b[",  # colour codes (Ray's worker prefixes) in what is not a terminal
+    "pid=",  # Ray's "(RayTrainWorker pid=…)" and "(run_adapt_job pid=…)" prefixes
+    "TrainingReport(",  # Ray Train's record of each report, at a worker's INFO
+    "generated new fontManager",  # matplotlib's first import, at a worker's INFO
+    "Setting up process group",  # Ray Train's INFO, once its structured logging is off
+    "Successfully registered model",  # MLflow's register_model, beside our own line
+    "Created version",
+    "already exists. Creating",
 )
 SCORES = r"[\d.]+"  # one seed: no spread
 VERDICT = r"\(gain [+-][\d.]+ \(one seed, no spread\)\)"
+LAYERS = r"layer \d( and layer \d)*"  # the best layer, or those that tie
 MAKE_RUN_ENDING = (
     r"biLM models:/elmo-bilm/1 \(@champion\): heldout perplexity [\d.]+",
     *(
@@ -502,6 +531,8 @@ MAKE_RUN_ENDING = (
     ),
     r"MLflow UI: mlflow ui --backend-store-uri sqlite:///\S+/mlflow\.db",
     r"  then open http://127\.0\.0\.1:5000/#/experiments/\d+\?workflowType=machine_learning",
+    r"Prefect UI: PREFECT_HOME=\S+/home/prefect prefect server start",
+    r"  then open http://127\.0\.0\.1:4200/runs/flow-run/[\da-f-]{36}",
     r"'bank' in two senses, from mlflow\.pyfunc\.load_model\('models:/elmo-bilm@champion'\).*",
     r"  1: She went to the bank to withdraw money \.",
     r"  2: They sat on the bank of the river \.",
@@ -514,11 +545,11 @@ MAKE_RUN_ENDING = (
     r"The analysis \(elmo analyze\), in short:",
     *(
         rf"  {task}: with \d+% of its training data, test_{metric} {SCORES} with ELMo, {SCORES} "
-        rf"without {VERDICT}; best single layer \d \({SCORES}\)"
+        rf"without {VERDICT}; best alone: {LAYERS} \({SCORES}\)"
         for task, metric in (("docstrings", "accuracy"), ("ner", "f1"), ("questions", "accuracy"))
     ),
-    r"  ner linear probe accuracy: layer \d wins \([\d.]+; majority [\d.]+\)",
-    r"  word sense, nearest centroid accuracy: layer \d wins \([\d.]+; MFS [\d.]+\)",
+    rf"  ner linear probe accuracy: best {LAYERS} \([\d.]+; majority [\d.]+\)",
+    rf"  word sense, nearest centroid accuracy: best {LAYERS} \([\d.]+; MFS [\d.]+\)",
 )
 
 
@@ -526,8 +557,8 @@ MAKE_RUN_ENDING = (
 def make_run_consoles(tmp_path_factory: pytest.TempPathFactory) -> list[list[str]]:
     """What ``make run`` prints (stdout and stderr as a terminal shows them) on a fresh machine:
     no server or ELMo setting in the environment, a new ELMO_HOME; run twice, the second reusing
-    the first's work. 20 training steps and one seed, for time (the pretrain flow's log test
-    reads the lines of three seeds)."""
+    the first's work. 20 training steps, one seed and two fractions, for time (the pretrain
+    flow's log test reads the lines of three seeds)."""
     home = tmp_path_factory.mktemp("make-run") / "home"
     env = {
         name: value
@@ -538,7 +569,17 @@ def make_run_consoles(tmp_path_factory: pytest.TempPathFactory) -> list[list[str
     consoles = []
     for _ in range(2):
         done = subprocess.run(
-            [sys.executable, "-m", "flows.run_local", "--max-steps", "20", "--seeds", "0"],
+            [
+                sys.executable,
+                "-m",
+                "flows.run_local",
+                "--max-steps",
+                "20",
+                "--seeds",
+                "0",
+                "--fractions",
+                "0.5,1",
+            ],
             cwd=REPO,
             env=env,
             stdout=subprocess.PIPE,
@@ -562,7 +603,28 @@ def test_make_run_prints_every_line_once_and_none_of_the_libraries_chatter(
     assert sum("[train] step 20/20 " in line for line in first) == 1
 
 
-def test_make_run_ends_with_the_model_its_task_scores_the_mlflow_link_and_bank_in_two_senses(
+def test_make_run_names_the_training_run_and_links_each_stages_mlflow_run_to_the_console(
+    make_run_consoles: list[list[str]],
+) -> None:
+    """What the flow's log says reaches the console too, as each stage runs."""
+    linked = [
+        "the flow run's parent run",
+        r"train run of biLM bilm-\w+",
+        "evaluate run",
+        "register run",
+        *(f"adapt run of task {task}" for task in ("docstrings", "ner", "questions")),
+        "analyze run",
+    ]
+    for console in make_run_consoles:
+        text = "\n".join(console)
+        assert re.search(
+            r" - train: biLM bilm-\w+, preset mini, dataset python-docs-\w+$", text, re.M
+        )
+        for what in linked:
+            assert re.search(rf" - {what} in MLflow: {RUN_URL}", text, re.MULTILINE), what
+
+
+def test_make_run_ends_with_the_model_its_task_scores_the_ui_links_and_bank_in_two_senses(
     make_run_consoles: list[list[str]],
 ) -> None:
     for console in make_run_consoles:

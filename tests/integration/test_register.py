@@ -35,8 +35,10 @@ HAS_BILM_TF = importlib.util.find_spec("elmo_core.interop.bilm_tf") is not None
 VOCAB = "<S>\n</S>\n<UNK>\nthe\ncat\n"
 
 
-def _evaluation(forward: float, backward: float, perplexity: float) -> EvaluationResult:
-    """An evaluation of 1234 heldout tokens."""
+def _evaluation(
+    forward: float, backward: float, perplexity: float, run_id: str | None = None
+) -> EvaluationResult:
+    """An evaluation of 1234 heldout tokens (recorded in the evaluate run ``run_id``)."""
     return EvaluationResult(
         forward_perplexity=forward,
         backward_perplexity=backward,
@@ -46,6 +48,7 @@ def _evaluation(forward: float, backward: float, perplexity: float) -> Evaluatio
         files=["heldout-00000"],
         protocol="batched",
         heldout_hash="abc123",
+        run_id=run_id,
     )
 
 
@@ -109,7 +112,9 @@ def test_registering_twice_creates_versions_tagged_with_their_evaluation(registr
     manifest_sha = hashlib.sha256((registry.dataset / "manifest.json").read_bytes()).hexdigest()
     for result, evaluation in zip(registry.results, registry.evaluations, strict=True):
         version = registry.client.get_model_version("elmo-bilm", str(result.version))
-        assert version.run_id == result.run_id
+        assert version.run_id == result.run_id  # no training run: the register run logged it
+        assert version.tags[reg.REGISTER_RUN_TAG] == result.run_id
+        assert version.tags[reg.PREDICTED_TOKENS_TAG] == "1234"
         assert version.tags[reg.FORWARD_PERPLEXITY_TAG] == str(evaluation.forward_perplexity)
         assert version.tags[reg.BACKWARD_PERPLEXITY_TAG] == str(evaluation.backward_perplexity)
         assert float(version.tags[reg.PERPLEXITY_TAG]) == evaluation.perplexity
@@ -191,7 +196,7 @@ def test_hdf5_export_is_logged_in_the_run_and_named_by_a_tag(registry, tmp_path)
         torch.testing.assert_close(exported_layer, layer)
 
 
-def test_register_from_a_training_run_without_evaluation_links_the_run(registry):
+def test_a_version_registered_from_a_training_run_links_it_both_ways(registry):
     with tracking.stage_run("train", run_name="train-for-register") as run:
         train_run_id = run.info.run_id
     result = reg.register(
@@ -204,17 +209,34 @@ def test_register_from_a_training_run_without_evaluation_links_the_run(registry)
     )
     assert (result.version, result.train_run_id, result.perplexity) == (1, train_run_id, None)
     version = registry.client.get_model_version("elmo-bilm-imported", "1")
-    assert version.run_id == result.run_id != train_run_id  # logged by a register run of its own
+    # The version's source run (the UI's "Source run") is the training run, logged from it ...
+    assert version.run_id == train_run_id != result.run_id
     tags = version.tags
     assert tags[reg.TRAIN_RUN_TAG] == train_run_id
+    assert tags[reg.REGISTER_RUN_TAG] == result.run_id
     assert reg.PERPLEXITY_TAG not in tags and reg.HELDOUT_HASH_TAG not in tags
     assert tags[reg.VOCAB_HASH_TAG] == hashlib.sha256(VOCAB.encode()).hexdigest()
     assert reg.BILM_TF_TAG not in tags
+    experiment = run.info.experiment_id
+    train_page = f"http://127.0.0.1:5000/#/experiments/{experiment}/runs/{train_run_id}"
+    assert f"trained in run [train-for-register]({train_page}?workflowType=" in version.description
     assert version.description.endswith("no heldout perplexity.")
-    assert not registry.client.get_logged_model(_logged_model_id(version)).metrics
+    logged = registry.client.get_logged_model(_logged_model_id(version))
+    assert logged.name == "elmo-bilm-imported" and logged.source_run_id == train_run_id
+    train_run = registry.client.get_run(train_run_id)
+    assert logged.tags["mlflow.source.name"] == train_run.data.tags["mlflow.source.name"]
+    assert not [m.key for m in logged.metrics or [] if not m.key.startswith("system/")]
+    # ... and the training run's page lists the logged model and the version ("Registered models")
+    assert [output.model_id for output in train_run.outputs.model_outputs] == [logged.model_id]
+    found = registry.client.search_model_versions(f"run_id = '{train_run_id}'")
+    assert [(v.name, str(v.version)) for v in found] == [("elmo-bilm-imported", "1")]
     register_run = registry.client.get_run(result.run_id)
     assert register_run.data.tags[reg.TRAIN_RUN_TAG] == train_run_id
-    assert register_run.data.metrics == {}
+    assert [model.model_id for model in register_run.inputs.model_inputs] == [logged.model_id]
+    assert register_run.data.tags["mlflow.note.content"].startswith(
+        "Registered `models:/elmo-bilm-imported/1` (trained in [train-for-register]("
+    )
+    assert not [key for key in register_run.data.metrics if not key.startswith("system/")]
 
 
 def test_missing_hdf5_exporter_fails_before_anything_is_registered(registry, monkeypatch):
@@ -278,10 +300,12 @@ def test_inside_a_flow_the_register_run_is_a_child_with_the_flow_tags_and_the_de
         pass
     with tracking.stage_run("train", run_name="train-in-flow", parent_run_id=parent.info.run_id):
         train_run_id = mlflow.active_run().info.run_id
+    with tracking.stage_run("evaluate", run_name="evaluate-in-flow") as evaluated:
+        pass
     result = reg.register(
         registry.model_dir,
         str(registry.dataset),
-        evaluation=_evaluation(50.0, 52.0, 51.0),
+        evaluation=_evaluation(50.0, 52.0, 51.0, evaluated.info.run_id),
         run_id=train_run_id,
         name="elmo-bilm",
         hdf5_export=False,
@@ -294,30 +318,32 @@ def test_inside_a_flow_the_register_run_is_a_child_with_the_flow_tags_and_the_de
     assert tags["mlflow.parentRunId"] == parent.info.run_id
     assert (tags[tracking.STAGE_TAG], tags["elmo.flow"]) == ("register", "test")
     assert tags[reg.TRAIN_RUN_TAG] == train_run_id
+    assert tags[reg.EVALUATE_RUN_TAG] == evaluated.info.run_id
     assert tags[PATH_TAG] == str(registry.model_dir)  # the biLM it registered
     assert tags["elmo.promotion_alias"] == "challenger"  # 51 does not beat the champion's 31
     assert tags["elmo.promotion_reason"] == result.decision.reason
     assert tags["elmo.promotion_previous_champion"] == "2"
-    version_tags = registry.client.get_model_version("elmo-bilm", str(result.version)).tags
+    version = registry.client.get_model_version("elmo-bilm", str(result.version))
+    version_tags = version.tags
+    assert version_tags[reg.EVALUATE_RUN_TAG] == evaluated.info.run_id
+    assert "; evaluated in run [evaluate-in-flow](" in version.description
     assert {key: tags[key] for key in version_tags if key.startswith("elmo.promotion")} == {
         key: value for key, value in version_tags.items() if key.startswith("elmo.promotion")
     }
     assert run.data.params == {"model_name": "elmo-bilm", "dataset": str(registry.dataset)}
 
 
-def test_heldout_perplexities_are_metrics_of_the_logged_model_and_its_run(registry):
+def test_heldout_perplexities_stay_the_evaluate_runs_and_the_versions_tags(registry):
     for result, evaluation in zip(registry.results, registry.evaluations, strict=True):
         version = registry.client.get_model_version("elmo-bilm", str(result.version))
         logged = registry.client.get_logged_model(_logged_model_id(version))
-        expected = {
-            "heldout_perplexity": evaluation.perplexity,
-            "heldout_perplexity_forward": evaluation.forward_perplexity,
-            "heldout_perplexity_backward": evaluation.backward_perplexity,
-        }
-        assert logged.source_run_id == result.run_id
-        assert {metric.key: metric.value for metric in logged.metrics} == expected
-        assert {metric.model_id for metric in logged.metrics} == {logged.model_id}
-        assert registry.client.get_run(result.run_id).data.metrics == expected
+        assert logged.source_run_id == result.run_id and logged.name == "elmo-bilm"
+        # not logged again by registration: the evaluate run holds them, the version names them
+        register_metrics = registry.client.get_run(result.run_id).data.metrics
+        assert not [key for key in register_metrics if not key.startswith("system/")]
+        assert "system/cpu_utilization_percentage" in register_metrics  # a short run, sampled
+        assert not [m.key for m in logged.metrics or [] if not m.key.startswith("system/")]
+        assert float(version.tags[reg.PERPLEXITY_TAG]) == evaluation.perplexity
 
 
 def test_the_model_says_what_it_is_and_how_to_call_it_and_carries_an_input_example(registry):

@@ -99,13 +99,23 @@ def test_two_workers_survive_a_killed_worker_and_record_the_run(
     assert load_bilm(result.model_dir).vocab_size > NUM_WORDS
     assert result.best_model_dir is not None and load_bilm(result.best_model_dir)
 
-    validation = store.get_metric_history(result.mlflow_run_id, "validation/perplexity")
+    validation = store.get_metric_history(result.mlflow_run_id, "bilm/validation/perplexity")
     by_step = {m.step: m.value for m in validation}
     assert sorted(by_step) == [8, 16, 24] and by_step[24] < by_step[8]  # the loss falls
     assert result.best_perplexity == pytest.approx(min(by_step.values()))
+    best = store.get_metric_history(result.mlflow_run_id, "bilm/validation/best_perplexity")
+    assert [(m.step, m.value) for m in best] == [(24, pytest.approx(result.best_perplexity))]
 
     run = store.get_run(result.mlflow_run_id)
-    assert run.info.run_name == result.run_name
+    assert run.info.run_name == f"train-{result.run_name}"  # <stage>-<subject>
+    # The driver samples system metrics from the start, before Ray and the workers are up.
+    system = store.get_metric_history(result.mlflow_run_id, "system/cpu_utilization_percentage")
+    assert len(system) >= 3 and min(m.timestamp for m in system) < min(
+        m.timestamp for m in store.get_metric_history(result.mlflow_run_id, "bilm/train/lr")
+    )
+    per_node = [key for key in run.data.metrics if key.startswith("system/") and key.count("/") > 1]
+    assert not per_node  # one machine: the workers leave its metrics to the driver
+    assert "None" not in run.data.params.values() and "init_from" not in run.data.params
     assert run.data.tags["mlflow.parentRunId"] == parent_id
     assert run.data.tags[tracking.STAGE_TAG] == "train" and run.data.tags["elmo.flow"] == "test"
     assert run.data.params["train.max_steps"] == "24"
@@ -113,14 +123,14 @@ def test_two_workers_survive_a_killed_worker_and_record_the_run(
     assert len(run.data.params["dataset.manifest_sha256"]) == 64
     assert "git_commit" in run.data.params
     assert {
-        "train/sampled_loss",
-        "train/sampled_loss_forward",
-        "train/sampled_loss_backward",
-        "tokens_per_s",
-        "lr",
-        "grad_norm",
-        "validation/perplexity_forward",
-        "validation/perplexity_backward",
+        "bilm/train/sampled_loss",
+        "bilm/train/sampled_loss_forward",
+        "bilm/train/sampled_loss_backward",
+        "bilm/train/tokens_per_s",
+        "bilm/train/lr",
+        "bilm/train/grad_norm",
+        "bilm/validation/perplexity_forward",
+        "bilm/validation/perplexity_backward",
     } <= set(run.data.metrics)
     artifacts = {a.path for a in store.list_artifacts(result.mlflow_run_id)}
     artifacts |= {a.path for a in store.list_artifacts(result.mlflow_run_id, "curves")}
@@ -142,7 +152,12 @@ def test_two_workers_survive_a_killed_worker_and_record_the_run(
     assert "already registered as models:/elmo-bilm/1" in capsys.readouterr().out
     versions = store.search_model_versions("name = 'elmo-bilm'")
     assert [v.tags["elmo.train_run_id"] for v in versions] == [result.mlflow_run_id]
-    assert store.get_run(result.mlflow_run_id).info.status == "FINISHED"
+    # The training run is the version's source run, and its page lists the model it became.
+    assert [v.run_id for v in versions] == [result.mlflow_run_id]
+    trained = store.get_run(result.mlflow_run_id)
+    logged = versions[0].source.removeprefix("models:/")
+    assert [o.model_id for o in trained.outputs.model_outputs] == [logged]
+    assert trained.info.status == "FINISHED"
 
 
 def test_a_dataset_with_fewer_row_groups_than_workers_trains_on_two(
@@ -204,7 +219,7 @@ def test_a_killed_run_resumes_from_its_newest_checkpoint_and_equals_a_straight_r
     assert not (run_dir / FINISHED_FILE).exists()
     checkpoints = sorted(path.name for path in (run_dir / "checkpoints").iterdir())
     assert checkpoints == ["step_000004", "step_000006"]  # 2, 4, 6 were complete; 2 kept
-    killed = tracking.find_run("resumed", "train")
+    killed = tracking.find_run("train-resumed", "train")
     assert killed is not None and killed.info.status == "FAILED"
     monkeypatch.delenv(FAIL_ONCE_ENV)
     resumed = train(config("resumed"), dataset)
@@ -238,7 +253,8 @@ def test_a_user_error_in_a_worker_is_raised_once_as_itself_and_the_run_failed(
         train(cfg, str(corrupt))
     assert raised.value.path is not None and raised.value.path.startswith(str(corrupt / "train"))
     assert "restarting" not in capsys.readouterr().out  # not retried: it would fail again
-    failed = tracking.find_run(run_name(cfg, manifest_sha256(str(corrupt))), "train")
+    name = tracking.stage_run_name("train", run_name(cfg, manifest_sha256(str(corrupt))))
+    failed = tracking.find_run(name, "train")
     assert failed is not None and failed.info.status == "FAILED"
 
 
@@ -278,7 +294,7 @@ def test_ctrl_c_stops_the_run_killed_and_the_same_command_resumes_it(
     assert stopped, err[-3000:]
     assert stopped.group(3) == shlex.join(["python", "-m", "pipelines.train", *args])
     name, step = stopped.group(1), int(stopped.group(2))
-    killed = tracking.find_run(name, "train")
+    killed = tracking.find_run(f"train-{name}", "train")
     assert killed is not None and killed.info.status == "KILLED"
 
     import ray

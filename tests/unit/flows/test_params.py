@@ -99,6 +99,7 @@ def test_the_flow_schema_forbids_extra_keys_and_lists_the_presets() -> None:
     assert all(d.get("additionalProperties") is False for d in definitions.values())
     assert definitions["TrainingParams"]["properties"]["model"]["enum"] == [
         "tiny",
+        "mini",
         "small",
         "medium",
         "original",

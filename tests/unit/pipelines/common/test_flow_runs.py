@@ -41,6 +41,27 @@ def test_the_parent_run_is_tagged_with_the_flow_and_holds_every_parameter(
     assert run.data.tags["extra"] == "y"
     assert len(run.data.params) == 151
     assert run.data.params["values.k149"] == "149"
+    # Who ran it and from what, as MLflow shows a run started with mlflow.start_run
+    assert run.data.tags["mlflow.user"]
+    assert run.data.tags["mlflow.source.name"] == "prefect flow pretrain"
+    assert run.data.tags["mlflow.source.type"] == "JOB"
+
+
+@pytest.mark.parametrize(
+    ("url", "tagged"),
+    [
+        ("None/flow-runs/flow-run/f-1", None),  # Prefect without PREFECT_UI_URL
+        (None, None),
+        ("http://127.0.0.1:4200/runs/flow-run/f-1", "http://127.0.0.1:4200/runs/flow-run/f-1"),
+    ],
+)
+def test_the_parent_run_links_the_flow_run_only_where_prefect_serves_a_ui(
+    store: MlflowClient, url: str | None, tagged: str | None
+) -> None:
+    params = _Params(name="x", values={})
+    with flow_runs.parent_run("pretrain", "p", "f-1", params, flow_run_url=url) as run_id:
+        pass
+    assert store.get_run(run_id).data.tags.get(flow_runs.FLOW_RUN_URL_TAG) == tagged
 
 
 def test_a_stage_run_nests_under_the_parent_and_a_failure_ends_it_failed(
@@ -106,10 +127,11 @@ def test_training_progress_reads_the_flows_training_run(store: MlflowClient) -> 
     params = _Params(name="x", values={})
     with flow_runs.parent_run("pretrain", "p", "flow-5", params) as parent:
         assert flow_runs.training_progress(parent) is None  # no training run yet
-        with tracking.stage_run("train", run_name="bilm-1", parent_run_id=parent):
+        with tracking.stage_run("train", run_name="train-bilm-1", parent_run_id=parent):
             mlflow.set_tag(flow_runs.TOTAL_STEPS_TAG, "100")
             assert flow_runs.training_progress(parent) is None  # no step logged yet
-            mlflow.log_metrics({"train/sampled_loss": 5.25, "tokens_per_s": 1234.0}, step=40)
+            metrics = {flow_runs.TRAIN_LOSS_METRIC: 5.25, flow_runs.TOKENS_PER_S_METRIC: 1234.0}
+            mlflow.log_metrics(metrics, step=40)
             line = flow_runs.training_progress(parent)
     assert line is not None
-    assert line.startswith("training bilm-1: step 40/100, 1,234 tokens/s, sampled loss 5.250, ETA")
+    assert line.startswith("train-bilm-1: step 40/100, 1,234 tokens/s, sampled loss 5.250, ETA")

@@ -106,20 +106,78 @@ def test_a_shared_run_leaves_the_owner_to_decide_how_it_ends(store):
     assert [m.value for m in store.get_metric_history(run_id, "loss")] == [1.0]
 
 
-def test_a_stage_run_samples_system_metrics_often_enough_for_a_short_stage(store, monkeypatch):
+def test_a_stage_run_samples_system_metrics_from_its_start_to_its_end(store, monkeypatch):
     import time
 
     monkeypatch.setenv(tracking.SYSTEM_METRICS_INTERVAL_ENV, "0.2")
     with tracking.stage_run("evaluate", run_name="short") as run:
         time.sleep(1.5)
-    with tracking.stage_run("train", run_name="driver", system_metrics=False) as quiet:
-        time.sleep(0.5)
+    monkeypatch.setenv(tracking.SYSTEM_METRICS_INTERVAL_ENV, "30")
+    with tracking.stage_run("register", run_name="shorter than one interval") as brief:
+        pass
 
     history = store.get_metric_history(run.info.run_id, "system/cpu_utilization_percentage")
-    assert len(history) >= 3
-    assert not any(
-        name.startswith("system/") for name in store.get_run(quiet.info.run_id).data.metrics
-    )
+    assert len(history) >= 5 and sorted(m.step for m in history) == list(range(len(history)))
+    # psutil's first reading (0: no baseline yet) is not a sample; a busy machine is never idle
+    assert any(m.value > 0 for m in history)
+    assert store.get_metric_history(brief.info.run_id, "system/cpu_utilization_percentage")
+
+
+def test_a_worker_on_another_machine_logs_its_system_metrics_under_its_name(store, monkeypatch):
+    monkeypatch.setenv(tracking.SYSTEM_METRICS_INTERVAL_ENV, "0.1")
+    with tracking.stage_run("train", run_name="two machines") as run:
+        run_id = run.info.run_id
+        mlflow.end_run("RUNNING")  # the worker's process, as in test_a_shared_run_leaves_...
+        with tracking.shared_run(run_id, node="gpu-1"):
+            pass
+        with tracking.shared_run(run_id):  # on the driver's machine: the driver samples it
+            pass
+        mlflow.start_run(run_id=run_id)
+    metrics = store.get_run(run_id).data.metrics
+    assert "system/gpu-1/cpu_utilization_percentage" in metrics
+    assert not [name for name in metrics if name.count("/") > 1 and "gpu-1" not in name]
+
+
+def test_runs_are_named_by_stage_and_subject() -> None:
+    assert tracking.stage_run_name("train", "bilm-3f2a") == "train-bilm-3f2a"
+    name = tracking.location_name
+    assert name("/home/u/.elmo/runs/bilm-3f2a/model") == "bilm-3f2a"  # what evaluate evaluates
+    assert name("s3://bucket/datasets/python-docs/") == "python-docs"
+    assert name("models:/elmo-bilm@champion") == "elmo-bilm@champion"
+    assert name("models:/elmo-bilm/3") == "elmo-bilm/3"
+
+
+def test_a_none_setting_is_left_out_of_the_params() -> None:
+    assert tracking.flatten_params({"a": None, "b": {"c": None, "d": 1}}) == {"b.d": "1"}
+
+
+def test_the_experiment_is_created_with_a_description(store) -> None:
+    tracking.ensure_experiment()
+    experiment = store.get_experiment_by_name(tracking.EXPERIMENT)
+    assert experiment.tags[tracking.DESCRIPTION_TAG] == tracking.EXPERIMENT_DESCRIPTION
+
+
+def test_a_model_logged_for_a_run_carries_the_runs_user_and_source(store) -> None:
+    tags = tracking.source_tags("pipelines.adapt", job=True)
+    assert tags["mlflow.source.name"] == "pipelines.adapt" and tags["mlflow.source.type"] == "JOB"
+    assert tags.get("mlflow.source.git.commit") == tracking.git_commit()
+    assert tags["mlflow.user"]
+    with tracking.stage_run("adapt", run_name="sourced", tags=tags) as run:
+        pass
+    logged = tracking.logged_model_tags(store.get_run(run.info.run_id))
+    assert logged["mlflow.source.name"] == "pipelines.adapt" and "mlflow.user" in logged
+    assert tracking.STAGE_TAG not in logged
+
+
+def test_an_epoch_curve_counts_epochs_in_whole_numbers(store, monkeypatch) -> None:
+    logged = []
+    monkeypatch.setattr(tracking.mlflow, "log_figure", lambda figure, name: logged.append(figure))
+    curves = {"ELMo": [(1, 0.5), (2, 0.6), (3, 0.7)], "baseline": [(1, 0.4), (2, 0.5), (3, 0.5)]}
+    tracking.log_curves(curves, "dev_curve.png", title="dev", ylabel="f1", xlabel="epoch")
+    (axis,) = logged[0].axes
+    assert axis.get_xlabel() == "epoch"
+    ticks = [tick for tick in axis.get_xticks() if 1 <= tick <= 3]
+    assert ticks and all(float(tick).is_integer() for tick in ticks)  # not 1.25, 1.75
 
 
 def test_ui_links_open_the_model_training_view() -> None:

@@ -401,12 +401,15 @@ def test_prepare_is_an_mlflow_run_with_sizes_the_manifest_and_the_dataset_as_inp
     corpus = write_corpus(tmp_path / "corpus", num_train=1, num_heldout=0, lines=60)
     result = prepare(PrepareConfig(format="text"), str(corpus.train[0]), str(tmp_path / "ds"))
 
-    run = tracking.find_run("prepare ds", "prepare")
+    run = tracking.find_run("prepare-ds", "prepare")  # <stage>-<subject>, as every stage run
     assert run is not None and run.info.status == "FINISHED"
     train = result.manifest.splits["train"]
     assert run.data.metrics["train_tokens"] == train.num_tokens
     assert run.data.metrics["vocabulary_size"] == result.manifest.vocab.size
     assert run.data.params["format"] == "text"
+    assert "sha256" not in run.data.params  # a None setting is left out, not logged as "None"
+    assert "None" not in run.data.params.values()
+    assert "system/cpu_utilization_percentage" in run.data.metrics
     client = MlflowClient(tracking.use_tracking())
     assert {item.path for item in client.list_artifacts(run.info.run_id)} >= {
         "manifest.json",

@@ -17,7 +17,6 @@ from pipelines.registry.tags import (
     PERPLEXITY_TAG,
     PRESET_TAG,
     SIZE_TAG,
-    TRAIN_RUN_TAG,
 )
 
 
@@ -59,9 +58,11 @@ def test_the_version_description_says_where_it_came_from_and_what_it_scored():
     assert bilm_version_description(tags) == (
         "2x32_16 biLM (tiny) on `s3://data/wiki`; no heldout perplexity."
     )
-    tags |= {TRAIN_RUN_TAG: "abc", PERPLEXITY_TAG: "31.0"}
+    tags |= {PERPLEXITY_TAG: "31.0"}
     tags |= {FORWARD_PERPLEXITY_TAG: "30.25", BACKWARD_PERPLEXITY_TAG: "31.754"}
-    assert bilm_version_description(tags) == (
-        "2x32_16 biLM (tiny) on `s3://data/wiki`; trained in run `abc`; "
+    runs = {"trained": "[train-bilm-1](http://ui/#/runs/abc)"}
+    assert bilm_version_description(tags, runs) == (
+        "2x32_16 biLM (tiny) on `s3://data/wiki`; trained in run "
+        "[train-bilm-1](http://ui/#/runs/abc); "
         "heldout perplexity 31.00 (forward 30.25, backward 31.75)."
     )
