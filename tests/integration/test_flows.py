@@ -557,7 +557,7 @@ MAKE_RUN_ENDING = (
 def make_run_consoles(tmp_path_factory: pytest.TempPathFactory) -> list[list[str]]:
     """What ``make run`` prints (stdout and stderr as a terminal shows them) on a fresh machine:
     no server or ELMo setting in the environment, a new ELMO_HOME; run twice, the second reusing
-    the first's work. 20 training steps, one seed and two fractions, for time (the pretrain
+    the first's work. 20 training steps, one seed and the whole training set, for time (the pretrain
     flow's log test reads the lines of three seeds)."""
     home = tmp_path_factory.mktemp("make-run") / "home"
     env = {
