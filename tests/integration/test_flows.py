@@ -578,7 +578,7 @@ def make_run_consoles(tmp_path_factory: pytest.TempPathFactory) -> list[list[str
                 "--seeds",
                 "0",
                 "--fractions",
-                "0.5,1",
+                "1",
             ],
             cwd=REPO,
             env=env,
