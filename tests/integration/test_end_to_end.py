@@ -128,15 +128,17 @@ def _bank_vectors(env: dict[str, str]) -> list[list[list[float]]]:
 
 
 def _shorter_smoke() -> dict[str, Any]:
-    """The deployment's parameters for a shorter run: 30 steps, the NER task over one seed, no
-    analysis (the whole set is the demo's, checked in tests/unit/flows/test_deployments.py)."""
+    """The deployment's parameters for a shorter run: 30 steps of the tiny preset, the NER task
+    over one seed, no analysis (the demo's whole set is checked in
+    tests/unit/flows/test_deployments.py)."""
     config = yaml.safe_load((ROOT / "prefect.yaml").read_text())
     (smoke,) = [
         d for d in config["deployments"] if d["name"] == "smoke" and "pretrain" in d["entrypoint"]
     ]
     params = smoke["parameters"]["params"]
     short = ["train.max_steps=30", "train.checkpoint_every=30", "train.validate_every=30"]
-    params["training"]["overrides"] += short
+    params["training"] = {**params["training"], "model": "tiny"}
+    params["training"]["overrides"] = [*params["training"]["overrides"], *short]
     return params | {"tasks": ["examples/tasks/ner.yaml"], "seeds": [0], "analyze": False}
 
 
