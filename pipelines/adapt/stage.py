@@ -173,6 +173,7 @@ def run_adapt_job(job: AdaptJob) -> AdaptResult:
             mlflow.log_dict(task.model_dump(mode="json"), "config.json")
             log_task_data(task)
             mlflow.log_param("seeds", ",".join(map(str, job.seeds)))
+            first = job.seeds[0]  # its models are registered and their curves logged
             runs = [
                 SeedRun(
                     seed,
@@ -181,7 +182,6 @@ def run_adapt_job(job: AdaptJob) -> AdaptResult:
                         for use_elmo in (True, False)
                     ),
                 )
-                for first in job.seeds[:1]
                 for seed in job.seeds
             ]
             elmo, baseline = runs[0].elmo, runs[0].baseline

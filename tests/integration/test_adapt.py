@@ -372,3 +372,6 @@ def test_a_bad_task_config_is_one_line_naming_its_key(adapted, tmp_path, capsys)
     assert "hed" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="two tasks named questions"):
         adapt_stage.adapt([adapted.tasks[1]] * 2, str(adapted.model_dir))
+    for seeds in ([], [1, 1]):
+        with pytest.raises(ConfigError, match="seeds must be distinct and at least one"):
+            adapt_stage.adapt(adapted.tasks, str(adapted.model_dir), seeds=seeds)
