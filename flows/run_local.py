@@ -33,8 +33,8 @@ SMOKE_TASKS = [
     "examples/tasks/ner.yaml",
     "examples/tasks/questions.yaml",
 ]
-# mini for 1,500 steps of 32 rows: the shortest run whose biLM helps the in-domain task
-# (benchmarks/results/demo_setup-2026-11-26.md); tiny for 200 steps did not.
+# mini for 1,500 steps of 32 rows: a biLM that helps the in-domain task beyond the seeds' spread
+# (benchmarks/results/demo_setup-2026-11-26.md); tiny for 200 or 1,000 steps did not.
 SMOKE_TRAINING = [
     "train.max_steps=1500",
     "train.batch_size=32",
