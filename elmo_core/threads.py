@@ -3,10 +3,9 @@ oversubscribed.
 
 Threads that meet at a barrier after every operation wait for whichever one the scheduler has set
 aside, so beside more runnable work than cores (a loaded laptop, a shared node) more threads are
-slower: on 2 cores at load 4-7 the ``ptb-small`` step ran 0.29-0.96x as fast with 2 threads as
-with 1. OpenMP's spinning at those barriers is part of it, but ``OMP_WAIT_POLICY=PASSIVE`` is no
-fix: 0.67-1.21x of 1 thread under load, and 0.71-1.19x of the default idle. Figures:
-``benchmarks/results/bench_threads_under_load-2026-11-25.md``.
+slower; a passive OpenMP wait policy is no cure (``benchmarks/results/bench_threads_under_load-*``).
+The load is the larger of the last minute's average and the work runnable right now, so a load
+that began seconds ago counts as well.
 """
 
 from __future__ import annotations
@@ -14,25 +13,60 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import statistics
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 
+SAMPLES, SAMPLE_GAP_S = 5, 0.01
+
 
 def threads_under_load(share: int) -> int:
-    """``share`` threads, or while the last minute's load average is at or over the core count,
-    that share of the cores it leaves (at least 1). Called as a process starts: the load it sees
-    is other work's."""
-    cpus, load = os.cpu_count() or 1, os.getloadavg()[0]
+    """``share`` threads, or while the load is at or over the core count, that share of the cores
+    it leaves (at least 1). Called as a process starts work: the load it sees is other work's."""
+    cpus, load = os.cpu_count() or 1, other_load()
     if load < cpus:
         return share
     return max(1, math.floor(share * cpus / load))
 
 
+def other_load() -> float:
+    """The larger of the 1-minute load average and the median of a few samples of the threads
+    other processes have runnable now (Linux; elsewhere the average alone)."""
+    samples = []
+    for index in range(SAMPLES):
+        if index:
+            time.sleep(SAMPLE_GAP_S)
+        runnable = _runnable_elsewhere()
+        if runnable is None:
+            break
+        samples.append(runnable)
+    now = statistics.median(samples) if samples else 0.0
+    return max(os.getloadavg()[0], now)
+
+
+def _runnable_elsewhere() -> int | None:
+    """The system's runnable threads less this process' own (its spinning OpenMP threads are not
+    competition), or None where ``/proc`` does not say."""
+    try:
+        stat = Path("/proc/stat").read_text(encoding="ascii")
+        lines = stat.splitlines()
+        running = next(int(line.split()[1]) for line in lines if line.startswith("procs_running"))
+    except (OSError, StopIteration, ValueError):
+        return None
+    own = 0
+    for task in Path("/proc/self/task").glob("*/stat"):
+        with contextlib.suppress(OSError):
+            own += task.read_text(encoding="ascii").rsplit(")", 1)[1].split()[0] == "R"
+    return max(0, running - own)
+
+
 @contextlib.contextmanager
 def fewer_threads_under_load() -> Iterator[int]:
     """Torch's threads cut by :func:`threads_under_load` for a block, then restored: for work that
-    runs in a process which goes on to other things (the driver evaluating)."""
+    runs in a process which goes on to other things (the driver evaluating, a local run)."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads_under_load(before))
     try:

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import torch
 
 from elmo_core.data.reader import load_manifest, load_word_types
+from elmo_core.threads import fewer_threads_under_load
 from elmo_core.training.batches import CandidateSpec, StepBatches, StreamSpec
 from elmo_core.training.step import StepResult, TrainingStep
 
@@ -19,8 +20,8 @@ def step_results(
 ) -> Iterator[StepResult]:
     """``step`` on the dataset's training streams, one result per step, for as long as it is
     iterated: windows, token types, candidates and softmax rows built by ``workers`` loader
-    processes (0: in this one), each LSTM state carried into the next step. Closing the iterator
-    stops the loader."""
+    processes (0: in this one), each LSTM state carried into the next step, with fewer torch
+    threads while the machine is oversubscribed. Closing the iterator stops the loader."""
     manifest = load_manifest(dataset_url)
     table = load_word_types(dataset_url, manifest).char_ids
     draw = CandidateSpec(manifest.vocab.size, step.bilm.config.num_samples)
@@ -30,14 +31,17 @@ def step_results(
         for reverse, seed in zip((False, True), STREAM_SEEDS, strict=True)
     )
     state = None
-    with StepBatches(
-        (forward, backward),
-        manifest,
-        table,
-        workers=workers,
-        pin_memory=device.type == "cuda",
-        shape_buckets=step.train.shape_buckets,
-    ) as batches:
+    with (
+        fewer_threads_under_load(),
+        StepBatches(
+            (forward, backward),
+            manifest,
+            table,
+            workers=workers,
+            pin_memory=device.type == "cuda",
+            shape_buckets=step.train.shape_buckets,
+        ) as batches,
+    ):
         for batch in batches:
             result = step(**batch.step_arguments(device), state=state)
             state = result.state
