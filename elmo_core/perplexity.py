@@ -1,16 +1,10 @@
 """Heldout perplexity of a biLM: full softmax, state carried across windows, every target scored.
 
-Matches bilm-tf's ``test`` (DESIGN.md §3, "Perplexity"): forward and backward streams of the same
-sentences in the same rows, the LSTM state of each row carried from window to window, the exact
-softmax over the whole vocabulary (computed in chunks), ``</S>`` and ``<UNK>`` targets included,
-no dropout. Two protocols:
-
-* ``"batched"`` (default): B = 128 rows, windows of T = 20; the final partial windows are scored.
-* ``"original"``: bilm-tf's test — B = 256 rows, one token per step, stopping at the first step
-  some row cannot fill (that step and the rest of the split are not scored).
-
-Because rows pull sentences in time order (:mod:`elmo_core.data.batching`), both read the same
-streams for the same B: T only changes how many steps run at once, not the numbers.
+Matches bilm-tf's ``test`` (DESIGN.md §3, "Perplexity"): both directions' streams, each row's
+state carried between windows, the exact softmax in chunks, ``</S>`` and ``<UNK>`` scored, no
+dropout. Protocols ``"batched"`` (default: 128 rows, windows of 20, partial windows scored) and
+``"original"`` (bilm-tf's 256 rows, one token per step, stopping at the first step a row cannot
+fill) read the same streams for the same B (:mod:`elmo_core.data.batching`).
 
 Shapes: B rows, T window, W chars per token, P projection, N scored positions.
 """

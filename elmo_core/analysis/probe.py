@@ -1,18 +1,10 @@
 """Linear probes: how much of a tag (POS) each frozen biLM layer holds on its own.
 
-Peters et al. (2018, §5.3, Table 6) train a linear classifier on each biLM layer alone and compare
-the layers' accuracies: the lower LSTM layer predicts POS better than the top one. Here every
-layer ``l`` gets its own map ``D → K`` (softmax cross-entropy, AdamW over minibatches of tokens).
-All ``L`` maps are trained in one batched einsum; they share no parameter, and Adam's update is
-elementwise, so each map follows exactly the trajectory it would follow trained alone.
-
-Features are standardised per layer and dimension with the training split's mean and standard
-deviation: an affine map of the input changes nothing a linear classifier can separate, but it
-lets one learning rate suit layers of different scale (the char-CNN layer against the LSTMs).
-Weights start at zero (the problem is convex), so the seed only orders the minibatches.
-
-Activations are read in minibatches and chunks of tokens from the memory-mapped cache (float16
-→ float32 per read), never whole. Tags are one id per token, aligned with the cache's tokens.
+Peters et al. (2018, §5.3, Table 6) train a linear classifier per layer. All ``L`` maps ``D → K``
+train in one batched einsum; they share nothing and AdamW is elementwise, so each follows the path
+it would alone. Features are standardised per layer with training statistics (so one learning rate
+suits every layer), weights start at zero (the problem is convex; the seed only orders the
+minibatches), and activations are read from the memory-mapped cache in chunks, never whole.
 
 Shapes: B tokens of a batch, L layers, D layer width, K tags, N tokens of a split.
 """

@@ -1,21 +1,11 @@
 """Training-set fractions for the sample-efficiency curve (Peters et al. 2018, §5.5, Figure 1).
 
-The paper trains each task with and without ELMo on growing fractions of its training set. A
-subset here is a list of example indices, in the split's order:
-
-* classification and pairs: stratified by label, ``floor(fraction × count)`` examples of each
-  label, so the subset keeps the split's label proportions and holds at most ``fraction × N``;
-* tagging: ``floor(fraction × S)`` random sentences (tags are per token: nothing to stratify).
-
-Subsets are nested: for one seed each label's examples (or the sentences) are shuffled once and
-every fraction takes a prefix of that order, so the 5 % subset lies inside the 10 % one. The curve
-then reads as "more data added" and the difference between two points is the data, not the luck
-of two unrelated draws.
-
-Floor, not rounding up to one per label: rounding up would over-represent rare labels at small
-fractions and put more than ``fraction × N`` examples behind the curve's x-axis. A fraction whose
-floor leaves a label present in the training split with no example is a :class:`DataError`
-instead, and :func:`check_fractions` raises it for a whole list before any training starts.
+A subset is a list of example indices in the split's order: ``floor(fraction × count)`` of each
+label for classification and pairs (the split's proportions), ``floor(fraction × S)`` sentences
+for tagging. One seed's subsets are nested (prefixes of one shuffled order), so the curve reads as
+data added, not as unrelated draws. Floor rather than one per label, so rare labels are not
+over-represented; a fraction that leaves a label with no example is a :class:`DataError`
+(:func:`check_fractions` checks the whole list before training).
 """
 
 from __future__ import annotations

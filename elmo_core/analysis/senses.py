@@ -1,20 +1,13 @@
 """A nearest-neighbour word-sense probe per biLM layer (Peters et al. 2018, §5.3).
 
-Each sense's mean training vector (its centroid) is computed per layer; a test word takes the
-nearest centroid among its own lemma's senses. A layer whose vectors carry the sense scores
-above the most-frequent-sense baseline; one that does not (the context-free token layer) scores
-about the baseline.
-
-Sense file: UTF-8 text, one example per line, three TAB-separated fields::
+A test word takes the nearest of its lemma's sense centroids (mean training vectors), per layer.
+Sense file: UTF-8, one example a line, blank and ``#`` lines skipped; train and test apart::
 
     sense<TAB>index<TAB>tokenized sentence
     bank%money<TAB>3<TAB>she opened an account at the bank last week .
 
-``sense`` is the word and a sense name joined by ``%``; the part before ``%`` is the lemma the
-sense belongs to. ``index`` is the 0-based position of the target word among the sentence's
-space-separated tokens. Blank lines and lines starting with ``#`` are skipped. Train and test
-are separate files; every test lemma must have training examples (the paper falls back to the
-first WordNet sense for unseen words; a hand-made set should cover its test words instead).
+``sense`` is ``lemma%name``; ``index`` is the target's 0-based token position. Every test lemma
+needs training examples (the paper's WordNet fallback is not used).
 
 Shapes: N examples, L layers (LSTM layers + 1), D layer width, S senses of one lemma.
 """

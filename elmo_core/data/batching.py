@@ -1,20 +1,11 @@
 """Stream batching of bilm-tf: B independent rows of sentences cut into windows of T tokens.
 
-Each row is a stream of sentences ``<S> w1 .. wn </S>``; a sentence of n words gives n + 1 input
-positions (inputs ``<S>, w1..wn``, targets ``w1..wn, </S>``; the ``</S>`` is never an input). The
-backward stream reads each sentence reversed (inputs ``</S>, wn..w1``, targets ``wn..w1, <S>``).
-Rows pull their next sentence from one shared source when they run out, as bilm-tf's
-``_get_batch`` does, and the trainer carries each row's LSTM state to its next window.
-
-One deliberate difference in *when* rows pull: bilm-tf fills a window row by row, so which row gets
-which sentence depends on T. Here rows pull in time order (the row that runs out first pulls
-first, ties by row index), which is exactly bilm-tf's order for T = 1 and the same for every T.
-So an evaluation with T = 20 scores the same streams as bilm-tf's one-token-per-step test.
-
-The source is this rank's units of the split (:func:`partition_split`). With
-``shuffle`` the unit order and the sentence order within each unit are drawn per epoch from
-``(seed, epoch)``; only one row group is decoded at a time. With ``repeat`` the source wraps
-around forever, so every rank runs the same global number of steps.
+Each row is a stream of ``<S> w1 .. wn </S>`` (the backward stream reads each sentence reversed)
+that pulls its next sentence from one shared source when it runs out, as bilm-tf's ``_get_batch``
+does, and keeps its LSTM state across windows. Unlike bilm-tf, rows pull in time order, so the
+streams do not depend on T: an evaluation with T = 20 scores bilm-tf's one-token-per-step test.
+The source is this rank's units of the split (:func:`partition_split`), reshuffled per epoch from
+``(seed, epoch)`` with ``shuffle`` and endless with ``repeat``.
 
 Shapes: B rows, T window, W chars per token.
 """

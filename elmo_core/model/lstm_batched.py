@@ -1,13 +1,10 @@
 """Both directions' LSTM stacks run as one: each GEMM of a layer batched over the two directions.
 
-The forward and backward stacks have the same shapes and, in a training step, windows of the same
-shape, so each of a layer's GEMMs — the input GEMM and, at every step, the recurrent and projection
-GEMMs — runs for both directions as one batched GEMM over their stacked weights, and each pointwise
-kernel covers both: half the launches of running the stacks in turn, and GEMMs twice as large at a
-given batch (``model.batch_directions``). The parameters stay each stack's own (the state dict is
-unchanged); they are stacked at each call. The layer loop is the stack's own
-(:func:`~elmo_core.model.lstm.run_layer`, compiled when the stacks are), so the arithmetic is the
-reference's; only dropout draws its masks for both directions at once.
+The two stacks have the same shapes and, in a training step, windows of the same shape, so each
+GEMM runs for both as one batched GEMM and each pointwise kernel covers both: half the launches,
+GEMMs twice as large (``model.batch_directions``). Parameters and state dict stay each stack's own
+(stacked at each call), and the layer loop is the reference's
+:func:`~elmo_core.model.lstm.run_layer`: only dropout draws its masks for both at once.
 
 Shape legend: D = 2 directions, B rows, T window, P projection, H cell, L layers, I input width.
 """

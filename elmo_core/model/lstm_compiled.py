@@ -1,17 +1,10 @@
 """The projected LSTM stack with each layer's step loop compiled by ``torch.compile``.
 
-On a GPU the reference loop launches a dozen small kernels per step (the recurrent GEMM, three
-sigmoids, two tanh, the clips, the projection, the mask's selects): 20 steps × 2 layers × 2
-directions of them, forward and backward, in a Python loop. Compiled (Inductor, fixed shapes),
-each layer's loop becomes one graph whose pointwise work is fused into a few kernels per step
-around the GEMMs, with a fused backward. What is compiled is the reference's own
-:func:`~elmo_core.model.lstm.run_layer`, so the two cannot drift apart; parameters, state dict,
-dropout and residuals are the base class's. Works with the clips (unlike the cuDNN kernel), on any
-CPU or CUDA device, and with both directions run together (``model.batch_directions``).
-
-The first call of each shape compiles (seconds to a minute); a training run has one or two shapes
-(training and validation windows), and every layer of both directions shares a graph. On CUDA the
-graphed variant also captures the compiled graphs as CUDA graphs (``model.lstm_impl=graphed``).
+On a GPU the reference loop launches a dozen small kernels per step; compiled (Inductor, fixed
+shapes), each layer's loop becomes one graph, its pointwise work fused around the GEMMs. What is
+compiled is the reference's own :func:`~elmo_core.model.lstm.run_layer`, so the two cannot drift,
+and unlike cuDNN it keeps the clips. Each new shape compiles once (a run has one or two); the
+``graphed`` variant (``model.lstm_impl=graphed``) also captures the graphs as CUDA graphs.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """The projected LSTM stack run by PyTorch's fused LSTM kernel (cuDNN on GPU), for unclipped models.
 
-``nn.LSTM(proj_size=P)`` computes exactly the cell of :mod:`elmo_core.model.lstm` without the two
-clips (DESIGN.md §4: "offer the cuDNN path when clipping is turned off"): the same gate order
-(i, f, g, o), ``h = (σ(o)·tanh(c))·W_projectionᵀ``. Our parameters map onto it one to one, so this
-variant keeps :class:`~elmo_core.model.lstm.ProjectedLSTM`'s parameters, state dict, dropout and
-residual placement (the stack's loop stays in the base class), and only overrides its layer call:
-each layer's per-step Python loop becomes one kernel call:
-
-* ``weight_ih_l0 = input_weight (4H, I)``, ``weight_hh_l0 = recurrent_weight (4H, P)``,
-* ``bias_ih_l0 = bias (4H)`` (the effective bias, forget +1 included), ``bias_hh_l0 = 0``,
-* ``weight_hr_l0 = projection_weight (P, H)``.
-
-Masking: the kernel has no per-step mask, so right-padded rows (a mask that is a prefix of each
-row, as :class:`~elmo_core.model.bilm.BiLM` and the stream batches make) are packed by length;
-any other mask falls back to the reference loop, which gives the same result.
+``nn.LSTM(proj_size=P)`` computes exactly our cell without the two clips (DESIGN.md §4), and our
+parameters map onto it one to one (``input_weight``, ``recurrent_weight``, ``bias`` with a zero
+``bias_hh_l0``, ``projection_weight``), so this variant keeps
+:class:`~elmo_core.model.lstm.ProjectedLSTM`'s parameters and stack loop and overrides only the
+layer call. Right-padded rows are packed by length; any other mask falls back to the reference loop.
 
 Shape legend: B rows, T window, P projection, H cell, L layers, I layer input width.
 """

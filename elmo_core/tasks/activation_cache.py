@@ -1,18 +1,10 @@
 """The frozen biLM's layer activations for a task's sentences, computed once and kept on disk.
 
-Adapting ELMo trains only the scalar mix and the task head (Peters et al. 2018, §3.3); the biLM
-is fixed, so its activations for a dataset never change and recomputing them every epoch (the
-dominant cost) is waste. A cache entry holds one memory-mapped array ``(num_tokens, L, D)`` of
-every sentence's activations one after the other, boundary markers stripped as bilm-tf does
-before the mix, plus ``offsets (num_sentences + 1,)``; batches are gathered from it with NumPy
-fancy indexing (no Python loop over tokens).
-
-An entry is named by a hash of the biLM (its config and every state_dict tensor), of the tokens
-of every sentence and of the stored dtype, so any job over the same biLM and split reuses it. It
-is written under a temporary name and renamed into place, so a reader never sees half an entry;
-one that fails to open or whose sizes disagree (a truncated file) is rebuilt. Corruption that
-keeps every size intact is not detected: checking the contents would read the whole array on
-every open, which the memory-mapped design exists to avoid.
+Adapting trains only the mix and the head (Peters et al. 2018, §3.3), so rerunning the fixed biLM
+every epoch is waste. An entry is a memory-mapped ``(num_tokens, L, D)`` array (boundary markers
+stripped) plus ``offsets``, named by a hash of the biLM's weights, the tokens and the dtype, and
+renamed into place whole. One whose sizes disagree is rebuilt; contents are not checked, since
+that would read the whole array on every open.
 
 Shapes: B rows, T tokens, L layers (LSTM layers + 1), D layer width (2P), N tokens of a split.
 """

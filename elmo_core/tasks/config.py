@@ -1,20 +1,10 @@
 """A downstream task declared in YAML: data files and format, reader options, head, training.
 
-A new task needs no code, only a file such as::
-
-    name: conll2003-ner
-    type: tagging
-    format: conll2003
-    train: data/eng.train          # relative paths are relative to this YAML file
-    dev: data/eng.testa
-    test: data/eng.testb
-    reader: {tag_scheme: iob1}
-    head: {hidden_dim: 200, crf: true}
-    training: {epochs: 10, batch_size: 32, lr: 0.001}
-
-loaded with :func:`load_task_config`, which goes through the same
-:func:`~elmo_core.config.resolve_config` path as every other config (unknown keys fail with their
-dotted path).
+A new task needs no code, only a file such as ``examples/tasks/ner.yaml``: ``name``, ``type``,
+``format``, ``train``/``dev``/``test`` paths (relative to the YAML file) and optional ``reader``,
+``head`` and ``training`` sections. :func:`load_task_config` reads it through
+:func:`~elmo_core.config.resolve_config`, like every config, so an unknown key fails with its
+dotted path.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """Task heads: what sits on a task's token vectors ``[word embedding; ELMo]`` (Peters et al. 2018).
 
-Every head starts with a BiLSTM encoder over its input; with ``HeadConfig.elmo_at_output`` a second
-ELMo vector is concatenated to that encoder's output, as the paper does for SNLI and SQuAD (§3.3,
-"including ELMo at the output of the task RNN"). After that:
-
-* :class:`TaggingHead` — per-token scores, trained by token cross-entropy or a :class:`CRF`
-  (the paper's NER tagger, after Peters et al. 2017);
-* :class:`ClassificationHead` — max or mean pooling over time, then a linear layer;
-* :class:`PairHead` — ``esim``: ESIM (Chen et al. 2017, the paper's SNLI baseline): soft
-  alignment of the two encodings, enhancement ``[a; ã; a − ã; a ⊙ ã]``, a projection, a composition
-  BiLSTM, max and mean pooling of both sides and an MLP; ``match``: pool each encoding and
-  classify ``[u; v; |u − v|; u ⊙ v]`` (Conneau et al. 2017), cheaper and weaker.
+Every head starts with a BiLSTM encoder (with ``elmo_at_output`` a second ELMo vector joins its
+output, as the paper does for SNLI and SQuAD, §3.3), then :class:`TaggingHead` (token scores,
+cross-entropy or a :class:`CRF`), :class:`ClassificationHead` (pooling, a linear layer) or
+:class:`PairHead` (ESIM, the paper's SNLI baseline, Chen et al. 2017; or the cheaper ``match``).
 
 Shapes: B rows, T tokens (Ta, Tb the two sides of a pair), I input width, E encoder output width
 (2·hidden, plus D with ELMo at the output), H hidden, K labels.

@@ -1,19 +1,10 @@
 """Task metrics: CoNLL span F1 (as conlleval computes it), accuracy, and the confusion matrix.
 
-Span F1 (Tjong Kim Sang & De Meulder 2003) counts an entity as correct only when its type, first
-and last token all match a gold entity; precision, recall and F1 are micro-averaged over all
-entities of a corpus, and also reported per type. Spans are read from IOB tags with conlleval's
-chunk rules, which are right for both encodings:
-
-* a span starts at ``B-X``, or at ``I-X`` after ``O``, after a span of another type, or at the
-  start of a sentence — in IOB1 this is how every entity starts, and in IOB2 it is how conlleval
-  reads a stray ``I-X`` (as a new span rather than an error);
-* a span ends before ``O``, before any ``B-``, before a tag of another type, and at the end of
-  the sentence — so ``B-X`` separates two adjacent entities of the same type in both encodings.
-
-Where a task's errors need a closer look than one number, :func:`confusion_matrix` counts which
-label was predicted for which gold label, and :func:`label_scores` reads each label's precision,
-recall and F1 off it (the label against all others, as scikit-learn's per-class report does).
+Span F1 (Tjong Kim Sang & De Meulder 2003) counts an entity only when its type, first and last
+token match a gold one; micro-averaged, and per type. Spans follow conlleval's chunk rules, right
+for IOB1 and IOB2: a span starts at ``B-X`` or at an ``I-X`` that continues no ``X`` span, and ends
+before ``O``, any ``B-``, another type, or the sentence's end. :func:`confusion_matrix` and
+:func:`label_scores` give each label's precision, recall and F1.
 """
 
 from __future__ import annotations

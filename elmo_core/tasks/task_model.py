@@ -1,14 +1,10 @@
 """The task model: scalar mix of frozen biLM layers, word embeddings, head (Peters et al. 2018).
 
-The paper adds ELMo to a supervised model by concatenating ``ELMo_task`` with the model's
-context-independent token vector ``x_k`` and feeding ``[x_k; ELMo_task]`` to the task RNN (§3.3),
-optionally with a second mix at the RNN's output. The model here reads the biLM's layers as a
-tensor — from the :mod:`~elmo_core.tasks.activation_cache` or from a live biLM pass — so the biLM
-is never in the training graph. ``x_k`` is a word embedding trained with the task over its
-training vocabulary; with ``use_elmo=False`` the same model without ELMo is the baseline.
-
-Task data becomes model inputs here as well: a split is held as flat arrays (word ids and, for
-tagging, tag ids, aligned with the cache's ``offsets``), so a batch is one vectorised gather.
+As in the paper (§3.3), ``[x_k; ELMo_task]`` feeds the task RNN, optionally with a second mix at
+its output; ``x_k`` is a word embedding trained with the task, and ``use_elmo=False`` gives the
+baseline. The biLM's layers arrive as a tensor (from the activation cache or a live pass), so the
+biLM is never in the training graph; a split is held as flat arrays aligned with the cache's
+``offsets``, so a batch is one vectorised gather.
 
 Shapes: B rows, T tokens, L layers, D layer width (2P), E word embedding width, K labels.
 """

@@ -1,20 +1,11 @@
 """Raw text → sentences of tokens, the same way at prepare time and at inference time.
 
-Two tokenizers, chosen by the corpus format and recorded in the dataset manifest by name and
-parameters (:meth:`Tokenizer.describe`), so that inference rebuilds the exact same one
-(:meth:`Tokenizer.from_manifest`) and tokenizes raw sentences as the training data was:
-
-- ``whitespace`` for text that is already tokenized (formats ``tokenized`` and ``1b-benchmark``):
-  one sentence per line, split on (Unicode) whitespace only, case kept (the original bilm-tf reads
-  the 1B Word Benchmark with ``line.split()``).
-- ``moses`` for raw text (format ``text``), in the language ``tokenizer.lang`` (English by
-  default): sentence splitting on end punctuation, where the language's nonbreaking prefixes keep
-  "Mr.", "U.S." or German "z.B." and "Nr." intact, then sacremoses' Moses tokenization with that
-  language's rules, case kept.
-
-Both have a vectorised entry point, :meth:`Tokenizer.tokenize_lines`, used by prepare on blocks
-of lines held as Arrow arrays. The whitespace one is :func:`split_whitespace`, Arrow's split and
-dictionary-encoding kernels: nothing loops over tokens in Python.
+Two tokenizers, chosen by the corpus format and recorded in the manifest
+(:meth:`Tokenizer.describe`) so that inference rebuilds the same one
+(:meth:`Tokenizer.from_manifest`): ``whitespace`` for tokenized text (``tokenized``,
+``1b-benchmark``; bilm-tf's ``line.split()``) and ``moses`` for raw ``text`` (sentences split with
+the language's nonbreaking prefixes, then sacremoses); both keep case.
+:meth:`Tokenizer.tokenize_lines` works on Arrow arrays of lines, with no Python loop over tokens.
 """
 
 from __future__ import annotations
@@ -46,7 +37,7 @@ def split_whitespace(lines: pa.Array, threads: int | None = None) -> pa.ListArra
     """Each line's tokens as Python's ``line.split()`` (an empty list for a blank line), as
     ``list<dictionary<int32, string>>``: the tokens dictionary-encoded in first-occurrence order.
 
-    Arrow's ASCII kernel splits ~2x faster than its Unicode one and is exact unless the lines
+    Arrow's ASCII kernel splits faster than its Unicode one and is exact unless the lines
     hold another space (NBSP, U+3000, the separators 0x1c-0x1f, ...). Such a space stays inside
     a token there, so it is looked for in the distinct tokens only (a few percent of the bytes)
     and, where one is found, the lines are split again by the Unicode kernel. Both kernels give

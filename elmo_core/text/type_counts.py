@@ -1,15 +1,10 @@
 """Occurrences of each word type per split, summed as blocks and files arrive.
 
-The prepare stage counts every block's distinct tokens per split, sums a file's blocks in its
-worker, then sums the files in the parent: about as many additions as the corpus has
-(block, type) pairs, which is several times the number of types. Each type also keeps where it
-was first seen (the smallest ``first_seen`` key added: block order within a file, then file
-order), which orders the types the vocabulary leaves out without sorting their strings. New rows
-are buffered as Arrow tables and folded into the total by Arrow's hash ``group_by`` once they
-outnumber it (:func:`fold_counts`).
-
-Totals come back as a :data:`COUNT_SCHEMA` table, one row per type seen in either split, in no
-particular order.
+Blocks are summed in a file's worker, files in the parent. Each type keeps where it was first seen
+(block, then file order), which orders the types the vocabulary leaves out without sorting their
+strings. New rows are buffered as Arrow tables and folded in by Arrow's hash ``group_by`` once they
+outnumber the total (:func:`fold_counts`); totals come back as a :data:`COUNT_SCHEMA` table, one
+row per type, in no particular order.
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
 """Training batches built ahead of the step, in background processes when asked.
 
-On a GPU a step of ``original`` is over before one core has cut the next two windows and looked up
-their char ids, so the windows of the coming steps are built by ``torch.utils.data.DataLoader``
-worker processes: with two workers each direction's stream has a process of its own (the loader
-hands their windows out in turn: forward, backward, forward, ...), pinned for a non-blocking copy.
-The sampled softmax's candidates are drawn there too, one set per window from a generator of the
-stream's own (the draw loops on the CPU, ~1 ms per set at 8,192 of 793k words), and each window's
-distinct token types are found there (the char CNN encodes each once; found on the GPU, the search
-would sort rows and make the host wait). A window travels as its types and each position's index
-among them; its ``(B, T, W)`` char ids are gathered from those on the device. The softmax rows
-a window's targets and candidates touch are found there as well, and both windows' are merged
-for the step, so the softmax gathers them once and nothing sorts them on the device. Each window
-carries its stream's position after it (the generator's state included), so a checkpoint records
-where the *consumed* batches end, not how far the prefetch got: a resumed run reads exactly the
-windows and candidates a straight run would have. With ``shape_buckets`` the step's sizes that
-follow the data (types, softmax rows, char width) are padded to a few fixed ones (:func:`bucket`),
-so the step's every tensor keeps its shape and a CUDA graph of it can be replayed.
+On a GPU a step is over before one core can cut the next windows, so ``DataLoader`` workers build
+them (one per direction with two): each window as its distinct token types, its sampled softmax
+candidates and the softmax rows they touch, so the device neither draws nor sorts. A window carries
+its stream's position after it, so a resumed run reads exactly what a straight run would have. With
+``shape_buckets`` sizes are padded to a few (:func:`bucket`) so a CUDA graph of the step can replay.
 
 Shapes: B rows, T window, W chars per token.
 """

@@ -1,21 +1,12 @@
 """Start, check and stop the local stack: Prefect server + process worker, MLflow server, Ray head.
 
-Everything binds to 127.0.0.1 and keeps its state, logs and pid files under ``ELMO_HOME``
-(``$ELMO_HOME/stack/{logs,pids}``), so several stacks (a user's, a test's) can live side by side
-on one machine when their ports differ. Each service starts in its own session (``setsid``); the pid
-file holds the session id, and stopping signals every process of that session. That is stricter
-than a process group: ``mlflow server`` leaves helper consumers behind its main process, and Ray's
-workers each take a process group of their own, but all of them stay in the session. ``ray stop``
-is not used because it ends every Ray process of the user on the machine, not only this head's.
-
-Ray 2.60 turns token authentication on for a head whenever ``~/.ray/auth_token`` exists, and then
-refuses clients that lack ``RAY_AUTH_MODE=token``. The stack therefore always runs its head with
-token auth and a token of its own (``$ELMO_HOME/stack/ray_auth_token``, mode 0600), and prints the
-two variables clients need. Disabling auth is not an option worth having: the GCS listens on every
-interface whatever ``--node-ip-address`` says.
-
 Usage: ``python infra/local/stack.py start|status|stop [--services prefect,worker,mlflow,ray]``.
-Progress goes to stderr; ``start`` and ``status`` print ``export ...`` lines on stdout.
+Everything binds to 127.0.0.1 with state under ``$ELMO_HOME/stack``, so stacks on other ports
+coexist. Each service runs in a session of its own, and stop signals the whole session: Ray's
+workers leave the process group, not the session (``ray stop`` would end all of the user's Ray).
+Ray 2.60 turns token auth on whenever ``~/.ray/auth_token`` exists (and its GCS listens on every
+interface), so the head always uses a token of its own; ``start`` and ``status`` print the
+``export ...`` lines clients need.
 """
 
 from __future__ import annotations

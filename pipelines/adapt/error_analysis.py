@@ -1,19 +1,10 @@
 """A closer look at the ELMo task model's errors, logged as tables and a figure in its adapt run.
 
-On the evaluation split (test, else dev) the model labels every example as users will call it,
-with the biLM run live on the tokens (:func:`~elmo_core.tasks.trainer.predict`), and the run
-gets:
-
-- tagging tasks: ``per_type_scores.json``, the precision, recall and F1 of each entity type
-  (span scores, counted as conlleval counts them) or, for tags without IOB prefixes
-  (part-of-speech), of each tag; the last row, ``(all)``, is the micro average;
-- classification and pair tasks: ``confusion_matrix.json`` and ``confusion_matrix.png``;
-- every task: ``sample_predictions.json``, a few examples with their gold and predicted labels,
-  the errors first.
-
-The activation cache the training scores came from holds float16 layers and these predictions
-use the live float32 ones, so an overall score here can differ from ``task/elmo/test_<metric>`` in
-its last digits.
+On test (else dev), the model run as users call it (biLM live): ``per_type_scores.json`` for
+tagging tasks, ``confusion_matrix.json`` and ``.png`` for the others, and
+``sample_predictions.json``, errors first. Training scored float16 cached activations and this
+live float32 ones, so an overall score may differ from ``task/elmo/test_<metric>`` in its last
+digits.
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
 """The adapt stage: a frozen biLM + a learned scalar mix + a task head, one Ray task per task.
 
-    elmo adapt --task TASK.yaml [--task ...] --bilm URI_OR_PATH [--bilm-options OPTIONS.json]
-               [--set key=value ...] [--parent-run-id ID]
-    python -m pipelines.adapt ...                             # the same main
-    adapt(tasks, bilm, ...) -> list[AdaptResult]              # what flows call
-
-Each job reads its task's splits, takes the frozen biLM's activations from the
-:class:`~elmo_core.tasks.activation_cache.ActivationCache` under ``ELMO_HOME/cache/activations``
-(computed once, then reused by every epoch, by the baseline's sibling run and by later jobs over the
-same biLM and data), trains the ELMo model *and* the baseline — the same head over task-trained
-word embeddings without ELMo (no pretrained word vectors are available offline, so not the
-paper's GloVe baseline) — and reports the gain ELMo brings on dev and test (Peters et al. 2018,
-Table 1). The job is one MLflow ``adapt`` run: a child of the flow's run inside a flow, else a
-top-level run tagged with the biLM it used; what it holds is :mod:`pipelines.adapt.tracking`'s
-(params, datasets, metrics), :mod:`pipelines.adapt.figures`' and
-:mod:`pipelines.adapt.error_analysis`'s. The ELMo model is registered as ``elmo-<task>``, a
-pyfunc model that labels raw sentences (:mod:`pipelines.models.task_pyfunc`).
+Each job takes the biLM's activations from the activation cache (computed once, reused by every
+epoch and later job), trains the ELMo model and a baseline (the same head on task-trained word
+embeddings, not the paper's GloVe: none offline) and reports ELMo's gain on dev and test
+(Peters et al. 2018, Table 1). A job is one MLflow ``adapt`` run (:mod:`pipelines.adapt.tracking`);
+its ELMo model is registered as ``elmo-<task>`` (:mod:`pipelines.models.task_pyfunc`).
 """
 
 from __future__ import annotations

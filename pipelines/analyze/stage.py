@@ -1,19 +1,11 @@
 """The analyze stage: the paper's §5 for any biLM, as one MLflow run.
 
-    elmo analyze --bilm URI_OR_PATH --task a.yaml [--task b.yaml] [--senses-train T --senses-test T]
-                 [--fractions 0.01,0.05,0.1,0.25,1] [--seeds 0,1,2] [--parent-run-id ID]
-    elmo analyze --compare RUN_A RUN_B                    # two biLMs' tables side by side
-    python -m pipelines.analyze ...                       # the same main
-    analyze(tasks, bilm, ...) -> AnalyzeResult            # what flows call
-
-For each task: the sample-efficiency curve with and without ELMo, the task on each layer alone and
-on the learned mix (with the mix's weights), and ELMo's placement (:mod:`elmo_core.analysis.
-task_runs`); for each tagging task a linear probe per layer (:mod:`elmo_core.analysis.probe`); on
-a sense-labelled file the nearest-centroid sense probe per layer (:mod:`elmo_core.analysis.
-senses`). Every biLM pass goes through the activation cache, so each sentence is run once. All
-input is read and checked before the biLM loads. The run holds one table (``analysis.md``,
-``analysis.json``), its cells as metrics ``<row>/<column>`` (and ``…_spread``), so MLflow's compare
-view lines two biLMs up, and the figures.
+Per task: the sample-efficiency curve, each layer alone and the mix, ELMo's placement
+(:mod:`elmo_core.analysis.task_runs`); per tagging task a linear probe per layer
+(:mod:`elmo_core.analysis.probe`); on a sense-labelled file the sense probe
+(:mod:`elmo_core.analysis.senses`). Every biLM pass goes through the activation cache. The run
+holds one table (``analysis.md``, ``analysis.json``), its cells also as metrics ``<row>/<column>``
+so MLflow's compare view lines two biLMs up (``elmo analyze --compare RUN_A RUN_B``).
 """
 
 from __future__ import annotations

@@ -1,33 +1,10 @@
 """The libraries' console noise, turned off where it starts, through each library's own setting.
 
-A run of the pipeline printed about 90 lines, most of them chatter nobody acts on. None of it is
-filtered as text; each source is switched off:
-
-- Ray Train patches ``print`` in its workers to log the line, and also prints it itself whenever
-  ``sys.stdout`` is wrapped, which Ray always does in a worker: every line reached the driver twice.
-  ``RAY_TRAIN_ENABLE_PRINT_PATCH=0`` leaves ``print`` alone (Ray passes it on to the workers).
-- Ray Train's preemption watcher logs a core_worker error as it starts (its constructor arguments
-  sit in the object store). The train stage restarts a failed worker group itself (Ray's
-  ``max_failures`` and ``max_preemption_failures`` are 0), so the watcher changes nothing here:
-  ``RAY_TRAIN_ENABLE_PREEMPTION_WATCHER=0``.
-- Ray prefixes every line a worker prints with its name and pid, in colour codes even when the
-  output is not a terminal; our workers' lines say what they are (``[train] step …``):
-  ``RAY_DISABLE_WORKER_LOG_PREFIX=1``.
-- Ray Train sets a worker's root logger to INFO, so its record of every ``report`` reached the
-  console (``Reporting training result 1: TrainingReport(…)``, whose loss is the last step's, not
-  the mean the ``[train]`` line prints), and so did matplotlib's ``generated new fontManager``.
-  ``RAY_TRAIN_ENABLE_WORKER_STRUCTURED_LOGGING=0`` leaves a worker's logging as Python's: warnings
-  and errors print, INFO does not (Ray Train's JSON log files for the dashboard's Train view are not
-  written). Ray's own loggers then print their INFO lines (``Setting up process group``):
-  ``RAY_LOGGER_LEVEL=warning``, which a local Ray's processes read as they start.
-- MLflow draws a progress bar for every artifact download and logs its routine steps (creating
-  tables, starting system metrics) at INFO: ``MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR=false`` and
-  ``MLFLOW_LOGGING_LEVEL=WARNING`` (read when mlflow is imported).
-
-A local Ray's workers start from the driver's environment, so :func:`quiet_environment` runs
-before ``ray.init``, and before ``import mlflow`` where it can (``python -m flows.run_local``).
-What a local Ray's workers need besides is set as they start
-(:func:`pipelines.common.ray_cluster.setup_local_worker`).
+Nothing is filtered as text: each source of chatter (Ray Train's doubled prints and INFO records,
+Ray's worker prefixes and INFO loggers, MLflow's progress bars) is switched off by the environment
+variable its library reads, with the reason beside it in :data:`QUIET_ENVIRONMENT`. A local Ray's
+workers start from the driver's environment, so :func:`quiet_environment` runs before
+``ray.init`` and, where it can, before ``import mlflow`` (``python -m flows.run_local``).
 """
 
 from __future__ import annotations
@@ -35,11 +12,18 @@ from __future__ import annotations
 import os
 
 QUIET_ENVIRONMENT = {
+    # Ray Train logs a worker's print and prints it too (Ray wraps sys.stdout): every line twice.
     "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
+    # Its watcher logs a core_worker error as it starts; train restarts failed workers itself.
     "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+    # Our workers' lines say what they are ("[train] step …"); Ray's name/pid prefix adds colour.
     "RAY_DISABLE_WORKER_LOG_PREFIX": "1",
+    # Else a worker's root logger is at INFO (each report's record, matplotlib's font cache);
+    # Python's default then prints warnings and errors only (no JSON logs for the Train view).
     "RAY_TRAIN_ENABLE_WORKER_STRUCTURED_LOGGING": "0",
+    # Ray's own INFO lines ("Setting up process group"), read as a local Ray's processes start.
     "RAY_LOGGER_LEVEL": "warning",
+    # A progress bar per artifact download and INFO on routine steps; read at `import mlflow`.
     "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
     "MLFLOW_LOGGING_LEVEL": "WARNING",
 }

@@ -1,16 +1,10 @@
 """The input of ``elmo embed``: lines of text cut into chunks, the unit of work and of resumption.
 
-The driver reads every input line once before Ray starts (:func:`plan_chunks`): a line that is
-not UTF-8 is a DataError naming its file and line there, not in a worker an hour later. A line
-that is empty or holds only whitespace has no tokens, so it is skipped and counted, as the
-sentence-per-line readers of AllenNLP and bilm-tf skip it; every other line is a sentence whose
-id is its 0-based line number over all the input files in order. With no empty lines the ids
-are ``0 .. n-1``, AllenNLP's ``elmo`` keys; with some, an id still points back to its line.
-
-The sentences are cut into chunks of ``sentences_per_chunk`` in input order, a chunk never
-spanning two files. A chunk is a byte range of one file, so the task that embeds it reads its
-own lines (:func:`read_chunk`) and nothing but the chunk's coordinates crosses the Ray boundary;
-every node must see the input at the same path, as for ``elmo prepare --executor ray``.
+The driver reads every line before Ray starts (:func:`plan_chunks`), so a line that is not UTF-8 is
+a DataError naming its file and line. Blank lines are skipped and counted, as AllenNLP and bilm-tf
+skip them; a sentence's id is its 0-based line number over all input files. A chunk is a byte range
+of one file, so only its coordinates cross the Ray boundary (:func:`read_chunk`) and every node
+must see the input at the same path.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """Sentences → ELMo vectors from a frozen biLM, as ``elmo embed --output`` asks for them.
 
-The choices are those of AllenNLP's ``elmo`` command (``--all``, ``--top``, ``--average``) plus
-a sentence vector:
-
-- ``all``: every layer, ``(L, T, 2P)`` — ``[x; x]``, then ``[f_k; b_k]`` per LSTM layer;
-- ``top``: the top LSTM layer, ``(T, 2P)``;
-- ``mix``: the equal-weight average of the layers, ``(T, 2P)`` (AllenNLP's ``--average``; an
-  ``Elmo`` scalar mix with its weights at their initial value, softmax(0) = 1/L, and γ = 1);
-- ``mean``: the ``mix`` averaged over the sentence's tokens, ``(2P,)``.
-
-Inference follows ELMo's defaults (DESIGN.md §3): eval mode, stateless (the biLM keeps no state
-between calls and masks padding, so a sentence's vectors do not depend on its batch), boundary
-tokens stripped. Sentences are sorted by length before batching, so a batch pads little.
+AllenNLP's ``elmo`` choices plus a sentence vector: ``all`` layers ``(L, T, 2P)``, the ``top``
+layer ``(T, 2P)``, ``mix``, the layers' equal-weight average (AllenNLP's ``--average``), and
+``mean``, the mix averaged over tokens ``(2P,)``. Inference follows ELMo's defaults (DESIGN.md §3):
+eval mode, stateless, boundary tokens stripped; sentences are sorted by length to pad little.
 
 Shapes: N sentences in a batch, L layers (token layer + LSTM layers), T tokens, P projection.
 """

@@ -1,19 +1,10 @@
 """The distributed part of ``elmo embed``: Ray Data over the input chunks, an actor pool that
 holds the frozen biLM, one Parquet shard written per chunk.
 
-    chunks ─ from_items ─► map_batches(ChunkEmbedder, actor pool, 1 chunk per call) ─► summaries
-                                 └─ read the chunk's lines, tokenize, sort by length,
-                                    embed in batches of ``batch_size``, write part-NNNNNN.parquet
-
-Each actor loads the biLM once (:func:`~pipelines.models.bilm_loader.load_bilm` on the pinned
-reference), on a GPU when the cluster has them (one per actor, shared when ``concurrency``
-exceeds them), else with its share of the CPUs as torch threads. The actor that embeds a chunk
-writes its shard the moment it is done, so a run killed at any point keeps every finished chunk
-(a group-by-chunk after the map would hold every vector until the last sentence). Rows coming
-back are small summaries the driver counts for its progress line; Ray Data's own bars are off.
-
-A user error in an actor (weights that do not load, a changed input) comes back in its summary
-and is raised in the driver as itself: Ray Data would wrap it, its message lost.
+Each actor loads the pinned biLM once (on a GPU when the cluster has them) and writes a chunk's
+shard as soon as it is embedded, so a killed run keeps every finished chunk; only small summaries
+come back, for the driver's progress line. A user error in an actor comes back in its summary and
+is raised in the driver as itself (Ray Data would wrap it, its message lost).
 """
 
 from __future__ import annotations

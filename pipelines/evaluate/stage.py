@@ -1,20 +1,10 @@
 """The evaluate stage: full-softmax perplexity of a trained biLM on heldout shards.
 
-    elmo evaluate --checkpoint PATH_OR_URI --data DATASET [--split heldout] [--files PATTERN ...]
-                  [--protocol batched|original] [--batch-size N] [--workers N] [--output FILE]
-    python -m pipelines.evaluate ...                          # the same main
-    evaluate(checkpoint, data, ...) -> EvaluationResult       # what flows call
-
-``checkpoint`` is any biLM source :mod:`pipelines.models.bilm_loader` resolves (a model,
-checkpoint or run directory, local or remote, or an MLflow URI such as ``models:/name@alias``); it
-is pinned here and each Ray task loads the pinned reference. With ``RAY_ADDRESS`` set or
-``workers > 1`` the split is divided over Ray tasks (the reader's rank/world_size partitioning)
-and their sums added; otherwise it runs in this process. Forward, backward and geometric-mean
-perplexity are printed and logged to MLflow (an ``evaluate-<model>`` run) with ``heldout_hash``, a
-digest of the shards evaluated, so the registry compares models on the same heldout data, and
-``<split>_predicted_tokens``: the positions each direction predicted, every sentence's words
-and its end (the prepare run's ``<split>_tokens`` counts the words). The result is an
-:class:`~pipelines.evaluate.result.EvaluationResult` (``--output`` saves it for ``elmo register``).
+``checkpoint`` is any source :mod:`pipelines.models.bilm_loader` resolves, pinned here so every Ray
+task loads the same weights; with ``RAY_ADDRESS`` or ``workers > 1`` the split is divided over Ray
+tasks and their sums added. Forward, backward and geometric-mean perplexity go to an MLflow
+``evaluate-<model>`` run with ``heldout_hash`` (the registry compares only on the same heldout data)
+and ``<split>_predicted_tokens``; ``--output`` saves the result for ``elmo register``.
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
 """The biLM as an MLflow pyfunc model: sentences in, per-token ELMo layers out.
 
-This file is also the model's *code file* (MLflow models-from-code): MLflow copies it into the
-logged model and runs it under a fresh module name at load time; the guard at the bottom then
-hands MLflow an instance of the class from the *installed* package, so loading a registered model
-needs ``elmo_core``/``pipelines`` installed and never unpickles a class. The model's artifacts are
-our biLM directory (``bilm``: ``model_config.json`` + ``model.pt``), the dataset's ``vocab.txt``
-(``vocab``) and its ``manifest.json`` (``manifest``), whose ``tokenizer`` entry rebuilds the exact
-tokenizer the training data went through (Moses in the manifest's language for ``text``
-corpora, whitespace for ``tokenized`` ones and the 1B Word Benchmark); the names and the biLM's
-loading are :mod:`pipelines.models.bilm_loader`'s.
-
-Inference follows ELMo's defaults (DESIGN.md §3): eval mode, stateless (the same sentence always
-gives the same vectors), sentence boundaries stripped. ``mlflow.pyfunc.load_model(uri)
-.unwrap_python_model().bilm`` is the loaded :class:`~elmo_core.model.bilm.BiLM`, for building an
-:class:`~elmo_core.model.elmo.Elmo` on a registered biLM. Reading the request and reporting a bad
-one (an MlflowException, so that ``mlflow models serve`` answers 400 with what is wrong) are
-shared with the task models: :mod:`pipelines.models.pyfunc_request`.
+This file is also the model's *code file* (MLflow models-from-code): at load time it hands MLflow
+the class from the installed package, so nothing is unpickled. Artifacts: our biLM directory, the
+dataset's ``vocab.txt`` and its ``manifest.json``, whose ``tokenizer`` rebuilds the training text's
+tokenizer. Inference follows ELMo's defaults (DESIGN.md §3): eval mode, stateless, boundaries
+stripped; requests are read as :mod:`pipelines.models.pyfunc_request` reads them.
 
 Shapes: N sentences in a batch, T tokens, L layers (token layer + LSTM layers), P projection.
 """

@@ -2,17 +2,10 @@
 check its params by name, and hand our user errors to MLflow so that ``mlflow models serve``
 answers 400 with our message first.
 
-MLflow (3.17) enforces the model's signature before ``predict`` runs, served or in-process alike
-(``PyFuncModel.predict``), which decides what can be checked here:
-
-- ``dataframe_split``, ``dataframe_records`` and ``{"inputs": [{"sentence": ...}, ...]}`` give
-  one row per record; ``{"inputs": {"sentence": ...}}`` is a *single* record (a signature with an
-  array column makes a dict one row), so a list of sentences there arrives as one cell;
-- columns the signature does not name are dropped, so a wrong column or a bare
-  ``{"inputs": [...]}`` (whose only column is unnamed) reaches ``predict`` as no column at all;
-- params the signature does not name are dropped as well, with only a logged warning. To refuse
-  them anyway, :func:`watch_dropped_params` keeps the names from that warning for the prediction
-  it belongs to, and :func:`checked_params` refuses them with the unknown names given directly.
+MLflow (3.17) enforces the signature before ``predict``: a dict ``inputs`` is one record, and
+unnamed columns and params are dropped (params with only a logged warning). So a missing column is
+reported here, and :func:`watch_dropped_params` keeps that warning's names for
+:func:`checked_params` to refuse.
 """
 
 from __future__ import annotations

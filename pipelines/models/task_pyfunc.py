@@ -1,22 +1,11 @@
 """An adapted task model as an MLflow pyfunc model: raw sentences in, labels or tags out.
 
-Like :mod:`pipelines.models.bilm_pyfunc`, this file is the model's *code file* (MLflow
-models-from-code):
-the guard at the bottom hands MLflow an instance of the class from the installed package, so a
-registered ``elmo-<task>`` model is loaded from files, never unpickled. Its artifacts:
-
-- ``bilm``: the frozen biLM in our format (``model_config.json`` + ``model.pt``), run live on the
-  new sentences exactly as the activation cache ran it during training;
-- ``task_model``: the task model's weights (``model.pt``), its word vocabulary, its label list,
-  its task config and, when the biLM's pretraining data named one, the tokenizer for raw text
-  (Moses otherwise: raw sentences need punctuation split off).
-
-Inputs: a ``sentence`` (raw text) or ``tokens`` (list of strings) column; for pair tasks
-``premise`` and ``hypothesis`` (text) or ``premise_tokens`` and ``hypothesis_tokens``. Outputs:
-the ``tokens`` read and a ``label`` per row, or ``tags`` (one per token) for tagging tasks; a row
-without tokens (on either side of a pair) has no tags and no label (None). The one param is
-``batch_size``. The request is read, limited, and a bad one reported, as the biLM's is:
-:mod:`pipelines.models.pyfunc_request`.
+Like :mod:`pipelines.models.bilm_pyfunc` this file is the model's code file, so a registered
+``elmo-<task>`` model is loaded from files, never unpickled. Artifacts: the frozen biLM (run live,
+as the activation cache ran it in training) and the task model's weights, vocabulary, labels,
+config and tokenizer. Input: ``sentence`` or ``tokens`` (pairs: ``premise`` and ``hypothesis``, or
+their ``_tokens``); output: ``tokens`` and a ``label``, or ``tags``; the request is read as
+:mod:`pipelines.models.pyfunc_request` reads it.
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """The prepare stage: corpus files → a dataset directory of Parquet shards, vocabulary and manifest.
 
-    elmo prepare --corpus PATH_OR_URL --out DIR_OR_URL [--format text|tokenized|1b-benchmark] ...
-    python -m pipelines.prepare --corpus ... --out ...        # the same main
-    prepare(cfg, corpus, out) -> PrepareResult                # what flows call
-
-Two streaming passes over the inputs, parallel over files (``cfg.workers`` processes, each with
-its share of the cores, or Ray tasks; see :mod:`pipelines.prepare.pool`): count word types →
-vocabulary and the order of the word types; encode → heldout parts in source order, training rows
-scattered to shards by a seeded hash and shuffled within each shard, and beside them the
-word-type table with its char ids. :class:`~pipelines.prepare.run.PrepareRun` runs the steps;
-the layout and schemas are documented in :mod:`elmo_core.data.shards` and
-:mod:`elmo_core.data.manifest`.
-
-Resumption: ``prepare_state.json`` in the output (:mod:`pipelines.prepare.state`) records the
-config fingerprint, the counting result, the word-type table and every finished shard with its
-sha256; re-running the same command verifies them and redoes only what is missing or corrupt.
-Everything is written under a temporary name and renamed; a remote output (``s3://...``, any
-fsspec URL) is staged locally and uploaded file by file. The manifest is written last, so its
-presence means the dataset is complete.
+Two streaming passes over the files, in parallel (:mod:`pipelines.prepare.pool`): count word types
+→ vocabulary; encode → heldout parts, and training rows scattered to shards by a seeded hash and
+shuffled (:class:`~pipelines.prepare.run.PrepareRun`; layout: :mod:`elmo_core.data.shards`).
+``prepare_state.json`` records finished work with sha256s, so a rerun redoes only what is missing
+or corrupt. Files are written under a temporary name and renamed, the manifest last: its presence
+means the dataset is complete.
 """
 
 from __future__ import annotations

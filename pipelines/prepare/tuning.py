@@ -1,22 +1,11 @@
 """How a process that prepares is tuned: the worker processes and the command's own.
 
-Prepare is a stream of large, short-lived NumPy and Arrow temporaries (a 10–30 MB array per
-block of text and step). These process-wide settings keep that cheap, applied to the worker
-processes (:mod:`pipelines.prepare.pool`, :mod:`pipelines.prepare.ray_pool`) and to the
-``elmo prepare`` command's own process, never to a caller's (a flow's) process that merely calls
-:func:`pipelines.prepare.stage.prepare` in-process:
-
-- a worker's share of the cores as its thread count (``pa.cpu_count()``: the whole machine for
-  one worker, which runs that many tasks at once, each splitting its block's lines on that
-  many threads), one I/O thread;
-- glibc keeps NumPy's freed blocks for reuse instead of returning each to the kernel
-  (otherwise every block's temporaries are mapped and page-faulted afresh: a quarter of the
-  time went to the kernel). Arrow keeps its own allocator (mimalloc), so its long-lived
-  tables (the type counts) do not fragment that heap: peak memory stays flat as the corpus
-  grows;
-- pandas is kept from being imported for nothing (see :func:`keep_pandas_out`);
-- the garbage collector leaves the imported modules' objects alone (see
-  :func:`freeze_loaded_objects`).
+Prepare is a stream of large, short-lived NumPy and Arrow temporaries; the process-wide settings
+here keep that cheap: a worker's share of the cores as Arrow threads, glibc keeping NumPy's freed
+blocks (Arrow's tables stay in its own allocator), no pandas import, a frozen GC. They apply to the
+worker processes (:mod:`pipelines.prepare.pool`, :mod:`pipelines.prepare.ray_pool`) and to the
+``elmo prepare`` command's own process, never to a caller's (a flow's) that merely calls
+:func:`pipelines.prepare.stage.prepare` in-process.
 """
 
 from __future__ import annotations
@@ -64,7 +53,7 @@ def keep_freed_memory() -> bool:
 
 
 def keep_pandas_out() -> None:
-    """Spare a process that only prepares the import of pandas (~0.4 CPU s, ~60 MB).
+    """Spare a process that only prepares the import of pandas.
 
     pyarrow imports pandas on its first ``pa.array`` call merely to ask whether the input is a
     pandas object; prepare never passes one. Failing the import for that one call makes pyarrow
@@ -92,7 +81,7 @@ class _ImportBlocker(importlib.abc.MetaPathFinder):
 def freeze_loaded_objects() -> None:
     """Move the objects that exist now (the imported modules') out of the garbage collector's
     reach: they live as long as the process, yet every full collection walks them, and so do
-    the collections at interpreter exit (~0.07 s of a prepare command's serial time)."""
+    the collections at interpreter exit, in a prepare command's serial time."""
     gc.freeze()
 
 

@@ -1,25 +1,11 @@
 """import-weights: released bilm-tf weights become a version of ``elmo-bilm`` like a trained one.
 
-    elmo import-weights --options FILE --weights FILE [--name elmo-bilm] [--softmax FILE]
-                        [--vocab FILE] [--tokenizer whitespace|moses] [--alias ALIAS]
-    python -m pipelines.registry import-weights ...            # the same main
-    import_weights(options_file, weight_file, ...) -> RegisteredBiLM
-
-The weights are read with :func:`elmo_core.interop.bilm_tf.load_bilm`, saved in our format and
-registered through :func:`pipelines.registry.register.register_bilm`, so the version is the same
-pyfunc model as a trained one (``mlflow.pyfunc.load_model("models:/elmo-bilm/N")`` embeds text,
-adapt reads it by URI) with the same bilm-tf export next to it.
-
-What a release lacks is decided here, explicitly:
-
-* no dataset: the model's ``manifest`` artifact is a short description of the import (source
-  files and the tokenizer); the tokenizer is ``whitespace`` unless told, because the released
-  models were trained on the 1B Word Benchmark, which comes tokenized;
-* the vocabulary is carried only when given (``--vocab``), rewritten in our order (specials
-  first, ``!!!MAXTERMID`` dropped: :func:`~elmo_core.text.vocab.read_vocab`) so that its
-  ``elmo.vocab_sha256`` equals a prepared dataset's for the same tokens; a softmax needs one;
-* no evaluation, hence no ``elmo.perplexity``: the registry policy makes the version
-  ``challenger``, and only ``--alias champion`` (an explicit promotion) makes it champion.
+``elmo import-weights --options FILE --weights FILE [--vocab FILE] [--softmax FILE] ...`` reads
+them (:mod:`elmo_core.interop.bilm_tf`), saves them in our format and registers them through
+:func:`~pipelines.registry.register.register_bilm`, so the version is the same pyfunc model. What
+a release lacks is decided here: no dataset (tokenizer ``whitespace`` unless told), a vocabulary
+only when given, no perplexity, hence ``challenger`` unless ``--alias champion``
+(docs/registry.md, "Imported weights").
 """
 
 from __future__ import annotations

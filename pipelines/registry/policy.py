@@ -1,32 +1,10 @@
 """Registry policy: which version of ``elmo-bilm`` holds the ``champion`` alias.
 
 ``models:/elmo-bilm@champion`` is what users embed with and what adaptation starts from, so it
-moves only on evidence: a new version becomes champion when its heldout perplexity (the geometric
-mean, ``elmo.perplexity``) is strictly lower than the current champion's, measured on the same
-heldout data (``elmo.heldout_hash``), with the same vocabulary (``elmo.vocab_sha256``) and, when
-both versions record it, the same evaluation protocol (``elmo.perplexity_protocol``: batched and
-original windows give slightly different numbers). Any other version takes ``challenger``.
-
-Decided cases (docs/registry.md states the same rule):
-
-* no champion yet → the version becomes champion if it has a perplexity; a version without one
-  (imported weights without a softmax, a model registered without evaluation) is never made
-  champion automatically, only by :func:`promote`;
-* the champion has no perplexity (it was promoted by hand) → nothing measured compares with it →
-  challenger; a person's choice is only undone by another explicit promotion;
-* different heldout data, vocabulary or protocol → not comparable → challenger;
-* equal perplexity → the champion stays (moving costs users a changed model for no gain);
-* a version that is already champion stays champion (nothing is rewritten).
-
-Every decision is recorded on the version (``elmo.promotion_alias``, ``elmo.promotion_reason`` and
-the champion it was measured against, ``elmo.promotion_previous_champion``), where
-:func:`recorded_decision` reads it back; a dethroned champion gets ``elmo.superseded_by`` (the new
-champion's version number) and keeps its history. Tag names live in :mod:`pipelines.registry.tags`.
-:func:`promote` sets any alias by hand (``elmo promote --name elmo-bilm --version 3``), for the
-cases the rule refuses on purpose.
-Aliases are MLflow's (``set_registered_model_alias``), never stages. Two registrations deciding
-at the same moment may both read the old champion; the later write wins. That is accepted: one
-registry writer runs per pretraining flow.
+moves only on evidence: a strictly lower heldout perplexity than the champion's, on the same
+heldout data, vocabulary and (when both record it) evaluation protocol. Any other version takes
+``challenger``; the decided cases and the tags each decision leaves are in docs/registry.md.
+:func:`promote` sets an alias by hand, for the cases the rule refuses on purpose.
 """
 
 from __future__ import annotations

@@ -1,39 +1,11 @@
 """register: a trained biLM becomes a version of the MLflow model ``elmo-bilm``, once per run.
 
-Registration is a stage with an MLflow ``register-<name>`` run of its own: a child of the flow's
-run inside a flow, carrying the flow's tags, else a top-level run. The run is tagged with the
-training run the weights came from and the evaluate run that scored them (``elmo.train_run_id``,
-``elmo.evaluate_run_id``, on the version too, which also names the register run) and, once the
-champion policy has decided, with its decision (the version's promotion tags).
-
-The version is a pyfunc model logged from code (:mod:`pipelines.models.bilm_pyfunc`) whose
-artifacts are our biLM directory, the dataset's ``vocab.txt`` and ``manifest.json`` (the tokenizer
-used at inference), logged with an input example. It is logged *from the training run* (the
-register run lists it as its input): MLflow's UI then shows the training run as the version's
-source run, and the version and the logged model on the training run's page. Without a training
-run (imported weights) the register run logs it. The version's tags
-(:mod:`pipelines.registry.tags`) carry what the promotion policy compares (heldout perplexities:
-the evaluate run holds them as metrics, registration does not log them again), what makes two
-numbers comparable at all (the heldout, vocabulary and manifest hashes) and the architecture
-(``elmo.preset``, ``elmo.size``); the registered model gets a description showing how to call it
-and the version one linking its runs (:mod:`pipelines.registry.model_card`). The register run
-also holds a bilm-tf HDF5 export (``bilm_tf/options.json`` + ``weights.hdf5``, DESIGN.md §3), for
-tools that read the original format.
-
-After registering, :mod:`pipelines.registry.policy` decides once whether the version takes the
-``champion`` or the ``challenger`` alias (``apply_policy=False`` skips that), and the record
-returned carries its decision.
-
-Registering a training run is idempotent: when a version of the model already came from that run,
-:func:`register` returns it with the decision recorded on it — no second version, no second
-policy decision, no second register run — so re-running a finished pipeline reports what
-happened the first time.
-
-The biLM may be named in any way :mod:`pipelines.models.bilm_loader` resolves. Released bilm-tf
-weights come in through :func:`register_bilm` with files of their own (no dataset; maybe no
-vocabulary): see :mod:`pipelines.registry.import_weights`. Loading back:
-``mlflow.pyfunc.load_model("models:/elmo-bilm/3")`` embeds text; ``load_bilm(resolve_bilm(
-"models:/elmo-bilm/3"))`` gives the :class:`~elmo_core.model.bilm.BiLM` itself.
+The version is the pyfunc model of :mod:`pipelines.models.bilm_pyfunc`, logged from the training
+run (MLflow then shows that run as its source), tagged with what the promotion policy compares
+(:mod:`pipelines.registry.tags`), with a bilm-tf HDF5 export beside it (DESIGN.md §3); then
+:mod:`pipelines.registry.policy` decides its alias. Registering a run again returns the version
+and decision recorded the first time. Imported weights enter through :func:`register_bilm`
+(:mod:`pipelines.registry.import_weights`); docs/registry.md describes what a version carries.
 """
 
 from __future__ import annotations
