@@ -1,31 +1,33 @@
-"""Where a CPU step goes in the char CNN, and two candidate speed-ups for it (issue 23).
+"""Where a CPU step goes in the char CNN, and two speed-ups for it (issue 23).
 
-    python benchmarks/bench_char_cnn.py              # small and original, 1 and 2 threads
+    python benchmarks/bench_char_cnn.py              # small and ptb-small, 1 and 2 threads
     python benchmarks/bench_char_cnn.py --presets small --threads 1 --repeats 3
     python benchmarks/bench_char_cnn.py --smoke      # tiny sizes, synthetic words (tested in CI)
 
 Inputs: the distinct token types of one training batch (``--rows`` × ``--window``, both streams)
 of real text (``--text``, WikiText-2 valid from ``../shared/data`` by default; ``synthetic``, or
-the file absent: ``gpu_bilm.py``'s Zipf words), trimmed as the model trims them; float32 on the
-CPU, forward and backward, each piece given the gradient that reaches it in the real backward.
-Per (preset, threads), all runs timed in turn (``bench_cpu_step.time_in_turn``), median of
-``--repeats``:
+the file absent: ``gpu_bilm.py``'s Zipf words), trimmed as the model trims them; on the CPU,
+forward and backward, each piece given the gradient that reaches it in the real backward. Models:
+the presets, or a config under ``configs/`` (``ptb-small``). "Before" is the model as of
+2026-11-25: ``amax`` over positions, the highway in float32. Per (preset, threads), all runs timed
+in turn (``bench_cpu_step.time_in_turn``), median of ``--repeats``:
 
-- share: the whole ``TrainingStep`` (for ``--step-presets``) against the char CNN's
-  ``encode_types``, and within it the convolutions (embedding and every Conv1d), the max over
-  positions with the activation, the highway and the projection;
-- padded: the per-width convolutions and their maxima against ONE convolution of all filters
-  stacked (narrow filters zero-padded on the right, the ids right-padded with 0, whose embedding
-  is zero, and positions past a filter's own last valid one masked to −inf before the max): the
-  same pooled features and gradients (checked), and the aten ops of its forward + backward
-  (about one kernel launch each on a GPU);
-- bf16: the highway and the projection under ``torch.autocast("cpu", dtype=torch.bfloat16)``
-  against float32, and the largest relative difference (max |Δ| / max |float32|) of the output
-  and of every gradient.
+- share: the whole ``TrainingStep`` (for ``--step-presets``), before and now, against the char
+  CNN's ``encode_types``, before and now; within the char CNN (before) the convolutions
+  (embedding and every Conv1d), the max over positions with the activation, the highway and the
+  projection;
+- max: the per-width pooling with ``amax`` (before) against ``max`` (``conv_impl: per_width``);
+- padded: ``per_width`` against ``padded`` (one convolution of all filters): the same features
+  and gradients (checked), and the aten ops of the forward + backward (about one kernel launch
+  each on a GPU);
+- bf16: the highway in float32 against ``cpu_highway_bf16``; the char CNN's output difference
+  (max |Δ|, and max |Δ| / max |float32|), the worst gradient's, and the largest relative
+  difference of the loss over ``--loss-steps`` training steps.
 
 Last line: one JSON object; ``ratio_padded_<setting>`` = per-width seconds / padded seconds,
-``ratio_bf16_<setting>`` = float32 / bf16 seconds (highway + projection), ``ratio`` the geometric
-mean of the padded ratios.
+``ratio_max_<setting>`` = amax / max pooling seconds, ``ratio_bf16_<setting>`` = float32 / bf16
+highway seconds, ``ratio_step_<setting>`` = step before / step now, ``ratio`` the geometric mean
+of the padded ratios.
 """
 
 from __future__ import annotations
@@ -41,29 +43,33 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_cpu_step import time_in_turn  # noqa: E402
+from bench_cpu_step import model_config, time_in_turn  # noqa: E402
 from bench_step_ops import Launches  # noqa: E402
 from gpu_bilm import synthetic_windows, worker_step  # noqa: E402
 
 from elmo_core.config import ModelConfig, TrainConfig  # noqa: E402
 from elmo_core.model.bilm import BiLM  # noqa: E402
-from elmo_core.model.char_cnn import CharCNN, TokenTypes, _trim_tail, token_types  # noqa: E402
-from elmo_core.presets import model_preset  # noqa: E402
+from elmo_core.model.char_cnn import (  # noqa: E402
+    CharCNN,
+    TokenTypes,
+    _pool_padded,
+    _pool_per_width,
+    _trim_tail,
+    token_types,
+)
 from elmo_core.text.char_ids import tokens_to_ids  # noqa: E402
 from elmo_core.training.step import TrainingStep  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TEXT = REPO.parent / "shared" / "data" / "wikitext2" / "wiki.valid.tokens"
-AGREE = 1e-4  # padded against per-width: float32 rounding, relative to the largest value
+AGREE = 1e-4  # padded and max against per-width amax: float32 rounding, relative to the largest
 Windows = tuple[dict[str, torch.Tensor], TokenTypes, np.ndarray]
+Pool = Callable[[CharCNN, torch.Tensor, int], torch.Tensor]
 
 
 def text_windows(path: Path, rows: int, window: int, vocab: int) -> Windows:
@@ -88,41 +94,23 @@ def text_windows(path: Path, rows: int, window: int, vocab: int) -> Windows:
     return windows, token_types(np.stack(type_ids), table), np.stack(targets)
 
 
-def per_width_pool(encoder: CharCNN, char_ids: torch.Tensor) -> torch.Tensor:
-    """``char_ids (N, W')`` → pooled features ``(N, F)``, one Conv1d per width (as the model)."""
-    chars = encoder.char_embedding(char_ids).transpose(1, 2)  # (N, E, W')
-    pooled = [encoder.activation(conv(chars).amax(dim=-1)) for conv in encoder.convolutions]
-    return torch.cat(pooled, dim=-1)  # (N, F)
+def pool_amax(encoder: CharCNN, chars: torch.Tensor, used_width: int) -> torch.Tensor:
+    """The per-width pooling as of 2026-11-25: ``amax``, whose backward compares the whole conv
+    output with the max again."""
+    return torch.cat([conv(chars).amax(dim=-1) for conv in encoder.convolutions], dim=-1)
 
 
-def padded_pool(encoder: CharCNN, char_ids: torch.Tensor) -> torch.Tensor:
-    """``char_ids (N, W')`` → the same ``(N, F)`` by ONE convolution of every filter.
+def pooled(encoder: CharCNN, setting: Setting, pool: Pool) -> torch.Tensor:
+    """The embedding, ``pool`` and the activation: the char CNN up to the highway, ``(U, F)``."""
+    chars = encoder.char_embedding(setting.trimmed).transpose(1, 2)  # (U, E, W')
+    return encoder.activation(pool(encoder, chars, setting.types.used_width))  # (U, F)
 
-    A filter of width w zero-padded to the widest sees its own window plus columns it weighs by
-    zero; the ids get ``widest − narrowest`` columns of 0 (a zero embedding) so that the narrowest
-    filter keeps all its positions; a position past ``W' − w`` is not one of a filter's own and
-    is masked before the max. The weight is built from the Conv1d's on every call, so their
-    parameters and gradients stay where a checkpoint has them.
-    """
-    convolutions = [cast(nn.Conv1d, conv) for conv in encoder.convolutions]
-    widths = [conv.kernel_size[0] for conv in convolutions]
-    widest, narrowest = max(widths), min(widths)
-    weight = torch.cat(  # (F, E, widest)
-        [
-            F.pad(conv.weight, (0, widest - width))
-            for conv, width in zip(convolutions, widths, strict=True)
-        ]
-    )
-    bias = torch.cat([cast(torch.Tensor, conv.bias) for conv in convolutions])  # (F,)
-    chars = encoder.char_embedding(F.pad(char_ids, (0, widest - narrowest)))  # (N, W'+pad, E)
-    out = F.conv1d(chars.transpose(1, 2), weight, bias)  # (N, F, W' − narrowest + 1)
-    own_last = np.repeat(  # (F,) each filter's last valid position
-        [char_ids.shape[1] - width for width in widths],
-        [conv.out_channels for conv in convolutions],
-    )
-    beyond = torch.from_numpy(np.arange(out.shape[-1]) > own_last[:, None])  # (F, W'−narrowest+1)
-    masked = out.masked_fill(beyond.to(out.device), float("-inf"))  # (N, F, W'−narrowest+1)
-    return encoder.activation(masked.amax(dim=-1))  # (N, F)
+
+def as_before(encoder: CharCNN) -> CharCNN:
+    """``encoder`` as the model was before: ``amax`` pooling, the highway in float32."""
+    encoder.pool = pool_amax
+    encoder.highway.cpu_bf16 = False
+    return encoder
 
 
 def relative_difference(expected: torch.Tensor, actual: torch.Tensor) -> float:
@@ -133,7 +121,7 @@ def relative_difference(expected: torch.Tensor, actual: torch.Tensor) -> float:
 
 @dataclass
 class Setting:
-    """A model's char CNN on one batch's types, and the gradient each piece receives."""
+    """A model's char CNN (training mode) on one batch's types, and each piece's gradient."""
 
     encoder: CharCNN
     char_ids: torch.Tensor  # (2, B, T, W)
@@ -152,7 +140,7 @@ def build_setting(config: ModelConfig, batch: Windows) -> Setting:
     """The model's char CNN (seed 0) and one float32 forward + backward through its pieces, kept
     so that each piece is timed on the inputs and gradients it sees in the whole."""
     torch.manual_seed(0)
-    encoder = CharCNN(config)
+    encoder = CharCNN(config).train()
     windows, types, _ = batch
     char_ids = torch.stack([windows["forward_inputs"], windows["backward_inputs"]])
     trimmed = _trim_tail(types.char_ids.long(), encoder.max_width, types.used_width)
@@ -164,12 +152,14 @@ def build_setting(config: ModelConfig, batch: Windows) -> Setting:
     convolved = [conv(chars) for conv in encoder.convolutions]  # [(U, n, W'−w+1)]
     for out in convolved:
         out.retain_grad()
-    pooled = torch.cat([encoder.activation(out.amax(dim=-1)) for out in convolved], dim=-1)
-    pooled.retain_grad()
-    features = encoder.highway(pooled)  # (U, F)
+    pool = torch.cat([encoder.activation(out.amax(dim=-1)) for out in convolved], dim=-1)
+    pool.retain_grad()
+    encoder.highway.cpu_bf16, cpu_bf16 = False, encoder.highway.cpu_bf16
+    features = encoder.highway(pool)  # (U, F)
+    encoder.highway.cpu_bf16 = cpu_bf16
     features.retain_grad()
     encoder.projection(features).backward(grad_projected)
-    assert pooled.grad is not None and features.grad is not None
+    assert pool.grad is not None and features.grad is not None
     return Setting(
         encoder,
         char_ids,
@@ -178,9 +168,9 @@ def build_setting(config: ModelConfig, batch: Windows) -> Setting:
         grad_output,
         grad_projected,
         features.grad,
-        pooled.grad,
+        pool.grad,
         [out.grad for out in convolved if out.grad is not None],
-        pooled.detach(),
+        pool.detach(),
         features.detach(),
     )
 
@@ -188,10 +178,14 @@ def build_setting(config: ModelConfig, batch: Windows) -> Setting:
 def runs(setting: Setting) -> dict[str, Callable[[], None]]:
     """Each timed piece: a forward and its backward, the parameters' gradients cleared first."""
     encoder = setting.encoder
+    before = as_before(CharCNN(encoder.config).train())
+    before.load_state_dict(encoder.state_dict())
 
-    def backward(make: Callable[[], torch.Tensor], grad: torch.Tensor) -> Callable[[], None]:
+    def backward(
+        make: Callable[[], torch.Tensor], grad: torch.Tensor, module: torch.nn.Module = encoder
+    ) -> Callable[[], None]:
         def run() -> None:
-            encoder.zero_grad(set_to_none=True)
+            module.zero_grad(set_to_none=True)
             make().backward(grad)
 
         return run
@@ -205,87 +199,100 @@ def runs(setting: Setting) -> dict[str, Callable[[], None]]:
         outs = [conv(chars) for conv in encoder.convolutions]  # [(U, n, W'−w+1)]
         torch.autograd.backward(outs, setting.grad_convolved)
 
-    def in_bf16(module: torch.nn.Module, inputs: torch.Tensor) -> Callable[[], torch.Tensor]:
+    def highway(cpu_bf16: bool) -> Callable[[], torch.Tensor]:
         def make() -> torch.Tensor:
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                return module(leaf(inputs)).float()
+            encoder.highway.cpu_bf16 = cpu_bf16
+            return encoder.highway(leaf(setting.pooled))
 
         return make
 
+    def encode(module: CharCNN) -> Callable[[], torch.Tensor]:
+        return lambda: module.encode_types(setting.char_ids, setting.types)
+
     return {
-        "char CNN": backward(
-            lambda: encoder.encode_types(setting.char_ids, setting.types), setting.grad_output
-        ),
-        "per-width": backward(
-            lambda: per_width_pool(encoder, setting.trimmed), setting.grad_pooled
-        ),
+        "char CNN before": backward(encode(before), setting.grad_output, before),
+        "char CNN": backward(encode(encoder), setting.grad_output),
+        "amax": backward(lambda: pooled(encoder, setting, pool_amax), setting.grad_pooled),
         "convolutions": convolutions,
-        "padded": backward(lambda: padded_pool(encoder, setting.trimmed), setting.grad_pooled),
-        "highway": backward(lambda: encoder.highway(leaf(setting.pooled)), setting.grad_features),
+        "per-width": backward(
+            lambda: pooled(encoder, setting, _pool_per_width), setting.grad_pooled
+        ),
+        "padded": backward(lambda: pooled(encoder, setting, _pool_padded), setting.grad_pooled),
+        "highway": backward(highway(False), setting.grad_features),
+        "highway bf16": backward(highway(True), setting.grad_features),
         "projection": backward(
             lambda: encoder.projection(leaf(setting.features)), setting.grad_projected
-        ),
-        "highway bf16": backward(in_bf16(encoder.highway, setting.pooled), setting.grad_features),
-        "projection bf16": backward(
-            in_bf16(encoder.projection, setting.features), setting.grad_projected
         ),
     }
 
 
-def pool_agreement(setting: Setting) -> tuple[float, float]:
-    """Padded against per-width: the pooled features' and the worst gradient's difference."""
+def pool_agreement(setting: Setting) -> dict[str, float]:
+    """``max`` and padded pooling against ``amax``: the features' and the worst gradient's
+    difference."""
     encoder = setting.encoder
-    results = []
-    for pool in (per_width_pool, padded_pool):
+    results = {}
+    for name, pool in (("amax", pool_amax), ("max", _pool_per_width), ("padded", _pool_padded)):
         encoder.zero_grad(set_to_none=True)
-        pooled = pool(encoder, setting.trimmed)
-        pooled.backward(setting.grad_pooled)
+        features = pooled(encoder, setting, pool)
+        features.backward(setting.grad_pooled)
         grads = [p.grad.clone() for p in encoder.parameters() if p.grad is not None]
-        results.append((pooled.detach(), grads))
-    (expected, expected_grads), (actual, actual_grads) = results
-    assert len(expected_grads) == len(actual_grads) == 1 + 2 * len(encoder.convolutions)
-    grad_difference = max(
-        relative_difference(e, a) for e, a in zip(expected_grads, actual_grads, strict=True)
-    )
-    return relative_difference(expected, actual), grad_difference
+        results[name] = (features.detach(), grads)
+    expected, expected_grads = results.pop("amax")
+    assert len(expected_grads) == 1 + 2 * len(encoder.convolutions)
+    differences = {}
+    for name, (actual, actual_grads) in results.items():
+        differences[f"{name}_feature_difference"] = relative_difference(expected, actual)
+        differences[f"{name}_grad_difference"] = max(
+            relative_difference(e, a) for e, a in zip(expected_grads, actual_grads, strict=True)
+        )
+    return differences
 
 
-def bf16_difference(setting: Setting) -> tuple[float, float, str]:
-    """Highway then projection in bf16 against float32: output, and the worst gradient (input's
-    and every parameter's) with its name."""
+def bf16_difference(setting: Setting) -> dict[str, object]:
+    """The char CNN with the highway in bf16 against float32: its output (max |Δ| and relative),
+    and the worst gradient (every parameter's) with its name."""
     encoder = setting.encoder
-    modules = {"highway": encoder.highway, "projection": encoder.projection}
     results = []
-    for enabled in (False, True):
+    for cpu_bf16 in (False, True):
         encoder.zero_grad(set_to_none=True)
-        inputs = setting.pooled.clone().requires_grad_()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
-            output = encoder.projection(encoder.highway(inputs)).float()  # (U, P)
-        output.backward(setting.grad_projected)
-        named = [("input", inputs)] + [
-            (f"{prefix}.{name}", parameter)
-            for prefix, module in modules.items()
-            for name, parameter in module.named_parameters()
-        ]
-        grads = {name: tensor.grad for name, tensor in named if tensor.grad is not None}
+        encoder.highway.cpu_bf16 = cpu_bf16
+        output = encoder.encode_types(setting.char_ids, setting.types)  # (2, B, T, P)
+        output.backward(setting.grad_output)
+        grads = {name: p.grad for name, p in encoder.named_parameters() if p.grad is not None}
         results.append((output.detach(), grads))
     (expected, expected_grads), (actual, actual_grads) = results
     differences = {
         name: relative_difference(grad, actual_grads[name]) for name, grad in expected_grads.items()
     }
     worst = max(differences, key=lambda name: differences[name])
-    return relative_difference(expected, actual), differences[worst], worst
+    return {
+        "bf16_output_abs_difference": float((actual - expected).abs().max()),
+        "bf16_output_difference": relative_difference(expected, actual),
+        "bf16_grad_difference": differences[worst],
+        "bf16_worst_grad": worst,
+    }
 
 
 def count_ops(setting: Setting) -> dict[str, int]:
     """aten ops (views included) of a forward and its backward: each pooling, the char CNN."""
     encoder = setting.encoder
-    counted = {
-        "per-width": lambda: per_width_pool(encoder, setting.trimmed).backward(setting.grad_pooled),
-        "padded": lambda: padded_pool(encoder, setting.trimmed).backward(setting.grad_pooled),
-        "char CNN": lambda: encoder.encode_types(setting.char_ids, setting.types).backward(
+    padded = CharCNN(encoder.config.model_copy(update={"conv_impl": "padded"})).train()
+
+    def pool_run(pool: Pool) -> Callable[[], None]:
+        return lambda: pooled(encoder, setting, pool).backward(setting.grad_pooled)
+
+    def encode_run(module: CharCNN) -> Callable[[], None]:
+        return lambda: module.encode_types(setting.char_ids, setting.types).backward(
             setting.grad_output
-        ),
+        )
+
+    counted = {
+        "amax": pool_run(pool_amax),
+        "per-width": pool_run(_pool_per_width),
+        "padded": pool_run(_pool_padded),
+        "char CNN before": encode_run(as_before(CharCNN(encoder.config).train())),
+        "char CNN": encode_run(encoder),
+        "char CNN padded": encode_run(padded),
     }
     counts = {}
     for name, run in counted.items():
@@ -296,21 +303,57 @@ def count_ops(setting: Setting) -> dict[str, int]:
     return counts
 
 
-def build_step(config: ModelConfig, batch: Windows, vocab: int) -> Callable[[], None]:
-    """The whole CPU training step on ``batch``, as ``bench_cpu_step.py`` runs it."""
+def build_step(
+    config: ModelConfig, batch: Windows, vocab: int, before: bool = False
+) -> Callable[[], None]:
+    """The whole CPU training step on ``batch``, as ``bench_cpu_step.py`` runs it; ``before``:
+    with the char CNN as it was (:func:`as_before`)."""
     torch.manual_seed(0)
     windows, types, targets = batch
     rows, window = windows["forward_targets"].shape
     recipe = TrainConfig(batch_size=rows, unroll_steps=window, bf16=False)
-    step = TrainingStep.build(BiLM(config, vocab).train(), recipe, "sparse")
+    model = BiLM(config, vocab).train()
+    if before:
+        as_before(model.token_encoder)
+    step = TrainingStep.build(model, recipe, "sparse")
     return worker_step(step, windows, types, targets)
+
+
+def loss_difference(config: ModelConfig, batch: Windows, vocab: int, steps: int) -> float:
+    """The largest relative difference of the loss over ``steps`` training steps (same seed,
+    state carried), the highway in bf16 against float32."""
+    windows, types, _ = batch
+    rows, window = windows["forward_targets"].shape
+    recipe = TrainConfig(batch_size=rows, unroll_steps=window, bf16=False)
+    losses = []
+    for cpu_bf16 in (False, True):
+        torch.manual_seed(0)
+        step = TrainingStep.build(
+            BiLM(config.model_copy(update={"cpu_highway_bf16": cpu_bf16}), vocab).train(),
+            recipe,
+            "sparse",
+        )
+        state, run = None, []
+        for _ in range(steps):
+            result = step(
+                windows["forward_inputs"],
+                windows["forward_targets"],
+                windows["backward_inputs"],
+                windows["backward_targets"],
+                state,
+                types=types,
+            )
+            state = result.state
+            run.append(float(result.output.loss.detach()))
+        losses.append(np.array(run))
+    return float(np.max(np.abs(losses[1] - losses[0]) / np.abs(losses[0])))
 
 
 def load_batch(args: argparse.Namespace) -> tuple[Windows, str]:
     """The batch's windows, and where its words come from."""
     if args.text != "synthetic" and Path(args.text).is_file():
         return text_windows(Path(args.text), args.rows, args.window, args.vocab), args.text
-    width = model_preset(args.presets.split(",")[0]).char_cnn.max_chars_per_token
+    width = model_config(args.presets.split(",")[0]).char_cnn.max_chars_per_token
     cpu = torch.device("cpu")
     windows = synthetic_windows(args.rows, args.window, args.vocab, args.types, width, cpu)
     return windows, f"synthetic Zipf words ({args.types:,} types)"
@@ -318,13 +361,14 @@ def load_batch(args: argparse.Namespace) -> tuple[Windows, str]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--presets", default="small,original")
-    parser.add_argument("--step-presets", default="small", help="where the whole step is timed")
-    parser.add_argument("--rows", type=int, default=128)
+    parser.add_argument("--presets", default="small,ptb-small", help="presets or configs/ names")
+    parser.add_argument("--step-presets", default="small,ptb-small", help="whole step timed")
+    parser.add_argument("--rows", type=int, default=32)
     parser.add_argument("--window", type=int, default=20)
     parser.add_argument("--threads", default="1,2", help="torch threads, comma-separated")
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds")
     parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--loss-steps", type=int, default=5, help="steps of the bf16 loss check")
     parser.add_argument("--vocab", type=int, default=100_000, help="softmax words (the step)")
     parser.add_argument("--text", default=str(TEXT), help="tokenized text, or 'synthetic'")
     parser.add_argument("--types", type=int, default=50_000, help="distinct synthetic words")
@@ -333,8 +377,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.smoke:
         args.presets, args.step_presets, args.rows, args.window = "tiny", "tiny", 4, 5
         args.threads, args.repeats, args.warmup, args.vocab = "1", 2, 1, 200
-        args.text, args.types = "synthetic", 50
+        args.text, args.types, args.loss_steps = "synthetic", 50, 2
     return args
+
+
+def check(config: ModelConfig, setting: Setting, args: argparse.Namespace, batch: Windows) -> dict:
+    """The agreement of ``max`` and padded pooling with ``amax`` (fails the run past
+    :data:`AGREE`), the bf16 differences and the ops counts."""
+    agreement = pool_agreement(setting)
+    if max(agreement.values()) > AGREE:
+        raise SystemExit(f"pooling disagrees with amax: {agreement}")
+    return {
+        "types": setting.trimmed.shape[0],
+        "width": setting.trimmed.shape[1],
+        **agreement,
+        **bf16_difference(setting),
+        "bf16_loss_difference": loss_difference(config, batch, args.vocab, args.loss_steps),
+        **{f"ops_{name}": count for name, count in count_ops(setting).items()},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -345,27 +405,12 @@ def main(argv: list[str] | None = None) -> int:
     seconds: dict[tuple[str, int], dict[str, float]] = {}
     checks: dict[str, dict[str, object]] = {}
     for preset in args.presets.split(","):
-        config = model_preset(preset)
+        config = model_config(preset)
         setting = build_setting(config, batch)
-        feature_difference, grad_difference = pool_agreement(setting)
-        if max(feature_difference, grad_difference) > AGREE:
-            raise SystemExit(
-                f"{preset}: padded and per-width disagree (features {feature_difference:.1e}, "
-                f"gradients {grad_difference:.1e})"
-            )
-        output_difference, bf16_grad, worst = bf16_difference(setting)
-        checks[preset] = {
-            "types": setting.trimmed.shape[0],
-            "width": setting.trimmed.shape[1],
-            "padded_feature_difference": feature_difference,
-            "padded_grad_difference": grad_difference,
-            "bf16_output_difference": output_difference,
-            "bf16_grad_difference": bf16_grad,
-            "bf16_worst_grad": worst,
-            **{f"ops_{name}": count for name, count in count_ops(setting).items()},
-        }
+        checks[preset] = check(config, setting, args, batch)
         timed = runs(setting)
         if preset in args.step_presets.split(","):
+            timed["step before"] = build_step(config, batch, args.vocab, before=True)
             timed["step"] = build_step(config, batch, args.vocab)
         for threads in (int(value) for value in args.threads.split(",")):
             torch.set_num_threads(threads)
@@ -373,10 +418,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(threads_before)
     load_after = os.getloadavg()
     print(
-        f"char CNN on CPU (float32 unless bf16), forward + backward, the types of {args.rows} × "
-        f"{args.window} positions × 2 streams of {source}; median of {args.repeats} rounds after "
-        f"{args.warmup} warm-up, runs in turn; {os.cpu_count()} CPUs, torch {torch.__version__}; "
-        f"load average before {' '.join(f'{x:.2f}' for x in load_before)}, after "
+        f"char CNN on CPU, forward + backward, the types of {args.rows} × {args.window} positions "
+        f"× 2 streams of {source}; median of {args.repeats} rounds after {args.warmup} warm-up, "
+        f"runs in turn; {os.cpu_count()} CPUs, torch {torch.__version__}; load average before "
+        f"{' '.join(f'{x:.2f}' for x in load_before)}, after "
         f"{' '.join(f'{x:.2f}' for x in load_after)}; {time.perf_counter() - started:.0f} s"
     )
     summary = report(args, seconds, checks)
@@ -391,7 +436,7 @@ def report(
     seconds: dict[tuple[str, int], dict[str, float]],
     checks: dict[str, dict[str, object]],
 ) -> dict[str, object]:
-    """The two tables and the checks, printed; the summary's figures returned."""
+    """The table and the checks, printed; the summary's figures returned."""
     summary: dict[str, object] = {
         "benchmark": "char_cnn",
         "rows": args.rows,
@@ -399,50 +444,47 @@ def report(
         "repeats": args.repeats,
     }
     print(
-        f"{'preset':9} {'threads':>7} {'step s':>7} {'CNN s':>7} {'share':>6} "
-        f"{'conv':>5} {'max':>5} {'highway':>7} {'proj':>5}   "
-        f"{'per-width s':>11} {'padded s':>8} {'pw/pad':>7}   "
-        f"{'hw+proj s':>9} {'bf16 s':>7} {'f32/bf16':>8}"
+        f"{'preset':9} {'thr':>3} {'step was':>8} {'step s':>7} {'CNN was':>7} {'CNN s':>6} "
+        f"{'share was':>9} {'share':>5}  {'conv':>4} {'max':>4} {'hw':>4} {'proj':>4}  "
+        f"{'amax s':>6} {'per-width s':>11} {'padded s':>8} {'pw/pad':>6}  "
+        f"{'hw f32 s':>8} {'bf16 s':>6} {'f32/bf16':>8}"
     )
     ratios = []
     for (preset, threads), time_of in seconds.items():
         setting = f"{preset}_t{threads}"
-        cnn = time_of["char CNN"]
+        cnn_before, cnn = time_of["char CNN before"], time_of["char CNN"]
         parts = {
             "convolutions": time_of["convolutions"],
-            "max": time_of["per-width"] - time_of["convolutions"],
+            "max": time_of["amax"] - time_of["convolutions"],
             "highway": time_of["highway"],
             "projection": time_of["projection"],
         }
-        dense = time_of["highway"] + time_of["projection"]
-        dense_bf16 = time_of["highway bf16"] + time_of["projection bf16"]
         ratios.append(time_of["per-width"] / time_of["padded"])
-        step = time_of.get("step")
-        print(
-            f"{preset:9} {threads:7} {f'{step:.3f}' if step else '-':>7} {cnn:7.3f} "
-            f"{f'{cnn / step:.0%}' if step else '-':>6} "
-            + " ".join(
-                f"{parts[name] / cnn:{len(label)}.0%}"
-                for name, label in zip(parts, ("conv.", "max..", "highway", "proj."), strict=True)
-            )
-            + f"   {time_of['per-width']:11.3f} {time_of['padded']:8.3f} {ratios[-1]:6.3f}x"
-            + f"   {dense:9.3f} {dense_bf16:7.3f} {dense / dense_bf16:7.2f}x"
-        )
+        step_before, step = time_of.get("step before"), time_of.get("step")
         summary |= {f"{setting}_{_key(name)}_s": round(value, 6) for name, value in time_of.items()}
-        if step:
+        if step_before and step:
+            summary[f"share_char_cnn_before_{setting}"] = round(cnn_before / step_before, 3)
             summary[f"share_char_cnn_{setting}"] = round(cnn / step, 3)
-        summary |= {f"share_{name}_{setting}": round(v / cnn, 3) for name, v in parts.items()}
+            summary[f"ratio_step_{setting}"] = round(step_before / step, 3)
+        summary |= {
+            f"share_{name}_{setting}": round(v / cnn_before, 3) for name, v in parts.items()
+        }
+        summary[f"ratio_max_{setting}"] = round(time_of["amax"] / time_of["per-width"], 3)
         summary[f"ratio_padded_{setting}"] = round(ratios[-1], 3)
-        summary[f"ratio_bf16_{setting}"] = round(dense / dense_bf16, 3)
+        summary[f"ratio_bf16_{setting}"] = round(time_of["highway"] / time_of["highway bf16"], 3)
+        print(
+            f"{preset:9} {threads:3} {_seconds(step_before, 8)} {_seconds(step, 7)} "
+            f"{cnn_before:7.3f} {cnn:6.3f} {_share(cnn_before, step_before, 9)} "
+            f"{_share(cnn, step, 5)}  "
+            + " ".join(f"{value / cnn_before:4.0%}" for value in parts.values())
+            + f"  {time_of['amax']:6.3f} {time_of['per-width']:11.3f} "
+            f"{time_of['padded']:8.3f} {ratios[-1]:5.2f}x  "
+            f"{time_of['highway']:8.3f} {time_of['highway bf16']:6.3f} "
+            f"{summary[f'ratio_bf16_{setting}']:7.2f}x"
+        )
     for preset, check in checks.items():
         print(
-            f"{preset}: {check['types']:,} types, W' {check['width']}; padded against per-width "
-            f"features {check['padded_feature_difference']:.1e}, gradients "
-            f"{check['padded_grad_difference']:.1e}; aten ops forward + backward per-width "
-            f"{check['ops_per-width']}, padded {check['ops_padded']} (whole char CNN "
-            f"{check['ops_char CNN']}); bf16 against float32 output "
-            f"{check['bf16_output_difference']:.1e}, gradients {check['bf16_grad_difference']:.1e}"
-            f" ({check['bf16_worst_grad']})"
+            f"{preset}: " + ", ".join(f"{name} {_format(value)}" for name, value in check.items())
         )
         summary |= {
             f"{_key(name)}_{preset}": (round(value, 8) if isinstance(value, float) else value)
@@ -450,6 +492,18 @@ def report(
         }
     summary["ratio"] = round(math.exp(statistics.fmean(map(math.log, ratios))), 3)
     return summary
+
+
+def _seconds(value: float | None, width: int) -> str:
+    return f"{value:{width}.3f}" if value else f"{'-':>{width}}"
+
+
+def _share(part: float, whole: float | None, width: int) -> str:
+    return f"{part / whole:{width}.0%}" if whole else f"{'-':>{width}}"
+
+
+def _format(value: object) -> str:
+    return f"{value:.1e}" if isinstance(value, float) else str(value)
 
 
 def _key(name: str) -> str:

@@ -17,7 +17,9 @@ as a GPU implementation would be one Triton/GEMM sequence. Also shown: the ops r
 custom ops (what their CPU implementation dispatches; on the meta device only their fake runs, so
 this script runs the implementation itself to count them), and the step flattened, each custom op
 replaced by its inside ops. Views (``is_view``: a new tensor header, no kernel on a GPU) are
-dispatched but launch nothing: they are counted and shown apart, not as launches.
+dispatched but launch nothing: they are counted and shown apart, not as launches. Each launch is
+also attributed to the step's phase that ran it (``PHASES``: the forward and the loss; the
+backward and the softmax's exchange; the global-norm clip; the optimiser).
 ``compiled`` is not countable this way: Inductor's generated kernels launch below the dispatcher,
 so a dispatch mode sees neither them nor their number (``graphed`` replays a CUDA graph: likewise).
 
@@ -53,6 +55,7 @@ from gpu_bilm import synthetic_windows, training_flops_per_position, worker_step
 from elmo_core.config import TrainConfig  # noqa: E402
 from elmo_core.model.bilm import BiLM  # noqa: E402
 from elmo_core.presets import model_preset  # noqa: E402
+from elmo_core.training import step as step_module  # noqa: E402
 from elmo_core.training.step import TrainingStep  # noqa: E402
 
 VARIANTS = {  # name: (lstm_impl, batch_directions)
@@ -63,6 +66,7 @@ VARIANTS = {  # name: (lstm_impl, batch_directions)
 GOAL_LAUNCHES = 600  # per step (issue 23)
 GOAL_POSITIONS_PER_S = 250_000  # one H100 (issue 13)
 UNCOUNTED_NAMESPACES = ("profiler",)  # record_function markers: no kernel
+PHASES = ("forward", "backward", "clip", "optimizer")  # of a step, in order
 
 
 class _Inside(TorchDispatchMode):
@@ -87,6 +91,8 @@ class Launches(TorchDispatchMode):
     views: int = 0  # aten views among them: metadata only, no kernel on a GPU
     custom: dict[str, int] = field(default_factory=dict)
     inside: _Inside = field(default_factory=_Inside)
+    phase: str = PHASES[0]  # set by :func:`_phases` as the step goes
+    by_phase: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PHASES, 0))
 
     def __post_init__(self) -> None:
         super().__init__()
@@ -110,6 +116,7 @@ class Launches(TorchDispatchMode):
         kwargs = kwargs or {}
         if func.namespace in UNCOUNTED_NAMESPACES:
             return func(*args, **kwargs)
+        self.by_phase[self.phase] += not (func.namespace == "aten" and func.is_view)
         if func.namespace == "aten":
             self.aten += 1
             self.views += bool(func.is_view)
@@ -155,9 +162,31 @@ def count_step(
     step = TrainingStep.build(model, recipe, "dense" if device == "meta" else "sparse")
     run: Callable[[], None] = worker_step(step, windows, token_types, targets)
     run()  # warm-up: the carried state, the optimiser's state
-    with Launches() as launches:
+    with Launches() as launches, _phases(step, launches):
         run()
     return launches
+
+
+@contextlib.contextmanager
+def _phases(step: TrainingStep, launches: Launches) -> Iterator[None]:
+    """Moves ``launches`` to each phase as ``step`` enters it: the backward (the exchange follows
+    it), the clip, the optimiser."""
+
+    def entering(phase: str, call: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            launches.phase = phase
+            return call(*args, **kwargs)
+
+        return wrapped
+
+    with (
+        mock.patch.object(torch.Tensor, "backward", entering("backward", torch.Tensor.backward)),
+        mock.patch.object(
+            step_module, "clip_global_norm", entering("clip", step_module.clip_global_norm)
+        ),
+        mock.patch.object(step.optimizer, "step", entering("optimizer", step.optimizer.step)),
+    ):
+        yield
 
 
 def predicted_positions_per_s(
@@ -243,9 +272,15 @@ def main(argv: list[str] | None = None) -> int:
         summary[f"custom_ops_{key}"] = custom
         summary[f"inside_{key}"] = launches.inside.count
         summary[f"flattened_{key}"] = launches.flattened
+        for phase, count in launches.by_phase.items():
+            summary[f"{phase}_{key}"] = count
         summary[f"predicted_positions_per_s_{key}"] = round(rate)
         summary[f"predicted_flattened_positions_per_s_{key}"] = round(flat_rate)
         summary[f"predicted_reaches_goal_{key}"] = rate >= GOAL_POSITIONS_PER_S
+    print(f"launches by phase: {'variant':18} {'rows':>5} " + " ".join(f"{p:>9}" for p in PHASES))
+    for (variant, rows), launches in counts.items():
+        phases = " ".join(f"{launches.by_phase[p]:9,}" for p in PHASES)
+        print(f"launches by phase: {variant:18} {rows:5} {phases}")
     for rows in rows_list:
         fused = counts["fused_batched", rows].total
         summary[f"ratio_{rows}"] = round(counts["reference_apart", rows].total / fused, 2)

@@ -7,7 +7,7 @@ less the image's, each at the version ``constraints.txt`` pins. The rehearsal in
 these; ``guard`` runs a CPU process that sees only what the device would have.
 
     python benchmarks/device_env.py wheels                 # name==version, one a line
-    python benchmarks/device_env.py fetch .device          # cp312 wheels + golden files to carry
+    python benchmarks/device_env.py fetch .device          # the cp312 wheels to carry
     python benchmarks/device_env.py guard -m pytest ...    # python seeing only those packages
 """
 
@@ -38,7 +38,6 @@ IMAGE = ("torch", "numpy", "pyarrow", "h5py", "triton")
 ROOTS = ("pydantic", "pyyaml", "sacremoses", "typer", "tqdm", "fsspec", "pytest", "pytest-timeout")
 # The tree itself travels (on PYTHONPATH), not as a wheel.
 TREE = "elmo-platform"
-GOLDEN_TEST = "test_stateful_bilm_reproduces_the_tensorflow_outputs"  # it fetches the files
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (28, 27, 17)] + [
     "manylinux2014_x86_64",
     "manylinux1_x86_64",
@@ -47,7 +46,7 @@ PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (28, 27, 17)] + [
 
 def pinned_versions(path: Path = CONSTRAINTS) -> dict[str, str]:
     """``constraints.txt`` as {canonical name: version}."""
-    versions = {}
+    versions: dict[str, str] = {}
     for line in path.read_text().splitlines():
         line = line.split("#")[0].strip()
         if "==" in line:
@@ -58,8 +57,9 @@ def pinned_versions(path: Path = CONSTRAINTS) -> dict[str, str]:
 
 def requirement_closure(roots: Iterable[str], python: str = DEVICE_PYTHON) -> set[str]:
     """Every distribution ``roots`` need on Linux under ``python``, read from installed metadata."""
-    environment = dict(default_environment(), python_version=python, python_full_version=python)
-    environment.update(sys_platform="linux", platform_system="Linux", extra="")
+    environment = {key: str(value) for key, value in default_environment().items()}
+    environment.update(python_version=python, python_full_version=python, extra="")
+    environment.update(sys_platform="linux", platform_system="Linux")
     seen: set[str] = set()
     pending = [canonicalize_name(root) for root in roots]
     while pending:
@@ -94,23 +94,11 @@ def download(specs: Sequence[str], into: Path, python: str) -> None:
 
 
 def fetch(into: Path, python: str = DEVICE_PYTHON) -> None:
-    """``into/wheels``: the carried wheels for ``python``; ``into/golden``: bilm-tf's golden
-    outputs (fetched by the parity test into ``ELMO_TEST_CACHE``), so parity runs where no index
-    is reachable."""
+    """``into/wheels``: the carried wheels for ``python``, for a device with no package index."""
     wheels = into / "wheels"
     shutil.rmtree(wheels, ignore_errors=True)
     wheels.mkdir(parents=True)
     download(carried_wheels(python), wheels, python)
-    golden = into / "golden"
-    environment = dict(os.environ, ELMO_TEST_CACHE=str(golden))
-    parity = "tests/integration/test_allennlp_parity.py::" + GOLDEN_TEST
-    subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", parity],
-        cwd=REPO,
-        env=environment,
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
 
 
 def allowed_distributions() -> set[str]:

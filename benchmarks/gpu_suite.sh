@@ -18,7 +18,7 @@
 #   recipe           300 steps of original at 128 rows against 1024 rows at two learning rates
 #                    (PTB when shared/data/ptb is in the tree, else the bundled python-docs).
 # --carried DIR: DIR/wheels/*.whl are installed as the device lacks them (benchmarks/device_env.py
-#   fetch DIR makes it), and DIR/golden holds the golden files, which the parity tests then require.
+#   fetch DIR makes it). The golden files travel in the tree (tests/fixtures/bilm_tf).
 # --rehearse: tiny sizes on a CPU; the meta device stands in for CUDA where the code allows it
 #   (every tensor must be on it, as on a GPU), the compiled loops compile for the CPU.
 # Each part writes OUT/PART.log (its last line JSON) and no more than 3 files in all.
@@ -46,7 +46,7 @@ if [[ -n $carried ]]; then
     site=$(mktemp -d /tmp/elmo-site.XXXX)
     "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target "$site" "$carried"/wheels/*.whl || exit 1
-    export PYTHONPATH="$site:$PYTHONPATH" ELMO_TEST_CACHE="$carried/golden" ELMO_REQUIRE_GOLDEN=1
+    export PYTHONPATH="$site:$PYTHONPATH"
 fi
 {
     command -v nvidia-smi >/dev/null &&

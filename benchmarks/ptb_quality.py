@@ -36,11 +36,12 @@ from elmo_core.training.step import TrainingStep
 from pipelines.common.ray_cluster import connect_ray
 from pipelines.common.settings import elmo_home
 from pipelines.evaluate.stage import EvaluationResult, evaluate
+from pipelines.models.bilm_loader import initial_bilm
 from pipelines.prepare.corpus_sources import CorpusFiles
 from pipelines.prepare.stage import prepare_files
-from pipelines.train.checkpoints import initial_bilm
 from pipelines.train.config import TrainJobConfig, resolve_train_config
-from pipelines.train.stage import TrainResult, train
+from pipelines.train.preflight import TrainResult
+from pipelines.train.stage import train
 
 REPO = Path(__file__).resolve().parents[1]
 KIM_SMALL_TEST = 92.3

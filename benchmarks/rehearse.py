@@ -229,7 +229,7 @@ def _test_problems(report: Path, suite: str) -> list[str]:
     # A module skipped whole (a package the device has and the rehearsal lacks) is one case
     # named after the module, with no class name.
     collected = [
-        (case.get("classname") or case.get("name", "")).replace(".", "/") for case in cases
+        (case.get("classname") or case.get("name") or "").replace(".", "/") for case in cases
     ]
     found = []
     for path in suite_test_paths(suite):
@@ -250,7 +250,7 @@ def _ends_with_json(log: str) -> bool:
 def device_commands(timings: dict[str, float]) -> str:
     """What to pass to the device's ``run``, per part, with the rehearsal's time for each."""
     lines = [
-        "Here, once before the device calls (wheels for the device's Python, golden files;",
+        "Here, once before the device calls (the wheels for the device's Python;",
         f"{CARRY} is git-ignored and travels only where carry names it):",
         f"  .venv/bin/python benchmarks/device_env.py fetch {CARRY}",
         "Then one device call per part (PTB for recipe: copy ../shared/data/ptb to shared/data):",

@@ -93,6 +93,19 @@ class ModelConfig(StrictModel):
         "one op with its own backward (clips kept, a third of the ops); the parameters are the "
         "same either way",
     )
+    conv_impl: Literal["per_width", "padded"] = Field(
+        "per_width",
+        description="char CNN filters: one Conv1d per width, or all widths zero-padded to the "
+        "widest and run as one convolution (same features and gradients, half the ops; slower "
+        "on CPU); the parameters are the same either way",
+    )
+    cpu_highway_bf16: bool = Field(
+        False,
+        description="train the char CNN's highway under bf16 autocast on a CPU with bf16 GEMMs "
+        "(avx512_bf16 or AMX; float32 weights and accumulation): a faster CPU step, its "
+        "gradients bf16's; off, the CPU trains in float32 as the original; evaluation stays "
+        "float32 either way",
+    )
     batch_directions: bool = Field(
         False,
         description="run the forward and backward LSTM stacks as one, each GEMM batched over "

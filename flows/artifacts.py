@@ -21,7 +21,7 @@ from pipelines.analyze.table import Row, markdown
 from pipelines.common.flow_runs import run_links
 from pipelines.evaluate.result import EvaluationResult
 from pipelines.registry.register import RegisteredBiLM
-from pipelines.train.stage import TrainResult
+from pipelines.train.preflight import TrainResult
 
 Rows = list[dict[str, Any]]
 

@@ -17,18 +17,16 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from elmo_core.analysis.task_runs import DEFAULT_FRACTIONS
 from elmo_core.config import PrepareConfig, override_pattern, resolve_config
 from elmo_core.errors import ConfigError
 from elmo_core.tasks.seeds import DEFAULT_SEEDS
 from pipelines.common.settings import RAY_JOBS_ENV, elmo_home
-from pipelines.train.config import TrainJobConfig, resolve_train_config
-from pipelines.train.ray_job import TrainJob
+from pipelines.train.config import TrainJobConfig, Where, resolve_train_config
 
 Preset = Literal["tiny", "mini", "small", "medium", "original"]
-Mode = Literal["local", "ray-job"]
 DEFAULT_BILM = "models:/elmo-bilm@champion"
 # ``key=value`` strings whose key the config has: the JSON schema carries the pattern, so the
 # Prefect server refuses ``train.max_step=50`` when the run is created, naming the entry.
@@ -92,35 +90,33 @@ class TrainingParams(Params):
     )
     num_workers: int = Field(1, gt=0, description="Ray Train workers (one DDP rank each)")
     use_gpu: bool = False
-    mode: Mode | None = Field(
+    mode: Where | None = Field(
         None,
         description="'ray-job': submit `python -m pipelines.train` to RAY_API_SERVER_ADDRESS; "
         "'local': train in the flow's process on RAY_ADDRESS or a local Ray; "
         "default: ray-job when RAY_API_SERVER_ADDRESS is set",
     )
 
+    _config: TrainJobConfig = PrivateAttr()
+
     @model_validator(mode="after")
     def _overrides_resolve(self) -> TrainingParams:
-        self.job_config()
+        try:
+            self._config = resolve_train_config(self.model, None, self.train_overrides())
+        except ConfigError as err:
+            raise ValueError(f"training.overrides: {err}") from None
         return self
 
     def train_overrides(self) -> list[str]:
-        """The overrides with the scaling fields last, as ``pipelines.train`` receives them."""
+        """The overrides with the scaling fields last, as they are resolved."""
         gpu = "true" if self.use_gpu else "false"
         return [*self.overrides, f"run.num_workers={self.num_workers}", f"run.use_gpu={gpu}"]
 
     def job_config(self) -> TrainJobConfig:
-        """The resolved training config (what the run is named after)."""
-        try:
-            return resolve_train_config(self.model, None, self.train_overrides())
-        except ConfigError as err:
-            raise ValueError(f"training.overrides: {err}") from None
+        """The training config, resolved once when these parameters were validated."""
+        return self._config
 
-    def train_job(self, dataset: str) -> TrainJob:
-        """The Ray Job that trains on ``dataset``: ``python -m pipelines.train`` with these."""
-        return TrainJob(model=self.model, overrides=self.train_overrides(), dataset=dataset)
-
-    def resolved_mode(self) -> Mode:
+    def resolved_mode(self) -> Where:
         if self.mode is not None:
             return self.mode
         return "ray-job" if os.environ.get(RAY_JOBS_ENV) else "local"

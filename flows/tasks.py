@@ -1,13 +1,14 @@
 """Prefect tasks over the pipeline stages: each a thin call with paths in and paths out.
 
-Retries are kept for what fails transiently — a corpus download, a Ray job submission — and left
-off the stages whose failures are the user's (a bad config fails the same way twice) or that have
-their own recovery (Ray Train restarts workers from the last checkpoint; re-running the flow
-resumes a stopped run).
+Retries are kept for what fails transiently — a corpus download — and left off the stages whose
+failures are the user's (a bad config fails the same way twice) or that have their own recovery
+(the train stage retries its Ray Job submission and restarts workers from the last checkpoint;
+re-running the flow resumes a stopped run).
 """
 
 from __future__ import annotations
 
+import contextvars
 import json
 import os
 import re
@@ -60,21 +61,17 @@ from pipelines.common.flow_runs import (
     FLOW_RUN_TAG,
     parent_run,
     record_summary,
-    tag_run,
     training_progress,
 )
 from pipelines.common.settings import RAY_JOBS_ENV, elmo_home
 from pipelines.common.tracking import find_run, stage_run_name
-from pipelines.evaluate import stage as evaluate_stage
 from pipelines.evaluate.result import EvaluationResult
 from pipelines.prepare import stage as prepare_stage
-from pipelines.registry import register as register_stage
 from pipelines.registry.register import RegisteredBiLM
 from pipelines.train import ray_job
 from pipelines.train import stage as train_stage
 from pipelines.train.config import run_name
-from pipelines.train.ray_job import TrainJob
-from pipelines.train.stage import TrainResult
+from pipelines.train.preflight import TrainResult
 
 FLOW_LOG_INTERVAL_ENV = "ELMO_FLOW_LOG_INTERVAL_S"
 DEFAULT_FLOW_LOG_INTERVAL_S = 60.0
@@ -175,63 +172,36 @@ def prepare(data: DataParams, parent_run_id: str | None = None) -> str:
 
 
 @task(name="train")
-def _train_in_process(dataset: str, training: TrainingParams, parent_run_id: str) -> TrainResult:
+def _train(dataset: str, training: TrainingParams, parent_run_id: str) -> TrainResult:
     return train_stage.train(
-        training.job_config(), dataset, parent_run_id=parent_run_id, tags=flow_tags()
+        training.job_config(),
+        dataset,
+        where=training.resolved_mode(),
+        parent_run_id=parent_run_id,
+        tags=flow_tags(),
     )
 
 
-@task(
-    name="submit-train-job",
-    retries=3,
-    retry_delay_seconds=[5, 20, 60],
-    retry_condition_fn=_transient,
-)
-def _submit_train_job(job: TrainJob, parent_run_id: str) -> str:
-    return ray_job.submit_train_job(os.environ[RAY_JOBS_ENV], job, parent_run_id, flow_tags())
-
-
-@task(name="train")
-def _await_train_job(job_id: str, job: TrainJob) -> TrainResult:
-    return ray_job.await_train_job(os.environ[RAY_JOBS_ENV], job_id, job)
-
-
 def train(dataset: str, training: TrainingParams, parent_run_id: str) -> TrainResult:
-    """Train in process (local Ray / RAY_ADDRESS) or as a Ray Job; a finished run is reused.
-    The flow's log names the run as it starts, links its MLflow run and follows its progress
+    """The train stage, in process or as a Ray Job (it reuses a finished run). The flow's log
+    names the run as it starts, links its MLflow run (and its Ray job) and follows its progress
     (:func:`_training_followed`)."""
     logger = get_run_logger()
     name = run_name(training.job_config(), manifest_sha256(dataset))
     logger.info(f"train: biLM {name}, preset {training.model}, dataset {Path(dataset).name}")
     with _training_followed(name, parent_run_id) as linked:
-        if training.resolved_mode() == "local":
-            result = _train_in_process(dataset, training, parent_run_id)
-        else:
-            result = _train_as_ray_job(dataset, training, parent_run_id)
+        result = _train(dataset, training, parent_run_id)
     logger.info(train_line(result))
     if not linked.is_set():  # reused, or done before the first look
         logger.info(_train_run_link(name, result.mlflow_run_id))
     return result
 
 
-def _train_as_ray_job(dataset: str, training: TrainingParams, parent_run_id: str) -> TrainResult:
-    job = training.train_job(dataset)
-    finished = ray_job.already_finished(job)
-    if finished is not None:
-        return finished
-    job_id = _submit_train_job(job, parent_run_id)
-    dashboard = ray_job.dashboard_url(os.environ[RAY_JOBS_ENV], job_id)
-    get_run_logger().info("training runs as Ray job %s: %s", job_id, dashboard)
-    create_link_artifact(dashboard, link_text=f"Ray job {job_id}", key="ray-train-job")
-    tag_run(parent_run_id, {ray_job.SUBMISSION_TAG: job_id})
-    return _await_train_job(job_id, job)
-
-
 @contextmanager
 def _training_followed(name: str, parent_run_id: str) -> Iterator[threading.Event]:
     """While the block trains, a thread looks at the run's MLflow record every few seconds: it
-    logs the run's link once the run exists (and sets the event it yields), then its progress
-    (:func:`training_progress`) at each tenth of the run and at least every
+    logs the run's link once the run exists (and sets the event it yields) with its Ray job's,
+    then its progress (:func:`training_progress`) at each tenth of the run and at least every
     ``ELMO_FLOW_LOG_INTERVAL_S`` seconds (default 60). A failed look is skipped, never fatal."""
     logger = get_run_logger()
     interval = float(os.environ.get(FLOW_LOG_INTERVAL_ENV, DEFAULT_FLOW_LOG_INTERVAL_S))
@@ -244,8 +214,9 @@ def _training_followed(name: str, parent_run_id: str) -> Iterator[threading.Even
                 if not linked.is_set():
                     run = find_run(stage_run_name("train", name), "train")
                     if run is not None:
-                        logger.info(_train_run_link(name, run.info.run_id))
                         linked.set()
+                        logger.info(_train_run_link(name, run.info.run_id))
+                        _link_ray_job(run.data.tags.get(ray_job.SUBMISSION_TAG))
                 line = training_progress(parent_run_id)
             except Exception as err:  # the tracking server may be busy: try again next time
                 logger.debug("no training progress this time: %s", err)
@@ -258,13 +229,25 @@ def _training_followed(name: str, parent_run_id: str) -> Iterator[threading.Even
                 logger.info(line)
                 logged_step, logged_at = step, time.monotonic()
 
-    thread = threading.Thread(target=follow, name="training-progress", daemon=True)
+    # in this flow run's context, where the thread's artifacts belong
+    context = contextvars.copy_context()
+    thread = threading.Thread(target=context.run, args=(follow,), name="training-progress")
+    thread.daemon = True
     thread.start()
     try:
         yield linked
     finally:
         stop.set()
         thread.join()
+
+
+def _link_ray_job(job_id: str | None) -> None:
+    """The Ray job that trains the run, when it runs as one: a log line and a link artifact."""
+    if job_id is None:
+        return
+    dashboard = ray_job.dashboard_url(os.environ.get(RAY_JOBS_ENV, ""), job_id)
+    get_run_logger().info("training runs as Ray job %s: %s", job_id, dashboard)
+    create_link_artifact(dashboard, link_text=f"Ray job {job_id}", key="ray-train-job")
 
 
 def _train_run_link(name: str, run_id: str) -> str:
@@ -292,8 +275,8 @@ def progress_due(
 @task(name="evaluate")
 def evaluate(run: TrainResult, dataset: str, parent_run_id: str) -> EvaluationResult:
     """Full-softmax heldout perplexity of the final model."""
-    result = evaluate_stage.evaluate(
-        run.model_dir, dataset, parent_run_id=parent_run_id, tags=flow_tags()
+    result = train_stage.evaluate_trained(
+        run, dataset, parent_run_id=parent_run_id, tags=flow_tags()
     )
     get_run_logger().info(perplexity_line(result))
     if result.run_id:
@@ -308,14 +291,8 @@ def register(
 ) -> RegisteredBiLM:
     """The run's version of ``name``: registered and judged by the champion policy once per
     training run (a re-run gets the same version and decision back)."""
-    registered = register_stage.register(
-        run.model_dir,
-        dataset,
-        evaluation=evaluation,
-        run_id=run.mlflow_run_id,
-        name=name,
-        parent_run_id=parent_run_id,
-        tags=flow_tags(),
+    registered = train_stage.register_trained(
+        run, dataset, evaluation, name=name, parent_run_id=parent_run_id, tags=flow_tags()
     )
     get_run_logger().info(registry_line(registered))
     get_run_logger().info(run_link_line("register run", mlflow_link(registered.run_id)))

@@ -1,15 +1,25 @@
-"""Fixtures shared across test packages: tiny prepared datasets made by the real prepare stage."""
+"""Fixtures shared across test packages: tiny prepared datasets made by the real prepare stage,
+an isolated MLflow tracking store, and the local stack's script as a module.
+
+MLflow is imported inside the fixtures that use it: the GPU suite runs tests on a device that has
+none (benchmarks/device_env.py)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import shutil
+import sys
 
 # MLflow 3 starts a telemetry client on import; tests never reach the network.
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from functools import partial
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
@@ -18,7 +28,11 @@ from elmo_core.config import PrepareConfig
 from pipelines.prepare.corpus_sources import CorpusFiles
 from pipelines.prepare.stage import prepare_files
 
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
 MakeDataset = Callable[..., str]
+STACK = Path(__file__).resolve().parents[1] / "infra" / "local" / "stack.py"
 
 # Tests use tiny tensors: one intra-op thread avoids oversubscribing CI's two cores (the Ray
 # workers and servers some tests start run beside the test process).
@@ -55,3 +69,68 @@ def make_dataset(tmp_path: Path) -> MakeDataset:
         return str(out)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def stack_module() -> ModuleType:
+    """``infra/local/stack.py`` (a script, not a package module) loaded as a module."""
+    spec = importlib.util.spec_from_file_location("elmo_local_stack", STACK)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the file runs
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def empty_tracking_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An MLflow SQLite file with its tables made, copied into each isolated home: making the
+    tables costs seconds (MLflow's migrations), a copy milliseconds."""
+    from mlflow import MlflowClient
+
+    root = tmp_path_factory.mktemp("empty-tracking")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(root)  # the default experiment's ./mlruns
+        MlflowClient(f"sqlite:///{root / 'mlflow.db'}").search_experiments()
+    return root / "mlflow.db"
+
+
+@contextmanager
+def _isolated_home(root: Path, empty_db: Path, *, chdir: bool) -> Iterator[None]:
+    """ELMO_HOME under ``root`` (so a fresh SQLite tracking store, from ``empty_db``), no outside
+    server or parent run, no telemetry; with ``chdir``, ``root`` is the working directory (MLflow's
+    ./mlruns)."""
+    from pipelines.common import tracking
+
+    home = root / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(empty_db, home / "mlflow.db")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ELMO_HOME", str(home))
+        patch.delenv("MLFLOW_TRACKING_URI", raising=False)
+        patch.delenv("RAY_ADDRESS", raising=False)
+        patch.delenv(tracking.PARENT_RUN_ENV, raising=False)
+        patch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")  # no network at test time
+        if chdir:
+            patch.chdir(root)
+        yield
+
+
+@pytest.fixture(scope="session")
+def isolated_home(empty_tracking_db: Path) -> Callable[[Path], AbstractContextManager[None]]:
+    """``with isolated_home(root):`` a module's own store under ``root``, run from ``root``."""
+    return partial(_isolated_home, empty_db=empty_tracking_db, chdir=True)
+
+
+@pytest.fixture(scope="module")
+def store(
+    tmp_path_factory: pytest.TempPathFactory, empty_tracking_db: Path
+) -> Iterator[MlflowClient]:
+    """A real SQLite tracking store under a fresh ELMO_HOME, shared by a module's tests."""
+    from mlflow import MlflowClient
+
+    from pipelines.common import tracking
+
+    root = tmp_path_factory.mktemp("store")
+    with _isolated_home(root, empty_tracking_db, chdir=False):
+        yield MlflowClient(tracking.use_tracking())

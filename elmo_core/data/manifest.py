@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from elmo_core.config import CorpusFormat, PrepareConfig
 from elmo_core.errors import DataError
-from elmo_core.files import open_url
+from elmo_core.location import open_url
 
 MANIFEST_SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"

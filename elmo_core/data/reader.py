@@ -1,24 +1,15 @@
 """Stream a prepared dataset's split as token-id arrays, partitioned over workers.
 
-The one way later stages (training streams, evaluation) read shards::
-
-    manifest = load_manifest(url)
-    for batch in iter_sentences(url, "train", rank=rank, world_size=world_size):
-        batch.types, batch.targets, batch.offsets   # flat int32 ids, (S+1,) sentence offsets
-
-Each yielded :class:`SentenceBatch` is one Parquet row group (or this rank's rows of it).
-Partitioning is by shard (round-robin: shard i goes to rank i % world_size) when there are at
-least as many shards as workers, else by (shard, row group) pairs, so no worker reads the whole
-corpus; a split with fewer row groups than workers (a small dataset) is dealt sentence by
-sentence, so any split with at least one sentence per worker feeds every worker. Either way the
-union of all ranks is the whole split, each sentence once. Every shard's sha256 is checked
-against the manifest when it is opened; a mismatch is a :class:`DataError` naming the shard.
+The one way later stages read shards: :func:`iter_sentences` yields a :class:`SentenceBatch` (flat
+int32 ``types`` and ``targets``, ``(S+1,)`` offsets) per Parquet row group, or this rank's rows of
+it. Ranks split by shard, by row group, or by sentence for a small split, so every worker gets
+data and the ranks' union is the split, each sentence once. Each shard's sha256 is checked against
+the manifest on open; a mismatch is a :class:`DataError` naming the shard.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -30,6 +21,7 @@ import pyarrow.parquet as pq
 from elmo_core.data.manifest import Manifest, ShardInfo, join_url, load_manifest
 from elmo_core.data.shards import SHARD_FORMAT_VERSION, char_ids_matrix, flat_lists, target_ids
 from elmo_core.errors import DataError
+from elmo_core.location import sha256_of
 from elmo_core.text.vocab import Vocabulary, read_vocab, read_vocab_counts
 
 __all__ = [
@@ -249,11 +241,9 @@ def _verify_shard(url: str, sha256: str) -> None:
     )
     if (url, sha256, version) in _VERIFIED:
         return
-    digest = hashlib.sha256()
     with fs.open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(chunk)
-    if digest.hexdigest() != sha256:
+        digest = sha256_of(handle)
+    if digest != sha256:
         raise DataError(
             "shard checksum does not match the manifest (corrupt or changed): re-run prepare, "
             "which repairs it",

@@ -1,26 +1,15 @@
-"""The Parquet shard format of prepared datasets, and the vectorised kernels that fill it.
+"""The Parquet shard format of prepared datasets (``elmo-shards`` version 3), and its kernels.
 
-Shard format ``elmo-shards`` version 3 (recorded in the manifest as ``shard_format``):
+- ``train/part-NNNNN.parquet``: ``types: list<int32 not null> not null``, a sentence's word-type
+  ids without ``<S>``/``</S>`` (readers add them); targets are derived, not stored.
+- ``heldout/part-NNNNN.parquet``: the same plus ``source_file`` and ``line`` (1-based).
+- ``word_types.parquet``: a row per type (``type_id`` = row): ``token``, ``count``,
+  ``heldout_count``, ``vocab_id`` and ``char_ids`` (50 little-endian int16 each, read back by
+  :func:`char_ids_matrix`).
 
-- ``train/part-NNNNN.parquet``: one row per sentence, ``types: list<int32 not null> not null``
-  (word-type ids, which index ``word_types.parquet``; declared non-null, so Parquet stores no
-  definition level per id). No sentence markers are stored; readers add ``<S>``/``</S>`` (type
-  and vocabulary ids 0 and 1). Version 1 also stored ``targets``; they are derived instead
-  (below), which halves the shards and the time to write them.
-- ``heldout/part-NNNNN.parquet``: the same plus ``source_file: dictionary<int32, string>`` (the
-  input file, relative to the corpus root) and ``line: int64`` (1-based line in that file).
-- ``word_types.parquet``: one row per word type seen anywhere (plus every vocabulary entry),
-  ``type_id: int32`` (= row), ``token: string``, ``count: int64`` (training occurrences),
-  ``heldout_count: int64``, ``vocab_id: int32`` (target id, ``<UNK>`` for OOV types),
-  ``char_ids: fixed_size_binary[100]``: the 50 char ids as little-endian int16 (+1/262
-  convention of :mod:`elmo_core.text.char_ids`; :func:`char_ids_matrix` reads them back). Version
-  2 stored a ``fixed_size_list<int16>[50]``, whose Parquet list levels made the table 5x slower
-  to write and read.
-
-Type ids 0..V-1 are the vocabulary itself (type id = vocabulary id, specials included), then OOV
-types by descending count, so ``target = type if type < V else 2`` (:func:`target_ids`, with V the
-manifest's ``vocab.size``), and the char CNN reads every type, OOV or not (DESIGN.md §3).
-Everything here works on Arrow arrays and NumPy; nothing loops over tokens in Python.
+Type ids 0..V-1 are the vocabulary, then OOV types by descending count, so ``target = type if
+type < V else 2`` (:func:`target_ids`) and the char CNN reads every type (DESIGN.md §3). Why the
+columns are stored so: benchmarks/results/2026-11-21-prepare-session3.md and -session4.md.
 """
 
 from __future__ import annotations
@@ -36,7 +25,7 @@ import pyarrow.parquet as pq
 
 from elmo_core.config import PrepareConfig
 from elmo_core.errors import DataError
-from elmo_core.files import atomic_write, sha256_file
+from elmo_core.location import atomic_write, sha256_file
 from elmo_core.text.char_ids import (
     BOS_IDS,
     BOS_TOKEN,
@@ -350,9 +339,9 @@ def write_parquet(table: pa.Table, path: Path, rows_per_group: int) -> str:
 
     Id lists are stored BYTE_STREAM_SPLIT + zstd: splitting the int32s into byte planes puts
     the (mostly zero) high bytes of frequent ids together, so zstd at level 1 compresses them
-    ~20% smaller and ~1.5x faster than plain encoding (BYTE_STREAM_SPLIT for INT32 is Parquet
-    format 2.11: read by Arrow >= 16). Page statistics (min/max of ids) are not written: no
-    reader prunes on them.
+    smaller and faster than plain encoding (benchmarks/results/2026-11-21-prepare-session2.md;
+    BYTE_STREAM_SPLIT for INT32 is Parquet format 2.11: read by Arrow >= 16). Page statistics
+    (min/max of ids) are not written: no reader prunes on them.
     """
     id_lists = [f"{name}.list.element" for name in ID_LIST_COLUMNS if name in table.column_names]
 

@@ -1,28 +1,11 @@
 """Read and write the original bilm-tf release format: ``options.json`` plus an HDF5 of weights.
 
-Released ELMo models (and bilm-tf's ``dump_weights``) come as a JSON of hyperparameters and an
-HDF5 file laid out as TensorFlow held the variables (DESIGN.md §3, "bilm-tf HDF5 layout"). Every
-difference between that layout and our modules is handled here and nowhere else:
-
-* ``char_embed (261, E)`` has no padding row; ours has 262 rows with row 0 = padding, so stored
-  row k is our row k + 1 (bilm-tf's inference graph prepends the same zero row).
-* ``CNN/W_cnn_i (1, w, E, n)`` is a TF ``conv2d`` kernel; ours is ``Conv1d.weight (n, E, w)``.
-* ``CNN_high_k/W_carry, W_transform`` and ``CNN_proj/W_proj`` multiply row vectors (``x·W``);
-  ``nn.Linear`` stores ``Wᵀ``. bilm-tf has no ``CNN_proj`` when the filters already number
-  ``projection_dim``; ours is then the identity.
-* ``RNN_{0 fwd, 1 bwd}/RNN/MultiRNNCell/Cell{k}/LSTMCell/W_0 (I + P, 4H)`` stacks the input and
-  recurrent kernels with gate blocks in TF order (i, j, f, o); ours are two ``(4H, ·)`` matrices
-  in PyTorch order (i, f, g, o). ``B`` is stored without the 1.0 TF's ``LSTMCell`` adds to the
-  forget gate at run time; our bias is the effective one (+1.0 on load, −1.0 on save).
-  ``W_P_0 (H, P)`` is our ``projection_weight`` transposed.
-
-bilm-tf keeps the softmax in its TF checkpoint, not in the HDF5; an optional softmax file of our
-own (``softmax/W (V, P)``, ``softmax/b (V)``) carries it when a model must keep training.
-
-Every tensor survives save → load bit for bit, except that the forget-gate offset is float32
-arithmetic: exact for effective forget biases ≥ 0.5 (then ``b − 1`` is representable), within one
-ulp of ``max(1, |b|)`` below that. Stored biases near 0 (as in released files) therefore come back
-from load → save within ~6e-8; TF's own ``(x·W + B) + 1`` rounds the same way.
+Every difference between that layout (DESIGN.md §3, "bilm-tf HDF5 layout") and our modules is
+handled here and nowhere else: the 261-row char table (ours has a padding row 0), TF conv and
+row-vector kernels, the LSTM's joint ``W_0`` in TF gate order (i, j, f, o) and its bias stored
+without the +1.0 forget offset. bilm-tf's HDF5 has no softmax; an optional file of our own
+(``softmax/W (V, P)``, ``softmax/b (V)``) carries it. Save → load is bit for bit, except the
+forget offset's float32 arithmetic (within one ulp of ``max(1, |b|)``).
 """
 
 from __future__ import annotations
@@ -41,7 +24,7 @@ from pydantic import ValidationError
 
 from elmo_core.config import ModelConfig
 from elmo_core.errors import ConfigError, WeightsError
-from elmo_core.files import atomic_write
+from elmo_core.location import atomic_write
 from elmo_core.model.bilm import BiLM
 from elmo_core.model.lstm import ProjectedLSTM, ProjectedLSTMLayer
 from elmo_core.text.char_ids import MAX_CHARS_PER_TOKEN, NUM_CHARACTERS

@@ -3,8 +3,10 @@
 Per token (DESIGN.md §3): char embedding (E) → for each filter of width w with n maps, a valid
 convolution over the W chars → max over positions → activation (ReLU in the released models;
 bilm-tf takes the max *before* the activation) → concat (F) → highway layers → linear projection
-to P. Char ids use the +1 convention: 262 rows, row 0 is padding and stays zero. A token of all-zero
-ids (padding) still goes through the network; callers mask its output.
+to P. ``ModelConfig.conv_impl`` picks how the filters run: one Conv1d per width (``per_width``)
+or all widths as one convolution (``padded``); the same features either way. Char ids use the +1
+convention: 262 rows, row 0 is padding and stays zero. A token of all-zero ids (padding) still
+goes through the network; callers mask its output.
 
 Shape legend: B rows, T window, W chars per token (W' after trimming the tail), E char embedding,
 F filters, P projection, N tokens (flattened), U unique word types.
@@ -13,10 +15,12 @@ F filters, P projection, N tokens (flattened), U unique word types.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple, cast
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from elmo_core.config import ModelConfig
@@ -57,7 +61,8 @@ class CharCNN(nn.Module):
         self.convolutions = nn.ModuleList(
             nn.Conv1d(cnn.embedding_dim, num, kernel_size=width) for width, num in cnn.filters
         )
-        self.highway = Highway(cnn.num_filters, cnn.num_highway)
+        self.pool: Callable[[CharCNN, torch.Tensor, int], torch.Tensor] = _POOLS[config.conv_impl]
+        self.highway = Highway(cnn.num_filters, cnn.num_highway, config.cpu_highway_bf16)
         self.projection = nn.Linear(cnn.num_filters, config.lstm.projection_dim)
         self.reset_parameters()
 
@@ -90,7 +95,7 @@ class CharCNN(nn.Module):
     def forward(self, char_ids: torch.Tensor) -> torch.Tensor:
         leading = char_ids.shape[:-1]
         flat = char_ids.reshape(-1, char_ids.shape[-1])  # (N, W)
-        return self._encode(_trim_tail(flat, self.max_width)).reshape(*leading, self.output_dim)
+        return self._encode(flat, _used_width(flat)).reshape(*leading, self.output_dim)
 
     def encode_types(self, char_ids: torch.Tensor, types: TokenTypes | None = None) -> torch.Tensor:
         """Same result as ``forward``, running the network once per unique token in the batch.
@@ -103,25 +108,65 @@ class CharCNN(nn.Module):
         if types is None:
             flat = char_ids.reshape(-1, char_ids.shape[-1])  # (N, W)
             unique, inverse = torch.unique(flat, dim=0, return_inverse=True)  # (U, W), (N,)
-            encoded = self._encode(_trim_tail(unique, self.max_width))  # (U, P)
+            encoded = self._encode(unique, _used_width(unique))  # (U, P)
         else:
-            trimmed = _trim_tail(types.char_ids.long(), self.max_width, types.used_width)  # (U, W')
-            encoded, inverse = self._encode(trimmed), types.inverse  # (U, P)
+            encoded = self._encode(types.char_ids.long(), types.used_width)  # (U, P)
+            inverse = types.inverse
         return encoded[inverse].reshape(*leading, self.output_dim)  # (..., P)
 
-    def _encode(self, char_ids: torch.Tensor) -> torch.Tensor:
-        chars = self.char_embedding(char_ids).transpose(1, 2)  # (N, E, W')
-        pooled = [
-            self.activation(conv(chars).amax(dim=-1))  # (N, num): max over positions, then act.
-            for conv in self.convolutions
+    def _encode(self, char_ids: torch.Tensor, used_width: int) -> torch.Tensor:
+        """``char_ids (N, W)`` whose columns from ``used_width`` on are each row's tail → (N, P)."""
+        chars = self.char_embedding(_trim_tail(char_ids, self.max_width, used_width))  # (N, W', E)
+        pooled = self.pool(self, chars.transpose(1, 2), used_width)  # (N, F)
+        return self.projection(self.highway(self.activation(pooled)))  # (N, P)
+
+
+def _pool_per_width(encoder: CharCNN, chars: torch.Tensor, used_width: int) -> torch.Tensor:
+    """``chars (N, E, W')`` → each filter's max over its own valid positions, ``(N, F)``.
+
+    ``max`` rather than ``amax``: the same values, and a backward that writes the gradient to one
+    position per filter instead of comparing the whole conv output with the max again. They part
+    only on ties, which on real text are copies of one window (the tail, a repeated letter): the
+    same chars under the same weights, so every parameter's gradient sums the same.
+    """
+    return torch.cat([conv(chars).max(dim=-1).values for conv in encoder.convolutions], dim=-1)
+
+
+def _pool_padded(encoder: CharCNN, chars: torch.Tensor, used_width: int) -> torch.Tensor:
+    """The same ``(N, F)`` as :func:`_pool_per_width` by ONE convolution of every filter.
+
+    Each kernel is zero-padded on the right to the widest width w_max and all are stacked, so one
+    GEMM runs every width; the Conv1d's stay the parameters (the stacked weight is built here), so
+    checkpoints and bilm-tf imports are unchanged. The stacked filter slides over positions 0 to
+    ``used_width``: a narrower filter's positions past that are windows of tail only, copies of
+    the one at ``used_width``, and no max needs them. Where the trimmed width W' is less than
+    ``used_width + w_max`` (a token long enough that the tail was not cut), zero columns are
+    appended and a filter's positions past its own last one (W' − w) are masked before the max.
+    """
+    filters = encoder.config.char_cnn.filters
+    convolutions = [cast(nn.Conv1d, conv) for conv in encoder.convolutions]
+    weight = torch.cat(  # (F, E, w_max)
+        [
+            F.pad(conv.weight, (0, encoder.max_width - width))
+            for conv, (width, _) in zip(convolutions, filters, strict=True)
         ]
-        features = self.highway(torch.cat(pooled, dim=-1))  # (N, F)
-        return self.projection(features)  # (N, P)
+    )
+    bias = torch.cat([cast(torch.Tensor, conv.bias) for conv in convolutions])  # (F,)
+    missing = used_width + encoder.max_width - chars.shape[-1]  # columns past W'
+    out = F.conv1d(F.pad(chars, (0, missing)), weight, bias)  # (N, F, used_width + 1)
+    if missing > 0:
+        last = torch.tensor(  # (F,) each filter's last own position
+            [chars.shape[-1] - width for width, num in filters for _ in range(num)]
+        )
+        beyond = torch.arange(out.shape[-1]) > last[:, None]  # (F, used_width + 1)
+        out = out.masked_fill(beyond.to(out.device), float("-inf"))
+    return out.max(dim=-1).values  # (N, F)
 
 
-def _trim_tail(
-    char_ids: torch.Tensor, max_width: int, used_width: int | None = None
-) -> torch.Tensor:
+_POOLS = {"per_width": _pool_per_width, "padded": _pool_padded}
+
+
+def _trim_tail(char_ids: torch.Tensor, max_width: int, used_width: int) -> torch.Tensor:
     """``char_ids (N, W)`` cut to ``(N, W')``: the same pooled features for a fraction of the work.
 
     Past its last real char a token holds one id repeated (the pad char, or 0 for a padding
@@ -131,8 +176,7 @@ def _trim_tail(
     tail windows have equal inputs). Words are short (a handful of chars of 50), so this roughly
     halves the convolution work on real text.
     """
-    used = _used_width(char_ids) if used_width is None else used_width
-    return char_ids[:, : min(char_ids.shape[1], used + max_width)]  # (N, W')
+    return char_ids[:, : min(char_ids.shape[1], used_width + max_width)]  # (N, W')
 
 
 def _used_width(char_ids: torch.Tensor) -> int:

@@ -14,10 +14,11 @@ as with the reference loop.
 
 Where no gradient is taken (``no_grad``, ``inference_mode``: ``elmo embed``, the pyfunc models,
 evaluation), ``elmo::lstm_layer_inference`` runs the same steps keeping nothing: the state is
-updated in place and each step's cells in one scratch buffer. On the CPU it also leaves out the
-rows whose real tokens have all been read, as AllenNLP's ``LstmCellWithProjection`` does: rows
-sorted by their last real token, a step's GEMMs take only the rows still running, and the input
-GEMM only their positions, so the padding after a row's last token costs nothing.
+updated in place and each step's cells in one scratch buffer. On the CPU its ``k``-th step reads
+each row's ``k``-th real token, so a step runs only the rows with tokens left, none of them masked,
+as AllenNLP's ``LstmCellWithProjection`` leaves out the rows whose sentence has ended: the input
+GEMM takes only the real positions, padding costs nothing, and a step needs no mask (and, in
+float32, one sigmoid for the four gates).
 
 On CUDA, where triton imports, each step's pointwise work runs in the Triton kernels of
 :mod:`~elmo_core.model.lstm_triton` instead of a dozen torch ops: two kernels in the forward, one
@@ -439,41 +440,19 @@ def _lstm_layer_inference(
     cell_clip: float | None,
     proj_clip: float | None,
 ) -> Tensors3:
-    """The recurrence with nothing kept for a backward, each step on its running rows
-    (:func:`_running_rows`): returns outputs, h and c as ``elmo::lstm_layer`` does."""
-    outputs, final_h, final_c = _inference_buffers(inputs, h, c, input_weight, projection_weight)
-    dtype = input_weight.dtype
-    rows = _running_rows(mask)
-    positions = _take(_cast(inputs, dtype).flatten(-3, -2), rows.positions)  # (…, N, I)
-    gates = _add_product(bias, positions, input_weight)  # (…, N, 4H): the input GEMM, once
-    keep = _take(mask.flatten(-2).unsqueeze(-1), rows.positions).squeeze(-1)  # (…, N)
-    h_state, c_state = (_take(x, rows.order).to(final_c.dtype) for x in (h, c))  # sorted rows
-    cell, tanh_cell = torch.empty_like(c_state), torch.empty_like(c_state)  # (…, B, H)
-    hidden = torch.empty_like(c_state, dtype=dtype)  # (…, B, H)
-    projection = torch.empty_like(h_state, dtype=dtype)  # (…, B, P)
-    packed = gates.new_empty((*gates.shape[:-1], outputs.shape[-1]))  # (…, N, P)
-    steps = (
-        _Step(
-            gates=gates[..., start:end, :],
-            keep=keep[..., start:end],
-            h_prev=h_state[..., :running, :],  # the state updated in place
-            c_prev=c_state[..., :running, :],
-            h_next=h_state[..., :running, :],
-            c_next=c_state[..., :running, :],
-            cell=cell[..., :running, :],
-            tanh_cell=tanh_cell[..., :running, :],
-            hidden=hidden[..., :running, :],
-            projection=projection[..., :running, :],
-            output=packed[..., start:end, :],
-        )
-        for start, end, running in rows.slices()
-    )
-    on_triton = _steps_on_triton(gates, c_state)
-    _run_steps(steps, recurrent_weight, projection_weight, cell_clip, proj_clip, on_triton)
-    _put(outputs.zero_().flatten(-3, -2), rows.positions, packed)  # zero where no row ran
-    _put(final_h, rows.order, h_state)
-    _put(final_c, rows.order, c_state)
-    return outputs, final_h, final_c
+    """The recurrence with nothing kept for a backward: returns outputs, h and c as
+    ``elmo::lstm_layer`` does."""
+    layer = (inputs, mask, h, c, input_weight, recurrent_weight, bias, projection_weight)
+    results = _inference_buffers(inputs, h, c, input_weight, projection_weight)
+    if _every_step(inputs):
+        _infer_every_step(*layer, *results, cell_clip=cell_clip, proj_clip=proj_clip)
+    elif mask.dim() == 3 and _lengths_differ(mask):  # then each direction runs alone
+        for direction in range(mask.shape[0]):
+            parts = (x[direction] for x in (*layer, *results))
+            _infer_real_tokens(*parts, cell_clip=cell_clip, proj_clip=proj_clip)
+    else:
+        _infer_real_tokens(*layer, *results, cell_clip=cell_clip, proj_clip=proj_clip)
+    return results
 
 
 @_lstm_layer_inference.register_fake
@@ -492,13 +471,106 @@ def _(
     return _inference_buffers(inputs, h, c, input_weight, projection_weight)
 
 
+def _every_step(inputs: Tensor) -> bool:
+    """Whether every row runs every step, masked: on CUDA, where reading the rows' numbers of
+    tokens back would stall the queue of kernels, and a GEMM on fewer rows takes about as long.
+    (The parity tests patch this to run the Triton kernels on CPU under their interpreter.)"""
+    return inputs.is_cuda
+
+
+def _infer_every_step(
+    inputs: Tensor,
+    mask: Tensor,
+    h: Tensor,
+    c: Tensor,
+    input_weight: Tensor,
+    recurrent_weight: Tensor,
+    bias: Tensor,
+    projection_weight: Tensor,
+    outputs: Tensor,
+    final_h: Tensor,
+    final_c: Tensor,
+    *,
+    cell_clip: float | None,
+    proj_clip: float | None,
+) -> None:
+    """The training forward's steps into ``outputs``, ``final_h`` and ``final_c``, the state
+    updated in place and each step's cells in one scratch buffer."""
+    dtype = input_weight.dtype
+    steps_first = _cast(inputs, dtype).transpose(-3, -2).flatten(-3, -2)  # (…, T·B, I)
+    gates = _add_product(bias, steps_first, input_weight)  # (…, T·B, 4H): the input GEMM, once
+    final_h.copy_(h)
+    final_c.copy_(c)
+    cell, tanh_cell = torch.empty_like(final_c), torch.empty_like(final_c)  # (…, B, H)
+    hidden = torch.empty_like(final_c, dtype=dtype)  # (…, B, H)
+    projection = torch.empty_like(final_h, dtype=dtype)  # (…, B, P)
+    state = (final_h, final_c, final_h, final_c, cell, tanh_cell, hidden, projection)
+    steps = (
+        _Step(step_gates, keep, *state, output)
+        for step_gates, keep, output in zip(
+            gates.unflatten(-2, (inputs.shape[-2], -1)).unbind(-3),  # T × (…, B, 4H)
+            mask.unbind(-1),
+            outputs.unbind(-2),
+            strict=True,
+        )
+    )
+    on_triton = _steps_on_triton(gates, final_c)
+    _run_steps(steps, recurrent_weight, projection_weight, cell_clip, proj_clip, on_triton)
+
+
+def _infer_real_tokens(
+    inputs: Tensor,
+    mask: Tensor,
+    h: Tensor,
+    c: Tensor,
+    input_weight: Tensor,
+    recurrent_weight: Tensor,
+    bias: Tensor,
+    projection_weight: Tensor,
+    outputs: Tensor,
+    final_h: Tensor,
+    final_c: Tensor,
+    *,
+    cell_clip: float | None,
+    proj_clip: float | None,
+) -> None:
+    """Each step on the rows still running (:func:`_real_tokens`), none of them masked, the state
+    updated in place."""
+    dtype = input_weight.dtype
+    rows = _real_tokens(mask)
+    positions = _take(_cast(inputs, dtype).flatten(-3, -2), rows.positions)  # (…, N, I)
+    gates = _add_product(bias, positions, input_weight)  # (…, N, 4H): the input GEMM, once
+    h_state, c_state = (_take(x, rows.order).to(final_c.dtype) for x in (h, c))  # sorted rows
+    tanh_cell = torch.empty_like(c_state)  # (…, B, H)
+    hidden = torch.empty_like(c_state, dtype=dtype)  # (…, B, H)
+    packed = gates.new_empty((*gates.shape[:-1], outputs.shape[-1]))  # (…, N, P)
+    width = c.shape[-1]
+    for start, end, running in rows.slices():
+        step_gates = gates[..., start:end, :]  # (…, n, 4H)
+        h_prev, cell = h_state[..., :running, :], c_state[..., :running, :]
+        _accumulate(step_gates, _cast(h_prev, dtype), recurrent_weight)
+        in_gate, forget_gate, candidate, out_gate = _activate(step_gates, width)
+        cell.mul_(forget_gate).addcmul_(in_gate, candidate)
+        if cell_clip is not None:
+            cell.clamp_(-cell_clip, cell_clip)
+        hidden_now = hidden[..., :running, :]
+        torch.mul(out_gate, _tanh(cell, out=tanh_cell[..., :running, :]), out=hidden_now)
+        output = _product(hidden_now, projection_weight, out=packed[..., start:end, :])
+        if proj_clip is not None:
+            output.clamp_(-proj_clip, proj_clip)
+        h_prev.copy_(output)
+    _put(outputs.zero_().flatten(-3, -2), rows.positions, packed)  # zero where no row ran
+    _put(final_h, rows.order, h_state)
+    _put(final_c, rows.order, c_state)
+
+
 class _RunningRows(NamedTuple):
-    """Which rows each step of the inference op runs: the rows sorted by their last real step,
-    latest first, so that those still running at a step are the first few."""
+    """Which rows each step of the inference op runs: the rows sorted by their numbers of real
+    tokens, most first, so that those still running at a step are the first few."""
 
     order: Tensor  # (…, B) int64: the rows in that order
-    counts: list[int]  # per step, how many of them run (the most over the directions)
-    positions: Tensor  # (…, N) int64: step after step, the position b·T + t of each row run
+    counts: list[int]  # per step, how many of them run (the same in every direction)
+    positions: Tensor  # (…, N) int64: step after step, the position b·T + t each row reads
 
     def slices(self) -> Iterator[tuple[int, int, int]]:
         """Per step that runs rows: its span of the ``N`` positions, and how many rows."""
@@ -509,26 +581,31 @@ class _RunningRows(NamedTuple):
             start += running
 
 
-def _running_rows(mask: Tensor) -> _RunningRows:
-    """After its last real step a row only carries its state through, so no later step needs it.
-    On CUDA every row runs every step: reading the counts back would stall the queue of kernels,
-    and there a GEMM on fewer rows takes about as long."""
+def _real_tokens(mask: Tensor) -> _RunningRows:
+    """A masked step passes a row's state through unchanged, so the ``k``-th step may read each
+    row's ``k``-th real token, wherever it sits: a row then runs from the first step until its
+    tokens are read, never masked, as AllenNLP's ``LstmCellWithProjection`` leaves out the rows
+    whose sentence has ended. The directions' rows must have the same numbers of tokens, in some
+    order (:func:`_lengths_differ`)."""
     *lead, batch, steps = mask.shape
-    step_numbers = torch.arange(1, steps + 1, device=mask.device)  # (T,)
-    if mask.is_cuda or steps == 0:
-        order = torch.arange(batch, device=mask.device).expand(*lead, batch)  # (…, B)
-        counts = [batch] * steps
-    else:
-        ends = (mask * step_numbers).amax(-1)  # (…, B): one past each row's last real step
-        order = ends.argsort(dim=-1, descending=True, stable=True)  # (…, B)
-        per_step = (ends.unsqueeze(-1) >= step_numbers).sum(-2)  # (…, T)
-        counts = per_step.reshape(-1, steps).amax(0).tolist()
-    step_major = order.unsqueeze(-2) * steps + step_numbers.unsqueeze(-1) - 1  # (…, T, B)
-    if sum(counts) == batch * steps:  # every row runs every step (and nothing waits on CUDA)
-        return _RunningRows(order, counts, step_major.flatten(-2))
-    runs = torch.arange(batch) < torch.tensor(counts).unsqueeze(-1)  # (T, B)
-    picked = runs.flatten().nonzero().squeeze(-1)  # (N,)
-    return _RunningRows(order, counts, step_major.flatten(-2).index_select(-1, picked))
+    lengths = mask.sum(-1)  # (…, B)
+    order = lengths.argsort(dim=-1, descending=True, stable=True)  # (…, B)
+    sorted_lengths = lengths.gather(-1, order).reshape(-1, batch)[0]  # (B,), every direction's
+    counts = (sorted_lengths > torch.arange(steps).unsqueeze(-1)).sum(-1).tolist()  # (T,)
+    sorted_mask = mask.gather(-2, order.unsqueeze(-1).expand(*lead, batch, steps))  # (…, B, T)
+    rank = sorted_mask.cumsum(-1) - 1  # (…, B, T): which of its row's tokens each one is
+    row = torch.arange(batch).unsqueeze(-1)  # (B, 1)
+    read_at = torch.where(sorted_mask, rank * batch + row, batch * steps)  # (…, B, T), unique
+    picked = read_at.flatten(-2).argsort(-1)[..., : sum(counts)]  # (…, N)
+    position = order.unsqueeze(-1) * steps + torch.arange(steps)  # (…, B, T): b·T + t
+    return _RunningRows(order, counts, position.flatten(-2).gather(-1, picked))
+
+
+def _lengths_differ(mask: Tensor) -> bool:
+    """Whether the directions' rows ``mask (D, B, T)`` differ in their numbers of tokens, not
+    only in their order (then the steps' running rows differ too)."""
+    lengths = mask.sum(-1).sort(-1).values  # (D, B)
+    return not bool((lengths == lengths[:1]).all())
 
 
 def _inference_buffers(
@@ -597,6 +674,21 @@ def _tanh(x: Tensor, out: Tensor) -> Tensor:
     if x.is_cuda or x.dtype != torch.float32:
         return torch.tanh(x, out=out)
     return torch.sigmoid(torch.mul(x, 2.0, out=out), out=out).mul_(2.0).sub_(1.0)
+
+
+def _activate(gates: Tensor, width: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """σ(i), σ(f), tanh(g), σ(o) in place, as views of CPU ``gates (…, n, 4H)``; in float32, where
+    :func:`_tanh` takes ``tanh(g)`` as 2σ(2g) − 1, one sigmoid takes all four."""
+    in_gate, forget_gate, candidate, out_gate = gates.chunk(4, dim=-1)  # 4 × (…, n, H)
+    if candidate.dtype != torch.float32:
+        gates[..., : 2 * width].sigmoid_()
+        torch.tanh(candidate, out=candidate)
+        out_gate.sigmoid_()
+    else:
+        candidate.mul_(2.0)
+        gates.sigmoid_()
+        candidate.mul_(2.0).sub_(1.0)
+    return in_gate, forget_gate, candidate, out_gate
 
 
 def _clip(x: Tensor, clip: float | None) -> Tensor:

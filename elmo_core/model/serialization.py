@@ -17,7 +17,7 @@ import torch
 
 from elmo_core.config import ModelConfig
 from elmo_core.errors import WeightsError
-from elmo_core.files import atomic_write
+from elmo_core.location import atomic_write
 from elmo_core.model.bilm import BiLM
 
 CONFIG_FILE = "model_config.json"

@@ -49,8 +49,10 @@ class LogUniformSampler:
 
     def probability(self, ids: torch.Tensor) -> torch.Tensor:
         """``P(k)`` for each id, in float64 (the smallest is about ``1 / (V² log V)``)."""
-        ids = ids.to(torch.float64)
-        return torch.log1p(1.0 / (ids + 1.0)) / self._log_range
+        # in place on a float64 copy: one launch each on a GPU
+        return (
+            ids.to(torch.float64, copy=True).add_(1.0).reciprocal_().log1p_().div_(self._log_range)
+        )
 
     def draw(self, num_draws: int, generator: torch.Generator | None = None) -> torch.Tensor:
         """``num_draws`` ids drawn with replacement. → (num_draws,) int64."""
@@ -198,8 +200,9 @@ class _SampledCrossEntropy(torch.autograd.Function):
     Why a Function: autograd would keep the ``(N, 1+K)`` logits (and their softmax) for the
     backward. Here only each position's target logit and log-partition ``(N,)`` are saved, and
     the backward recomputes each chunk's candidate logits. Whatever is not ``K`` wide (target
-    logits, their gradients, the candidates' offsets) is computed once over all positions, so a
-    chunk adds a handful of ops: on a GPU each is a launch. Storing gradients from the forward
+    logits, their gradients) is computed once over all positions, and the candidates' cast rows and
+    offsets once a step (kept for the backward), so a chunk adds a handful of ops: on a GPU each
+    is a launch. Storing gradients from the forward
     instead is not possible: the candidate rows' and biases' gradients sum over positions weighted
     by the per-position ``grad_output``, so they need the ``(N, K)`` softmax until it is known.
     The recompute costs one more ``C × K × P`` GEMM per chunk (four softmax GEMMs instead of
@@ -225,8 +228,16 @@ class _SampledCrossEntropy(torch.autograd.Function):
         matmul_dtype: torch.dtype,
     ) -> torch.Tensor:
         num_positions = hidden.shape[0]
-        candidates = _Candidates.of(weights, biases, log_q, ids, num_positions, matmul_dtype)
-        target = _target_logits(hidden, weights, biases, log_q)  # (N,)
+        offsets = (
+            biases.float() - log_q
+        )  # (N+K,): each logit's correction, targets' and candidates'
+        candidates = _Candidates(
+            weights[num_positions:].to(matmul_dtype),
+            offsets[num_positions:],
+            ids[num_positions:].unsqueeze(0),
+        )
+        # every position's corrected target logit, in one pass (only (N, P) wide)
+        target = (hidden * weights[:num_positions]).sum(-1).float() + offsets[:num_positions]
         log_partition = torch.empty_like(target)  # (N,)
         for start in range(0, num_positions, chunk_size):
             end = min(start + chunk_size, num_positions)
@@ -235,23 +246,24 @@ class _SampledCrossEntropy(torch.autograd.Function):
             torch.logaddexp(
                 target[start:end], torch.logsumexp(candidate, dim=1), out=log_partition[start:end]
             )
-        ctx.save_for_backward(hidden, weights, biases, log_q, ids, target, log_partition)
-        ctx.chunk_size, ctx.matmul_dtype = chunk_size, matmul_dtype
+        ctx.save_for_backward(
+            hidden, weights, ids, target, log_partition, candidates.rows, candidates.offsets
+        )
+        ctx.chunk_size, ctx.matmul_dtype, ctx.bias_dtype = chunk_size, matmul_dtype, biases.dtype
         return log_partition - target
 
     @staticmethod
     def backward(  # type: ignore[override]
         ctx: Any, grad_output: torch.Tensor
     ) -> tuple[torch.Tensor | None, ...]:
-        hidden, weights, biases, log_q, ids, target, log_partition = ctx.saved_tensors
+        hidden, weights, ids, target, log_partition, rows, offsets = ctx.saved_tensors
         num_positions, matmul_dtype = hidden.shape[0], ctx.matmul_dtype
-        candidates = _Candidates.of(weights, biases, log_q, ids, num_positions, matmul_dtype)
+        candidates = _Candidates(rows, offsets, ids[num_positions:].unsqueeze(0))
         scale = grad_output.float()  # (N,)
         # softmax minus one-hot (target at 0), times the position's incoming gradient
-        grad_target = (torch.exp(target - log_partition) - 1.0) * scale  # (N,)
+        grad_target = torch.expm1(target - log_partition).mul_(scale)  # (N,)
         grad_hidden = (grad_target.unsqueeze(1) * weights[:num_positions]).to(hidden.dtype)
-        candidate_rows_sum = weights.new_zeros(candidates.rows.shape, dtype=torch.float32)  # (K, P)
-        candidate_bias_sum = biases.new_zeros(candidates.rows.shape[:1], dtype=torch.float32)
+        sums: list[torch.Tensor] = []  # the candidates' rows (K, P) and biases (K,), float32
         for start in range(0, num_positions, ctx.chunk_size):
             end = min(start + ctx.chunk_size, num_positions)
             chunk_hidden = hidden[start:end]  # (C, P)
@@ -262,47 +274,28 @@ class _SampledCrossEntropy(torch.autograd.Function):
                 .mul_(scale[start:end].unsqueeze(1))
             )  # (C, K)
             grad_candidate_mm = grad_candidate.to(matmul_dtype)  # (C, K)
-            grad_hidden[start:end] += (grad_candidate_mm @ candidates.rows).to(hidden.dtype)
-            candidate_rows_sum += (grad_candidate_mm.t() @ chunk_hidden.to(matmul_dtype)).float()
-            candidate_bias_sum += grad_candidate.sum(0)
+            grad_hidden[start:end].add_((grad_candidate_mm @ candidates.rows).to(hidden.dtype))
+            chunk_sums = [
+                (grad_candidate_mm.t() @ chunk_hidden.to(matmul_dtype)).float(),
+                grad_candidate.sum(0),
+            ]  # fresh tensors: the first chunk's are the sums (no zero-fill)
+            if sums:
+                torch._foreach_add_(sums, chunk_sums)
+            else:
+                sums = chunk_sums
         grad_weights = torch.cat(
-            [grad_target.unsqueeze(1) * hidden, candidate_rows_sum.to(weights.dtype)]
+            [grad_target.unsqueeze(1) * hidden, sums[0].to(weights.dtype)]
         )  # (N+K, P)
-        grad_biases = torch.cat([grad_target, candidate_bias_sum]).to(biases.dtype)  # (N+K,)
+        grad_biases = torch.cat([grad_target, sums[1]]).to(ctx.bias_dtype)  # (N+K,)
         return grad_hidden, grad_weights, grad_biases, None, None, None, None
 
 
-def _target_logits(
-    hidden: torch.Tensor, weights: torch.Tensor, biases: torch.Tensor, log_q: torch.Tensor
-) -> torch.Tensor:
-    """Every position's corrected target logit, in one pass (only ``(N, P)`` wide). → (N,)"""
-    num_positions = hidden.shape[0]
-    target = (hidden * weights[:num_positions]).sum(-1).float()  # (N,)
-    return target + biases[:num_positions].float() - log_q[:num_positions]
-
-
 class _Candidates(NamedTuple):
-    """What every chunk's candidate logits share, sliced and cast once per pass."""
+    """What every chunk's candidate logits share, sliced and cast once a step."""
 
     rows: torch.Tensor  # (K, P) in the matmul dtype
     offsets: torch.Tensor  # (K,) float32: bias − log expected count
     ids: torch.Tensor  # (1, K)
-
-    @classmethod
-    def of(
-        cls,
-        weights: torch.Tensor,
-        biases: torch.Tensor,
-        log_q: torch.Tensor,
-        ids: torch.Tensor,
-        num_positions: int,
-        matmul_dtype: torch.dtype,
-    ) -> _Candidates:
-        return cls(
-            weights[num_positions:].to(matmul_dtype),
-            biases[num_positions:].float() - log_q[num_positions:],
-            ids[num_positions:].unsqueeze(0),
-        )
 
     def logits(self, chunk: torch.Tensor, chunk_ids: torch.Tensor) -> torch.Tensor:
         """A chunk's corrected candidate logits, the accidental hits at the float32 minimum.
@@ -390,14 +383,10 @@ class SampledSoftmax(nn.Module):
         candidates, num_tries = drawn.ids.to(targets.device, non_blocking=True), drawn.num_tries
         if isinstance(num_tries, torch.Tensor):
             num_tries = num_tries.to(targets.device, non_blocking=True)
-        return self.sampled_loss(
-            hidden,
-            targets,
-            candidates,
-            self.sampler.expected_count(targets, num_tries),  # (N,)
-            self.sampler.expected_count(candidates, num_tries),  # (K,)
-            rows,
-        )
+        target_counts, candidate_counts = self.sampler.expected_count(
+            torch.cat([targets, candidates]), num_tries
+        ).split([targets.numel(), candidates.numel()])  # (N,), (K,): one set of launches
+        return self.sampled_loss(hidden, targets, candidates, target_counts, candidate_counts, rows)
 
     def sampled_loss(
         self,
@@ -424,7 +413,7 @@ class SampledSoftmax(nn.Module):
         if rows is None:
             rows = self.gather_rows(torch.unique(ids))
         weights, biases = rows.select(ids)  # (N+K, P), (N+K,)
-        log_q = torch.cat([target_counts.log().float(), candidate_counts.log().float()])  # (N+K,)
+        log_q = torch.cat([target_counts, candidate_counts]).log().float()  # (N+K,)
         loss: torch.Tensor = _SampledCrossEntropy.apply(
             hidden,
             weights,

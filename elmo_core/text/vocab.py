@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from elmo_core.errors import DataError
-from elmo_core.files import open_url
+from elmo_core.location import open_url
 from elmo_core.text.char_ids import BOS_TOKEN, EOS_TOKEN, UNK_TOKEN
 
 SPECIALS = (BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)

@@ -99,13 +99,17 @@ def exchange_softmax_gradients(
         assert bias_rows.shape == indices.shape, "the softmax's weight and bias rows differ"
     else:
         bias_rows = bias.grad[indices]
+    world_size = dist.get_world_size() if _distributed() else 1
+    if world_size == 1:  # the average is the gradient: no packing
+        weight.grad = _sparse_rows(indices, local.values(), (num_classes, dim))
+        bias.grad = _sparse_rows(indices, bias_rows, (num_classes,))
+        return 0
     packed = torch.cat([local.values(), bias_rows.unsqueeze(1)], dim=1)  # (R, P+1)
     ids, rows = exchange_rows(indices, packed, num_classes)
-    weight.grad = _sparse_rows(ids, rows[:, :dim], (num_classes, dim))
-    bias.grad = _sparse_rows(ids, rows[:, dim], (num_classes,))
-    world_size = dist.get_world_size() if _distributed() else 1
-    if world_size == 1:
-        return 0
+    # contiguous values: a strided column would send the clip's and Adagrad's multi-tensor ops
+    # down their one-tensor-at-a-time path on a GPU
+    weight.grad = _sparse_rows(ids, rows[:, :dim].contiguous(), (num_classes, dim))
+    bias.grad = _sparse_rows(ids, rows[:, dim].contiguous(), (num_classes,))
     return packed.shape[0] * (packed.element_size() * packed.shape[1] + indices.element_size())
 
 
@@ -134,24 +138,25 @@ def clip_global_norm(parameters: Iterable[nn.Parameter], max_norm: float) -> tor
     The norm is over every gradient, sparse ones by their (coalesced) stored rows; returns the norm
     before clipping, as a 0-dim float32 tensor on the gradients' device: nothing waits for the GPU
     here (the scale is always applied; it is exactly 1 when the norm is within ``max_norm``). Run
-    it after the exchange, so every worker clips the same averaged gradient. The dense gradients
-    go through two multi-tensor ops (``_foreach_norm``, ``_foreach_mul_``) rather than a few ops
-    per parameter: on a GPU that is two launches where there were ~170 at ``original`` size.
+    it after the exchange, so every worker clips the same averaged gradient. Every gradient, dense
+    or a sparse one's stored rows (scaled in place), goes through two multi-tensor ops
+    (``_foreach_norm``, ``_foreach_mul_``) rather than a few ops per parameter: on a GPU that is
+    two launches where there were ~170 at ``original`` size.
     """
     with_grads = [p for p in parameters if p.grad is not None]
     if not with_grads:
         return torch.zeros(())
-    grads = [p.grad for p in with_grads if p.grad is not None]
-    dense = [g for g in grads if not g.is_sparse]
-    stored = [g.coalesce().values() for g in grads if g.is_sparse]
-    norms = torch._foreach_norm(dense + stored)  # one 0-dim norm per gradient
-    norm = torch.linalg.vector_norm(torch.stack(norms).float())
-    scale = (max_norm / norm).clamp(max=1.0)  # a zero norm gives inf, clamped to 1
-    for dtype in {g.dtype for g in dense}:
-        torch._foreach_mul_([g for g in dense if g.dtype == dtype], scale.to(dtype))
     for parameter in with_grads:
         if parameter.grad is not None and parameter.grad.is_sparse:
-            parameter.grad = parameter.grad * scale.to(parameter.grad.dtype)
+            parameter.grad = parameter.grad.coalesce()  # itself when coalesced: no work
+    stored = [  # each gradient's stored values: a sparse one's rows are a view of it
+        g.values() if g.is_sparse else g for g in (p.grad for p in with_grads) if g is not None
+    ]
+    norms = torch._foreach_norm(stored)  # one 0-dim norm per gradient
+    norm = torch.linalg.vector_norm(torch.stack(norms).float())
+    scale = (max_norm / norm).clamp(max=1.0)  # a zero norm gives inf, clamped to 1
+    for dtype in {g.dtype for g in stored}:
+        torch._foreach_mul_([g for g in stored if g.dtype == dtype], scale.to(dtype))
     return norm
 
 

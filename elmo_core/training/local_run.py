@@ -9,7 +9,7 @@ import torch
 
 from elmo_core.data.reader import load_manifest, load_word_types
 from elmo_core.threads import fewer_threads_under_load
-from elmo_core.training.batches import CandidateSpec, StepBatches, StreamSpec
+from elmo_core.training.loop import carried_steps, step_batches, training_streams
 from elmo_core.training.step import StepResult, TrainingStep
 
 STREAM_SEEDS = (1, 2)  # forward, backward
@@ -24,25 +24,10 @@ def step_results(
     threads while the machine is oversubscribed. Closing the iterator stops the loader."""
     manifest = load_manifest(dataset_url)
     table = load_word_types(dataset_url, manifest).char_ids
-    draw = CandidateSpec(manifest.vocab.size, step.bilm.config.num_samples)
-    rows, unroll = step.train.batch_size, step.train.unroll_steps
-    forward, backward = (
-        StreamSpec(dataset_url, rows, unroll, 0, 1, reverse, seed, candidates=draw)
-        for reverse, seed in zip((False, True), STREAM_SEEDS, strict=True)
-    )
-    state = None
+    streams = training_streams(step, dataset_url, manifest, STREAM_SEEDS)
     with (
         fewer_threads_under_load(),
-        StepBatches(
-            (forward, backward),
-            manifest,
-            table,
-            workers=workers,
-            pin_memory=device.type == "cuda",
-            shape_buckets=step.train.shape_buckets,
-        ) as batches,
+        step_batches(step, streams, manifest, table, device, workers=workers) as batches,
     ):
-        for batch in batches:
-            result = step(**batch.step_arguments(device), state=state)
-            state = result.state
+        for _, result in carried_steps(step, batches, device):
             yield result

@@ -4,8 +4,9 @@
 squared values, the update), work that sorts on the GPU and makes the host wait for its result,
 and a single sparse gradient sends every parameter of its group down its one-tensor-at-a-time path.
 The softmax's gradients arrive coalesced already (their rows are known ahead, sorted and distinct:
-:class:`~elmo_core.model.softmax.SoftmaxRows`), so here each is three dense row operations, and
-the dense gradients are applied together by ``torch._foreach_*`` ops. Nothing reads a value
+:class:`~elmo_core.model.softmax.SoftmaxRows`), so here each is read and written by row
+(``index_select``, ``index_copy_``, ``index_add_``), and the elementwise work of every gradient,
+dense or rows, runs in ``torch._foreach_*`` ops (one launch for many tensors). Nothing reads a value
 back, and nothing changes between steps but tensors on the parameters' device (the step counts
 included, where torch's Adagrad keeps them on the host and reads each back to scale its learning
 rate), so a captured CUDA graph of the step replays it exactly. The state (``sum``, ``step``) is
@@ -15,6 +16,7 @@ torch's, so a checkpoint of one loads into the other.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -36,13 +38,14 @@ class RowSparseAdagrad(torch.optim.Adagrad):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        """Sparse gradients by row, dense ones together: ``sum += g²``, ``p −= lr · g /
-        (√sum + eps)`` (as torch's Adagrad computes it)."""
+        """``sum += g²``, ``p −= lr · g / (√sum + eps)`` (as torch's Adagrad computes it, dense and
+        sparse), on the sparse gradients' rows only; the elementwise work of every gradient, dense
+        ones and sparse ones' rows, in one multi-tensor op each."""
         if closure is not None:
             raise ValueError("RowSparseAdagrad takes no closure")
         for group in self.param_groups:
             lr, eps = group["lr"], group["eps"]
-            params, grads, sums, steps = [], [], [], []
+            params, grads, sums, steps, rows = [], [], [], [], []
             for parameter in group["params"]:
                 grad = parameter.grad
                 if grad is None:
@@ -52,26 +55,41 @@ class RowSparseAdagrad(torch.optim.Adagrad):
                     state["step"] = state["step"].to(parameter.device)
                 steps.append(state["step"])
                 if grad.is_sparse:
-                    self._update_rows(parameter, grad.coalesce(), state["sum"], lr, eps)
+                    rows.append(_Rows(parameter, grad.coalesce(), state["sum"]))
                 else:
                     params.append(parameter)
                     grads.append(grad)
                     sums.append(state["sum"])
-            if steps:
-                torch._foreach_add_(steps, 1)
+            if not steps:
+                continue
+            torch._foreach_add_(steps, 1)
+            row_sums = [row.sum.index_select(0, row.ids) for row in rows]  # their accumulators
+            values = grads + [row.values for row in rows]
+            torch._foreach_addcmul_(sums + row_sums, values, values)
+            std = torch._foreach_sqrt(sums + row_sums)
+            torch._foreach_add_(std, eps)
             if params:
-                torch._foreach_addcmul_(sums, grads, grads, value=1)
-                std = torch._foreach_add(torch._foreach_sqrt(sums), eps)
-                torch._foreach_addcdiv_(params, torch._foreach_mul(grads, -lr), std)
+                torch._foreach_addcdiv_(params, grads, std[: len(params)], value=-lr)
+            if rows:
+                updates = torch._foreach_div(values[len(params) :], std[len(params) :])
+                for row, row_sum, update in zip(rows, row_sums, updates, strict=True):
+                    row.sum.index_copy_(0, row.ids, row_sum)
+                    row.parameter.index_add_(0, row.ids, update, alpha=-lr)
         return None
 
-    @staticmethod
-    def _update_rows(
-        parameter: nn.Parameter, grad: torch.Tensor, sum_: torch.Tensor, lr: float, eps: float
-    ) -> None:
-        """The update on the gradient's rows only (as torch's sparse Adagrad computes it).
-        ``grad`` is coalesced: its rows are distinct."""
-        ids, values = grad.indices()[0], grad.values()  # (R,), (R, ...)
-        sums = sum_.index_select(0, ids).addcmul_(values, values)  # (R, ...)
-        sum_.index_copy_(0, ids, sums)
-        parameter.index_add_(0, ids, values / sums.sqrt().add_(eps), alpha=-lr)
+
+class _Rows(NamedTuple):
+    """A sparse gradient's rows, its parameter's and its accumulator's (``grad`` coalesced: its
+    rows are distinct)."""
+
+    parameter: nn.Parameter
+    grad: torch.Tensor
+    sum: torch.Tensor
+
+    @property
+    def ids(self) -> torch.Tensor:
+        return self.grad.indices()[0]  # (R,)
+
+    @property
+    def values(self) -> torch.Tensor:
+        return self.grad.values()  # (R, ...)

@@ -1,26 +1,10 @@
 """What an adapt run records in MLflow: its inputs, curves, final scores, the task model.
 
-One name per quantity, inside one ``adapt`` run (``<metric>`` is the task's main score, ``f1``
-or ``accuracy``), each under ``task/``: the MLflow UI orders chart sections by name, and the
-biLM's training curves (``bilm/...``) come first:
-
-- per epoch (step = epoch): ``task/elmo/train_loss``, ``task/elmo/dev_<metric>``,
-  ``task/elmo/mix_weight_<j>`` and ``task/elmo/gamma`` (``task/elmo/output_*`` too when the head
-  also mixes ELMo at its output); ``task/baseline/train_loss``, ``task/baseline/dev_<metric>``;
-- final, a few single values, linked to the logged task model: ``task/elmo/best_dev_<metric>``
-  (the dev score of the epoch kept), ``task/elmo/test_<metric>``, the same under
-  ``task/baseline/``, and ``task/gain/dev_<metric>``, ``task/gain/test_<metric>`` (ELMo −
-  baseline), all of the first seed's models (the one registered, whose curves are logged); over
-  every seed, the main score on test (dev without a test split) as
-  ``task/elmo/test_<metric>_mean`` and ``_spread``, the same under ``task/baseline/``, and
-  ``task/gain/test_<metric>_mean``;
-- everything else is in ``scores.json``: every score of both models on dev and test (precision,
-  recall, accuracy, per-type F1), the epochs kept, the learned mix at the kept epoch, each
-  seed's main scores and the seconds each part took.
-
-Params are the task config's fields that apply to its format and type (``config.json`` holds it
-whole), plus the biLM and the device; the task's files are the run's datasets. Figures and
-tables are :mod:`pipelines.adapt.figures` and :mod:`pipelines.adapt.error_analysis`.
+Every metric of the one ``adapt`` run sits under ``task/`` (MLflow orders chart sections by name,
+so the biLM's ``bilm/...`` come first): per-epoch curves and final scores under ``task/elmo/``,
+``task/baseline/`` and ``task/gain/`` (ELMo − baseline), of the first seed's models, plus
+``_mean`` and ``_spread`` over seeds; every other score goes to ``scores.json``. Params are the task
+config's fields that apply to its format and type (``config.json`` holds it whole).
 """
 
 from __future__ import annotations
@@ -31,7 +15,7 @@ from pathlib import Path
 
 import mlflow
 
-from elmo_core.files import sha256_file
+from elmo_core.location import sha256_file
 from elmo_core.tasks.config import SPLITS, TaskConfig
 from elmo_core.tasks.dataset import PairExample
 from elmo_core.tasks.seeds import Scores

@@ -1,16 +1,10 @@
 """``elmo embed --format hdf5``: the shards gathered into one file laid out as AllenNLP's
 ``elmo`` command wrote it, so the code that reads those files reads this one.
 
-AllenNLP (``allennlp/commands/elmo.py``, ``embed_file``) writes one dataset per sentence, named
-by the sentence's index as a string, of shape ``(3, num_tokens, 1024)`` with ``--all`` and
-``(num_tokens, 1024)`` with ``--top`` or ``--average``; then a dataset ``sentence_to_index`` of
-shape ``(1,)`` and variable-length string type holding ``json.dumps`` of a dict from each
-sentence (its stripped line) to its index string, the last one winning for a repeated sentence.
-Here the index is the sentence id (its input line), the shapes are ``(L, T, 2P)``, ``(T, 2P)``,
-or ``(2P,)`` for ``mean``, and the dtype is ``--dtype`` (AllenNLP wrote float32).
-
-The file is written by the driver once every shard exists, under a temporary name and renamed
-(or sent as one object), so it is there whole or not at all.
+As AllenNLP's ``embed_file``: a dataset per sentence named by its id as a string, and
+``sentence_to_index``, a ``(1,)`` string dataset holding the JSON map from each stripped line to
+its id (the last wins for a repeated line). Shapes are ``(L, T, 2P)``, ``(T, 2P)`` or ``(2P,)``,
+in ``--dtype``. Written once every shard exists, under a temporary name then renamed.
 """
 
 from __future__ import annotations
@@ -56,4 +50,4 @@ def write_hdf5(
             index[0] = json.dumps(sentence_to_index)
 
     out.write(HDF5_FILE, write)
-    return out.location(HDF5_FILE)
+    return out.join(HDF5_FILE)

@@ -1,24 +1,11 @@
 """The embed stage: a corpus or task dataset → ELMo vectors per sentence, on Ray Data.
 
-    elmo embed --bilm URI_OR_PATH --input FILE_OR_DIR_OR_URL --out DIR_OR_URL
-               [--output all|top|mix|mean] [--format parquet|hdf5] [--dtype float16|float32]
-               [--batch-size N] [--concurrency N] [--sentences-per-shard N]
-               [--tokenized | --manifest FILE]
-    python -m pipelines.embed ...                               # the same main (ray job submit)
-    embed(bilm, input, out, ...) -> EmbedResult                 # what flows call
-
-AllenNLP's ``elmo`` command and bilm-tf's ``dump_bilm_embeddings`` embedded a file on one
-process; here the lines are cut into chunks that an actor pool embeds (:mod:`.workers`). The
-input is one sentence per line: raw text tokenized as the biLM's pretraining data was (the
-tokenizer of a registered biLM's manifest, or of ``--manifest``), or with ``--tokenized`` lines
-already tokenized, split on whitespace. Empty lines are skipped and counted (:mod:`.inputs`).
-Everything a user can get wrong — the biLM, the tokenizer, the input (a line that is not UTF-8
-is named by file and line), the output directory — is checked in the driver before Ray starts.
-
-Output: ``out/part-NNNNNN.parquet``, one shard per chunk (:mod:`.shards`), or with ``--format
-hdf5`` one ``out/embeddings.hdf5`` in AllenNLP's layout (:mod:`.hdf5`), gathered from the shards,
-which are then removed. Running the same command again skips every shard that exists, so a killed
-run resumes where it stopped; the run is tracked as an MLflow ``embed`` run.
+AllenNLP's ``elmo`` command embedded a file on one process; here chunks of lines go to an actor
+pool (:mod:`.workers`). Lines are tokenized as the biLM's pretraining text was (split on whitespace
+with ``--tokenized``); everything a user can get wrong is checked in the driver before Ray starts.
+Output: a Parquet shard per chunk (:mod:`.shards`) or, with ``--format hdf5``, AllenNLP's layout
+(:mod:`.hdf5`); a rerun skips the shards that exist, so a killed run resumes. The run is tracked
+as an MLflow ``embed`` run.
 """
 
 from __future__ import annotations
@@ -265,12 +252,12 @@ def _finish(target: EmbeddingsDir, plan: InputPlan, output: Output, format: Form
     removed: the file holds all they did)."""
     shards = [shard_name(chunk.index) for chunk in plan.chunks]
     if format == "parquet":
-        return [target.location(name) for name in shards]
+        return [target.join(name) for name in shards]
     if not target.exists(HDF5_FILE):
         write_hdf5(target, shards, output, plan.num_sentences)
     for name in set(shards) & set(target.names()):
         target.remove(name)
-    return [target.location(HDF5_FILE)]
+    return [target.join(HDF5_FILE)]
 
 
 def _log_counts(result: EmbedResult, embed_seconds: float) -> None:

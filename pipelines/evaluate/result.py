@@ -11,7 +11,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from elmo_core.errors import DataError
-from elmo_core.files import atomic_write
+from elmo_core.location import atomic_write
 from elmo_core.perplexity import Protocol
 
 

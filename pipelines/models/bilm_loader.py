@@ -1,30 +1,18 @@
 """The one way to name and load a biLM: ``train --init-from``, ``evaluate --checkpoint``, ``adapt
 --bilm``, registration and the pyfunc models all come here.
 
-    resolve_bilm("runs/bilm-3f2a")                          # model, checkpoint or run directory
-    resolve_bilm("s3://bucket/runs/bilm-3f2a/model")        # the same on any fsspec filesystem
-    resolve_bilm("weights.hdf5", options="options.json")    # a bilm-tf release (DESIGN.md §3)
-    resolve_bilm("models:/elmo-bilm@champion")              # a registered version (alias or number)
-    resolve_bilm("runs:/<run id>/bilm")                     # MLflow artifacts holding a biLM
-    load_bilm(reference, workdir) -> LoadedBiLM             # wherever the weights are needed
-
-Two steps, because the weights are often needed elsewhere than where the source was named (train's
-Ray workers, evaluate's and adapt's Ray tasks). The driver calls :func:`resolve_bilm`: a relative
-path becomes absolute, the source must exist (a bad one fails before any job starts, as a
-WeightsError naming it), and it is pinned — an alias becomes the version it points to *now*, a run
-directory its latest checkpoint — so every process loads the same weights even if the alias moves
-meanwhile. The :class:`BiLMReference` crosses the Ray boundary as a typed record and carries the
-tracking store it was pinned in. :func:`load_bilm` then gives the biLM, a local directory in our
-format (the artifact a task model carries) and, when the source knows it, the tokenizer its
-pretraining text went through. A run using a biLM is tagged with :attr:`BiLMReference.tags`.
-
-Remote directories are read with fsspec: a model directory or a checkpoint (``model/`` inside);
-finding the latest checkpoint of a run directory needs a local one.
+Two steps, because the weights are often needed elsewhere than where they were named (Ray workers
+and tasks): the driver's :func:`resolve_bilm` checks the source and pins it (an alias to the
+version it names now, a run directory to its latest checkpoint) as a :class:`BiLMReference`, so
+every process loads the same weights; :func:`load_bilm` loads it wherever it lands. Sources: a
+model or checkpoint directory (local or fsspec), a local run directory, a bilm-tf release,
+``models:/`` and ``runs:/`` URIs (docs/registry.md, "Naming a biLM").
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shutil
 import tempfile
@@ -39,12 +27,15 @@ from mlflow.exceptions import MlflowException
 from mlflow.models import Model
 from pydantic import BaseModel, ConfigDict
 
+from elmo_core.config import ModelConfig
 from elmo_core.data.manifest import join_url
 from elmo_core.errors import ConfigError, WeightsError
 from elmo_core.model import serialization
 from elmo_core.model.bilm import BiLM
 from elmo_core.model.serialization import CONFIG_FILE, MODEL_DIR, WEIGHTS_FILE, find_model_dir
 from pipelines.common.tracking import use_tracking
+
+log = logging.getLogger(__name__)
 
 SOURCE_HELP = (
     "biLM: model, checkpoint or run directory (local or fsspec URL), bilm-tf HDF5 (with its "
@@ -128,6 +119,42 @@ def load_bilm(reference: BiLMReference, workdir: Path | None = None) -> LoadedBi
     assert reference.options is not None  # resolve_bilm requires them
     bilm = load_bilm_tf(reference.options, reference.location).eval()
     return LoadedBiLM(bilm=bilm, model_dir=serialization.save_bilm(bilm, scratch / BILM_ARTIFACT))
+
+
+def initial_bilm(config: ModelConfig, vocab_size: int, source: BiLMReference | None) -> BiLM:
+    """A fresh biLM, or one holding the weights of ``source`` (continued pretraining).
+
+    The token encoder and LSTMs must match ``config`` in shape; the softmax is kept only when the
+    source has one of ``vocab_size`` rows (a new vocabulary starts from a new softmax).
+    """
+    bilm = BiLM(config, vocab_size)
+    if source is None:
+        return bilm
+    with tempfile.TemporaryDirectory(prefix="elmo-init-from-") as scratch:
+        start = load_bilm(source, Path(scratch)).bilm
+    state = start.state_dict()
+    if start.vocab_size != vocab_size:
+        log.warning(
+            "softmax re-initialised: %s has vocabulary size %s, the dataset %d",
+            source.location,
+            start.vocab_size,
+            vocab_size,
+        )
+        state = {k: v for k, v in state.items() if not k.startswith("softmax.")}
+    try:
+        missing, unexpected = bilm.load_state_dict(state, strict=False)
+    except RuntimeError as err:
+        raise WeightsError(
+            f"weights do not fit the model config: {err}", path=source.location
+        ) from None
+    missing = [name for name in missing if not name.startswith("softmax.")]
+    if missing or unexpected:
+        raise WeightsError(
+            f"weights do not fit the model config: missing {missing[:5]}, unexpected "
+            f"{unexpected[:5]}",
+            path=source.location,
+        )
+    return bilm
 
 
 def manifest_tokenizer(manifest_file: Path) -> dict[str, Any] | None:

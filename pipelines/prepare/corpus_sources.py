@@ -1,29 +1,11 @@
 """Where a corpus comes from: local files, the 1B Word Benchmark tarball, a URL, the bundled sample.
 
-:func:`locate_corpus` turns what the user gave (``--corpus``) into a sorted list of local train and
-heldout files that the prepare stage reads; everything remote or archived is materialised under
-``cache_dir`` first, and every step that writes there is atomic (temporary name, then rename), so an
-interrupted run leaves nothing that a later run could mistake for finished work.
-
-Accepted inputs:
-
-* ``"python-docs"``: the bundled sample corpus (:mod:`pipelines.prepare.sample_corpus`),
-  format ``text``.
-* Format ``1b-benchmark`` (Chelba et al. 2013, as published): the tarball
-  ``1-billion-word-language-modeling-benchmark-r13output.tar.gz`` as a local path, an http(s) URL
-  (downloaded with resume, see :mod:`pipelines.prepare.download`) or another fsspec URL, or an
-  already extracted directory. Train = ``training-monolingual.tokenized.shuffled/news.en-*-of-*``,
-  heldout =
-  ``heldout-monolingual.tokenized.shuffled/news.en.heldout-*-of-*``. ``heldout_files`` (names or
-  globs, matched against the file name or full path) selects a subset of the heldout files, e.g.
-  ``["news.en.heldout-00000-of-00050"]``, the community's standard test file.
-* Formats ``text`` (raw text) and ``tokenized`` (one sentence per line, tokens separated by
-  whitespace): they differ only in their tokenizer, so they are found the same way: a file, a
-  directory (all regular files below it, recursively, skipping hidden files and directories, i.e.
-  names starting with ``.``), or a glob (``**`` allowed); or a remote fsspec URL of any of those
-  (``s3://bucket/prefix/``), mirrored into ``cache_dir`` first. ``heldout_files`` (paths or globs;
-  relative ones are tried against the working directory, then the corpus directory) are taken out
-  of the training files and returned as heldout.
+:func:`locate_corpus` turns ``--corpus`` into sorted local train and heldout file lists: the sample
+``"python-docs"`` (:mod:`pipelines.prepare.sample_corpus`); for format ``1b-benchmark`` the
+published tarball, its URL or its extracted directory; for ``text`` and ``tokenized`` a file,
+directory, glob or fsspec URL. ``heldout_files`` picks the heldout files (for ``text`` and
+``tokenized`` out of the training files). Remote or archived inputs are materialised under
+``cache_dir`` atomically (temporary name, then rename), so nothing half-written looks finished.
 """
 
 from __future__ import annotations
@@ -47,13 +29,13 @@ from typing import BinaryIO, cast
 from elmo_core.config import CorpusFormat
 from elmo_core.errors import ConfigError, DataError
 from pipelines.common.console_progress import ProgressBar, console_progress
+from pipelines.common.locations import is_remote_url
 from pipelines.prepare.download import (
     COMPLETE_MARKER,
     cache_entry_dir,
     download,
     fetch_file,
     is_http_url,
-    is_remote_url,
     mirror_remote,
     publish_dir,
     url_file_name,

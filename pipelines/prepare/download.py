@@ -1,16 +1,10 @@
 """Fetching remote corpus files into the local cache: resumable HTTP(S), and other fsspec URLs.
 
-The file grows as ``<name>.part`` next to its final name and is renamed only once it is complete
-and verified, so an existing final file is always a whole one. An interrupted download (a dropped
-connection, a killed process) continues where it stopped with an HTTP ``Range`` request; a server
-that ignores ranges answers 200 and the download starts over. Completeness is checked against the
-size the server announced (``Content-Length`` / ``Content-Range``) and, when configured, against a
-sha256 digest: a mismatch removes the bad file and raises :class:`~elmo_core.errors.DataError`.
-(The 1B Word Benchmark tarball is 1.7 GB: resuming matters.)
-
-Other fsspec URLs (``s3://``, ``gs://``, ``memory://``) are copied with fsspec, a single file to a
-``.part`` then renamed, a directory or glob into a temporary directory that is renamed into place
-with a :data:`COMPLETE_MARKER` inside; re-runs reuse what is complete.
+A download grows as ``<name>.part`` and is renamed once complete and verified (the announced size,
+and a sha256 when configured: a mismatch is a DataError), so a final name is always a whole file;
+an interrupted one resumes by HTTP ``Range`` (the 1B Word Benchmark tarball is 1.7 GB). Other
+fsspec URLs (``s3://``, ``gs://``) are copied the same way, a directory or glob into a temporary
+directory renamed into place with a :data:`COMPLETE_MARKER`; re-runs reuse what is complete.
 """
 
 from __future__ import annotations
@@ -30,6 +24,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO, BinaryIO
 
 from elmo_core.errors import DataError
+from elmo_core.location import sha256_file
 from pipelines.common.console_progress import console_progress
 
 CHUNK_BYTES = 1 << 20
@@ -165,7 +160,7 @@ def _range_total(content_range: str | None) -> int | None:
 
 def verify_sha256(path: Path, expected: str, *, remove: bool = False) -> None:
     """Compare the file's sha256 with ``expected``; on a mismatch (``remove`` it and) raise."""
-    digest = file_sha256(path)
+    digest = sha256_file(path)
     if digest != expected.strip().lower():
         if remove:
             path.unlink(missing_ok=True)
@@ -175,27 +170,11 @@ def verify_sha256(path: Path, expected: str, *, remove: bool = False) -> None:
         )
 
 
-def file_sha256(path: Path) -> str:
-    """Hex sha256 of a file, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _size(path: Path) -> int:
     return path.stat().st_size if path.exists() else 0
 
 
 # --- other fsspec URLs and the cache directory -------------------------------------------------
-
-
-def is_remote_url(corpus: str) -> bool:
-    """A URL with a scheme other than ``file`` (``s3://``, ``gs://``, ``http://``...)."""
-    return bool(re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", corpus)) and not corpus.startswith(
-        "file://"
-    )
 
 
 def fetch_file(url: str, dest_dir: Path, sha256: str | None) -> Path:

@@ -17,14 +17,19 @@ import hashlib
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from pydantic import ValidationError
 
 from elmo_core.data.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from elmo_core.errors import DataError
-from elmo_core.files import atomic_write, is_temporary, remove_temporaries, sha256_file
-from pipelines.prepare.download import is_remote_url
+from elmo_core.location import (
+    Location,
+    atomic_write,
+    is_temporary,
+    remove_temporaries,
+    sha256_file,
+)
+from pipelines.common.settings import elmo_home
 from pipelines.prepare.state import PrepareState
 
 STATE_NAME = "prepare_state.json"
@@ -43,19 +48,12 @@ class DatasetOutput:
     def __init__(self, url: str, fingerprint: str) -> None:
         self.url = url
         self.fingerprint = fingerprint
-        self.remote = is_remote_url(url)
-        self.fs: Any = None  # the remote filesystem
-        if self.remote:
-            import fsspec  # ~40 ms of imports (asyncio among them) that a local run skips
-
-            from pipelines.common.settings import elmo_home
-
-            self.fs, self.root = fsspec.core.url_to_fs(url)
+        self.published = Location(url)
+        if self.published.local:
+            self.local_root = Path(self.published.path)
+        else:
             key = hashlib.sha256(url.encode()).hexdigest()[:16]
             self.local_root = elmo_home() / "cache" / "prepare" / key
-        else:
-            self.root = url.removeprefix("file://")
-            self.local_root = Path(self.root)
         self.work = self.local_root / WORK_NAME / fingerprint[:16]
 
     def claim(self, overwrite: bool) -> None:
@@ -65,7 +63,7 @@ class DatasetOutput:
         as it is; another dataset is refused unless ``overwrite``, which removes it first; files
         prepare does not write are never touched, so such a directory is refused either way.
         """
-        entries = {name for name in self._entries() if not is_temporary(name)}
+        entries = {name for name in self.published.names() if not is_temporary(name)}
         foreign = sorted(entries - DATASET_ENTRIES)
         if foreign:
             shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
@@ -86,15 +84,15 @@ class DatasetOutput:
                 path=self.url,
             )
         for name in entries:
-            self._remove(name)
+            self.published.remove(name)
 
     def remove_unlisted_shards(self, manifest: Manifest) -> None:
         """Remove any shard the manifest does not list (an earlier run's), before it is written."""
         listed = {shard.path for split in manifest.splits.values() for shard in split.shards}
         for directory in SHARD_DIRS:
-            for name in self._entries(directory):
+            for name in self.published.names(directory):
                 if f"{directory}/{name}" not in listed and not is_temporary(name):
-                    self._remove(f"{directory}/{name}")
+                    self.published.remove(f"{directory}/{name}")
 
     def load_state(self) -> PrepareState:
         """The previous run's record if it is the same run, with unverifiable shards dropped."""
@@ -121,7 +119,7 @@ class DatasetOutput:
     def record_shard(self, state: PrepareState, info: ShardInfo) -> None:
         """Publish a shard written under ``local_root`` and record it as finished."""
         self.publish(info.path)
-        if self.remote:
+        if not self.published.local:
             (self.local_root / info.path).unlink(missing_ok=True)
         state.shards[info.path] = info
         self.save_state(state)
@@ -150,73 +148,35 @@ class DatasetOutput:
         return digest
 
     def publish(self, relative: str) -> None:
-        if self.remote:
-            self.fs.put_file(str(self.local_root / relative), self._remote_path(relative))
+        """Upload a file finished under ``local_root`` (which is the output itself when local)."""
+        if not self.published.local:
+            self.published.put_file(self.local_root / relative, relative)
 
     def has_all(self, checksums: dict[str, str]) -> bool:
         """True when each file is under ``local_root`` (fetched if remote) with its checksum."""
         for relative, digest in checksums.items():
             local = self.local_root / relative
-            if self.remote and not local.exists() and self.verify(relative, digest):
+            if not self.published.local and not local.exists() and self.verify(relative, digest):
                 local.parent.mkdir(parents=True, exist_ok=True)
-                self.fs.get_file(self._remote_path(relative), str(local))
+                self.published.get(relative, local)
             if not local.exists() or sha256_file(local) != digest:
                 return False
         return True
 
     def verify(self, relative: str, digest: str) -> bool:
         """Does the published file exist with this sha256?"""
-        if not self.remote:
-            path = self.local_root / relative
-            return path.is_file() and sha256_file(path) == digest
-        try:
-            hasher = hashlib.sha256()
-            with self.fs.open(self._remote_path(relative), "rb") as handle:
-                while block := handle.read(1 << 22):
-                    hasher.update(block)
-        except FileNotFoundError:
-            return False
-        return hasher.hexdigest() == digest
+        return self.published.sha256(relative) == digest
 
     def finish(self) -> None:
         """Remove the work directory (and the staging copy of a remote output)."""
         shutil.rmtree(self.local_root / WORK_NAME, ignore_errors=True)
-        if self.remote:
+        if not self.published.local:
             shutil.rmtree(self.local_root, ignore_errors=True)
-
-    def _entries(self, relative: str = "") -> list[str]:
-        """Names in the published directory ``relative`` (none when it does not exist)."""
-        if not self.remote:
-            directory = self.local_root / relative
-            return [entry.name for entry in directory.iterdir()] if directory.is_dir() else []
-        path = self._remote_path(relative).rstrip("/")
-        try:
-            return [
-                entry.rstrip("/").rsplit("/", 1)[-1] for entry in self.fs.ls(path, detail=False)
-            ]
-        except FileNotFoundError:
-            return []
 
     def _recorded_state(self) -> PrepareState | None:
         """The published ``prepare_state.json``, if it is there and readable."""
         try:
-            if self.remote:
-                text = self.fs.cat_file(self._remote_path(STATE_NAME)).decode("utf-8")
-            else:
-                text = (self.local_root / STATE_NAME).read_text(encoding="utf-8")
-            return PrepareState.model_validate_json(text)
-        except (FileNotFoundError, ValidationError, UnicodeDecodeError):
+            text = self.published.read_text(STATE_NAME)
+            return None if text is None else PrepareState.model_validate_json(text)
+        except (ValidationError, UnicodeDecodeError):
             return None
-
-    def _remove(self, relative: str) -> None:
-        if self.remote:
-            self.fs.rm(self._remote_path(relative), recursive=True)
-            return
-        path = self.local_root / relative
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
-
-    def _remote_path(self, relative: str) -> str:
-        return f"{self.root.rstrip('/')}/{relative}"

@@ -1,18 +1,10 @@
 """One prepare run: the two passes and the shuffle over a pool of tasks, into a dataset output.
 
-A :class:`PrepareRun` carries what every step needs: the config and the files' tasks, the pool
-the tasks run in, the output (where files are written and published), the state record that
-makes the run resumable, and the clock of its phases. :func:`pipelines.prepare.stage.
-prepare_files` calls its steps in order:
-
-1. :meth:`PrepareRun.count`: pass 1 (:mod:`pipelines.prepare.count`) over every file, then the
-   vocabulary and the type order (:mod:`pipelines.prepare.word_types`); reused when the state
-   already holds them;
-2. :meth:`PrepareRun.encode`: pass 2 (:mod:`pipelines.prepare.encode`): the heldout parts and the
-   training rows scattered to shard spills, and ``word_types.parquet`` beside them;
-3. :meth:`PrepareRun.shuffle`: each missing training shard gathered and shuffled
-   (:mod:`pipelines.prepare.shuffle`);
-4. :meth:`PrepareRun.manifest`: the manifest, from the count and the recorded shards.
+A :class:`PrepareRun` carries what every step needs (config, tasks, pool, output, the state record
+that makes it resumable, the phase clock); :func:`pipelines.prepare.stage.prepare_files` calls its
+steps in order: :meth:`~PrepareRun.count` (pass 1: vocabulary and type order),
+:meth:`~PrepareRun.encode` (pass 2: heldout parts, training spills, ``word_types.parquet``),
+:meth:`~PrepareRun.shuffle` (each missing training shard), :meth:`~PrepareRun.manifest`.
 """
 
 from __future__ import annotations
@@ -35,7 +27,7 @@ from elmo_core.data.manifest import (
     WordTypesInfo,
 )
 from elmo_core.data.shards import SHARD_FORMAT, SHARD_FORMAT_VERSION, FileStats
-from elmo_core.files import sha256_file
+from elmo_core.location import sha256_file
 from elmo_core.text.type_counts import TypeCounts, split_totals
 from elmo_core.text.vocab import build_vocab, read_vocab, vocab_counts_text, vocab_text, with_counts
 from pipelines.common.console_progress import console_progress

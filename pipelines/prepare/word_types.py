@@ -23,7 +23,7 @@ from elmo_core.data.shards import (
     char_id_column,
     write_parquet,
 )
-from elmo_core.files import atomic_write, sha256_file
+from elmo_core.location import atomic_write, sha256_file
 from elmo_core.text.char_ids import MAX_TOKEN_BYTES
 from elmo_core.text.vocab import UNK_ID, Vocabulary
 

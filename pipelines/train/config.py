@@ -28,7 +28,10 @@ from elmo_core.errors import ConfigError
 from elmo_core.presets import PRESETS, model_preset
 from pipelines.common.settings import elmo_home
 
-RUNTIME_MODEL_KEYS = {"lstm_impl", "batch_directions"}  # how the LSTM runs, not what it is
+# How the model runs, not what it is: left out of the run name.
+RUNTIME_MODEL_KEYS = {"lstm_impl", "batch_directions", "conv_impl", "cpu_highway_bf16"}
+# Where a run trains: from the calling process (on RAY_ADDRESS or a local Ray), or as a Ray Job.
+Where = Literal["local", "ray-job"]
 
 
 class RunConfig(StrictModel):
@@ -112,8 +115,9 @@ def _model_section(model: str) -> dict[str, Any]:
 def run_name(cfg: TrainJobConfig, dataset_sha256: str, init_from: str | None = None) -> str:
     """``cfg.run.name``, or ``bilm-<12 hex>`` of the model and train sections, start and data.
 
-    The LSTM kernel is left out (:data:`RUNTIME_MODEL_KEYS`): every variant has the same
-    parameters and passes the same parity tests, so a run resumes under another kernel.
+    How the model runs is left out (:data:`RUNTIME_MODEL_KEYS`: the LSTM and convolution
+    kernels, the CPU highway's dtype): every variant has the same parameters and passes the same
+    parity tests, so a run resumes under another.
     """
     if cfg.run.name:
         return cfg.run.name

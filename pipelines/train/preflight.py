@@ -1,10 +1,11 @@
-"""What the train driver checks in seconds, before Ray starts.
+"""What the train driver works out and checks in seconds, before Ray starts: the run's plan.
 
 A mistake in the data, the storage or the starting weights found inside the workers costs a
 cluster start and ends in a Ray traceback; found here it is one line naming the path or key. The
 checks: the dataset is prepared (manifest, word types, every shard listed is there) and can feed
 every worker; ``--init-from`` names weights that load and fit the model; the run directory can be
-written. Every path is made absolute here, since workers run elsewhere.
+written. Every path is made absolute here, since workers run elsewhere. The plan names the run,
+places its directory, and says whether it already finished (its ``FINISHED.json``).
 """
 
 from __future__ import annotations
@@ -13,15 +14,32 @@ import math
 from dataclasses import dataclass
 
 import fsspec
+from pydantic import BaseModel
 
 from elmo_core.data.manifest import Manifest, join_url, load_manifest, manifest_sha256
 from elmo_core.data.reader import load_word_types
 from elmo_core.errors import ConfigError, DataError
 from pipelines.common.locations import absolute_location
-from pipelines.models.bilm_loader import BiLMReference, resolve_bilm
-from pipelines.train.checkpoints import initial_bilm
+from pipelines.models.bilm_loader import BiLMReference, initial_bilm, resolve_bilm
 from pipelines.train.config import TrainJobConfig, run_name, storage_root
-from pipelines.train.run_directory import RunDirectory
+from pipelines.train.run_directory import FINISHED_FILE, RunDirectory
+
+
+class TrainResult(BaseModel):
+    """What a finished run produced; also the content of its ``FINISHED.json``."""
+
+    run_name: str
+    run_dir: str
+    model_dir: str  # the final model, our format
+    best_model_dir: str | None  # the model with the best validation perplexity
+    mlflow_run_id: str
+    steps: int
+    total_steps: int
+    resumed_from_step: int
+    best_perplexity: float | None
+    stopped_early: bool
+    seconds: float
+    already_finished: bool = False  # True when the run had finished before this call
 
 
 @dataclass(frozen=True)
@@ -35,6 +53,11 @@ class TrainPlan:
     name: str
     run_dir: RunDirectory
     validation_windows: int
+
+    def finished(self) -> TrainResult | None:
+        """The run's result when it has finished (``FINISHED.json``), else None."""
+        record = self.run_dir.read_json(FINISHED_FILE)
+        return None if record is None else TrainResult.model_validate(record)
 
 
 def plan_training(

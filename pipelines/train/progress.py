@@ -4,7 +4,7 @@ The driver creates the run's MLflow run (:mod:`pipelines.train.stage`); rank 0 r
 whole loop (:meth:`Progress.tracking`), so a restarted or resumed run keeps adding to the same
 curves: ``bilm/train/*`` at every logged step, ``bilm/validation/*`` at every validation.
 Training losses are averaged over the ``log_every`` steps since the last line; the curves also
-live in the checkpoint's :class:`~pipelines.train.checkpoints.SharedState`, so the figures of a
+live in the checkpoint's :class:`~pipelines.train.checkpoint.SharedState`, so the figures of a
 resumed run start at step 1. Other ranks report nothing.
 """
 
@@ -30,7 +30,7 @@ from pipelines.common.flow_runs import (
     VALIDATION_SECTION,
 )
 from pipelines.common.tracking import log_curves, shared_run
-from pipelines.train.checkpoints import SharedState
+from pipelines.train.checkpoint import SharedState
 from pipelines.train.run_directory import BEST_DIR, RunDirectory
 
 VALIDATION_PERPLEXITY = f"{VALIDATION_SECTION}/perplexity"

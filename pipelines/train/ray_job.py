@@ -1,41 +1,38 @@
-"""Training as a Ray Job: the same ``python -m pipelines.train`` a user submits by hand.
+"""Training as a Ray Job: ``python -m pipelines.train`` on the cluster behind the jobs API.
 
-A flow submits the command line a user would type after ``ray job submit --``, with the flow's
-MLflow parent run in the job's environment (``ELMO_MLFLOW_PARENT_RUN_ID``) and its tracking URI, so
-the training run nests under the flow's run wherever the job lands. Token auth is Ray's own: the
-client adds the bearer token when ``RAY_AUTH_MODE=token`` and ``RAY_AUTH_TOKEN_PATH`` are set (what
-``infra/local/stack.py`` exports).
-
-The run directory is where the outcome is found: the job writes ``FINISHED.json`` there (the run's
-name is a function of config and data), so the caller reads the :class:`TrainResult` back from it —
-and skips the job entirely when an earlier submission already finished the run.
+The driver has planned the run (:mod:`pipelines.train.preflight`); the job trains that run. The
+resolved config travels as data: it is written into the run directory as ``job_config.json``, with
+the run's name and storage pinned, and the job's command reads it with ``--job-config``. The job's
+MLflow run nests under the caller's parent run (``--parent-run-id``, and
+``ELMO_MLFLOW_PARENT_RUN_ID`` in its environment) with the same tracking URI; its outcome is the
+run directory's ``FINISHED.json``. Token auth is Ray's own: the client adds the bearer token when
+``RAY_AUTH_MODE=token`` and ``RAY_AUTH_TOKEN_PATH`` are set (what ``infra/local/stack.py`` exports).
 """
 
 from __future__ import annotations
 
+import logging
 import shlex
 import time
 import uuid
 from collections.abc import Mapping
 
-from pydantic import BaseModel, ConfigDict
+import fsspec
 from ray.job_submission import JobStatus, JobSubmissionClient
 
-from elmo_core.data.manifest import manifest_sha256
+from pipelines.common.flow_runs import tag_run
 from pipelines.common.settings import mlflow_tracking_uri
 from pipelines.common.tracking import PARENT_RUN_ENV
-from pipelines.train.config import (
-    TrainJobConfig,
-    resolve_train_config,
-    run_name,
-    storage_root,
-)
-from pipelines.train.run_directory import FINISHED_FILE, RunDirectory
-from pipelines.train.stage import TrainResult
+from pipelines.train.config import TrainJobConfig
+from pipelines.train.preflight import TrainPlan, TrainResult
 
+log = logging.getLogger(__name__)
+
+JOB_CONFIG_FILE = "job_config.json"  # in the run directory: the config the job trains with
 LOG_TAIL_LINES = 60
 POLL_S = 2.0
-SUBMISSION_TAG = "ray.job_submission_id"  # on the flow's parent run and the job's train run
+SUBMIT_RETRY_S = (5.0, 20.0, 60.0)  # waits before each new try when the jobs API is unreachable
+SUBMISSION_TAG = "ray.job_submission_id"  # on the caller's parent run and the job's train run
 
 
 class RayJobsUnreachable(ConnectionError):
@@ -46,49 +43,71 @@ class TrainJobFailed(RuntimeError):
     """The training job ended in FAILED or STOPPED; the message holds its log tail."""
 
 
-class TrainJob(BaseModel):
-    """What ``python -m pipelines.train`` is given: a preset, ``--set`` overrides, a dataset."""
-
-    model_config = ConfigDict(frozen=True)
-
-    model: str
-    overrides: list[str]
-    dataset: str
-
-    def job_config(self) -> TrainJobConfig:
-        """The resolved config, as ``pipelines.train`` resolves its command line."""
-        return resolve_train_config(self.model, None, self.overrides)
-
-    def run_directory(self) -> RunDirectory:
-        """Where the run lives, named as the train stage names it."""
-        cfg = self.job_config()
-        name = run_name(cfg, manifest_sha256(self.dataset))
-        return RunDirectory(f"{storage_root(cfg.run)}/{name}")
-
-    def entrypoint(self, parent_run_id: str, tags: Mapping[str, str] = {}) -> str:
-        """The job's command line, with the storage path passed explicitly so the job writes where
-        :meth:`run_directory` looks (it is part of the ``run`` section, which names leave out),
-        and ``tags`` for its MLflow run (the flow run's, like every stage's)."""
-        storage = self.run_directory().url.rsplit("/", 1)[0]
-        args = ["python", "-m", "pipelines.train", "--data", self.dataset, "--model", self.model]
-        for override in [*self.overrides, f"run.storage_path={storage}"]:
-            args += ["--set", override]
-        for key, value in tags.items():
-            args += ["--tag", f"{key}={value}"]
-        args += ["--parent-run-id", parent_run_id, "--no-register"]
-        return shlex.join(args)
-
-
-def finished_run(run_dir: RunDirectory) -> TrainResult | None:
-    """The run's result when it has finished (``FINISHED.json``), else None."""
-    record = run_dir.read_json(FINISHED_FILE)
-    return None if record is None else TrainResult.model_validate(record)
+def train_as_job(
+    address: str,
+    cfg: TrainJobConfig,
+    plan: TrainPlan,
+    *,
+    parent_run_id: str | None = None,
+    tags: Mapping[str, str] | None = None,
+) -> TrainResult:
+    """Train the planned run as a Ray Job at ``address``, wait for it, and read its result."""
+    job_config = write_job_config(cfg, plan)
+    submission_id = f"elmo-train-{uuid.uuid4().hex[:12]}"
+    all_tags = {**(tags or {}), SUBMISSION_TAG: submission_id}
+    env = {"MLFLOW_TRACKING_URI": mlflow_tracking_uri()}
+    if parent_run_id is not None:
+        env[PARENT_RUN_ENV] = parent_run_id
+    submit_job(
+        address,
+        job_entrypoint(job_config, plan, parent_run_id, all_tags),
+        submission_id=submission_id,
+        env=env,
+        metadata={**(tags or {}), "elmo.stage": "train", "elmo.run_dir": plan.run_dir.url},
+    )
+    if parent_run_id is not None:
+        tag_run(parent_run_id, {SUBMISSION_TAG: submission_id})
+    print(f"[train] {plan.name}: Ray job {submission_id}, {dashboard_url(address, submission_id)}")
+    wait_for_job(address, submission_id)
+    result = plan.finished()
+    if result is None:
+        raise RuntimeError(
+            f"Ray job {submission_id} succeeded but left no FINISHED.json in {plan.run_dir.url}"
+        )
+    return result
 
 
-def already_finished(job: TrainJob) -> TrainResult | None:
-    """The result of the job's run when an earlier submission finished it: no job is needed."""
-    result = finished_run(job.run_directory())
-    return None if result is None else result.model_copy(update={"already_finished": True})
+def write_job_config(cfg: TrainJobConfig, plan: TrainPlan) -> str:
+    """``cfg`` as the job reads it, into the run directory: named and stored as planned here
+    (``run.name`` and ``run.storage_path`` pinned), so the job trains exactly this run."""
+    storage = plan.run_dir.url.rsplit("/", 1)[0]
+    run = cfg.run.model_copy(update={"name": plan.name, "storage_path": storage})
+    pinned = cfg.model_copy(update={"run": run})
+    plan.run_dir.write_json(JOB_CONFIG_FILE, pinned.model_dump(mode="json"))
+    return plan.run_dir.join(JOB_CONFIG_FILE)
+
+
+def read_job_config(url: str) -> TrainJobConfig:
+    """The config a driver wrote with :func:`write_job_config` (a path or any fsspec URL)."""
+    with fsspec.open(url, "rt", encoding="utf-8") as handle:
+        return TrainJobConfig.model_validate_json(handle.read())
+
+
+def job_entrypoint(
+    job_config: str, plan: TrainPlan, parent_run_id: str | None, tags: Mapping[str, str]
+) -> str:
+    """The job's command line: the train command on the written config and the planned dataset
+    and start, with ``tags`` for its MLflow run; evaluation and registration are the caller's."""
+    args = ["python", "-m", "pipelines.train", "--job-config", job_config, "--data", plan.data]
+    if plan.init_from is not None:
+        args += ["--init-from", plan.init_from.location]
+        if plan.init_from.options is not None:
+            args += ["--init-options", plan.init_from.options]
+    for key, value in tags.items():
+        args += ["--tag", f"{key}={value}"]
+    if parent_run_id is not None:
+        args += ["--parent-run-id", parent_run_id]
+    return shlex.join([*args, "--no-register"])
 
 
 def connect_jobs(address: str) -> JobSubmissionClient:
@@ -101,20 +120,32 @@ def connect_jobs(address: str) -> JobSubmissionClient:
         ) from None
 
 
-def submit_train_job(
-    address: str, job: TrainJob, parent_run_id: str, metadata: Mapping[str, str]
-) -> str:
-    """Submit the training job (``metadata`` tags it, e.g. with the flow run); its submission id,
-    chosen here so that the job's MLflow run is tagged with it too."""
-    env = {PARENT_RUN_ENV: parent_run_id, "MLFLOW_TRACKING_URI": mlflow_tracking_uri()}
-    submission_id = f"elmo-train-{uuid.uuid4().hex[:12]}"
-    tags = {**metadata, SUBMISSION_TAG: submission_id}
-    return connect_jobs(address).submit_job(
-        entrypoint=job.entrypoint(parent_run_id, tags),
-        submission_id=submission_id,
-        runtime_env={"env_vars": env},
-        metadata={**metadata, "elmo.stage": "train"},
-    )
+def submit_job(
+    address: str,
+    entrypoint: str,
+    *,
+    submission_id: str,
+    env: Mapping[str, str],
+    metadata: Mapping[str, str],
+) -> None:
+    """Submit ``entrypoint``, trying again after :data:`SUBMIT_RETRY_S` while the jobs API is
+    unreachable (it may be restarting)."""
+    for wait_s in (*SUBMIT_RETRY_S, None):
+        try:
+            client = connect_jobs(address)
+        except RayJobsUnreachable as unreachable:
+            if wait_s is None:
+                raise
+            log.warning("%s; trying again in %.0f s", unreachable, wait_s)
+            time.sleep(wait_s)
+            continue
+        client.submit_job(
+            entrypoint=entrypoint,
+            submission_id=submission_id,
+            runtime_env={"env_vars": dict(env)},
+            metadata=dict(metadata),
+        )
+        return
 
 
 def dashboard_url(address: str, job_id: str) -> str:
@@ -138,13 +169,3 @@ def wait_for_job(address: str, job_id: str, *, poll_s: float = POLL_S) -> str:
             f"--- last {LOG_TAIL_LINES} log lines ---\n{tail}"
         )
     return logs
-
-
-def await_train_job(address: str, job_id: str, job: TrainJob) -> TrainResult:
-    """Wait for the submitted job and read its result from the run directory."""
-    wait_for_job(address, job_id)
-    run_dir = job.run_directory()
-    result = finished_run(run_dir)
-    if result is None:
-        raise RuntimeError(f"Ray job {job_id} succeeded but left no FINISHED.json in {run_dir.url}")
-    return result

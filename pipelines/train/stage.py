@@ -1,22 +1,21 @@
 """The train stage: distributed biLM pretraining on Ray Train (TorchTrainer, DDP).
 
     elmo train --data DATASET [--model PRESET|FILE] [--config FILE.yaml] [--set key=value ...]
-               [--init-from SOURCE [--init-options OPTIONS.json]] [--parent-run-id ID]
-               [--no-register]
+               [--job-config FILE.json] [--init-from SOURCE [--init-options OPTIONS.json]]
+               [--parent-run-id ID] [--no-register]
     python -m pipelines.train ...                               # the same main
     ray job submit --working-dir . -- python -m pipelines.train ...
-    train(cfg, data) -> TrainResult                             # what flows call
+    train(cfg, data, where="local"|"ray-job") -> TrainResult    # what flows call
 
-The driver checks what the user gave (:mod:`pipelines.train.preflight`), names the run
-``bilm-<hash>`` from the resolved config and the dataset manifest, opens its MLflow run
-(``train-bilm-<hash>``, sampling the driver's system metrics from the start), joins the
-cluster named by ``RAY_ADDRESS`` (or starts a local Ray) and hands
-:func:`pipelines.train.worker.train_loop_per_worker` to a TorchTrainer, restarting it after a
-failure (:mod:`pipelines.train.supervision`). The run lives in ``storage_path/name`` with its
-checkpoints, so running the same command again resumes a stopped run from its newest complete
-checkpoint, and a run with ``FINISHED.json`` is not trained again. ``main`` then evaluates the
-final model on the heldout split and registers it as a new version of the MLflow model
-(``--no-register`` skips both).
+:func:`train` plans the run once (:mod:`pipelines.train.preflight`: the checks, the name
+``bilm-<hash>`` of config and dataset manifest, the run directory ``storage_path/name``, whether it
+already finished). A finished run is returned as it is; otherwise it trains here — opening its
+MLflow run ``train-bilm-<hash>``, joining ``RAY_ADDRESS`` (or a local Ray) and handing
+:func:`pipelines.train.worker.train_loop_per_worker` to a TorchTrainer, restarted after a failure
+(:mod:`pipelines.train.supervision`) — or as a Ray Job (:mod:`pipelines.train.ray_job`) that runs
+the same function there. A stopped run resumes from its newest complete checkpoint. ``main`` then
+evaluates the final model and registers it (``--no-register`` skips both), through the same two
+functions a flow's tasks call.
 """
 
 from __future__ import annotations
@@ -35,14 +34,14 @@ from typing import Annotated
 import mlflow
 import ray.train
 import typer
-from pydantic import BaseModel
 from ray.train.torch import TorchTrainer
 
+from elmo_core.errors import ConfigError
 from pipelines.common.cli_runner import run_command
 from pipelines.common.flow_runs import TOTAL_STEPS_TAG, VALIDATION_SECTION
 from pipelines.common.locations import absolute_location
 from pipelines.common.ray_cluster import connect_ray
-from pipelines.common.settings import mlflow_tracking_uri
+from pipelines.common.settings import RAY_JOBS_ENV, mlflow_tracking_uri
 from pipelines.common.tracking import (
     find_run,
     git_commit,
@@ -51,11 +50,15 @@ from pipelines.common.tracking import (
     stage_run,
     stage_run_name,
 )
+from pipelines.evaluate.result import EvaluationResult
+from pipelines.evaluate.stage import evaluate
 from pipelines.models.bilm_loader import OPTIONS_HELP, SOURCE_HELP
-from pipelines.train.checkpoint_store import CheckpointStore, StoredCheckpoint
-from pipelines.train.config import TrainJobConfig, resolve_train_config
-from pipelines.train.loop import WorkerConfig
-from pipelines.train.preflight import TrainPlan, plan_training
+from pipelines.registry.register import RegisteredBiLM, register
+from pipelines.registry.tags import DEFAULT_NAME
+from pipelines.train.checkpoint import CheckpointStore, StoredCheckpoint
+from pipelines.train.config import TrainJobConfig, Where, resolve_train_config
+from pipelines.train.preflight import TrainPlan, TrainResult, plan_training
+from pipelines.train.ray_job import read_job_config, train_as_job
 from pipelines.train.run_directory import (
     BEST_DIR,
     FINISHED_FILE,
@@ -64,7 +67,7 @@ from pipelines.train.run_directory import (
     RunDirectory,
 )
 from pipelines.train.supervision import TrainingInterrupted, supervise
-from pipelines.train.worker import train_loop_per_worker
+from pipelines.train.worker import WorkerConfig, train_loop_per_worker
 
 log = logging.getLogger(__name__)
 
@@ -72,27 +75,11 @@ FAIL_ONCE_ENV = "ELMO_TRAIN_FAIL_ONCE"  # test hook forwarded to the workers: "r
 RAY_TRAIN_DIR = "ray"  # Ray Train's own records in the run directory
 
 
-class TrainResult(BaseModel):
-    """What a finished run produced; also the content of its ``FINISHED.json``."""
-
-    run_name: str
-    run_dir: str
-    model_dir: str  # the final model, our format
-    best_model_dir: str | None  # the model with the best validation perplexity
-    mlflow_run_id: str
-    steps: int
-    total_steps: int
-    resumed_from_step: int
-    best_perplexity: float | None
-    stopped_early: bool
-    seconds: float
-    already_finished: bool = False  # True when this call found FINISHED.json and did nothing
-
-
 def train(
     cfg: TrainJobConfig,
     data: str,
     *,
+    where: Where = "local",
     init_from: str | None = None,
     init_options: str | None = None,
     parent_run_id: str | None = None,
@@ -100,15 +87,22 @@ def train(
 ) -> TrainResult:
     """Train (or resume, or recognise as finished) the run that ``cfg`` and ``data`` define.
 
-    Everything the user gave is checked here, before Ray starts (:mod:`pipelines.train.preflight`).
-    The MLflow run ends FINISHED, FAILED or KILLED with this call.
+    ``where``: ``local`` trains from this process, on ``RAY_ADDRESS`` or a local Ray; ``ray-job``
+    submits it to the Ray jobs API at ``RAY_API_SERVER_ADDRESS`` and waits. Everything the user
+    gave is checked here first (:mod:`pipelines.train.preflight`). The MLflow run ends FINISHED,
+    FAILED or KILLED with the training.
     """
     started = time.perf_counter()
     plan = plan_training(cfg, data, init_from, init_options)
-    finished = plan.run_dir.read_json(FINISHED_FILE)
+    finished = plan.finished()
     if finished is not None:
         log.info("run %s already finished: %s", plan.name, plan.run_dir.url)
-        return TrainResult.model_validate({**finished, "already_finished": True})
+        return finished.model_copy(update={"already_finished": True})
+    if where == "ray-job":
+        address = os.environ.get(RAY_JOBS_ENV)
+        if not address:
+            raise ConfigError(f"training as a Ray job needs {RAY_JOBS_ENV}", key="where")
+        return train_as_job(address, cfg, plan, parent_run_id=parent_run_id, tags=tags)
     with _tracked_run(cfg, plan, parent_run_id, tags) as run_id:
         worker_cfg = _worker_config(cfg, plan, run_id)
         mlflow.set_tag(TOTAL_STEPS_TAG, str(worker_cfg.total_steps))
@@ -247,6 +241,42 @@ def _finish(worker_cfg: WorkerConfig, run_dir: RunDirectory, seconds: float) -> 
     return outcome
 
 
+# --- what follows training: evaluate, then register ----------------------------------------------
+
+
+def evaluate_trained(
+    result: TrainResult,
+    data: str,
+    *,
+    parent_run_id: str | None = None,
+    tags: dict[str, str] | None = None,
+) -> EvaluationResult:
+    """The full-softmax heldout perplexity of the run's final model: what registers it."""
+    return evaluate(result.model_dir, data, parent_run_id=parent_run_id, tags=tags)
+
+
+def register_trained(
+    result: TrainResult,
+    data: str,
+    evaluation: EvaluationResult,
+    *,
+    name: str = DEFAULT_NAME,
+    parent_run_id: str | None = None,
+    tags: dict[str, str] | None = None,
+) -> RegisteredBiLM:
+    """The run's final model as a version of ``name``, judged by its ``evaluation`` (so evaluated
+    first), registered once per training run: a re-run gets the same version back."""
+    return register(
+        result.model_dir,
+        data,
+        evaluation=evaluation,
+        run_id=result.mlflow_run_id,
+        name=name,
+        parent_run_id=parent_run_id,
+        tags=tags,
+    )
+
+
 # --- command line --------------------------------------------------------------------------------
 
 
@@ -257,6 +287,10 @@ def train_command(
     ] = None,
     config: Annotated[Path | None, typer.Option(help="YAML with model/train/run sections")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="section.key=value")] = None,
+    job_config: Annotated[
+        str | None,
+        typer.Option(help="a resolved config (JSON, as a Ray Job is given it) instead of these"),
+    ] = None,
     init_from: Annotated[str | None, typer.Option(help=f"start from this {SOURCE_HELP}")] = None,
     init_options: Annotated[str | None, typer.Option(help=OPTIONS_HELP)] = None,
     parent_run_id: Annotated[str | None, typer.Option(help="MLflow parent run")] = None,
@@ -268,7 +302,7 @@ def train_command(
     ] = False,
 ) -> None:
     """Pretrain a biLM on Ray Train; evaluate and register the final model."""
-    cfg = resolve_train_config(model, config, set_ or [])
+    cfg = _job_config(model, config, set_ or [], job_config)
     tags = dict(_key_value(text) for text in tag or [])
     try:
         result = train(
@@ -302,6 +336,19 @@ def train_command(
     _evaluate_and_register(result, absolute_location(data), parent_run_id)
 
 
+def _job_config(
+    model: str | None, config: Path | None, overrides: list[str], job_config: str | None
+) -> TrainJobConfig:
+    """The config from ``--job-config`` (already resolved), else resolved from the others."""
+    if job_config is None:
+        return resolve_train_config(model, config, overrides)
+    if model is not None or config is not None or overrides:
+        raise typer.BadParameter(
+            "a resolved config takes no --model, --config or --set", param_hint="--job-config"
+        )
+    return read_job_config(job_config)
+
+
 def _key_value(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key:
@@ -310,23 +357,13 @@ def _key_value(text: str) -> tuple[str, str]:
 
 
 def _evaluate_and_register(result: TrainResult, data: str, parent_run_id: str | None) -> None:
-    from pipelines.evaluate.stage import evaluate
-
-    scores = evaluate(result.model_dir, data, parent_run_id=parent_run_id)
+    scores = evaluate_trained(result, data, parent_run_id=parent_run_id)
     typer.echo(
         f"heldout perplexity {scores.perplexity:.2f} (forward {scores.forward_perplexity:.2f}, "
         f"backward {scores.backward_perplexity:.2f}) over all {scores.num_tokens:,} heldout "
         "tokens predicted (each sentence's words and its end)"
     )
-    from pipelines.registry.register import register
-
-    registered = register(
-        result.model_dir,
-        data,
-        evaluation=scores,
-        run_id=result.mlflow_run_id,  # the training run it came from: registered once
-        parent_run_id=parent_run_id,
-    )
+    registered = register_trained(result, data, scores, parent_run_id=parent_run_id)
     verb = "registered" if registered.newly_registered else "already registered as"
     decision = "" if registered.decision is None else f" ({registered.decision.reason})"
     typer.echo(f"{verb} {registered.uri}, alias {registered.alias}{decision}")

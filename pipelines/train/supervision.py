@@ -3,7 +3,7 @@ Ctrl-C.
 
 The driver, not Ray Train, restarts a failed worker group (Ray's own ``max_failures`` is 0): each
 attempt first drops incomplete checkpoints and pins the newest complete one
-(:mod:`pipelines.train.checkpoint_store`), so a restart never goes back further than
+(:mod:`pipelines.train.checkpoint`), so a restart never goes back further than
 ``checkpoint_every`` steps. A user error raised in a worker (:class:`~elmo_core.errors.ElmoError`:
 a corrupt shard, weights that do not fit) would fail the same way again, so it is not retried: it is
 re-raised here as itself, one line naming the file or key.
@@ -25,7 +25,7 @@ import ray.train
 from ray.train.torch import TorchTrainer
 
 from elmo_core.errors import ElmoError
-from pipelines.train.checkpoint_store import CheckpointStore, StoredCheckpoint
+from pipelines.train.checkpoint import CheckpointStore, StoredCheckpoint
 
 log = logging.getLogger(__name__)
 

@@ -1,31 +1,119 @@
-"""The Ray Train worker: :func:`train_loop_per_worker` is what ``TorchTrainer`` runs on every rank.
+"""One data-parallel rank of biLM pretraining (bilm-tf's recipe, DESIGN.md §3).
 
-It runs :func:`pipelines.train.loop.train_loop` with :class:`RayRuntime`, where every Ray touch
-point is (marked ``# [ray]``): the context (rank, world size, device), the model prepared for DDP,
-and ``report`` (a barrier on all ranks). Checkpoints go to the run directory, not through Ray
-(:mod:`pipelines.train.checkpoint_store`); the driver restarts a failed group from the newest one.
+:func:`train_loop_per_worker` is what Ray Train's ``TorchTrainer`` runs on every rank: it runs
+:func:`train_loop` with :class:`RayRuntime`, where every Ray touch point is (marked ``# [ray]``):
+the context (rank, world size, device), the model prepared for DDP, and ``report`` (a barrier on
+all ranks). :class:`LocalRuntime` runs the same loop in one process, on CPU in the unit tests.
+
+Each step runs :class:`~elmo_core.training.step.TrainingStep` on the next window of both streams
+(:mod:`elmo_core.training.loop`): gradients of ``loss × unroll_steps`` as bilm-tf takes them,
+averaged over the workers, the global-norm clip and Adagrad. Checkpoints go to the run directory,
+not through Ray (:mod:`pipelines.train.checkpoint`); the driver restarts a failed group from the
+newest one. Resuming with a different number of workers keeps the weights and the optimiser but
+deals the streams afresh (a seed derived from the resumed step) with zero LSTM states.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import os
+import random
+import signal
+import socket
 import sys
-from dataclasses import dataclass
-from typing import Any
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
 
+import numpy as np
 import ray.train
 import ray.train.torch
 import torch
+import torch.distributed as dist
+from pydantic import Field
 from torch import nn
 
+from elmo_core.config import StrictModel
+from elmo_core.data.reader import load_manifest, load_word_types
 from elmo_core.errors import ElmoError
+from elmo_core.model.bilm import BiLMState, LossOutput
+from elmo_core.model.serialization import load_bilm
+from elmo_core.perplexity import PerplexitySums, evaluate_perplexity
 from elmo_core.threads import threads_under_load
-from pipelines.train.loop import WorkerConfig, train_loop
-from pipelines.train.runtime import Metrics
+from elmo_core.training.batches import StepBatches, StreamPosition, StreamSpec
+from elmo_core.training.loop import carried_steps, step_batches, training_streams
+from elmo_core.training.step import TrainingStep
+from pipelines.models.bilm_loader import BiLMReference, initial_bilm
+from pipelines.train.checkpoint import (
+    CheckpointStore,
+    RankState,
+    SharedState,
+    StoredCheckpoint,
+    capture_rng,
+    read_checkpoint,
+    restore_rng,
+    write_checkpoint,
+)
+from pipelines.train.config import TrainJobConfig
+from pipelines.train.progress import Progress, TrackedRun
+from pipelines.train.run_directory import RunDirectory
 
+log = logging.getLogger(__name__)
+
+Metrics = Mapping[str, float | int | bool]
+FAULT_DELAY_S = 6.0  # three of Ray Train's 2 s controller polls
 # Ray Train logs a worker's exception with its traceback from this logger before the driver sees
 # it; a user error (ElmoError) reaches the driver's terminal as its one line instead.
 RAY_TRAIN_ERROR_LOGGER = "ray.train.v2._internal.util"
+
+
+class WorkerConfig(StrictModel):
+    """Everything a worker needs, resolved on the driver (typed at the Ray boundary)."""
+
+    job: TrainJobConfig
+    data: str
+    run_dir: str
+    run_name: str
+    total_steps: int = Field(gt=0)
+    validation_windows: int = Field(gt=0)
+    mlflow_tracking_uri: str
+    mlflow_run_id: str
+    driver_host: str = Field(default_factory=socket.gethostname)  # built on the driver
+    init_from: BiLMReference | None = None  # pinned by the driver (train --init-from)
+    resume_step: int | None = Field(
+        None, description="the complete checkpoint to resume from, chosen by the driver"
+    )
+    fail_once: str | None = Field(
+        None, description="test hook 'rank:step:marker': that rank kills itself once at that step"
+    )
+
+
+# --- what runs a worker: Ray Train, or this process ----------------------------------------------
+
+
+class WorkerRuntime(Protocol):
+    """One rank's view of the job that runs it."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def world_size(self) -> int: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def wrap_model(self, module: nn.Module) -> nn.Module:
+        """``module`` on this worker's device, wrapped for data parallelism where there is any."""
+        ...
+
+    def report(self, metrics: Metrics) -> None:
+        """Hand this rank's metrics to the job; returns once every rank has reported."""
+        ...
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
@@ -43,7 +131,7 @@ def _drop_user_error_tracebacks(record: logging.LogRecord) -> bool:
 
 @dataclass(frozen=True)
 class RayRuntime:
-    """This Ray Train worker as a :class:`~pipelines.train.runtime.WorkerRuntime`."""
+    """This Ray Train worker as a :class:`WorkerRuntime`."""
 
     rank: int
     world_size: int
@@ -60,3 +148,263 @@ class RayRuntime:
 
     def report(self, metrics: Metrics) -> None:
         ray.train.report(dict(metrics))  # [ray] a barrier on all ranks
+
+
+@dataclass
+class LocalRuntime:
+    """Rank 0 of 1 in this process; ``reported`` keeps this session's metrics."""
+
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    reported: list[dict[str, float | int | bool]] = field(default_factory=list)
+
+    @property
+    def rank(self) -> int:
+        return 0
+
+    @property
+    def world_size(self) -> int:
+        return 1
+
+    def wrap_model(self, module: nn.Module) -> nn.Module:
+        return module.to(self.device)
+
+    def report(self, metrics: Metrics) -> None:
+        self.reported.append(dict(metrics))
+
+
+# --- the loop ------------------------------------------------------------------------------------
+
+
+def train_loop(cfg: WorkerConfig, runtime: WorkerRuntime) -> None:
+    """Build this rank's worker, resume from the checkpoint the driver chose if any, and train."""
+    worker = Worker(cfg, runtime)
+    if cfg.resume_step is not None:
+        with worker.store.opened(StoredCheckpoint(cfg.resume_step), runtime.rank) as directory:
+            worker.restore(directory)
+    worker.run()
+
+
+class Worker:
+    """One rank's model, optimiser, streams and loop."""
+
+    def __init__(self, cfg: WorkerConfig, runtime: WorkerRuntime) -> None:
+        self.cfg, self.runtime = cfg, runtime
+        self.store = CheckpointStore(RunDirectory(cfg.run_dir))
+        self.rank, self.world_size, self.device = runtime.rank, runtime.world_size, runtime.device
+        self.train = cfg.job.train
+        self.manifest = load_manifest(cfg.data)
+        self.char_table = load_word_types(cfg.data, self.manifest).char_ids
+        torch.manual_seed(self.train.seed)  # the same initial weights on every rank
+        self.bilm = initial_bilm(cfg.job.model, self.manifest.vocab.size, cfg.init_from)
+        self.bilm.to(self.device).train()
+        self.training_step = TrainingStep.build(
+            self.bilm, self.train, cfg.job.run.grad_exchange, runtime.wrap_model
+        )
+        self.optimizer = self.training_step.optimizer
+        self.shared = SharedState(
+            step=0, world_size=self.world_size, mlflow_run_id=cfg.mlflow_run_id
+        )
+        self.resumed_from = 0
+        _seed_rank(self.train.seed, self.rank)
+        self.streams = self._streams(_stream_seeds(self.train.seed, 0))
+        self.positions: tuple[StreamPosition, StreamPosition] | None = None  # after the last step
+        self.lstm_state: BiLMState | None = None
+        self.stop_early = False
+
+    def _streams(self, seeds: tuple[int, int]) -> tuple[StreamSpec, StreamSpec]:
+        return training_streams(
+            self.training_step,
+            self.cfg.data,
+            self.manifest,
+            seeds,
+            rank=self.rank,
+            world_size=self.world_size,
+        )
+
+    def restore(self, directory: Path) -> None:
+        """Continue from a checkpoint: weights, optimiser, counters, and this rank's position."""
+        loaded = read_checkpoint(directory, self.rank, self.world_size, self.device)
+        self.bilm.load_state_dict(load_bilm(loaded.model_dir).state_dict())
+        self.optimizer.load_state_dict(loaded.optimizer)
+        self.shared = loaded.shared
+        self.resumed_from = loaded.shared.step
+        if loaded.rank is None:
+            log.warning(
+                "resuming step %d with %d workers instead of %d: streams are dealt afresh and "
+                "LSTM states start from zero; weights and optimiser are kept",
+                self.shared.step,
+                self.world_size,
+                loaded.shared.world_size,
+            )
+            self.streams = self._streams(_stream_seeds(self.train.seed, self.shared.step))
+            self.shared.world_size = self.world_size
+            return
+        restore_rng(loaded.rank.rng)
+        seeds = (
+            loaded.rank.forward_stream["identity"]["seed"],
+            loaded.rank.backward_stream["identity"]["seed"],
+        )
+        forward, backward = self._streams(seeds)
+        self.streams = (
+            forward.starting_at(loaded.rank.forward_stream),
+            backward.starting_at(loaded.rank.backward_stream),
+        )
+        self.lstm_state = loaded.rank.lstm_state
+
+    def run(self) -> None:
+        """Steps until the manifest-derived total (or early stopping), checkpointing on the way."""
+        run = TrackedRun(
+            self.cfg.mlflow_tracking_uri,
+            self.cfg.run_name,
+            self.cfg.mlflow_run_id,
+            self.cfg.run_dir,
+            self.cfg.driver_host,
+        )
+        progress = Progress(
+            run,
+            self.shared,
+            rank=self.rank,
+            total_steps=self.cfg.total_steps,
+            log_every=self.train.log_every,
+            validation_sentences=min(
+                self.train.validation_sentences, self.manifest.split("heldout").num_sentences
+            ),
+        )
+        output = None
+        with progress.tracking(), self._batches() as batches:
+            steps = carried_steps(self.training_step, batches, self.device, self.lstm_state)
+            while self.shared.step < self.cfg.total_steps and not self.stop_early:
+                self._maybe_fail()
+                batch, result = next(steps)
+                self.lstm_state, output = result.state, result.output
+                self.positions = (batch.forward.position, batch.backward.position)
+                self.shared.step += 1
+                step = self.shared.step
+                progress.after_step(step, output, result.grad_norm, self.train.lr, self.world_size)
+                if step % self.train.validate_every == 0 or step == self.cfg.total_steps:
+                    self.validate(progress)
+                if step % self.train.checkpoint_every == 0 and step < self.cfg.total_steps:
+                    self.checkpoint(output)
+            self.checkpoint(output, final=True)
+            progress.plot()
+
+    def _batches(self) -> StepBatches:
+        """The streams' windows, built ahead by the configured processes (default: two on a GPU,
+        none on CPU)."""
+        workers = self.cfg.job.run.data_workers
+        if workers is None:
+            workers = 2 if self.device.type == "cuda" else 0
+        return step_batches(
+            self.training_step,
+            self.streams,
+            self.manifest,
+            self.char_table,
+            self.device,
+            workers=workers,
+        )
+
+    def validate(self, progress: Progress) -> None:
+        """Full-softmax perplexity on the fixed heldout sample, each rank on its part."""
+        windows = math.ceil(self.cfg.validation_windows / self.world_size)
+        sums = evaluate_perplexity(
+            self.bilm,
+            self.cfg.data,
+            "heldout",
+            batch_size=self.train.batch_size,
+            unroll_steps=self.train.unroll_steps,
+            rank=self.rank,
+            world_size=self.world_size,
+            max_windows=windows,
+            device=self.device,
+            progress=False,
+        )
+        sums = _sum_over_ranks(sums, self.device)
+        improved = (
+            self.shared.best_perplexity is None or sums.perplexity < self.shared.best_perplexity
+        )
+        if improved:
+            self.shared.best_perplexity = sums.perplexity
+            self.shared.validations_since_best = 0
+        else:
+            self.shared.validations_since_best += 1
+        progress.after_validation(self.shared.step, sums, self.bilm if improved else None)
+        patience = self.train.early_stopping_patience
+        self.stop_early = patience is not None and self.shared.validations_since_best >= patience
+
+    def checkpoint(self, output: LossOutput | None, *, final: bool = False) -> None:
+        """Every rank saves its part and reports; then rank 0 commits the checkpoint."""
+        step = self.shared.step
+        if step != self.resumed_from:  # else a resumed, finished run: the checkpoint is stored
+            self._save_part(step)
+        metrics = self._report_metrics(output)
+        self.runtime.report(metrics)  # a barrier: every part is saved
+        if self.rank == 0:
+            keep = self.cfg.job.run.checkpoints_to_keep
+            self.store.commit(step, self.world_size, keep, summary={**metrics, "final": final})
+
+    def _save_part(self, step: int) -> None:
+        assert self.positions is not None  # a step was taken since the start
+        forward, backward = (position.state_dict() for position in self.positions)
+        rank_state = RankState(capture_rng(), forward, backward, self.lstm_state)
+        with tempfile.TemporaryDirectory() as directory:
+            write_checkpoint(
+                Path(directory),
+                self.rank,
+                bilm=self.bilm,
+                optimizer=self.optimizer,
+                shared=self.shared,
+                rank_state=rank_state,
+            )
+            self.store.save_part(step, Path(directory))
+
+    def _report_metrics(self, output: LossOutput | None) -> Metrics:
+        """What every rank reports with its checkpoint; rank 0's go into its ``COMPLETE`` record,
+        where the driver reads the outcome of the run."""
+        return {
+            "step": self.shared.step,
+            "resumed_from_step": self.resumed_from,
+            "sampled_loss": float(output.loss.detach()) if output is not None else math.nan,
+            "best_perplexity": self.shared.best_perplexity or math.nan,
+            "stopped_early": self.stop_early,
+        }
+
+    def _maybe_fail(self) -> None:
+        """Test hook: rank R kills its own process once at step S (proves the restart path).
+
+        It first waits a few of the controller's polling intervals, so the last reported
+        checkpoint has been registered, as it has in any run that fails long after it.
+        """
+        if self.cfg.fail_once is None:
+            return
+        rank, step, marker = self.cfg.fail_once.split(":", 2)
+        if int(rank) == self.rank and int(step) == self.shared.step and not Path(marker).exists():
+            Path(marker).touch()
+            time.sleep(FAULT_DELAY_S)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _seed_rank(seed: int, rank: int) -> None:
+    """Dropout (and anything else drawing from the global RNGs) differs by rank, reproducibly."""
+    rank_seed = int(np.random.SeedSequence([seed, rank]).generate_state(1)[0])
+    torch.manual_seed(rank_seed)
+    np.random.seed(rank_seed)
+    random.seed(rank_seed)
+
+
+def _stream_seeds(seed: int, from_step: int) -> tuple[int, int]:
+    """Independent forward and backward shuffles; a re-deal at ``from_step`` gets new ones."""
+    forward, backward = np.random.SeedSequence([seed, from_step]).generate_state(2)
+    return int(forward), int(backward)
+
+
+def _sum_over_ranks(sums: PerplexitySums, device: torch.device) -> PerplexitySums:
+    if not (dist.is_available() and dist.is_initialized()):
+        return sums
+    values = torch.tensor(
+        [sums.forward_nll, sums.backward_nll, sums.forward_tokens, sums.backward_tokens],
+        dtype=torch.float64,
+        device=device,
+    )
+    dist.all_reduce(values)
+    forward_nll, backward_nll, forward_tokens, backward_tokens = values.tolist()
+    return PerplexitySums(forward_nll, backward_nll, int(forward_tokens), int(backward_tokens))

@@ -1,27 +1,32 @@
-"""Fixtures of the integration tests: one real local Ray, an isolated tracking store, a local S3
-server (moto), and a fresh Python process to load models in.
+"""Fixtures of the integration tests: one real local Ray, a local S3 server (moto), a fresh Python
+process to load models in, the local stack (infra/local) on free ports, and the dataset files
+registration reads (the isolated tracking store is tests/conftest.py's).
 
 Ray and MLflow are imported inside the fixtures that use them: the GPU suite runs tests of this
 folder on a device that has neither (benchmarks/device_env.py)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from functools import partial
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import ModuleType
+from typing import Any
 
 import pytest
 
-if TYPE_CHECKING:
-    from mlflow import MlflowClient
+from elmo_core.config import PrepareConfig
+from elmo_core.data.manifest import Manifest, SplitStats, VocabInfo, WordTypesInfo
+from elmo_core.text.tokenize import MosesTokenizer
 
 
 def _start_local_ray() -> None:
@@ -62,40 +67,6 @@ def without_session_ray() -> Iterator[None]:
         _start_local_ray()
 
 
-@contextmanager
-def _isolated_home(root: Path, *, chdir: bool) -> Iterator[None]:
-    """ELMO_HOME under ``root`` (so a fresh SQLite tracking store), no outside server or parent
-    run, no telemetry; with ``chdir``, ``root`` is the working directory (MLflow's ./mlruns)."""
-    from pipelines.common import tracking
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("ELMO_HOME", str(root / "home"))
-        patch.delenv("MLFLOW_TRACKING_URI", raising=False)
-        patch.delenv("RAY_ADDRESS", raising=False)
-        patch.delenv(tracking.PARENT_RUN_ENV, raising=False)
-        patch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")  # no network at test time
-        if chdir:
-            patch.chdir(root)
-        yield
-
-
-@pytest.fixture(scope="session")
-def isolated_home() -> Callable[[Path], AbstractContextManager[None]]:
-    """``with isolated_home(root):`` a module's own store under ``root``, run from ``root``."""
-    return partial(_isolated_home, chdir=True)
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowClient]:
-    """A real SQLite tracking store under a fresh ELMO_HOME, shared by a module's tests."""
-    from mlflow import MlflowClient
-
-    from pipelines.common import tracking
-
-    with _isolated_home(tmp_path_factory.mktemp("store"), chdir=False):
-        yield MlflowClient(tracking.use_tracking())
-
-
 @pytest.fixture
 def fresh_python() -> Callable[[str, str, Path], Any]:
     """Run a script in a new interpreter against an MLflow store; the JSON of its last line.
@@ -120,10 +91,20 @@ def fresh_python() -> Callable[[str, str, Path], Any]:
     return run
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct ports on 127.0.0.1 that nothing listens on now (held together while
+    chosen, so no two are the same)."""
+    probes = [socket.socket() for _ in range(count)]
+    for probe in probes:
         probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    ports = [probe.getsockname()[1] for probe in probes]
+    for probe in probes:
+        probe.close()
+    return ports
+
+
+def _free_port() -> int:
+    return _free_ports(1)[0]
 
 
 @pytest.fixture(scope="session")
@@ -159,3 +140,90 @@ def s3_endpoint(monkeypatch, tmp_path) -> Iterator[str]:
     yield endpoint
     s3fs.S3FileSystem.clear_instance_cache()
     server.stop()
+
+
+STACK_PORTS = (
+    "ELMO_PREFECT_PORT",
+    "ELMO_MLFLOW_PORT",
+    "ELMO_RAY_PORT",
+    "ELMO_RAY_DASHBOARD_PORT",
+    "ELMO_RAY_CLIENT_PORT",
+    "ELMO_RAY_AGENT_PORT",
+)
+
+
+@dataclass(frozen=True)
+class LocalStack:
+    """The local stack driven as a user drives it: ``stack.py ARGS`` run in ``env``."""
+
+    script: Path
+    env: dict[str, str]
+
+    def run(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, str(self.script), *args],
+            env=self.env,
+            cwd=self.script.parents[2],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    @staticmethod
+    def exports(stdout: str) -> dict[str, str]:
+        """The ``export KEY=VALUE`` lines ``stack.py start`` prints, as a mapping."""
+        pairs = (line.removeprefix("export ").split("=", 1) for line in stdout.splitlines())
+        return {key: value for key, value in pairs}
+
+
+@pytest.fixture(scope="session")
+def local_stack(stack_module: ModuleType) -> Callable[..., AbstractContextManager[LocalStack]]:
+    """``with local_stack(home, **settings) as stack:`` the stack, not yet started, on free ports
+    with ELMO_HOME = ``home``, ``settings`` and no outside PREFECT_/MLFLOW_/RAY_ variable; at the
+    end it is stopped (which must succeed) and its Ray temp folder removed."""
+
+    @contextmanager
+    def stack(home: Path, **settings: str) -> Iterator[LocalStack]:
+        outside = ("PREFECT_", "MLFLOW_", "RAY_")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(outside)}
+        env.update(zip(STACK_PORTS, map(str, _free_ports(len(STACK_PORTS))), strict=True))
+        env.update(ELMO_HOME=str(home), **settings)
+        local = LocalStack(Path(stack_module.__file__), env)
+        try:
+            yield local
+        finally:
+            stopped = local.run("stop", timeout=120)
+            shutil.rmtree(stack_module.ray_temp_dir(home), ignore_errors=True)
+            assert stopped.returncode == 0, stopped.stderr
+
+    return stack
+
+
+REGISTRY_VOCAB = "<S>\n</S>\n<UNK>\nthe\ncat\n"
+
+
+@pytest.fixture(scope="session")
+def registry_dataset() -> Callable[[Path], Path]:
+    """``registry_dataset(root) -> root``: what registration reads of a dataset, no shards: a
+    five-word ``vocab.txt`` and a ``manifest.json`` recording its hash and the Moses tokenizer."""
+
+    def make(root: Path) -> Path:
+        root.mkdir(parents=True)
+        (root / "vocab.txt").write_text(REGISTRY_VOCAB)
+        manifest = Manifest(
+            shard_format="parquet",
+            shard_format_version=1,
+            source="test",
+            format="text",
+            tokenizer=MosesTokenizer().describe(),
+            params=PrepareConfig(),
+            vocab=VocabInfo(size=5, sha256=hashlib.sha256(REGISTRY_VOCAB.encode()).hexdigest()),
+            word_types=WordTypesInfo(num_types=0, sha256="-"),
+            splits={},
+            stats=SplitStats(),
+        )
+        (root / "manifest.json").write_text(manifest.to_json())
+        return root
+
+    return make

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -73,6 +74,18 @@ def _register_bilm(model_dir: Path, root: Path) -> None:
     MlflowClient().set_registered_model_alias("elmo-bilm", "champion", version.version)
 
 
+def _adapt_executions() -> set[tuple[str, float]]:
+    """``(worker, start µs)`` of each ``run_adapt_job`` execution the session's Ray recorded
+    (``ray.timeline``: the task events its workers report)."""
+    import ray
+
+    return {
+        (event["tid"], event["ts"])
+        for event in ray.timeline()
+        if event.get("cat") == "task::run_adapt_job"
+    }
+
+
 @pytest.fixture(scope="module")
 def adapted(ray_session, tmp_path_factory):  # type: ignore[no-untyped-def]
     """Two tasks adapted in parallel on a checkpoint dir, then one in a flow on ``@champion``."""
@@ -87,7 +100,9 @@ def adapted(ray_session, tmp_path_factory):  # type: ignore[no-untyped-def]
         model_dir = save_bilm(BiLM(tiny(), 100), root / "bilm")
         configs = [_write_tagging(root), _write_classification(root)]
         tasks = [load_task_config(path) for path in configs]
+        earlier = _adapt_executions()
         standalone = adapt_stage.adapt(tasks, str(model_dir))
+        standalone_done_us = time.time() * 1e6
         cache = root / "home" / "cache" / "activations"
         entries_after_first = sorted(p.name for p in cache.iterdir())
         _register_bilm(model_dir, root)
@@ -101,6 +116,12 @@ def adapted(ray_session, tmp_path_factory):  # type: ignore[no-untyped-def]
             tags={"elmo.flow": "test"},
         )
         uri = tracking.use_tracking()
+        # By now (the nested job took seconds) the standalone jobs' events have been reported.
+        standalone_executions = [
+            execution
+            for execution in _adapt_executions() - earlier
+            if execution[1] < standalone_done_us
+        ]
         yield SimpleNamespace(
             root=root,
             uri=uri,
@@ -109,6 +130,7 @@ def adapted(ray_session, tmp_path_factory):  # type: ignore[no-untyped-def]
             configs=configs,
             tasks=tasks,
             standalone=standalone,
+            standalone_executions=standalone_executions,
             nested=nested[0],
             parent_id=parent.info.run_id,
             cache=cache,
@@ -127,9 +149,9 @@ def test_jobs_run_in_parallel_as_standalone_runs_tagged_with_the_bilm_path(adapt
         assert "GloVe" in run.data.tags[adapt_stage.BASELINE_TAG]
         assert "mlflow.parentRunId" not in run.data.tags
         assert run.data.params["training.epochs"] == "2"  # the task config, logged
-    first, second = runs
-    assert first.info.start_time < second.info.end_time
-    assert second.info.start_time < first.info.end_time  # the two Ray tasks overlapped
+    # Submitted together to a 2-CPU Ray, the two jobs ran as two tasks in two worker processes.
+    workers = [worker for worker, _ in adapted.standalone_executions]
+    assert len(workers) == 2 and len(set(workers)) == 2, adapted.standalone_executions
 
 
 def test_a_run_names_its_source_and_commit_not_the_ray_worker(adapted) -> None:

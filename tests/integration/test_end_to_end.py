@@ -9,17 +9,12 @@ served over HTTP. Afterwards the stack is stopped.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import shutil
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -29,15 +24,6 @@ from mlflow.tracking import MlflowClient
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
-STACK = ROOT / "infra" / "local" / "stack.py"
-PORT_VARIABLES = (
-    "ELMO_PREFECT_PORT",
-    "ELMO_MLFLOW_PORT",
-    "ELMO_RAY_PORT",
-    "ELMO_RAY_DASHBOARD_PORT",
-    "ELMO_RAY_CLIENT_PORT",
-    "ELMO_RAY_AGENT_PORT",
-)
 # A fresh interpreter that knows only the tracking URI, as a user's notebook would.
 EMBED_SCRIPT = """
 import json, mlflow, pandas as pd
@@ -66,59 +52,28 @@ except TrainJobFailed as failed:
 """
 
 
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for sock in sockets:
-        sock.bind(("127.0.0.1", 0))
-    ports = [sock.getsockname()[1] for sock in sockets]
-    for sock in sockets:
-        sock.close()
-    return ports
-
-
 def _run(args: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         args, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False
     )
 
 
-def _exports(stdout: str) -> dict[str, str]:
-    pairs = (line.removeprefix("export ").split("=", 1) for line in stdout.splitlines())
-    return {key: value for key, value in pairs}
-
-
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+def stack(tmp_path_factory: pytest.TempPathFactory, local_stack) -> Iterator[dict[str, str]]:
     """The started local stack; yields the environment a user's shell has after sourcing it."""
     tmp_path = tmp_path_factory.mktemp("e2e")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "RAY_"))}
-    env.update(dict(zip(PORT_VARIABLES, map(str, _free_ports(len(PORT_VARIABLES))), strict=True)))
-    env.update(
-        ELMO_HOME=str(tmp_path / "elmo"),
+    with local_stack(
+        tmp_path / "elmo",
         ELMO_RAY_NUM_CPUS="2",
         ELMO_STACK_TIMEOUT_S="240",
         ELMO_REPO=str(ROOT),
         MLFLOW_DISABLE_TELEMETRY="true",
         PREFECT_SERVER_ANALYTICS_ENABLED="false",
-    )
-    try:
-        started = _run([sys.executable, str(STACK), "start"], env, timeout=600)
+    ) as local:
+        started = local.run("start", timeout=600)
         assert started.returncode == 0, started.stderr
-        client_env = {**env, **_exports(started.stdout), "PREFECT_HOME": str(tmp_path / "cli")}
-        yield client_env
-    finally:
-        stopped = _run([sys.executable, str(STACK), "stop"], env, timeout=120)
-        shutil.rmtree(_stack_module().ray_temp_dir(tmp_path / "elmo"), ignore_errors=True)
-        assert stopped.returncode == 0, stopped.stderr
-
-
-def _stack_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("elmo_local_stack", STACK)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file runs
-    spec.loader.exec_module(module)
-    return module
+        exported = local.exports(started.stdout)
+        yield {**local.env, **exported, "PREFECT_HOME": str(tmp_path / "cli")}
 
 
 def _bank_vectors(env: dict[str, str]) -> list[list[list[float]]]:

@@ -62,7 +62,8 @@ def test_evaluate_a_model_directory_logs_metrics_and_params(store, dataset, mode
     expected = _direct(model_dir, dataset)
     assert result.perplexity == pytest.approx(expected.perplexity)
     assert result.forward_perplexity == pytest.approx(expected.forward_perplexity)
-    assert result.num_tokens == expected.num_tokens > 0
+    predicted = sum(len(sentence.split()) + 1 for sentence in HELDOUT)  # each token and </S>
+    assert result.num_tokens == expected.num_tokens == predicted
     assert result.heldout_hash == heldout_hash(dataset, "heldout", None)
     run = store.get_run(result.run_id)
     assert run.data.metrics["heldout_perplexity"] == pytest.approx(result.perplexity)

@@ -6,34 +6,21 @@ stopped; afterwards no process of the stack's sessions may remain.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import shutil
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
+from typing import Any
 
 import pytest
 from mlflow.tracking import MlflowClient
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
-STACK = ROOT / "infra" / "local" / "stack.py"
-PORT_VARIABLES = (
-    "ELMO_PREFECT_PORT",
-    "ELMO_MLFLOW_PORT",
-    "ELMO_RAY_PORT",
-    "ELMO_RAY_DASHBOARD_PORT",
-    "ELMO_RAY_CLIENT_PORT",
-    "ELMO_RAY_AGENT_PORT",
-)
 # Runs in a fresh interpreter with only the printed exports, as a user's shell would.
 RAY_JOB_SCRIPT = """
 import json, time
@@ -45,16 +32,6 @@ while not client.get_job_status(job).is_terminal() and time.monotonic() < deadli
     time.sleep(0.5)
 print(json.dumps({"status": str(client.get_job_status(job)), "logs": client.get_job_logs(job)}))
 """
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for sock in sockets:
-        sock.bind(("127.0.0.1", 0))
-    ports = [sock.getsockname()[1] for sock in sockets]
-    for sock in sockets:
-        sock.close()
-    return ports
 
 
 def _session_processes(session: int) -> list[str]:
@@ -70,39 +47,12 @@ def _session_processes(session: int) -> list[str]:
     return found
 
 
-def _stack(env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(STACK), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
-def _exports(stdout: str) -> dict[str, str]:
-    pairs = (line.removeprefix("export ").split("=", 1) for line in stdout.splitlines())
-    return {key: value for key, value in pairs}
-
-
 @pytest.fixture
-def stack_env(tmp_path: Path) -> Iterator[dict[str, str]]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "RAY_"))}
-    env.update(dict(zip(PORT_VARIABLES, map(str, _free_ports(len(PORT_VARIABLES))), strict=True)))
-    env.update(ELMO_HOME=str(tmp_path / "elmo"), ELMO_RAY_NUM_CPUS="1", ELMO_STACK_TIMEOUT_S="200")
-    yield env
-    _stack(env, "stop", timeout=60)
-    shutil.rmtree(_load_stack_module().ray_temp_dir(tmp_path / "elmo"), ignore_errors=True)
-
-
-def _load_stack_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("elmo_local_stack", STACK)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file runs
-    spec.loader.exec_module(module)
-    return module
+def stack(tmp_path: Path, local_stack) -> Iterator[Any]:
+    with local_stack(
+        tmp_path / "elmo", ELMO_RAY_NUM_CPUS="1", ELMO_STACK_TIMEOUT_S="200"
+    ) as not_started:
+        yield not_started
 
 
 def _check_mlflow(env: dict[str, str], uri: str, tmp_path: Path) -> None:
@@ -142,43 +92,41 @@ def _check_ray(exports: dict[str, str]) -> None:
     assert f"42 {sys.prefix}" in job["logs"]
 
 
-def test_stack_starts_serves_and_stops_without_leftovers(
-    stack_env: dict[str, str], tmp_path: Path
-) -> None:
+def test_stack_starts_serves_and_stops_without_leftovers(stack, tmp_path: Path) -> None:
     began = time.monotonic()
-    started = _stack(stack_env, "start")
+    started = stack.run("start")
     assert started.returncode == 0, started.stderr
     print(started.stderr, f"start took {time.monotonic() - began:.1f} s")
-    exports = _exports(started.stdout)
+    exports = stack.exports(started.stdout)
     assert exports["RAY_AUTH_MODE"] == "token"
 
-    _check_mlflow(stack_env, exports["MLFLOW_TRACKING_URI"], tmp_path)
+    _check_mlflow(stack.env, exports["MLFLOW_TRACKING_URI"], tmp_path)
     _check_prefect(exports["PREFECT_API_URL"])
     _check_ray(exports)
 
-    again = _stack(stack_env, "start")
+    again = stack.run("start")
     assert again.returncode == 0
     assert again.stderr.count("already running") == 4
 
-    pids = Path(stack_env["ELMO_HOME"]) / "stack" / "pids"
+    pids = Path(stack.env["ELMO_HOME"]) / "stack" / "pids"
     sessions = {path.stem: int(path.read_text()) for path in pids.glob("*.pid")}
     assert sorted(sessions) == ["mlflow", "prefect", "ray", "worker"]
     assert all(_session_processes(session) for session in sessions.values())
-    stopped = _stack(stack_env, "stop", timeout=60)
+    stopped = stack.run("stop", timeout=60)
     assert stopped.returncode == 0, stopped.stderr
     assert {name: _session_processes(s) for name, s in sessions.items()} == {
         name: [] for name in sessions
     }
-    assert _stack(stack_env, "status").returncode == 1
+    assert stack.run("status").returncode == 1
 
 
-def test_failed_start_shows_the_service_log_and_leaves_nothing(stack_env: dict[str, str]) -> None:
-    stack_env["ELMO_RAY_NUM_CPUS"] = "-1"  # `ray start` launches the GCS, then fails
+def test_failed_start_shows_the_service_log_and_leaves_nothing(stack) -> None:
+    stack.env["ELMO_RAY_NUM_CPUS"] = "-1"  # `ray start` launches the GCS, then fails
 
-    result = _stack(stack_env, "start", "--services", "ray")
+    result = stack.run("start", "--services", "ray")
 
     assert result.returncode == 1
     assert "ray exited with code 1; log tail:" in result.stderr
     assert "Resource quantities must be nonnegative" in result.stderr
     # The pid file goes only once every process of the session is gone.
-    assert not (Path(stack_env["ELMO_HOME"]) / "stack" / "pids" / "ray.pid").exists()
+    assert not (Path(stack.env["ELMO_HOME"]) / "stack" / "pids" / "ray.pid").exists()

@@ -30,7 +30,14 @@ def test_prepare_writes_to_s3_and_the_reader_streams_it_back(s3_endpoint, tmp_pa
     manifest = load_manifest(url)
     assert manifest == first.manifest
     assert manifest.splits["train"].num_sentences == 120
-    assert sum(b.num_sentences for b in iter_sentences(url, "train", rank=1, world_size=2)) > 0
+    shards = manifest.splits["train"].shards
+    read = [
+        sum(batch.num_sentences for batch in iter_sentences(url, "train", rank=rank, world_size=2))
+        for rank in range(2)
+    ]
+    # whole shards, dealt round-robin: each rank reads its shards' sentences, together all of them
+    assert read == [sum(shard.num_sentences for shard in shards[rank::2]) for rank in range(2)]
+    assert sum(read) == 120 and len(shards) == 3  # 120 sentences, at most 50 a shard
     held = list(iter_sentences(url, "heldout", files=["heldout-00000"]))
     assert held[0].lines.tolist() == [1, 2]
     assert len(load_word_types(url)) == manifest.word_types.num_types

@@ -1,7 +1,6 @@
 """register against a real MLflow SQLite store: versions, tags, HDF5 export, loading back."""
 
 import hashlib
-import importlib.util
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,25 +13,25 @@ import torch
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
-from elmo_core.config import PrepareConfig
-from elmo_core.data.manifest import Manifest, SplitStats, VocabInfo, WordTypesInfo
 from elmo_core.errors import ConfigError, DataError, WeightsError
+from elmo_core.interop.bilm_tf import load_bilm as load_bilm_tf
 from elmo_core.model.bilm import BiLM
 from elmo_core.model.serialization import save_bilm
 from elmo_core.presets import tiny
 from elmo_core.text.char_ids import batch_to_ids
-from elmo_core.text.tokenize import MosesTokenizer
 from pipelines.common import tracking
 from pipelines.evaluate.result import EvaluationResult
-from pipelines.models.bilm_loader import PATH_TAG, VERSION_TAG, load_bilm, resolve_bilm
+from pipelines.models.bilm_loader import (
+    PATH_TAG,
+    VERSION_TAG,
+    initial_bilm,
+    load_bilm,
+    resolve_bilm,
+)
 from pipelines.registry import register as reg
 from pipelines.registry.tags import KIND_TAG, PRESET_TAG, SIZE_TAG
-from pipelines.train.checkpoints import initial_bilm
 
 pytestmark = pytest.mark.integration
-
-HAS_BILM_TF = importlib.util.find_spec("elmo_core.interop.bilm_tf") is not None
-VOCAB = "<S>\n</S>\n<UNK>\nthe\ncat\n"
 
 
 def _evaluation(
@@ -52,25 +51,6 @@ def _evaluation(
     )
 
 
-def _dataset(root: Path) -> Path:
-    root.mkdir(parents=True)
-    (root / "vocab.txt").write_text(VOCAB)
-    manifest = Manifest(
-        shard_format="parquet",
-        shard_format_version=1,
-        source="test",
-        format="text",
-        tokenizer=MosesTokenizer().describe(),
-        params=PrepareConfig(),
-        vocab=VocabInfo(size=5, sha256=hashlib.sha256(VOCAB.encode()).hexdigest()),
-        word_types=WordTypesInfo(num_types=0, sha256="-"),
-        splits={},
-        stats=SplitStats(),
-    )
-    (root / "manifest.json").write_text(manifest.to_json())
-    return root
-
-
 def _logged_model_id(version) -> str:
     """The LoggedModel a version was registered from (SQLite stores keep it in the source)."""
     assert version.source.startswith("models:/m-")
@@ -78,18 +58,15 @@ def _logged_model_id(version) -> str:
 
 
 @pytest.fixture(scope="module")
-def registry(tmp_path_factory, isolated_home):
+def registry(tmp_path_factory, isolated_home, registry_dataset):
     """A fresh store with ``elmo-bilm`` registered twice (two evaluations of one tiny biLM)."""
     root = tmp_path_factory.mktemp("register")
     with isolated_home(root):
         torch.manual_seed(0)
         model_dir = save_bilm(BiLM(tiny(), 100), root / "bilm")
-        dataset = _dataset(root / "dataset")
+        dataset = registry_dataset(root / "dataset")
         evaluations = [_evaluation(40.5, 41.5, 41.0), _evaluation(30.25, 31.75, 31.0)]
-        results = [
-            reg.register(model_dir, str(dataset), evaluation=e, hdf5_export=HAS_BILM_TF)
-            for e in evaluations
-        ]
+        results = [reg.register(model_dir, str(dataset), evaluation=e) for e in evaluations]
         uri = tracking.use_tracking()
         yield SimpleNamespace(
             root=root,
@@ -108,7 +85,7 @@ def test_registering_twice_creates_versions_tagged_with_their_evaluation(registr
         ("elmo-bilm", 2, "models:/elmo-bilm/2"),
     ]
     assert [r.perplexity for r in registry.results] == [41.0, 31.0]
-    vocab_sha = hashlib.sha256(VOCAB.encode()).hexdigest()
+    vocab_sha = hashlib.sha256((registry.dataset / "vocab.txt").read_bytes()).hexdigest()
     manifest_sha = hashlib.sha256((registry.dataset / "manifest.json").read_bytes()).hexdigest()
     for result, evaluation in zip(registry.results, registry.evaluations, strict=True):
         version = registry.client.get_model_version("elmo-bilm", str(result.version))
@@ -175,10 +152,7 @@ def test_load_registered_bilm_returns_the_saved_weights(registry, tmp_path):
     assert all(torch.equal(saved[key], loaded[key]) for key in saved)
 
 
-@pytest.mark.skipif(not HAS_BILM_TF, reason="elmo_core.interop.bilm_tf not available")
 def test_hdf5_export_is_logged_in_the_run_and_named_by_a_tag(registry, tmp_path):
-    from elmo_core.interop.bilm_tf import load_bilm as load_bilm_tf
-
     result = registry.results[0]
     version = registry.client.get_model_version("elmo-bilm", "1")
     assert version.tags[reg.BILM_TF_TAG] == f"runs:/{result.run_id}/bilm_tf"
@@ -215,7 +189,8 @@ def test_a_version_registered_from_a_training_run_links_it_both_ways(registry):
     assert tags[reg.TRAIN_RUN_TAG] == train_run_id
     assert tags[reg.REGISTER_RUN_TAG] == result.run_id
     assert reg.PERPLEXITY_TAG not in tags and reg.HELDOUT_HASH_TAG not in tags
-    assert tags[reg.VOCAB_HASH_TAG] == hashlib.sha256(VOCAB.encode()).hexdigest()
+    vocab = (registry.dataset / "vocab.txt").read_bytes()
+    assert tags[reg.VOCAB_HASH_TAG] == hashlib.sha256(vocab).hexdigest()
     assert reg.BILM_TF_TAG not in tags
     experiment = run.info.experiment_id
     train_page = f"http://127.0.0.1:5000/#/experiments/{experiment}/runs/{train_run_id}"
@@ -247,9 +222,12 @@ def test_missing_hdf5_exporter_fails_before_anything_is_registered(registry, mon
     assert registry.client.search_model_versions("name = 'no-hdf5'") == []
 
 
-def test_vocabulary_differing_from_the_manifest_is_a_data_error(registry, tmp_path):
-    dataset = _dataset(tmp_path / "dataset")
-    (dataset / "vocab.txt").write_text(VOCAB + "extra\n")
+def test_vocabulary_differing_from_the_manifest_is_a_data_error(
+    registry, registry_dataset, tmp_path
+):
+    dataset = registry_dataset(tmp_path / "dataset")
+    with (dataset / "vocab.txt").open("a") as vocab:
+        vocab.write("extra\n")
     with pytest.raises(DataError, match="sha256"):
         reg.register(registry.model_dir, str(dataset), evaluation=None, hdf5_export=False)
 

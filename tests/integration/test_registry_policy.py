@@ -6,7 +6,6 @@ logged model under their own model names, tagged as ``register`` tags them, so e
 from a registry it controls.
 """
 
-import hashlib
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,13 +13,10 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from elmo_core.config import PrepareConfig
-from elmo_core.data.manifest import Manifest, SplitStats, VocabInfo, WordTypesInfo
 from elmo_core.model.bilm import BiLM
 from elmo_core.model.serialization import save_bilm
 from elmo_core.perplexity import Protocol
 from elmo_core.presets import tiny
-from elmo_core.text.tokenize import WhitespaceTokenizer
 from pipelines import cli
 from pipelines.common import tracking
 from pipelines.evaluate.result import EvaluationResult
@@ -29,8 +25,7 @@ from pipelines.registry import register as reg
 
 pytestmark = pytest.mark.integration
 
-VOCAB = "<S>\n</S>\n<UNK>\nthe\ncat\n"
-VOCAB_SHA = hashlib.sha256(VOCAB.encode()).hexdigest()
+VOCAB_SHA = "vocabulary-a"  # what the added versions record; "other-vocabulary" differs
 
 
 def _evaluation(
@@ -49,33 +44,14 @@ def _evaluation(
     )
 
 
-def _dataset(root: Path) -> Path:
-    root.mkdir(parents=True)
-    (root / "vocab.txt").write_text(VOCAB)
-    manifest = Manifest(
-        shard_format="parquet",
-        shard_format_version=1,
-        source="test",
-        format="1b-benchmark",
-        tokenizer=WhitespaceTokenizer().describe(),
-        params=PrepareConfig(),
-        vocab=VocabInfo(size=5, sha256=VOCAB_SHA),
-        word_types=WordTypesInfo(num_types=0, sha256="-"),
-        splits={},
-        stats=SplitStats(),
-    )
-    (root / "manifest.json").write_text(manifest.to_json())
-    return root
-
-
 @pytest.fixture(scope="module")
-def registry(tmp_path_factory, isolated_home):
+def registry(tmp_path_factory, isolated_home, registry_dataset):
     """``elmo-bilm`` registered four times: perplexity 41, 31, 35, then without evaluation."""
     root = tmp_path_factory.mktemp("registry-policy")
     with isolated_home(root):
         torch.manual_seed(0)
         model_dir = save_bilm(BiLM(tiny(), 100), root / "bilm")
-        dataset = str(_dataset(root / "dataset"))
+        dataset = str(registry_dataset(root / "dataset"))
         results = [
             reg.register(model_dir, dataset, evaluation=evaluation, hdf5_export=False)
             for evaluation in (_evaluation(41.0), _evaluation(31.0), _evaluation(35.0), None)

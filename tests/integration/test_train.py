@@ -17,7 +17,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -272,7 +271,7 @@ def test_ctrl_c_stops_the_run_killed_and_the_same_command_resumes_it(
     ]
     for override in overrides:
         args += ["--set", override]
-    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking.use_tracking()}
+    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking.use_tracking(), "PYTHONUNBUFFERED": "1"}
     driver = subprocess.Popen(
         [sys.executable, "-c", AS_FOREGROUND_JOB, *args],  # python -m pipelines.train
         env=env,
@@ -281,10 +280,16 @@ def test_ctrl_c_stops_the_run_killed_and_the_same_command_resumes_it(
         text=True,
         start_new_session=True,  # its own process group, as a terminal's foreground job
     )
-    deadline = time.monotonic() + 240
-    while not list((tmp_path / "runs").glob("*/checkpoints/*/COMPLETE")):
-        assert driver.poll() is None and time.monotonic() < deadline, driver.communicate()
-        time.sleep(0.5)
+    # Rank 0 commits a checkpoint before its next step: once it reports a step past step 5, the
+    # checkpoint of step 5 is complete. Reading blocks until then (the timeout guards a hang).
+    assert driver.stdout is not None
+    for line in driver.stdout:
+        reported = re.search(r"\[train\] step (\d+)/", line)
+        if reported and int(reported[1]) > 5:
+            break
+    else:
+        pytest.fail(f"the run ended before step 6: {driver.communicate()}")
+    assert list((tmp_path / "runs").glob("*/checkpoints/*/COMPLETE"))
     os.killpg(driver.pid, signal.SIGINT)  # Ctrl-C reaches the whole foreground group
     out, err = driver.communicate(timeout=120)
 

@@ -58,13 +58,12 @@ def test_scaling_fields_reach_the_resolved_train_config() -> None:
     assert training.train_overrides()[-2:] == ["run.num_workers=3", "run.use_gpu=true"]
 
 
-def test_the_ray_job_resolves_the_config_the_in_process_training_resolves() -> None:
+def test_the_config_is_resolved_once_when_the_parameters_are_validated() -> None:
     training = TrainingParams(model="tiny", overrides=["train.max_steps=7"], num_workers=3)
 
-    job = training.train_job("/data/set")
-
-    assert (job.model, job.dataset) == ("tiny", "/data/set")
-    assert job.job_config() == training.job_config()
+    assert training.job_config() is training.job_config()
+    assert training.model_copy().job_config() == training.job_config()
+    assert TrainingParams.model_validate(training.model_dump()) == training
 
 
 def test_mode_defaults_to_ray_job_only_when_a_jobs_api_is_configured(

@@ -1,12 +1,18 @@
-"""What the flow's log says while a biLM trains, and where it links a flow run in Prefect's UI."""
+"""What the flow's log says while a biLM trains, where it links a flow run in Prefect's UI, and
+the train task's reuse of a finished run."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from uuid import UUID
 
+import pytest
 from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL, temporary_settings
 
-from flows.tasks import flow_run_url, progress_due
+from flows.params import TrainingParams
+from flows.tasks import _train, flow_run_url, progress_due
+from pipelines.train.preflight import TrainResult, plan_training
+from pipelines.train.run_directory import FINISHED_FILE
 
 FLOW_RUN = UUID("12345678-1234-5678-1234-567812345678")
 
@@ -39,3 +45,35 @@ def test_a_flow_run_on_a_server_links_to_that_servers_ui() -> None:
         restore_defaults={PREFECT_UI_URL},
     ):
         assert flow_run_url(FLOW_RUN) == f"http://prefect.example:4200/runs/flow-run/{FLOW_RUN}"
+
+
+SENTENCES = [f"w{i % 97} w{(3 * i) % 89} w{i % 5} end" for i in range(120)]  # > 64 types
+
+
+@pytest.mark.parametrize("mode", ["local", "ray-job"])
+def test_the_train_task_gives_a_finished_run_back_in_either_mode(
+    make_dataset, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    monkeypatch.setenv("ELMO_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("RAY_API_SERVER_ADDRESS", raising=False)
+    dataset = make_dataset(SENTENCES, {"held.txt": SENTENCES[:4]})
+    training = TrainingParams(model="tiny", overrides=["train.max_steps=5"], mode=mode)
+    plan = plan_training(training.job_config(), dataset)
+    finished = TrainResult(
+        run_name=plan.name,
+        run_dir=plan.run_dir.url,
+        model_dir=plan.run_dir.join("model"),
+        best_model_dir=None,
+        mlflow_run_id="r1",
+        steps=5,
+        total_steps=5,
+        resumed_from_step=0,
+        best_perplexity=None,
+        stopped_early=False,
+        seconds=1.0,
+    )
+    plan.run_dir.write_json(FINISHED_FILE, finished.model_dump(mode="json"))
+
+    result = _train.fn(dataset, training, "parent")
+
+    assert result == finished.model_copy(update={"already_finished": True})

@@ -1,9 +1,10 @@
 import math
 
 import numpy as np
+import pytest
 import torch
 
-from elmo_core.model.highway import Highway
+from elmo_core.model.highway import CPU_HAS_BF16_GEMMS, Highway
 
 
 def _set_layer(highway: Highway, index: int, tf_weights: dict[str, np.ndarray]) -> None:
@@ -73,3 +74,28 @@ def test_gradients_match_finite_differences():
     highway = Highway(3, 2).double()
     x = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(highway, (x,))
+
+
+@pytest.mark.skipif(not CPU_HAS_BF16_GEMMS, reason="this CPU has no bf16 GEMMs: float32 runs")
+def test_cpu_bf16_trains_in_bf16_close_to_float32_and_evaluates_in_float32():
+    torch.manual_seed(0)
+    highway = Highway(64, 2)
+    x = torch.randn(32, 64)
+    expected = highway(x).detach()  # float32 (cpu_bf16 off)
+    highway.cpu_bf16 = True
+    trained = highway(x)
+    assert trained.dtype == torch.float32 and not torch.equal(trained, expected)  # bf16 ran
+    scale = float(expected.abs().max())  # test_bilm_autocast's bar for bf16 activations
+    torch.testing.assert_close(trained, expected, rtol=0, atol=0.05 * scale)
+    trained.sum().backward()
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in highway.parameters())
+    assert torch.equal(highway.eval()(x), expected)  # evaluation stays float32
+
+
+def test_an_outer_autocast_still_applies_when_cpu_bf16_is_off():
+    torch.manual_seed(0)
+    highway = Highway(64, 1).eval()
+    x = torch.randn(8, 64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = highway(x)
+    assert not torch.equal(mixed.float(), highway(x))

@@ -156,21 +156,50 @@ def test_without_gradients_it_keeps_nothing_and_equals_the_training_op_and_the_r
 
 @pytest.fixture
 def interpreted_triton(monkeypatch):
-    """The fused ops' steps through :mod:`lstm_triton`'s kernels on CPU tensors: decorated under
-    ``TRITON_INTERPRET=1``, as in ``test_lstm_triton.py``, and decorated afresh afterwards."""
+    """The fused ops' steps through :mod:`lstm_triton`'s kernels on CPU tensors, the inference op
+    on CUDA's path: decorated under ``TRITON_INTERPRET=1``, as in ``test_lstm_triton.py``, and
+    decorated afresh afterwards."""
     pytest.importorskip("triton", reason="triton is not installed")
     module = importlib.import_module("elmo_core.model.lstm_triton")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TRITON_INTERPRET", "1")
         importlib.reload(module)
     monkeypatch.setattr(lstm_fused, "_steps_on_triton", lambda gates, state: True)
+    monkeypatch.setattr(lstm_fused, "_every_step", lambda inputs: True)
     yield
     importlib.reload(module)
 
 
 @pytest.mark.parametrize("directions", [None, 2], ids=["one-stack", "directions-batched"])
 def test_without_gradients_the_triton_steps_equal_the_reference(directions, interpreted_triton):
-    """The state updated in place and the rows that ran out left out, through the kernels."""
+    """CUDA's inference path: every row at every step, the state updated in place."""
+    with torch.no_grad():
+        got = _carried_windows(fused_layer, directions)
+    for result, expected in zip(got, _carried_windows(run_layer, directions), strict=True):
+        torch.testing.assert_close(result, expected, rtol=0, atol=1e-5)
+
+
+def test_without_gradients_directions_whose_rows_are_reordered_run_together():
+    """The second direction's rows: the first's numbers of tokens in another order, one with a
+    gap; both run as one batched recurrence (the first's counts serve both)."""
+    leaves = [leaf.detach() for leaf in _leaves(2)]
+    generator = torch.Generator().manual_seed(3)
+    inputs = torch.randn(2, B, T, I, generator=generator)
+    h, c = torch.randn(2, B, P, generator=generator), torch.randn(2, B, H, generator=generator)
+    mask = torch.stack([_mask([T, 2, 0, 1], ()), _mask([1, T, 2, 0], ())])
+    mask[1, 2] = torch.tensor([True, False, False, True, False])  # two tokens, a gap between
+    assert not lstm_fused._lengths_differ(mask)
+    with torch.inference_mode():
+        got = fused_layer(inputs, mask, h, c, _weights(leaves), CELL_CLIP, PROJ_CLIP)
+    expected = run_layer(inputs, mask, h, c, _weights(leaves), CELL_CLIP, PROJ_CLIP)
+    for result, reference in zip(got, expected, strict=True):
+        torch.testing.assert_close(result, reference, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("directions", [None, 2], ids=["one-stack", "directions-batched"])
+def test_without_gradients_every_step_in_torch_ops_equals_the_reference(directions, monkeypatch):
+    """CUDA's inference path where the Triton kernels do not run, here on the CPU."""
+    monkeypatch.setattr(lstm_fused, "_every_step", lambda inputs: True)
     with torch.no_grad():
         got = _carried_windows(fused_layer, directions)
     for result, expected in zip(got, _carried_windows(run_layer, directions), strict=True):

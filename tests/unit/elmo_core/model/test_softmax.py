@@ -412,3 +412,39 @@ def test_chunked_sampled_loss_never_holds_the_whole_logits(sparse):
         lambda h: _whole_logits_loss(softmax, h, targets, candidates, *counts)
     )
     assert largest >= num_positions * (num_samples + 1) and largest_saved >= whole_logits
+
+
+class _Launches(TorchDispatchMode):
+    """Counts the ops that would launch a kernel on a GPU: every op but views."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        self.count += not func.is_view
+        return func(*args, **(kwargs or {}))
+
+
+# A chunk's own launches: its candidate logits (GEMM, offsets, hit mask, fill), then forward
+# logsumexp and logaddexp; backward the logits again, softmax (3 in place), the hidden rows'
+# GEMM and add, the candidate rows' GEMM, the bias sum, and their accumulation.
+CHUNK_LAUNCHES = 6 + 4 + 3 + 2 + 2 + 1
+
+
+def test_a_chunk_of_the_sampled_loss_adds_a_fixed_handful_of_launches():
+    def launches(num_positions: int, chunks: int) -> int:
+        softmax, hidden, targets, candidates, counts, scale = _sampled_case(num_positions)
+
+        def loss(h):
+            chunk_size = num_positions // chunks
+            return softmax.sampled_loss(h, targets, candidates, *counts, chunk_size=chunk_size)
+
+        with _Launches() as mode:
+            _loss_and_grads(softmax, hidden, scale, loss)
+        return mode.count
+
+    one, two, four = (launches(32, chunks) for chunks in (1, 2, 4))
+    assert 0 < two - one <= CHUNK_LAUNCHES
+    assert four - two == 2 * (two - one)  # every chunk after the first the same
+    assert launches(64, 1) == one  # what is not chunked runs once, whatever the positions

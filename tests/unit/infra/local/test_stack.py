@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import socket
 import stat
@@ -15,18 +14,6 @@ from types import ModuleType
 
 import pytest
 
-STACK = Path(__file__).resolve().parents[4] / "infra" / "local" / "stack.py"
-
-
-@pytest.fixture(scope="module")
-def stack() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("elmo_local_stack", STACK)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file runs
-    spec.loader.exec_module(module)
-    return module
-
 
 def _free_port() -> int:
     with socket.socket() as sock:
@@ -35,11 +22,11 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def cfg(stack: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> object:
+def cfg(stack_module: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> object:
     monkeypatch.setenv("ELMO_HOME", str(tmp_path / "home"))
     for variable in ("ELMO_PREFECT_PORT", "ELMO_MLFLOW_PORT", "ELMO_RAY_DASHBOARD_PORT"):
         monkeypatch.setenv(variable, str(_free_port()))
-    config = stack.StackConfig.from_env()
+    config = stack_module.StackConfig.from_env()
     for sub in ("logs", "pids"):
         (config.state_dir / sub).mkdir(parents=True)
     return config
@@ -50,7 +37,7 @@ def _groups(pids: list[int]) -> set[int]:
 
 
 @pytest.fixture
-def service_session(stack: ModuleType, cfg: object) -> Iterator[subprocess.Popen[bytes]]:
+def service_session(stack_module: ModuleType, cfg: object) -> Iterator[subprocess.Popen[bytes]]:
     """A fake 'mlflow' session: a shell, a plain child and a child in its own process group."""
     own_group = "import os, time; os.setpgid(0, 0); time.sleep(60)"
     process = subprocess.Popen(
@@ -59,22 +46,25 @@ def service_session(stack: ModuleType, cfg: object) -> Iterator[subprocess.Popen
     )
     (cfg.state_dir / "pids" / "mlflow.pid").write_text(str(process.pid))
     deadline = time.monotonic() + 10
-    while len(_groups(stack.session_processes(process.pid))) < 2 and time.monotonic() < deadline:
+    while (
+        len(_groups(stack_module.session_processes(process.pid))) < 2
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.05)
     yield process
-    for pid in stack.session_processes(process.pid):
+    for pid in stack_module.session_processes(process.pid):
         os.kill(pid, 9)
     process.wait()
 
 
 def test_config_reads_ports_and_home_from_the_environment(
-    stack: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    stack_module: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("ELMO_HOME", str(tmp_path))
     monkeypatch.setenv("ELMO_PREFECT_PORT", "14200")
     monkeypatch.setenv("ELMO_RAY_PORT", "16379")
     monkeypatch.setenv("ELMO_RAY_DASHBOARD_PORT", "18265")
-    cfg = stack.StackConfig.from_env()
+    cfg = stack_module.StackConfig.from_env()
 
     assert cfg.client_env() == {
         "PREFECT_API_URL": "http://127.0.0.1:14200/api",
@@ -84,21 +74,21 @@ def test_config_reads_ports_and_home_from_the_environment(
         "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN_PATH": str(tmp_path / "stack" / "ray_auth_token"),
     }
-    assert f"sqlite:///{tmp_path}/mlflow.db" in stack._mlflow_command(cfg)
+    assert f"sqlite:///{tmp_path}/mlflow.db" in stack_module._mlflow_command(cfg)
 
 
-def test_ray_temp_dir_stays_short_enough_for_unix_sockets(stack: ModuleType) -> None:
-    assert stack.ray_temp_dir(Path("/h")) == Path("/h/stack/ray")
-    deep_a = stack.ray_temp_dir(Path("/tmp/pytest-of-someone/pytest-123/test_a0/elmo"))
-    deep_b = stack.ray_temp_dir(Path("/tmp/pytest-of-someone/pytest-123/test_b0/elmo"))
+def test_ray_temp_dir_stays_short_enough_for_unix_sockets(stack_module: ModuleType) -> None:
+    assert stack_module.ray_temp_dir(Path("/h")) == Path("/h/stack/ray")
+    deep_a = stack_module.ray_temp_dir(Path("/tmp/pytest-of-someone/pytest-123/test_a0/elmo"))
+    deep_b = stack_module.ray_temp_dir(Path("/tmp/pytest-of-someone/pytest-123/test_b0/elmo"))
     assert deep_a != deep_b
-    assert len(str(deep_a)) <= stack.MAX_RAY_TEMP_DIR_CHARS
+    assert len(str(deep_a)) <= stack_module.MAX_RAY_TEMP_DIR_CHARS
 
 
-def test_ray_token_is_private_and_kept_across_starts(stack: ModuleType, cfg: object) -> None:
-    stack._ensure_ray_token(cfg)
+def test_ray_token_is_private_and_kept_across_starts(stack_module: ModuleType, cfg: object) -> None:
+    stack_module._ensure_ray_token(cfg)
     token = cfg.ray_token_path.read_text()
-    stack._ensure_ray_token(cfg)
+    stack_module._ensure_ray_token(cfg)
 
     assert cfg.ray_token_path.read_text() == token
     assert len(token) == 64
@@ -106,53 +96,55 @@ def test_ray_token_is_private_and_kept_across_starts(stack: ModuleType, cfg: obj
 
 
 def test_stop_ends_every_process_of_the_session_even_in_other_groups(
-    stack: ModuleType, cfg: object, service_session: subprocess.Popen[bytes]
+    stack_module: ModuleType, cfg: object, service_session: subprocess.Popen[bytes]
 ) -> None:
-    pids = stack.session_processes(service_session.pid)
+    pids = stack_module.session_processes(service_session.pid)
     assert len(pids) == 3 and len(_groups(pids)) == 2
 
-    stack.stop_services(cfg, ["mlflow"])
+    stack_module.stop_services(cfg, ["mlflow"])
 
-    assert stack.session_processes(service_session.pid) == []
-    assert stack.recorded_session(cfg, "mlflow") is None
+    assert stack_module.session_processes(service_session.pid) == []
+    assert stack_module.recorded_session(cfg, "mlflow") is None
 
 
 def test_stop_kills_what_ignores_sigterm_after_the_grace_period(
-    stack: ModuleType, cfg: object, monkeypatch: pytest.MonkeyPatch
+    stack_module: ModuleType, cfg: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(stack, "STOP_GRACE_S", 0.5)
+    monkeypatch.setattr(stack_module, "STOP_GRACE_S", 0.5)
     stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
     process = subprocess.Popen([sys.executable, "-c", stubborn], start_new_session=True)
     (cfg.state_dir / "pids" / "prefect.pid").write_text(str(process.pid))
     time.sleep(0.5)  # let it install the handler
 
-    stack.stop_services(cfg, ["prefect"])
+    stack_module.stop_services(cfg, ["prefect"])
 
     assert process.wait(timeout=5) == -9
 
 
-def test_start_refuses_a_port_held_by_another_program(stack: ModuleType, cfg: object) -> None:
+def test_start_refuses_a_port_held_by_another_program(
+    stack_module: ModuleType, cfg: object
+) -> None:
     with socket.socket() as other:
         other.bind(("127.0.0.1", cfg.mlflow_port))
         other.listen()
-        with pytest.raises(stack.StackError, match="port .* in use .* set ELMO_MLFLOW_PORT"):
-            stack.start(cfg, ["mlflow"])
+        with pytest.raises(stack_module.StackError, match="port .* in use .* set ELMO_MLFLOW_PORT"):
+            stack_module.start(cfg, ["mlflow"])
 
 
-def test_worker_alone_needs_a_running_prefect_server(stack: ModuleType, cfg: object) -> None:
-    with pytest.raises(stack.StackError, match="worker needs prefect"):
-        stack.start(cfg, ["worker"])
+def test_worker_alone_needs_a_running_prefect_server(stack_module: ModuleType, cfg: object) -> None:
+    with pytest.raises(stack_module.StackError, match="worker needs prefect"):
+        stack_module.start(cfg, ["worker"])
 
 
 def test_status_of_a_stopped_stack_fails_and_names_each_service(
-    stack: ModuleType, cfg: object, capsys: pytest.CaptureFixture[str]
+    stack_module: ModuleType, cfg: object, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert stack.main(["status", "--services", "ray,mlflow"]) == 1
+    assert stack_module.main(["status", "--services", "ray,mlflow"]) == 1
     lines = capsys.readouterr().err.splitlines()
     assert [line.split()[:2] for line in lines] == [["mlflow", "stopped"], ["ray", "stopped"]]
 
 
-def test_unknown_service_is_a_usage_error(stack: ModuleType) -> None:
+def test_unknown_service_is_a_usage_error(stack_module: ModuleType) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        stack.main(["start", "--services", "mlflow,airflow"])
+        stack_module.main(["start", "--services", "mlflow,airflow"])
     assert exit_info.value.code == 2

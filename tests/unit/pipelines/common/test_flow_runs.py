@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
@@ -17,7 +19,11 @@ class _Params(BaseModel):
 
 
 @pytest.fixture
-def store(tmp_path, monkeypatch: pytest.MonkeyPatch) -> Iterator[MlflowClient]:  # type: ignore[no-untyped-def]
+def store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, empty_tracking_db: Path
+) -> Iterator[MlflowClient]:
+    """A store of the test's own (its tables copied, not made)."""
+    shutil.copyfile(empty_tracking_db, tmp_path / "mlflow.db")
     monkeypatch.setenv("ELMO_HOME", str(tmp_path))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv(tracking.PARENT_RUN_ENV, raising=False)

@@ -3,23 +3,9 @@ from pathlib import Path
 
 import mlflow
 import pytest
-from mlflow import MlflowClient
 
 from elmo_core.presets import tiny
 from pipelines.common import tracking
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    """A real SQLite tracking store under a fresh ELMO_HOME, shared by this module's tests."""
-    home = tmp_path_factory.mktemp("home")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("ELMO_HOME", str(home))
-        patch.delenv("MLFLOW_TRACKING_URI", raising=False)
-        patch.delenv(tracking.PARENT_RUN_ENV, raising=False)
-        uri = tracking.use_tracking()
-        assert uri == f"sqlite:///{home / 'mlflow.db'}"
-        yield MlflowClient(uri)
 
 
 def test_stage_run_nests_under_parent_from_environment(store, monkeypatch):
@@ -77,6 +63,7 @@ def test_embedded_store_keeps_artifacts_under_elmo_home(store):
         pass
     experiment = store.get_experiment_by_name(tracking.EXPERIMENT)
     home = tracking.elmo_home()
+    assert store.tracking_uri == f"sqlite:///{home / 'mlflow.db'}"
     assert experiment.artifact_location == (home / "artifacts").as_uri()
 
 

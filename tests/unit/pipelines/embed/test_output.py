@@ -68,4 +68,4 @@ def test_a_remote_directory_is_written_through_fsspec():
     assert out.exists("part-000001.parquet") and not out.exists("part-000002.parquet")
     out.remove("part-000001.parquet")
     assert out.names() == [SETTINGS_FILE]
-    assert out.location("x") == "memory://embed-test/out/x"
+    assert out.join("x") == "memory://embed-test/out/x"

@@ -6,7 +6,6 @@ MLflow URIs (``models:/name@alias``, ``runs:/``) need a tracking store: their te
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import fsspec
@@ -14,6 +13,7 @@ import pytest
 import torch
 
 from elmo_core.errors import ConfigError, WeightsError
+from elmo_core.interop.bilm_tf import save_bilm as save_bilm_tf
 from elmo_core.model.bilm import BiLM
 from elmo_core.model.serialization import save_bilm
 from elmo_core.presets import tiny
@@ -27,7 +27,6 @@ from pipelines.models.bilm_loader import (
 )
 
 VOCAB = 100
-HAS_BILM_TF = importlib.util.find_spec("h5py") is not None
 
 
 def _bilm(seed: int) -> BiLM:
@@ -75,10 +74,7 @@ def test_the_reference_crosses_a_process_boundary_as_json(tmp_path: Path) -> Non
     assert BiLMReference.model_validate(reference.model_dump(mode="json")) == reference
 
 
-@pytest.mark.skipif(not HAS_BILM_TF, reason="h5py not installed")
 def test_a_bilm_tf_file_with_its_options_loads_into_our_format(tmp_path: Path) -> None:
-    from elmo_core.interop.bilm_tf import save_bilm as save_bilm_tf
-
     saved = _bilm(4).eval()
     save_bilm_tf(saved, tmp_path / "options.json", tmp_path / "weights.hdf5")
     reference = resolve_bilm(tmp_path / "weights.hdf5", tmp_path / "options.json")

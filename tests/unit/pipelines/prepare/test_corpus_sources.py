@@ -9,6 +9,7 @@ import random
 import tarfile
 from pathlib import Path
 
+import fsspec
 import pytest
 
 from elmo_core.errors import ConfigError, DataError
@@ -322,7 +323,6 @@ def test_missing_or_empty_text_inputs_name_the_path(
 
 
 def test_a_remote_text_corpus_is_mirrored_into_the_cache(tmp_path):
-    fsspec = pytest.importorskip("fsspec")
     fs = fsspec.filesystem("memory")
     for rel in ["a.txt", "sub/b.txt", "held.txt", ".hidden"]:
         fs.pipe(f"/bucket-{tmp_path.name}/corpus/{rel}", f"{rel} .\n".encode())

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from elmo_core.data.shards import TYPE_ORDER_SCHEMA, char_ids_matrix
-from elmo_core.files import sha256_file
+from elmo_core.location import sha256_file
 from elmo_core.text.char_ids import token_to_ids
 from elmo_core.text.type_counts import COUNT_SCHEMA
 from elmo_core.text.vocab import SPECIALS, Vocabulary

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from elmo_core.model.serialization import LATEST_FILE, find_model_dir
-from pipelines.train.checkpoint_store import CheckpointStore, StoredCheckpoint
+from pipelines.train.checkpoint import CheckpointStore, StoredCheckpoint
 from pipelines.train.run_directory import RunDirectory
 
 

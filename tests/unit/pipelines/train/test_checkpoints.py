@@ -16,12 +16,11 @@ from elmo_core.model.bilm import BiLM
 from elmo_core.model.lstm import LSTMState
 from elmo_core.model.serialization import load_bilm, save_bilm
 from elmo_core.presets import tiny
-from pipelines.models.bilm_loader import resolve_bilm
-from pipelines.train.checkpoints import (
+from pipelines.models.bilm_loader import initial_bilm, resolve_bilm
+from pipelines.train.checkpoint import (
     RankState,
     SharedState,
     capture_rng,
-    initial_bilm,
     read_checkpoint,
     restore_rng,
     write_checkpoint,

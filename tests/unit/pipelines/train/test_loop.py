@@ -15,12 +15,10 @@ from mlflow import MlflowClient
 from elmo_core.model.serialization import load_bilm
 from pipelines.common import tracking
 from pipelines.common.flow_runs import TRAIN_LOSS_METRIC, VALIDATION_SECTION
-from pipelines.train.checkpoint_store import CheckpointStore
-from pipelines.train.checkpoints import MODEL_DIR
+from pipelines.train.checkpoint import MODEL_DIR, CheckpointStore
 from pipelines.train.config import resolve_train_config
-from pipelines.train.loop import WorkerConfig, train_loop
 from pipelines.train.run_directory import RunDirectory
-from pipelines.train.runtime import LocalRuntime, Metrics
+from pipelines.train.worker import LocalRuntime, Metrics, WorkerConfig, train_loop
 
 STEPS = 6
 NUM_WORDS = 100  # above the tiny preset's 64 sampled candidates: sampling draws from the RNG

@@ -1,52 +1,61 @@
-"""Ray Job submission: the user's command line, where the run lives, an unreachable jobs API."""
+"""Ray Job submission: the config travels as a file the job reads, the job's command line, an
+unreachable jobs API."""
 
 from __future__ import annotations
 
-import json
 import shlex
 import socket
 from pathlib import Path
 
 import pytest
 
+from pipelines.train.config import resolve_train_config
+from pipelines.train.preflight import plan_training
 from pipelines.train.ray_job import (
+    JOB_CONFIG_FILE,
     RayJobsUnreachable,
-    TrainJob,
-    already_finished,
     connect_jobs,
-    finished_run,
+    job_entrypoint,
+    read_job_config,
+    write_job_config,
 )
-from pipelines.train.run_directory import RunDirectory
+
+SENTENCES = [f"w{i % 97} w{(3 * i) % 89} w{i % 5} end" for i in range(120)]  # > 64 types
 
 
 @pytest.fixture
-def dataset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+def dataset(make_dataset, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv("ELMO_HOME", str(tmp_path / "home"))
-    root = tmp_path / "ds"
-    root.mkdir()
-    (root / "manifest.json").write_text('{"any": "manifest"}')
-    return str(root)
+    return make_dataset(SENTENCES, {"held.txt": SENTENCES[:4]})
 
 
-def _job(dataset: str, *overrides: str) -> TrainJob:
-    return TrainJob(model="tiny", overrides=list(overrides), dataset=dataset)
+def test_the_job_reads_the_resolved_config_pinned_to_the_planned_run(dataset: str) -> None:
+    cfg = resolve_train_config("tiny", None, ["train.max_steps=5", "run.num_workers=2"])
+    plan = plan_training(cfg, dataset)
+
+    written = write_job_config(cfg, plan)
+    read = read_job_config(written)
+
+    assert written == f"{plan.run_dir.url}/{JOB_CONFIG_FILE}"
+    assert read.model_dump(exclude={"run"}) == cfg.model_dump(exclude={"run"})
+    assert read.run.num_workers == 2
+    assert read.run.name == plan.name  # the job trains the run planned here...
+    assert f"{read.run.storage_path}/{read.run.name}" == plan.run_dir.url  # ...where it lives
+    again = plan_training(read, dataset)
+    assert (again.name, again.run_dir.url) == (plan.name, plan.run_dir.url)
 
 
-def test_the_entrypoint_is_the_train_command_with_the_run_directorys_storage(dataset: str) -> None:
-    job = _job(dataset, "train.max_steps=5", "run.num_workers=2", "run.use_gpu=false")
+def test_the_entrypoint_is_the_train_command_on_the_job_config(dataset: str) -> None:
+    plan = plan_training(resolve_train_config("tiny"), dataset)
 
-    argv = shlex.split(job.entrypoint("parent123", {"prefect.flow_run_id": "f 1"}))
+    argv = shlex.split(
+        job_entrypoint("/runs/x/job_config.json", plan, "parent123", {"prefect.flow_run_id": "f 1"})
+    )
 
-    assert argv[:5] == ["python", "-m", "pipelines.train", "--data", dataset]
-    assert argv[argv.index("--model") + 1] == "tiny"
-    sets = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--set"]
-    storage = str(Path(dataset).parent / "home" / "runs")
-    assert sets == [
-        "train.max_steps=5",
-        "run.num_workers=2",
-        "run.use_gpu=false",
-        f"run.storage_path={storage}",
-    ]
+    assert argv[:3] == ["python", "-m", "pipelines.train"]
+    assert argv[argv.index("--job-config") + 1] == "/runs/x/job_config.json"
+    assert argv[argv.index("--data") + 1] == plan.data
+    assert "--set" not in argv and "--model" not in argv
     assert argv[-5:] == [
         "--tag",
         "prefect.flow_run_id=f 1",
@@ -54,56 +63,6 @@ def test_the_entrypoint_is_the_train_command_with_the_run_directorys_storage(dat
         "parent123",
         "--no-register",
     ]
-
-
-def test_the_run_directory_is_named_by_config_and_data_not_by_scaling(dataset: str) -> None:
-    one = _job(dataset, "run.num_workers=1").run_directory()
-    four = _job(dataset, "run.num_workers=4").run_directory()
-    longer = _job(dataset, "train.max_steps=9", "run.num_workers=1").run_directory()
-
-    assert one.url == four.url
-    assert one.url != longer.url
-    assert Path(one.url).name.startswith("bilm-")
-
-
-def _write_finished(run_dir: RunDirectory) -> None:
-    record = {
-        "run_name": Path(run_dir.url).name,
-        "run_dir": run_dir.url,
-        "model_dir": f"{run_dir.url}/model",
-        "best_model_dir": None,
-        "mlflow_run_id": "r1",
-        "steps": 5,
-        "total_steps": 5,
-        "resumed_from_step": 0,
-        "best_perplexity": 12.5,
-        "stopped_early": False,
-        "seconds": 1.0,
-    }
-    Path(run_dir.url).mkdir(parents=True)
-    (Path(run_dir.url) / "FINISHED.json").write_text(json.dumps(record))
-
-
-def test_a_finished_run_is_read_back_from_its_record(tmp_path: Path) -> None:
-    run_dir = RunDirectory(str(tmp_path / "bilm-x"))
-    assert finished_run(run_dir) is None
-    _write_finished(run_dir)
-
-    result = finished_run(run_dir)
-
-    assert result is not None and (result.steps, result.mlflow_run_id) == (5, "r1")
-    assert not result.already_finished
-
-
-def test_a_job_whose_run_finished_before_needs_no_submission(dataset: str) -> None:
-    job = _job(dataset, "train.max_steps=5")
-    assert already_finished(job) is None
-    _write_finished(job.run_directory())
-
-    result = already_finished(job)
-
-    assert result is not None and result.already_finished
-    assert result.run_dir == job.run_directory().url
 
 
 def test_an_unreachable_jobs_api_is_named() -> None:
