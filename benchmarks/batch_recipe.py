@@ -11,7 +11,7 @@ the 128-row run reached in its steps (rows/128 times fewer steps), seconds per s
 heldout perplexity (full softmax, a fixed sample, both directions) at the end. Steps per epoch
 follow from the manifest at any batch (tokens / (rows × unroll × workers)), so the learning rate
 is the recipe's one free choice. On CUDA the model runs the LSTM kernel a GPU run defaults to
-(``pipelines.train.config.GPU_DEFAULTS``). Last line: one JSON object.
+(``pipelines.train.job_config.GPU_DEFAULTS``). Last line: one JSON object.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from elmo_core.presets import model_preset
 from elmo_core.training.local_run import step_results
 from elmo_core.training.step import TrainingStep
 from pipelines.prepare.corpus_sources import SAMPLE_CORPUS
-from pipelines.train.config import GPU_DEFAULTS
+from pipelines.train.job_config import GPU_DEFAULTS
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))

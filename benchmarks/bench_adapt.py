@@ -73,7 +73,7 @@ def parse_args() -> argparse.Namespace:
 
 def pretrain(data_root: Path, steps: int, work: Path) -> str:
     """prepare (PTB train + books, PTB valid heldout) → train ``small`` for ``steps`` steps."""
-    from pipelines.train.config import resolve_train_config
+    from pipelines.train.job_config import resolve_train_config
     from pipelines.train.stage import train
 
     books = sorted(p for p in (data_root / "text").rglob("*.txt") if p.is_file())

@@ -35,11 +35,11 @@ import pyarrow.parquet as pq
 import torch
 
 from elmo_core.model.bilm import BiLM
-from elmo_core.model.serialization import save_bilm
+from elmo_core.model.serialization import write_bilm_dir
 from elmo_core.presets import model_preset
 from elmo_core.text.char_ids import batch_to_ids
 from elmo_core.text.tokenize import MosesTokenizer
-from pipelines.embed.shards import table_vectors
+from pipelines.embed.embedding_shards import table_vectors
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         (work / "in.txt").write_text("".join(" ".join(s) + "\n" for s in sentences))
         torch.manual_seed(0)
         bilm = BiLM(model_preset(args.preset)).eval()
-        model_dir = save_bilm(bilm, work / "bilm")
+        model_dir = write_bilm_dir(bilm, work / "bilm")
         summary = measure(args, work, bilm, str(model_dir), sentences)
     summary |= {"sentences": len(sentences), "tokens": num_tokens, "preset": args.preset}
     report(summary, args)

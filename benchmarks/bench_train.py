@@ -37,7 +37,7 @@ import torch.multiprocessing as mp
 from elmo_core.config import TrainConfig
 from elmo_core.model.softmax import LogUniformSampler
 from elmo_core.training.gradient_exchange import exchange_softmax_gradients
-from pipelines.train.config import RunConfig, TrainJobConfig
+from pipelines.train.job_config import RunConfig, TrainJobConfig
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -136,8 +136,8 @@ def training_tokens_per_s(dataset: str, workers: int, steps: int, storage: Path)
     """Median logged in-loop throughput of a real Ray Train run (first log window dropped)."""
     from mlflow.tracking import MlflowClient
 
-    from pipelines.common.flow_runs import TOKENS_PER_S_METRIC
-    from pipelines.common.tracking import use_tracking
+    from pipelines.tracking.flow_runs import TOKENS_PER_S_METRIC
+    from pipelines.tracking.stage_runs import use_tracking
     from pipelines.train.stage import train
 
     result = train(train_config(workers, steps, storage), dataset)

@@ -35,11 +35,11 @@ from elmo_core.training.local_run import step_results
 from elmo_core.training.step import TrainingStep
 from pipelines.common.ray_cluster import connect_ray
 from pipelines.common.settings import elmo_home
-from pipelines.evaluate.stage import EvaluationResult, evaluate
+from pipelines.evaluate.stage import EvaluationResult, evaluate_bilm
 from pipelines.models.bilm_loader import initial_bilm
 from pipelines.prepare.corpus_sources import CorpusFiles
 from pipelines.prepare.stage import prepare_files
-from pipelines.train.config import TrainJobConfig, resolve_train_config
+from pipelines.train.job_config import TrainJobConfig, resolve_train_config
 from pipelines.train.preflight import TrainResult
 from pipelines.train.stage import train
 
@@ -158,7 +158,7 @@ def main() -> int:
     cfg = resolve_train_config(None, args.config, [*args.overrides, f"train.max_steps={max_steps}"])
     trained = train(cfg, data)
     scores = {
-        split: evaluate(trained.model_dir, data, files=[f"ptb.{split}"])
+        split: evaluate_bilm(trained.model_dir, data, files=[f"ptb.{split}"])
         for split in ("test", "valid")
     }
     split = load_manifest(data).split("train")

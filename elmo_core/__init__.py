@@ -26,8 +26,8 @@ _LAZY = {
     "ScalarMix": "elmo_core.model.scalar_mix",
     "batch_to_ids": "elmo_core.text.char_ids",
     "evaluate_perplexity": "elmo_core.perplexity",
-    "load_bilm": "elmo_core.model.serialization",
-    "save_bilm": "elmo_core.model.serialization",
+    "read_bilm_dir": "elmo_core.model.serialization",
+    "write_bilm_dir": "elmo_core.model.serialization",
 }
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from elmo_core.model.highway import Highway
     from elmo_core.model.lstm import ProjectedLSTM
     from elmo_core.model.scalar_mix import ScalarMix
-    from elmo_core.model.serialization import load_bilm, save_bilm
+    from elmo_core.model.serialization import read_bilm_dir, write_bilm_dir
     from elmo_core.model.softmax import SampledSoftmax
     from elmo_core.perplexity import evaluate_perplexity
     from elmo_core.text.char_ids import batch_to_ids
@@ -67,6 +67,6 @@ __all__ = [
     "WeightsError",
     "batch_to_ids",
     "evaluate_perplexity",
-    "load_bilm",
-    "save_bilm",
+    "read_bilm_dir",
+    "write_bilm_dir",
 ]

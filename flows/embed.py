@@ -14,10 +14,10 @@ from prefect import flow, get_run_logger, task
 from flows import tasks
 from flows.artifacts import publish_markdown
 from flows.embed_params import EmbedParams
-from pipelines.common.flow_runs import run_links
 from pipelines.common.services import check_services
 from pipelines.embed import stage as embed_stage
 from pipelines.embed.stage import EmbedResult
+from pipelines.tracking.flow_runs import run_links
 
 
 @task(name="embed")

@@ -15,7 +15,7 @@ from pydantic import Field
 
 from flows.params import DEFAULT_BILM, Params
 from pipelines.common.settings import elmo_home
-from pipelines.embed.shards import Dtype
+from pipelines.embed.embedding_shards import Dtype
 from pipelines.embed.stage import DEFAULT_BATCH_SIZE, DEFAULT_SENTENCES_PER_SHARD, Format
 from pipelines.embed.vectors import Output
 

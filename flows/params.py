@@ -24,7 +24,7 @@ from elmo_core.config import PrepareConfig, override_pattern, resolve_config
 from elmo_core.errors import ConfigError
 from elmo_core.tasks.seeds import DEFAULT_SEEDS
 from pipelines.common.settings import RAY_JOBS_ENV, elmo_home
-from pipelines.train.config import TrainJobConfig, Where, resolve_train_config
+from pipelines.train.job_config import TrainJobConfig, Where, resolve_train_config
 
 Preset = Literal["tiny", "mini", "small", "medium", "original"]
 DEFAULT_BILM = "models:/elmo-bilm@champion"

@@ -6,9 +6,9 @@ three bundled tasks, with the same parameters as the ``pretrain/smoke`` deployme
 what a user came for: the registered biLM and its heldout perplexity, each task's score with and
 without ELMo over three seeds, the links into the MLflow and Prefect UIs (each with the command
 that serves it first, on this machine), "bank" in two senses through
-``models:/elmo-bilm@champion`` (:mod:`pipelines.common.demo`) and the analysis' headline.
+``models:/elmo-bilm@champion`` (:mod:`pipelines.demo`) and the analysis' headline.
 Along the way it prints the stages' progress and nothing of the libraries' chatter
-(:mod:`pipelines.common.console_noise`, and Prefect's settings below).
+(:mod:`pipelines.common.console`, and Prefect's settings below).
 Any of ``PREFECT_API_URL``, ``MLFLOW_TRACKING_URI``, ``RAY_ADDRESS`` set in the environment switch
 that part to a real server (for example after ``eval "$(infra/local/status.sh)"``).
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-from pipelines.common.console_noise import quiet_environment
+from pipelines.common.console import quiet_environment
 from pipelines.common.settings import RAY_JOBS_ENV, elmo_home
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault(name, value)
     from flows.params import PretrainParams
     from flows.pretrain import pretrain
-    from pipelines.common import demo
+    from pipelines import demo
+    from pipelines.tracking.flow_runs import mlflow_ui_hint
 
     parameters = smoke_parameters()
     if args.max_steps is not None:
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     champion = " (@champion)" if summary.champion else ""
     print(f"\nbiLM {summary.model_uri}{champion}: heldout perplexity {summary.perplexity:.1f}")
     print("\n".join(summary.task_scores))
-    print(demo.mlflow_ui_hint())
+    print(mlflow_ui_hint())
     print(prefect_ui_hint(state.state_details.flow_run_id))
     print(demo.sense_demo())
     print("\nThe analysis (elmo analyze), in short:")

@@ -56,21 +56,21 @@ from pipelines.adapt.stage import AdaptResult, result_line
 from pipelines.analyze import stage as analyze_stage
 from pipelines.analyze.stage import AnalyzeResult
 from pipelines.analyze.table import format_rows
-from pipelines.common.demo import mlflow_link
-from pipelines.common.flow_runs import (
+from pipelines.common.settings import RAY_JOBS_ENV, elmo_home
+from pipelines.evaluate.result import EvaluationResult
+from pipelines.prepare import stage as prepare_stage
+from pipelines.registry.register import RegisteredBiLM
+from pipelines.tracking.flow_runs import (
     FLOW_RUN_TAG,
+    mlflow_link,
     parent_run,
     record_summary,
     training_progress,
 )
-from pipelines.common.settings import RAY_JOBS_ENV, elmo_home
-from pipelines.common.tracking import find_run, stage_run_name
-from pipelines.evaluate.result import EvaluationResult
-from pipelines.prepare import stage as prepare_stage
-from pipelines.registry.register import RegisteredBiLM
+from pipelines.tracking.stage_runs import find_run, stage_run_name
 from pipelines.train import ray_job
 from pipelines.train import stage as train_stage
-from pipelines.train.config import run_name
+from pipelines.train.job_config import run_name
 from pipelines.train.preflight import TrainResult
 
 FLOW_LOG_INTERVAL_ENV = "ELMO_FLOW_LOG_INTERVAL_S"

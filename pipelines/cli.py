@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from pipelines.common.cli_runner import run_app, run_command
-from pipelines.common.console_noise import quiet_environment
+from pipelines.common.console import quiet_environment
 
 STAGES = {  # command name -> (module, typer command function)
     "prepare": ("pipelines.prepare.stage", "prepare_command"),

@@ -100,7 +100,7 @@ def _isolated_home(root: Path, empty_db: Path, *, chdir: bool) -> Iterator[None]
     """ELMO_HOME under ``root`` (so a fresh SQLite tracking store, from ``empty_db``), no outside
     server or parent run, no telemetry; with ``chdir``, ``root`` is the working directory (MLflow's
     ./mlruns)."""
-    from pipelines.common import tracking
+    from pipelines.tracking import stage_runs
 
     home = root / "home"
     home.mkdir(parents=True, exist_ok=True)
@@ -109,7 +109,7 @@ def _isolated_home(root: Path, empty_db: Path, *, chdir: bool) -> Iterator[None]
         patch.setenv("ELMO_HOME", str(home))
         patch.delenv("MLFLOW_TRACKING_URI", raising=False)
         patch.delenv("RAY_ADDRESS", raising=False)
-        patch.delenv(tracking.PARENT_RUN_ENV, raising=False)
+        patch.delenv(stage_runs.PARENT_RUN_ENV, raising=False)
         patch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")  # no network at test time
         if chdir:
             patch.chdir(root)
@@ -129,8 +129,8 @@ def store(
     """A real SQLite tracking store under a fresh ELMO_HOME, shared by a module's tests."""
     from mlflow import MlflowClient
 
-    from pipelines.common import tracking
+    from pipelines.tracking import stage_runs
 
     root = tmp_path_factory.mktemp("store")
     with _isolated_home(root, empty_tracking_db, chdir=False):
-        yield MlflowClient(tracking.use_tracking())
+        yield MlflowClient(stage_runs.use_tracking())

@@ -134,12 +134,12 @@ def test_package_does_not_import_upper_layers(package: str) -> None:
     assert {path: names for path, names in offenders.items() if names} == {}
 
 
-def test_pipelines_common_imports_no_stage() -> None:
+def test_pipelines_common_and_tracking_import_no_stage() -> None:
     stages = {f"pipelines.{stage}" for stage in STAGES}
     offenders = {
         module: sorted(n for n in _imported_names(module) if ".".join(n.split(".")[:2]) in stages)
         for module in MODULES
-        if module.startswith("pipelines.common")
+        if module.startswith(("pipelines.common", "pipelines.tracking"))
     }
     assert {module: names for module, names in offenders.items() if names} == {}
 

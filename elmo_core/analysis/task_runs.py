@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 import torch
 
 from elmo_core.analysis.sampling import check_fractions, subsample
-from elmo_core.tasks.config import TaskConfig
 from elmo_core.tasks.readers import task_labels
 from elmo_core.tasks.seeds import DEFAULT_SEEDS, Scores
+from elmo_core.tasks.task_config import TaskConfig
 from elmo_core.tasks.trainer import TaskResult, TaskSplit, main_metric, train_task
 
 DEFAULT_FRACTIONS = (0.01, 0.05, 0.1, 0.25, 1.0)

@@ -68,7 +68,7 @@ _FORGET_BIAS = 1.0  # added by TF's LSTMCell at run time, absent from the stored
 SOFTMAX_WEIGHT, SOFTMAX_BIAS = "softmax/W", "softmax/b"
 
 
-def load_bilm(
+def read_bilm_tf(
     options_file: str | Path,
     weight_file: str | Path,
     stateful: bool = False,
@@ -95,7 +95,7 @@ def load_bilm(
     return bilm.eval()
 
 
-def save_bilm(
+def write_bilm_tf(
     bilm: BiLM,
     options_file: str | Path,
     weight_file: str | Path,

@@ -101,18 +101,18 @@ class Elmo(nn.Module):
         **kwargs: Any,
     ) -> Elmo:
         """ELMo over released bilm-tf weights (``options.json`` + HDF5); kwargs go to ``Elmo``."""
-        from elmo_core.interop.bilm_tf import load_bilm
+        from elmo_core.interop.bilm_tf import read_bilm_tf
 
-        return cls(load_bilm(options_file, weight_file), num_output_representations, **kwargs)
+        return cls(read_bilm_tf(options_file, weight_file), num_output_representations, **kwargs)
 
     @classmethod
     def from_checkpoint(
         cls, path: str | Path, num_output_representations: int, **kwargs: Any
     ) -> Elmo:
         """ELMo over one of our biLMs: a model, training checkpoint or training run directory."""
-        from elmo_core.model.serialization import find_model_dir, load_bilm
+        from elmo_core.model.serialization import find_model_dir, read_bilm_dir
 
-        return cls(load_bilm(find_model_dir(Path(path))), num_output_representations, **kwargs)
+        return cls(read_bilm_dir(find_model_dir(Path(path))), num_output_representations, **kwargs)
 
     def train(self, mode: bool = True) -> Elmo:
         """As ``nn.Module.train``, but a frozen biLM stays in eval mode (no LSTM dropout)."""

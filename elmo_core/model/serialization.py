@@ -29,7 +29,7 @@ LATEST_FILE = "LATEST"
 CHECKPOINT_PREFIX = "checkpoint_"
 
 
-def save_bilm(bilm: BiLM, directory: str | Path) -> Path:
+def write_bilm_dir(bilm: BiLM, directory: str | Path) -> Path:
     """Write ``bilm`` into ``directory`` (created); each file appears whole or not at all."""
     target = Path(directory)
     target.mkdir(parents=True, exist_ok=True)
@@ -46,10 +46,10 @@ def save_bilm(bilm: BiLM, directory: str | Path) -> Path:
     return target
 
 
-def load_bilm(
+def read_bilm_dir(
     directory: str | Path, *, stateful: bool = False, map_location: str | torch.device = "cpu"
 ) -> BiLM:
-    """Rebuild the biLM saved by :func:`save_bilm`; a missing or foreign file is a WeightsError."""
+    """Rebuild the biLM :func:`write_bilm_dir` saved; a missing or foreign file: WeightsError."""
     source = Path(directory)
     config_path, weights_path = source / CONFIG_FILE, source / WEIGHTS_FILE
     for path in (config_path, weights_path):

@@ -2,13 +2,6 @@
 
 from elmo_core.tasks.activation_cache import ActivationCache, CachedActivations, live_activations
 from elmo_core.tasks.classification import read_label_text, read_tsv
-from elmo_core.tasks.config import (
-    HeadConfig,
-    ReaderConfig,
-    TaskConfig,
-    TaskTrainingConfig,
-    load_task_config,
-)
 from elmo_core.tasks.conll import read_conll2003, read_conllu
 from elmo_core.tasks.crf import CRF
 from elmo_core.tasks.dataset import ClassificationExample, PairExample, TaggingExample, TaskDataset
@@ -16,6 +9,13 @@ from elmo_core.tasks.metrics import SpanF1Result, SpanScores, accuracy, span_f1,
 from elmo_core.tasks.readers import check_labels, read_task_split, task_labels
 from elmo_core.tasks.snli import read_snli
 from elmo_core.tasks.sst import read_sst
+from elmo_core.tasks.task_config import (
+    HeadConfig,
+    ReaderConfig,
+    TaskConfig,
+    TaskTrainingConfig,
+    load_task_config,
+)
 from elmo_core.tasks.task_model import TaskModel, build_word_vocab, example_sentences
 from elmo_core.tasks.trainer import TaskResult, TaskSplit, predict, train_task
 

@@ -18,8 +18,8 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from elmo_core.tasks.config import HeadConfig, TaskType
 from elmo_core.tasks.crf import CRF
+from elmo_core.tasks.task_config import HeadConfig, TaskType
 
 
 class HeadInput(NamedTuple):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from elmo_core.errors import ConfigError, DataError
 from elmo_core.tasks.classification import read_label_text, read_tsv
-from elmo_core.tasks.config import Split, TaskConfig
 from elmo_core.tasks.conll import read_conll2003, read_conllu
 from elmo_core.tasks.dataset import (
     ClassificationExample,
@@ -19,6 +18,7 @@ from elmo_core.tasks.dataset import (
 )
 from elmo_core.tasks.snli import read_snli
 from elmo_core.tasks.sst import read_sst
+from elmo_core.tasks.task_config import Split, TaskConfig
 
 AnyDataset = (
     TaskDataset[TaggingExample] | TaskDataset[ClassificationExample] | TaskDataset[PairExample]

@@ -23,9 +23,9 @@ from torch import nn
 from elmo_core.errors import ConfigError
 from elmo_core.model.scalar_mix import ScalarMix
 from elmo_core.tasks.activation_cache import CachedActivations, live_activations, pad_ragged
-from elmo_core.tasks.config import TaskConfig
 from elmo_core.tasks.dataset import ClassificationExample, PairExample, TaggingExample
 from elmo_core.tasks.heads import HeadInput, build_head
+from elmo_core.tasks.task_config import TaskConfig
 
 PADDING_TOKEN = "@@PADDING@@"  # id 0
 OOV_TOKEN = "@@UNKNOWN@@"  # id 1

@@ -25,10 +25,10 @@ import torch
 from torch import nn
 
 from elmo_core.tasks.activation_cache import CachedActivations
-from elmo_core.tasks.config import TaskConfig
 from elmo_core.tasks.dataset import PairExample
 from elmo_core.tasks.metrics import accuracy, span_f1
 from elmo_core.tasks.readers import AnyDataset, check_labels, task_labels
+from elmo_core.tasks.task_config import TaskConfig
 from elmo_core.tasks.task_model import (
     EncodedSplit,
     Example,
@@ -121,8 +121,8 @@ def train_task(
         model, splits = _build(task, train, dev, test, use_elmo)
         model.to(device)
         history, best_epoch = _fit(task, model, splits, seed, epoch_callback, device)
-    dev_metrics = evaluate(model, splits["dev"], task, device) if dev is not None else {}
-    test_metrics = evaluate(model, splits["test"], task, device) if test is not None else {}
+    dev_metrics = evaluate_task(model, splits["dev"], task, device) if dev is not None else {}
+    test_metrics = evaluate_task(model, splits["test"], task, device) if test is not None else {}
     result = TaskResult(
         task.name,
         use_elmo,
@@ -193,7 +193,7 @@ def _fit(
             )
         }
         if "dev" in splits:
-            dev_scores = evaluate(model, splits["dev"], task, device)
+            dev_scores = evaluate_task(model, splits["dev"], task, device)
             metrics |= {f"dev_{name}": value for name, value in dev_scores.items()}
         metrics |= _mix_metrics(model)
         history.append({"epoch": float(epoch), **metrics})
@@ -230,7 +230,7 @@ def _train_epoch(
     return float(np.mean(losses))
 
 
-def evaluate(
+def evaluate_task(
     model: TaskModel, split: EncodedSplit, task: TaskConfig, device: torch.device
 ) -> dict[str, float]:
     """Scores of ``model`` on an encoded split: span P/R/F1 (per type too) and/or accuracy."""

@@ -16,14 +16,14 @@ import mlflow
 import numpy as np
 import torch
 
-from elmo_core.tasks.config import TaskConfig
 from elmo_core.tasks.dataset import PairExample, TaggingExample
 from elmo_core.tasks.metrics import SpanScores, confusion_matrix, label_scores, span_f1
 from elmo_core.tasks.readers import AnyDataset
+from elmo_core.tasks.task_config import TaskConfig
 from elmo_core.tasks.task_model import Example, TaskModel
 from elmo_core.tasks.trainer import Prediction, main_metric, predict
 from pipelines.adapt.figures import confusion_figure, log_figure
-from pipelines.adapt.tracking import input_columns
+from pipelines.adapt.task_records import input_columns
 
 PER_TYPE_TABLE = "per_type_scores.json"
 CONFUSION_TABLE = "confusion_matrix.json"

@@ -1,7 +1,7 @@
 """The figures of an adapt run: the learned scalar mix, and the confusion matrix.
 
 The dev curves of ELMo and the baseline are drawn by the shared
-:func:`~pipelines.common.tracking.log_curves`. Each function here returns a matplotlib figure
+:func:`~pipelines.tracking.stage_runs.log_curves`. Each function here returns a matplotlib figure
 for :func:`log_figure` to log and close; matplotlib is imported on first use, with the Agg backend:
 Ray workers have no display.
 """

@@ -3,8 +3,9 @@
 Each job takes the biLM's activations from the activation cache (computed once, reused by every
 epoch and later job), trains the ELMo model and a baseline (the same head on task-trained word
 embeddings, not the paper's GloVe: none offline) and reports ELMo's gain on dev and test
-(Peters et al. 2018, Table 1). A job is one MLflow ``adapt`` run (:mod:`pipelines.adapt.tracking`);
-its ELMo model is registered as ``elmo-<task>`` (:mod:`pipelines.models.task_pyfunc`).
+(Peters et al. 2018, Table 1). A job is one MLflow ``adapt`` run
+(:mod:`pipelines.adapt.task_records`); its ELMo model is registered as ``elmo-<task>``
+(:mod:`pipelines.models.task_pyfunc`).
 """
 
 from __future__ import annotations
@@ -25,14 +26,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from elmo_core.errors import ConfigError, DataError
 from elmo_core.tasks import load_task_config, read_task_split
 from elmo_core.tasks.activation_cache import ActivationCache
-from elmo_core.tasks.config import SPLITS, TaskConfig
 from elmo_core.tasks.readers import AnyDataset, check_labels, task_labels
 from elmo_core.tasks.seeds import DEFAULT_SEEDS, Scores, difference
+from elmo_core.tasks.task_config import SPLITS, TaskConfig
 from elmo_core.tasks.task_model import example_sentences
 from elmo_core.tasks.trainer import BASELINE, TaskResult, TaskSplit, main_metric, train_task
 from pipelines.adapt.error_analysis import evaluation_split, log_error_analysis, predict_split
 from pipelines.adapt.figures import log_figure, mix_figure
-from pipelines.adapt.tracking import (
+from pipelines.adapt.task_records import (
     SeedRun,
     TaskModelVersion,
     epoch_logger,
@@ -47,14 +48,6 @@ from pipelines.adapt.tracking import (
 )
 from pipelines.common.cli_runner import comma_separated, run_command
 from pipelines.common.settings import elmo_home, mlflow_tracking_uri
-from pipelines.common.tracking import (
-    EXPERIMENT,
-    PARENT_RUN_ENV,
-    ensure_experiment,
-    log_curves,
-    stage_run,
-    use_tracking,
-)
 from pipelines.models.bilm_loader import (
     OPTIONS_HELP,
     SOURCE_HELP,
@@ -64,6 +57,14 @@ from pipelines.models.bilm_loader import (
     resolve_bilm,
 )
 from pipelines.registry.tags import TASK_TAG
+from pipelines.tracking.stage_runs import (
+    EXPERIMENT,
+    PARENT_RUN_ENV,
+    ensure_experiment,
+    log_curves,
+    stage_run,
+    use_tracking,
+)
 
 BASELINE_TAG = "elmo.baseline"
 MIX_FIGURE = "scalar_mix.png"

@@ -35,9 +35,9 @@ from elmo_core.analysis.task_runs import DEFAULT_FRACTIONS, analyze_task, num_ru
 from elmo_core.errors import ConfigError
 from elmo_core.tasks import load_task_config
 from elmo_core.tasks.activation_cache import ActivationCache
-from elmo_core.tasks.config import TaskConfig
 from elmo_core.tasks.readers import AnyDataset, task_labels
 from elmo_core.tasks.seeds import DEFAULT_SEEDS
+from elmo_core.tasks.task_config import TaskConfig
 from elmo_core.tasks.trainer import TaskSplit
 from pipelines.adapt.figures import log_figure
 from pipelines.adapt.stage import cache_splits, check_tasks, read_splits
@@ -57,16 +57,16 @@ from pipelines.analyze.table import (
     to_json,
 )
 from pipelines.common.cli_runner import comma_separated, run_command
-from pipelines.common.console_progress import console_progress
+from pipelines.common.console import console_progress
 from pipelines.common.settings import elmo_home
-from pipelines.common.tracking import (
+from pipelines.models.bilm_loader import OPTIONS_HELP, SOURCE_HELP, load_bilm, resolve_bilm
+from pipelines.tracking.stage_runs import (
     PARENT_RUN_ENV,
     location_name,
     stage_run,
     stage_run_name,
     use_tracking,
 )
-from pipelines.models.bilm_loader import OPTIONS_HELP, SOURCE_HELP, load_bilm, resolve_bilm
 
 SenseSplits = tuple[list[SenseExample], list[SenseExample]]
 DEFAULT_FRACTIONS_TEXT = ",".join(f"{fraction:g}" for fraction in DEFAULT_FRACTIONS)

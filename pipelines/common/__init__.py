@@ -1,5 +1,3 @@
-"""What stages and flows share: settings, the CLI runner, MLflow tracking (a stage's run, a flow's
-parent run), the Ray connection, the pre-flight server checks, the demo's sample embedding.
-
-Imports no stage, so any stage can import it.
+"""What stages and flows share: settings, the CLI runner, console output, paths, the Ray
+connection, the pre-flight server checks. Imports no stage, so any stage can import it.
 """

@@ -20,7 +20,7 @@ import typer
 from typer._click import exceptions as typer_click
 
 from elmo_core.errors import ConfigError, ElmoError
-from pipelines.common.console_noise import quiet_environment
+from pipelines.common.console import quiet_environment
 from pipelines.common.services import check_services
 
 # typer parses with its own copy of click, whose exceptions are not click's: both are usage errors.

@@ -3,7 +3,7 @@
 A local Ray is sized for the machine: every core, no dashboard, and an object store that stays
 small on small machines (the stages stream data from shards; the object store only carries
 control messages and checkpoints' metadata). It starts quietly: the libraries' console noise is
-off first (:mod:`pipelines.common.console_noise`), Ray's start-up lines are not printed.
+off first (:mod:`pipelines.common.console`), Ray's start-up lines are not printed.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import ray
 
 from elmo_core.errors import ElmoError
-from pipelines.common.console_noise import quiet_environment
+from pipelines.common.console import quiet_environment
 from pipelines.common.settings import elmo_home
 
 log = logging.getLogger(__name__)

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import h5py
 
-from pipelines.common.console_progress import console_progress
+from pipelines.common.console import console_progress
+from pipelines.embed.embedding_shards import ID_COLUMN, TEXT_COLUMN, table_vectors
 from pipelines.embed.output import EmbeddingsDir
-from pipelines.embed.shards import ID_COLUMN, TEXT_COLUMN, table_vectors
 from pipelines.embed.vectors import Output
 
 HDF5_FILE = "embeddings.hdf5"

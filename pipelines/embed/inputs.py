@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from elmo_core.errors import DataError
-from pipelines.common.console_progress import console_progress
+from pipelines.common.console import console_progress
 
 PROGRESS_BYTES = 1 << 20  # update the bar once per MiB read, not once per line
 

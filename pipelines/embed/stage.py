@@ -22,15 +22,14 @@ import typer
 from elmo_core.errors import ConfigError, DataError
 from elmo_core.text.tokenize import Tokenizer, WhitespaceTokenizer
 from pipelines.common.cli_runner import run_command
-from pipelines.common.console_progress import console_progress
+from pipelines.common.console import console_progress
 from pipelines.common.locations import absolute_location
 from pipelines.common.ray_cluster import connect_ray
 from pipelines.common.settings import elmo_home
-from pipelines.common.tracking import flatten_params, stage_run
+from pipelines.embed.embedding_shards import DTYPES, Dtype, shard_name
 from pipelines.embed.hdf5 import HDF5_FILE, write_hdf5
 from pipelines.embed.inputs import Chunk, InputPlan, plan_chunks
 from pipelines.embed.output import EmbeddingsDir
-from pipelines.embed.shards import DTYPES, Dtype, shard_name
 from pipelines.embed.vectors import OUTPUTS, Output
 from pipelines.embed.workers import EmbedJob, WorkerPool, embed_chunks
 from pipelines.models.bilm_loader import (
@@ -42,6 +41,7 @@ from pipelines.models.bilm_loader import (
     resolve_bilm,
 )
 from pipelines.prepare.corpus_sources import locate_corpus
+from pipelines.tracking.stage_runs import flatten_params, stage_run
 
 Format = Literal["parquet", "hdf5"]
 FORMATS: tuple[Format, ...] = get_args(Format)

@@ -26,9 +26,9 @@ from elmo_core.errors import ElmoError
 from elmo_core.model.bilm import BiLM
 from elmo_core.text.tokenize import Tokenizer
 from elmo_core.threads import threads_under_load
+from pipelines.embed.embedding_shards import Dtype, shard_name, vectors_table
 from pipelines.embed.inputs import Chunk, read_chunk
 from pipelines.embed.output import EmbeddingsDir
-from pipelines.embed.shards import Dtype, shard_name, vectors_table
 from pipelines.embed.vectors import Output, embed_sentences
 from pipelines.models.bilm_loader import BiLMReference, load_bilm
 

@@ -28,12 +28,12 @@ from elmo_core.perplexity import PerplexitySums, Protocol, evaluate_perplexity
 from elmo_core.threads import fewer_threads_under_load
 from pipelines.common.cli_runner import run_command
 from pipelines.common.locations import absolute_location
-from pipelines.common.tracking import location_name, log_dataset, stage_run, stage_run_name
 from pipelines.evaluate.result import EvaluationResult
 from pipelines.models.bilm_loader import SOURCE_HELP, BiLMReference, load_bilm, resolve_bilm
+from pipelines.tracking.stage_runs import location_name, log_dataset, stage_run, stage_run_name
 
 
-def evaluate(
+def evaluate_bilm(
     checkpoint: str,
     data: str,
     *,
@@ -184,7 +184,7 @@ def evaluate_command(
     """Heldout perplexity (forward, backward, geometric mean) of a biLM, logged to MLflow."""
     if protocol not in ("batched", "original"):
         raise typer.BadParameter(f"{protocol!r} is not batched or original", param_hint="protocol")
-    result = evaluate(
+    result = evaluate_bilm(
         checkpoint,
         data,
         split=split,

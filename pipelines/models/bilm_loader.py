@@ -33,7 +33,7 @@ from elmo_core.errors import ConfigError, WeightsError
 from elmo_core.model import serialization
 from elmo_core.model.bilm import BiLM
 from elmo_core.model.serialization import CONFIG_FILE, MODEL_DIR, WEIGHTS_FILE, find_model_dir
-from pipelines.common.tracking import use_tracking
+from pipelines.tracking.stage_runs import use_tracking
 
 log = logging.getLogger(__name__)
 
@@ -106,19 +106,21 @@ def load_bilm(reference: BiLMReference, workdir: Path | None = None) -> LoadedBi
     temporary directory, left for the caller)."""
     if reference.kind == "directory":
         model_dir = Path(reference.location)
-        return LoadedBiLM(bilm=serialization.load_bilm(model_dir).eval(), model_dir=model_dir)
+        return LoadedBiLM(bilm=serialization.read_bilm_dir(model_dir).eval(), model_dir=model_dir)
     scratch = workdir or Path(tempfile.mkdtemp(prefix="elmo-bilm-"))
     scratch.mkdir(parents=True, exist_ok=True)
     if reference.kind == "mlflow":
         return _load_mlflow(reference, scratch)
     if reference.kind == "remote":
         model_dir = _copy_remote(reference.location, scratch / BILM_ARTIFACT)
-        return LoadedBiLM(bilm=serialization.load_bilm(model_dir).eval(), model_dir=model_dir)
-    from elmo_core.interop.bilm_tf import load_bilm as load_bilm_tf  # h5py only when needed
+        return LoadedBiLM(bilm=serialization.read_bilm_dir(model_dir).eval(), model_dir=model_dir)
+    from elmo_core.interop.bilm_tf import read_bilm_tf  # h5py only when needed
 
     assert reference.options is not None  # resolve_bilm requires them
-    bilm = load_bilm_tf(reference.options, reference.location).eval()
-    return LoadedBiLM(bilm=bilm, model_dir=serialization.save_bilm(bilm, scratch / BILM_ARTIFACT))
+    bilm = read_bilm_tf(reference.options, reference.location).eval()
+    return LoadedBiLM(
+        bilm=bilm, model_dir=serialization.write_bilm_dir(bilm, scratch / BILM_ARTIFACT)
+    )
 
 
 def initial_bilm(config: ModelConfig, vocab_size: int, source: BiLMReference | None) -> BiLM:
@@ -250,7 +252,9 @@ def _load_mlflow(reference: BiLMReference, workdir: Path) -> LoadedBiLM:
         tokenizer = None if manifest is None else manifest_tokenizer(local / manifest["path"])
         model_dir = local / artifacts[BILM_ARTIFACT]["path"]
         return LoadedBiLM(
-            bilm=serialization.load_bilm(model_dir).eval(), model_dir=model_dir, tokenizer=tokenizer
+            bilm=serialization.read_bilm_dir(model_dir).eval(),
+            model_dir=model_dir,
+            tokenizer=tokenizer,
         )
     found = sorted(config.parent for config in local.rglob(CONFIG_FILE))
     preferred = [d for d in found if d.name == BILM_ARTIFACT] or found
@@ -258,7 +262,7 @@ def _load_mlflow(reference: BiLMReference, workdir: Path) -> LoadedBiLM:
         raise WeightsError(
             f"the MLflow artifacts hold no biLM directory ({CONFIG_FILE})", path=reference.location
         )
-    return LoadedBiLM(bilm=serialization.load_bilm(preferred[0]).eval(), model_dir=preferred[0])
+    return LoadedBiLM(bilm=serialization.read_bilm_dir(preferred[0]).eval(), model_dir=preferred[0])
 
 
 def _pyfunc_artifacts(local: Path) -> dict[str, dict[str, str]] | None:

@@ -24,7 +24,7 @@ from mlflow.types.schema import Array, ColSpec, ParamSchema, Schema, TensorSpec
 
 from elmo_core.errors import WeightsError
 from elmo_core.model.bilm import BiLM
-from elmo_core.tasks.config import TaskConfig, TaskType
+from elmo_core.tasks.task_config import TaskConfig, TaskType
 from elmo_core.tasks.task_model import TaskModel
 from elmo_core.tasks.trainer import Prediction, predict
 from elmo_core.text.tokenize import MosesTokenizer, Tokenizer

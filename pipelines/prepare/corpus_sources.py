@@ -28,7 +28,7 @@ from typing import BinaryIO, cast
 
 from elmo_core.config import CorpusFormat
 from elmo_core.errors import ConfigError, DataError
-from pipelines.common.console_progress import ProgressBar, console_progress
+from pipelines.common.console import ProgressBar, console_progress
 from pipelines.common.locations import is_remote_url
 from pipelines.prepare.download import (
     COMPLETE_MARKER,

@@ -25,7 +25,7 @@ from typing import IO, BinaryIO
 
 from elmo_core.errors import DataError
 from elmo_core.location import sha256_file
-from pipelines.common.console_progress import console_progress
+from pipelines.common.console import console_progress
 
 CHUNK_BYTES = 1 << 20
 BACKOFF_S = 1.0  # first retry delay after a failure without progress; doubles each time

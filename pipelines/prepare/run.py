@@ -30,7 +30,7 @@ from elmo_core.data.shards import SHARD_FORMAT, SHARD_FORMAT_VERSION, FileStats
 from elmo_core.location import sha256_file
 from elmo_core.text.type_counts import TypeCounts, split_totals
 from elmo_core.text.vocab import build_vocab, read_vocab, vocab_counts_text, vocab_text, with_counts
-from pipelines.common.console_progress import console_progress
+from pipelines.common.console import console_progress
 from pipelines.prepare.count import FileCounts, count_file, vocab_with_marker_counts
 from pipelines.prepare.encode import EncodeTask, encode_file
 from pipelines.prepare.inputs import FileTask

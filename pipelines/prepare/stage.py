@@ -73,9 +73,9 @@ def prepare(
     ``overwrite`` replaces another dataset found there. Recorded as the stage's MLflow run (a
     child of ``parent_run_id``'s, inside a flow)."""
     from pipelines.common.settings import elmo_home
-    from pipelines.common.tracking import location_name, stage_run, stage_run_name
     from pipelines.prepare.corpus_sources import locate_corpus
-    from pipelines.prepare.tracking import log_prepared
+    from pipelines.prepare.dataset_record import log_prepared
+    from pipelines.tracking.stage_runs import location_name, stage_run, stage_run_name
 
     dataset = absolute_location(out)
     name = stage_run_name("prepare", location_name(dataset))

@@ -20,16 +20,16 @@ from typing import Annotated, Literal, get_args
 import typer
 
 from elmo_core.errors import ConfigError, DataError
-from elmo_core.interop.bilm_tf import load_bilm as load_bilm_tf
-from elmo_core.model.serialization import save_bilm
+from elmo_core.interop.bilm_tf import read_bilm_tf
+from elmo_core.model.serialization import write_bilm_dir
 from elmo_core.text.tokenize import Tokenizer
 from elmo_core.text.vocab import read_vocab, vocab_text
 from pipelines.common.cli_runner import run_command
-from pipelines.common.tracking import STAGE_TAG
 from pipelines.models.bilm_loader import LoadedBiLM
 from pipelines.registry.policy import PromotionDecision, apply_champion_policy, promote
 from pipelines.registry.register import DatasetFiles, RegisteredBiLM, register_bilm
 from pipelines.registry.tags import DEFAULT_NAME
+from pipelines.tracking.stage_runs import STAGE_TAG
 
 STAGE = "import-weights"
 OPTIONS_TAG = "elmo.import.options"
@@ -60,7 +60,7 @@ def import_weights(
         raise ConfigError("a softmax needs its vocabulary (--vocab)", key="vocab_file")
     if tokenizer not in get_args(TokenizerName):
         raise ConfigError(f"{tokenizer!r} is not one of {get_args(TokenizerName)}", key="tokenizer")
-    bilm = load_bilm_tf(options_file, weight_file, softmax_file=softmax_file)
+    bilm = read_bilm_tf(options_file, weight_file, softmax_file=softmax_file)
     given = {
         OPTIONS_TAG: options_file,
         WEIGHTS_TAG: weight_file,
@@ -72,7 +72,7 @@ def import_weights(
         root = Path(scratch)
         files = describe_import(root, sources, tokenizer, vocab_file, bilm.vocab_size)
         registered = register_bilm(
-            LoadedBiLM(bilm, save_bilm(bilm, root / "bilm")),
+            LoadedBiLM(bilm, write_bilm_dir(bilm, root / "bilm")),
             files,
             evaluation=None,
             name=name,

@@ -20,7 +20,6 @@ from mlflow.exceptions import MlflowException
 
 from elmo_core.errors import ConfigError
 from pipelines.common.cli_runner import run_command
-from pipelines.common.tracking import use_tracking
 from pipelines.registry.tags import (
     DEFAULT_NAME,
     HELDOUT_HASH_TAG,
@@ -32,6 +31,7 @@ from pipelines.registry.tags import (
     SUPERSEDED_BY_TAG,
     VOCAB_HASH_TAG,
 )
+from pipelines.tracking.stage_runs import use_tracking
 
 CHAMPION: Final = "champion"
 CHALLENGER: Final = "challenger"

@@ -32,15 +32,6 @@ from elmo_core.data.manifest import MANIFEST_NAME, join_url, load_manifest
 from elmo_core.errors import ConfigError, DataError
 from elmo_core.model.bilm import BiLM
 from pipelines.common.cli_runner import run_command
-from pipelines.common.tracking import (
-    DESCRIPTION_TAG,
-    logged_model_tags,
-    register_model,
-    run_link,
-    stage_run,
-    stage_run_name,
-    use_tracking,
-)
 from pipelines.evaluate.result import EvaluationResult
 from pipelines.models import bilm_pyfunc
 from pipelines.models.bilm_loader import (
@@ -85,6 +76,15 @@ from pipelines.registry.tags import (
     REGISTER_RUN_TAG,
     TRAIN_RUN_TAG,
     VOCAB_HASH_TAG,
+)
+from pipelines.tracking.stage_runs import (
+    DESCRIPTION_TAG,
+    logged_model_tags,
+    register_model,
+    run_link,
+    stage_run,
+    stage_run_name,
+    use_tracking,
 )
 
 BILM_TF_ARTIFACTS = "bilm_tf"  # run artifact folder of the HDF5 export
@@ -382,14 +382,14 @@ def _log_bilm_tf_export(
 def _bilm_tf_exporter() -> Callable[[BiLM, Path, Path], None]:
     """The bilm-tf writer (without the softmax, as released weights), imported only when asked."""
     try:
-        from elmo_core.interop.bilm_tf import save_bilm as save_bilm_tf
+        from elmo_core.interop.bilm_tf import write_bilm_tf
     except ImportError as err:
         raise ConfigError(
             f"the bilm-tf HDF5 export needs elmo_core.interop.bilm_tf ({err}); "
             "pass hdf5_export=False (--no-hdf5) to register without it",
             key="hdf5_export",
         ) from None
-    return save_bilm_tf
+    return write_bilm_tf
 
 
 # --- command line --------------------------------------------------------------------------------

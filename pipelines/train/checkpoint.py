@@ -3,7 +3,7 @@ a run keeps them, ``checkpoints/step_NNNNNN/`` in its run directory.
 
 A checkpoint is one directory to which every rank adds its part::
 
-    model/           the biLM in our format (save_bilm)              rank 0
+    model/           the biLM in our format (write_bilm_dir)              rank 0
     trainer.pt       optimiser state, step, best validation, MLflow run id, curves   rank 0
     rank_{r}.pt      rank r's RNG states, both streams' positions, carried LSTM states
     COMPLETE         written by rank 0 once every part is uploaded
@@ -31,7 +31,7 @@ import torch
 
 from elmo_core.model.bilm import BiLM, BiLMState
 from elmo_core.model.lstm import LSTMState
-from elmo_core.model.serialization import LATEST_FILE, save_bilm
+from elmo_core.model.serialization import LATEST_FILE, write_bilm_dir
 from pipelines.train.run_directory import RunDirectory
 
 MODEL_DIR = "model"
@@ -86,7 +86,7 @@ def write_checkpoint(
     """Write this rank's part of a checkpoint into ``directory`` (rank 0 adds the shared files)."""
     directory.mkdir(parents=True, exist_ok=True)
     if rank == 0:
-        save_bilm(bilm, directory / MODEL_DIR)
+        write_bilm_dir(bilm, directory / MODEL_DIR)
         torch.save(
             {"optimizer": optimizer.state_dict(), "shared": asdict(shared)},
             directory / TRAINER_FILE,

@@ -21,7 +21,7 @@ from elmo_core.data.reader import load_word_types
 from elmo_core.errors import ConfigError, DataError
 from pipelines.common.locations import absolute_location
 from pipelines.models.bilm_loader import BiLMReference, initial_bilm, resolve_bilm
-from pipelines.train.config import TrainJobConfig, run_name, storage_root
+from pipelines.train.job_config import TrainJobConfig, run_name, storage_root
 from pipelines.train.run_directory import FINISHED_FILE, RunDirectory
 
 

@@ -23,13 +23,13 @@ import torch
 
 from elmo_core.model.bilm import BiLM, LossOutput
 from elmo_core.perplexity import PerplexitySums
-from pipelines.common.flow_runs import (
+from pipelines.tracking.flow_runs import (
     TOKENS_PER_S_METRIC,
     TRAIN_LOSS_METRIC,
     TRAIN_SECTION,
     VALIDATION_SECTION,
 )
-from pipelines.common.tracking import log_curves, shared_run
+from pipelines.tracking.stage_runs import log_curves, shared_run
 from pipelines.train.checkpoint import SharedState
 from pipelines.train.run_directory import BEST_DIR, RunDirectory
 

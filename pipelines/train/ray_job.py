@@ -20,10 +20,10 @@ from collections.abc import Mapping
 import fsspec
 from ray.job_submission import JobStatus, JobSubmissionClient
 
-from pipelines.common.flow_runs import tag_run
 from pipelines.common.settings import mlflow_tracking_uri
-from pipelines.common.tracking import PARENT_RUN_ENV
-from pipelines.train.config import TrainJobConfig
+from pipelines.tracking.flow_runs import tag_run
+from pipelines.tracking.stage_runs import PARENT_RUN_ENV
+from pipelines.train.job_config import TrainJobConfig
 from pipelines.train.preflight import TrainPlan, TrainResult
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@
 It holds ``mlflow_run_id.json``, ``checkpoints/``, ``best/``, ``model/`` and ``FINISHED.json``,
 each written whole (:class:`~elmo_core.location.Location`), so a run killed at any instant leaves
 files a resumed run can trust. A checkpoint on an object store is many objects, which is why
-:mod:`pipelines.train.checkpoint_store` commits it with a marker written after all of its parts.
+:mod:`pipelines.train.checkpoint` commits it with a marker written after all of its parts.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from elmo_core.location import Location
 from elmo_core.model.bilm import BiLM
-from elmo_core.model.serialization import save_bilm
+from elmo_core.model.serialization import write_bilm_dir
 
 BEST_DIR = "best"  # the model with the best validation perplexity so far
 MODEL_DIR = "model"  # the final model, copied from the last checkpoint
@@ -27,6 +27,6 @@ class RunDirectory(Location):
     def put_model(self, bilm: BiLM, name: str) -> str:
         """Save ``bilm`` as ``name/`` in the run directory, replacing the previous one."""
         with tempfile.TemporaryDirectory() as staging:
-            save_bilm(bilm, staging)
+            write_bilm_dir(bilm, staging)
             self.put_directory(Path(staging), name)
         return self.join(name)

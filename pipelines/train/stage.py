@@ -38,11 +38,16 @@ from ray.train.torch import TorchTrainer
 
 from elmo_core.errors import ConfigError
 from pipelines.common.cli_runner import run_command
-from pipelines.common.flow_runs import TOTAL_STEPS_TAG, VALIDATION_SECTION
 from pipelines.common.locations import absolute_location
 from pipelines.common.ray_cluster import connect_ray
 from pipelines.common.settings import RAY_JOBS_ENV, mlflow_tracking_uri
-from pipelines.common.tracking import (
+from pipelines.evaluate.result import EvaluationResult
+from pipelines.evaluate.stage import evaluate_bilm
+from pipelines.models.bilm_loader import OPTIONS_HELP, SOURCE_HELP
+from pipelines.registry.register import RegisteredBiLM, register
+from pipelines.registry.tags import DEFAULT_NAME
+from pipelines.tracking.flow_runs import TOTAL_STEPS_TAG, VALIDATION_SECTION
+from pipelines.tracking.stage_runs import (
     find_run,
     git_commit,
     log_config,
@@ -50,13 +55,8 @@ from pipelines.common.tracking import (
     stage_run,
     stage_run_name,
 )
-from pipelines.evaluate.result import EvaluationResult
-from pipelines.evaluate.stage import evaluate
-from pipelines.models.bilm_loader import OPTIONS_HELP, SOURCE_HELP
-from pipelines.registry.register import RegisteredBiLM, register
-from pipelines.registry.tags import DEFAULT_NAME
 from pipelines.train.checkpoint import CheckpointStore, StoredCheckpoint
-from pipelines.train.config import TrainJobConfig, Where, resolve_train_config
+from pipelines.train.job_config import TrainJobConfig, Where, resolve_train_config
 from pipelines.train.preflight import TrainPlan, TrainResult, plan_training
 from pipelines.train.ray_job import read_job_config, train_as_job
 from pipelines.train.run_directory import (
@@ -252,7 +252,7 @@ def evaluate_trained(
     tags: dict[str, str] | None = None,
 ) -> EvaluationResult:
     """The full-softmax heldout perplexity of the run's final model: what registers it."""
-    return evaluate(result.model_dir, data, parent_run_id=parent_run_id, tags=tags)
+    return evaluate_bilm(result.model_dir, data, parent_run_id=parent_run_id, tags=tags)
 
 
 def register_trained(

@@ -41,7 +41,7 @@ from elmo_core.config import StrictModel
 from elmo_core.data.reader import load_manifest, load_word_types
 from elmo_core.errors import ElmoError
 from elmo_core.model.bilm import BiLMState, LossOutput
-from elmo_core.model.serialization import load_bilm
+from elmo_core.model.serialization import read_bilm_dir
 from elmo_core.perplexity import PerplexitySums, evaluate_perplexity
 from elmo_core.threads import threads_under_load
 from elmo_core.training.batches import StepBatches, StreamPosition, StreamSpec
@@ -58,7 +58,7 @@ from pipelines.train.checkpoint import (
     restore_rng,
     write_checkpoint,
 )
-from pipelines.train.config import TrainJobConfig
+from pipelines.train.job_config import TrainJobConfig
 from pipelines.train.progress import Progress, TrackedRun
 from pipelines.train.run_directory import RunDirectory
 
@@ -224,7 +224,7 @@ class Worker:
     def restore(self, directory: Path) -> None:
         """Continue from a checkpoint: weights, optimiser, counters, and this rank's position."""
         loaded = read_checkpoint(directory, self.rank, self.world_size, self.device)
-        self.bilm.load_state_dict(load_bilm(loaded.model_dir).state_dict())
+        self.bilm.load_state_dict(read_bilm_dir(loaded.model_dir).state_dict())
         self.optimizer.load_state_dict(loaded.optimizer)
         self.shared = loaded.shared
         self.resumed_from = loaded.shared.step

@@ -15,15 +15,15 @@ from mlflow import MlflowClient
 
 from elmo_core.errors import ConfigError, WeightsError
 from elmo_core.model.bilm import BiLM
-from elmo_core.model.serialization import save_bilm
+from elmo_core.model.serialization import write_bilm_dir
 from elmo_core.presets import tiny
 from elmo_core.tasks import load_task_config
 from elmo_core.tasks.seeds import Scores
 from elmo_core.text.tokenize import WhitespaceTokenizer
 from pipelines.adapt import stage as adapt_stage
-from pipelines.common import tracking
 from pipelines.models import bilm_loader as bilm_source
 from pipelines.registry.register import DatasetFiles, log_bilm_model
+from pipelines.tracking import stage_runs
 
 pytestmark = pytest.mark.integration
 
@@ -68,7 +68,7 @@ def _register_bilm(model_dir: Path, root: Path) -> None:
     (root / "vocab.txt").write_text("<S>\n</S>\n<UNK>\n")
     (root / "manifest.json").write_text(json.dumps({"tokenizer": WhitespaceTokenizer().describe()}))
     dataset = DatasetFiles("test", root / "vocab.txt", root / "manifest.json", "-", "-")
-    with tracking.stage_run("register", run_name="register-test"):
+    with stage_runs.stage_run("register", run_name="register-test"):
         info = log_bilm_model(model_dir, dataset, "elmo-bilm")
     version = mlflow.register_model(info.model_uri, "elmo-bilm")
     MlflowClient().set_registered_model_alias("elmo-bilm", "champion", version.version)
@@ -93,11 +93,11 @@ def adapted(ray_session, tmp_path_factory):  # type: ignore[no-untyped-def]
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("ELMO_HOME", str(root / "home"))
         patch.delenv("MLFLOW_TRACKING_URI", raising=False)
-        patch.delenv(tracking.PARENT_RUN_ENV, raising=False)
+        patch.delenv(stage_runs.PARENT_RUN_ENV, raising=False)
         patch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
         patch.chdir(root)
         torch.manual_seed(0)
-        model_dir = save_bilm(BiLM(tiny(), 100), root / "bilm")
+        model_dir = write_bilm_dir(BiLM(tiny(), 100), root / "bilm")
         configs = [_write_tagging(root), _write_classification(root)]
         tasks = [load_task_config(path) for path in configs]
         earlier = _adapt_executions()
@@ -106,7 +106,7 @@ def adapted(ray_session, tmp_path_factory):  # type: ignore[no-untyped-def]
         cache = root / "home" / "cache" / "activations"
         entries_after_first = sorted(p.name for p in cache.iterdir())
         _register_bilm(model_dir, root)
-        with tracking.stage_run("flow", run_name="flow-test") as parent:
+        with stage_runs.stage_run("flow", run_name="flow-test") as parent:
             pass
         nested = adapt_stage.adapt(
             tasks[1:],
@@ -115,7 +115,7 @@ def adapted(ray_session, tmp_path_factory):  # type: ignore[no-untyped-def]
             parent_run_id=parent.info.run_id,
             tags={"elmo.flow": "test"},
         )
-        uri = tracking.use_tracking()
+        uri = stage_runs.use_tracking()
         # By now (the nested job took seconds) the standalone jobs' events have been reported.
         standalone_executions = [
             execution
@@ -143,7 +143,7 @@ def test_jobs_run_in_parallel_as_standalone_runs_tagged_with_the_bilm_path(adapt
     assert [result.task for result in adapted.standalone] == ["tagger", "questions"]
     for run, task in zip(runs, ["tagger", "questions"], strict=True):
         assert run.info.status == "FINISHED" and run.info.run_name == f"adapt-{task}"
-        assert run.data.tags[tracking.STAGE_TAG] == "adapt"
+        assert run.data.tags[stage_runs.STAGE_TAG] == "adapt"
         assert run.data.tags[bilm_source.PATH_TAG] == str(adapted.model_dir)
         assert run.data.tags[adapt_stage.TASK_TAG] == task
         assert "GloVe" in run.data.tags[adapt_stage.BASELINE_TAG]
@@ -159,7 +159,7 @@ def test_a_run_names_its_source_and_commit_not_the_ray_worker(adapted) -> None:
         tags = adapted.client.get_run(result.run_id).data.tags
         assert tags["mlflow.source.name"] == "pipelines.adapt"
         assert tags["mlflow.source.type"] == "LOCAL"
-        assert tags.get("mlflow.source.git.commit") == tracking.git_commit()  # None: no checkout
+        assert tags.get("mlflow.source.git.commit") == stage_runs.git_commit()  # None: no checkout
     nested = adapted.client.get_run(adapted.nested.run_id).data.tags
     assert nested["mlflow.source.type"] == "JOB"  # inside a flow
 
@@ -334,7 +334,7 @@ def test_the_final_scores_are_metrics_of_the_logged_task_model(adapted) -> None:
     # Named as the model it is registered as, from its adapt run, not Ray's worker script
     assert logged.name == "elmo-questions" and logged.source_run_id == result.run_id
     assert logged.tags["mlflow.source.name"] == "pipelines.adapt"
-    assert logged.tags.get("mlflow.source.git.commit") == tracking.git_commit()
+    assert logged.tags.get("mlflow.source.git.commit") == stage_runs.git_commit()
     example = mlflow.models.Model.load(f"models:/{result.model_name}/1").load_input_example()
     assert example.to_dict("list") == {"sentence": ["where is Rome ?"]}
 

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-from elmo_core.interop.bilm_tf import load_bilm, save_bilm
+from elmo_core.interop.bilm_tf import read_bilm_tf, write_bilm_tf
 from elmo_core.model.bilm import BiLM
 from elmo_core.text.char_ids import batch_to_ids
 
@@ -43,7 +43,7 @@ def one_thread() -> Iterator[None]:
 
 def _released(*, stateful: bool = False) -> BiLM:
     """The stored bilm-tf model, read by our loader."""
-    return load_bilm(FIXTURES / "options.json", FIXTURES / "lm_weights.hdf5", stateful=stateful)
+    return read_bilm_tf(FIXTURES / "options.json", FIXTURES / "lm_weights.hdf5", stateful=stateful)
 
 
 def _expected() -> list[list[np.ndarray]]:
@@ -82,8 +82,8 @@ def test_stateful_bilm_reproduces_the_tensorflow_outputs():
 
 
 def test_our_export_of_the_released_file_reproduces_them_too(tmp_path):
-    save_bilm(_released(), tmp_path / "options.json", tmp_path / "weights.hdf5")
-    bilm = load_bilm(tmp_path / "options.json", tmp_path / "weights.hdf5", stateful=True)
+    write_bilm_tf(_released(), tmp_path / "options.json", tmp_path / "weights.hdf5")
+    bilm = read_bilm_tf(tmp_path / "options.json", tmp_path / "weights.hdf5", stateful=True)
     assert max(_max_difference(bilm)) < TOLERANCE
 
 

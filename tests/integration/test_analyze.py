@@ -14,11 +14,11 @@ from mlflow import MlflowClient
 
 from elmo_core.errors import ConfigError, DataError
 from elmo_core.model.bilm import BiLM
-from elmo_core.model.serialization import save_bilm
+from elmo_core.model.serialization import write_bilm_dir
 from elmo_core.presets import tiny
 from elmo_core.tasks import load_task_config
 from pipelines.analyze import stage as analyze_stage
-from pipelines.common import tracking
+from pipelines.tracking import stage_runs
 
 pytestmark = pytest.mark.integration
 
@@ -54,9 +54,9 @@ def analyzed(isolated_home, tmp_path_factory):  # type: ignore[no-untyped-def]
     with isolated_home(root):
         task = load_task_config(_write_tagging(root))
         torch.manual_seed(0)
-        first_bilm = save_bilm(BiLM(tiny(), 100), root / "bilm-a")
+        first_bilm = write_bilm_dir(BiLM(tiny(), 100), root / "bilm-a")
         torch.manual_seed(1)
-        second_bilm = save_bilm(BiLM(tiny(), 100), root / "bilm-b")
+        second_bilm = write_bilm_dir(BiLM(tiny(), 100), root / "bilm-b")
         senses = (SENSES / "senses.train.tsv", SENSES / "senses.test.tsv")
         runs = [
             analyze_stage.analyze(
@@ -64,7 +64,7 @@ def analyzed(isolated_home, tmp_path_factory):  # type: ignore[no-untyped-def]
             )
             for bilm in (first_bilm, second_bilm)
         ]
-        uri = tracking.use_tracking()
+        uri = stage_runs.use_tracking()
         yield SimpleNamespace(
             root=root, task=task, runs=runs, client=MlflowClient(uri), bilm=first_bilm
         )
@@ -73,7 +73,7 @@ def analyzed(isolated_home, tmp_path_factory):  # type: ignore[no-untyped-def]
 def test_one_finished_run_holds_the_table_figures_and_a_metric_per_cell(analyzed) -> None:
     result = analyzed.runs[0]
     run = analyzed.client.get_run(result.run_id)
-    assert run.info.status == "FINISHED" and run.data.tags[tracking.STAGE_TAG] == "analyze"
+    assert run.info.status == "FINISHED" and run.data.tags[stage_runs.STAGE_TAG] == "analyze"
     assert run.info.run_name == "analyze-bilm-a"  # <stage>-<the biLM it analyzed>
     artifacts = {a.path for a in analyzed.client.list_artifacts(result.run_id)}
     assert {"analysis.md", "analysis.json", "efficiency_tagger.png", "layers.png"} <= artifacts

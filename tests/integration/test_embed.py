@@ -16,13 +16,13 @@ import torch
 from elmo_core.data.reader import load_manifest
 from elmo_core.errors import WeightsError
 from elmo_core.model.bilm import BiLM
-from elmo_core.model.serialization import CONFIG_FILE, load_bilm, save_bilm
+from elmo_core.model.serialization import CONFIG_FILE, read_bilm_dir, write_bilm_dir
 from elmo_core.presets import tiny
 from elmo_core.text.char_ids import batch_to_ids
 from elmo_core.text.tokenize import MosesTokenizer
-from pipelines.common import tracking
-from pipelines.embed.shards import table_vectors
+from pipelines.embed.embedding_shards import table_vectors
 from pipelines.embed.stage import EmbedResult, embed, main
+from pipelines.tracking import stage_runs
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +36,7 @@ def workspace(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("embed")
     (root / "in.txt").write_text("\n".join(LINES) + "\n", encoding="utf-8")
     torch.manual_seed(0)
-    save_bilm(BiLM(tiny().model_copy(update={"num_samples": 4}), 20), root / "bilm")
+    write_bilm_dir(BiLM(tiny().model_copy(update={"num_samples": 4}), 20), root / "bilm")
     return root
 
 
@@ -58,7 +58,7 @@ def _shards(out: Path, output: str = "all") -> dict[int, tuple[list[str], np.nda
 
 def _alone(workspace: Path, tokens: list[str]) -> np.ndarray:
     """Every layer of one sentence, the biLM called directly on a batch of one: (L, T, 2P)."""
-    bilm = load_bilm(workspace / "bilm").eval()
+    bilm = read_bilm_dir(workspace / "bilm").eval()
     with torch.no_grad():
         output = bilm(batch_to_ids([tokens]))
     return torch.stack([layer[0, 1:-1] for layer in output.activations]).numpy()
@@ -90,7 +90,7 @@ def test_vectors_equal_the_biLM_called_directly_whatever_the_batch_size(
 def test_the_run_records_input_model_output_and_counts(store, first_run, workspace):
     run = store.get_run(first_run.run_id)
 
-    assert run.data.tags[tracking.STAGE_TAG] == "embed"
+    assert run.data.tags[stage_runs.STAGE_TAG] == "embed"
     assert run.data.tags["elmo.bilm_path"] == str(workspace / "bilm")
     params = run.data.params
     assert params["input"] == str(workspace / "in.txt") and params["out"] == first_run.out
@@ -155,7 +155,7 @@ def test_raw_text_is_tokenized_as_the_datasets_manifest_says(
     dataset = make_dataset(["The cat sat .", "A dog ran ."])
     torch.manual_seed(1)
     bilm = BiLM(tiny().model_copy(update={"num_samples": 4}), load_manifest(dataset).vocab.size)
-    save_bilm(bilm, tmp_path / "bilm")
+    write_bilm_dir(bilm, tmp_path / "bilm")
     text = ["Mr. Smith's cat didn't sit.", "", "It rained (heavily), then stopped!"]
     (tmp_path / "raw.txt").write_text("\n".join(text) + "\n", encoding="utf-8")
 

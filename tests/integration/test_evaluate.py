@@ -13,13 +13,13 @@ from elmo_core.config import PrepareConfig
 from elmo_core.data.manifest import manifest_sha256
 from elmo_core.data.reader import load_manifest
 from elmo_core.model.bilm import BiLM
-from elmo_core.model.serialization import find_model_dir, load_bilm, save_bilm
+from elmo_core.model.serialization import find_model_dir, read_bilm_dir, write_bilm_dir
 from elmo_core.perplexity import evaluate_perplexity
 from elmo_core.presets import tiny
-from pipelines.common import tracking
-from pipelines.evaluate.stage import evaluate, heldout_hash, main
+from pipelines.evaluate.stage import evaluate_bilm, heldout_hash, main
 from pipelines.prepare.corpus_sources import CorpusFiles
 from pipelines.prepare.stage import prepare_files
+from pipelines.tracking import stage_runs
 
 pytestmark = pytest.mark.integration
 
@@ -50,15 +50,15 @@ def _model(dataset: str, seed: int) -> BiLM:
 
 @pytest.fixture(scope="module")
 def model_dir(dataset, tmp_path_factory) -> Path:
-    return save_bilm(_model(dataset, 0), tmp_path_factory.mktemp("model") / "bilm")
+    return write_bilm_dir(_model(dataset, 0), tmp_path_factory.mktemp("model") / "bilm")
 
 
 def _direct(model: Path, dataset: str, **kwargs):
-    return evaluate_perplexity(load_bilm(model), dataset, progress=False, **kwargs)
+    return evaluate_perplexity(read_bilm_dir(model), dataset, progress=False, **kwargs)
 
 
 def test_evaluate_a_model_directory_logs_metrics_and_params(store, dataset, model_dir):
-    result = evaluate(str(model_dir), dataset)
+    result = evaluate_bilm(str(model_dir), dataset)
     expected = _direct(model_dir, dataset)
     assert result.perplexity == pytest.approx(expected.perplexity)
     assert result.forward_perplexity == pytest.approx(expected.forward_perplexity)
@@ -83,12 +83,14 @@ def test_evaluate_a_model_directory_logs_metrics_and_params(store, dataset, mode
     assert dataset_input.dataset.name == "dataset"
     assert run.data.params["checkpoint"] == str(model_dir)
     assert run.data.params["protocol"] == "batched"
-    assert run.data.tags[tracking.STAGE_TAG] == "evaluate"
+    assert run.data.tags[stage_runs.STAGE_TAG] == "evaluate"
 
 
 def test_selected_files_change_the_heldout_hash_and_the_count(store, dataset, model_dir):
-    some = evaluate(str(model_dir), dataset, files=["held-b"], protocol="original", batch_size=2)
-    everything = evaluate(str(model_dir), dataset)
+    some = evaluate_bilm(
+        str(model_dir), dataset, files=["held-b"], protocol="original", batch_size=2
+    )
+    everything = evaluate_bilm(str(model_dir), dataset)
     assert some.heldout_hash != everything.heldout_hash
     assert 0 < some.num_tokens < everything.num_tokens
     assert some.files == ["held-b"] and some.protocol == "original"
@@ -97,10 +99,10 @@ def test_selected_files_change_the_heldout_hash_and_the_count(store, dataset, mo
 def test_a_run_directory_resolves_to_its_latest_checkpoint(store, dataset, tmp_path):
     run_dir = tmp_path / "run"
     early, late = _model(dataset, 1), _model(dataset, 2)
-    save_bilm(early, run_dir / "checkpoint_000002" / "model")
-    save_bilm(late, run_dir / "checkpoint_000010" / "model")
+    write_bilm_dir(early, run_dir / "checkpoint_000002" / "model")
+    write_bilm_dir(late, run_dir / "checkpoint_000010" / "model")
     assert find_model_dir(run_dir) == run_dir / "checkpoint_000010" / "model"
-    result = evaluate(str(run_dir), dataset)
+    result = evaluate_bilm(str(run_dir), dataset)
     expected = _direct(run_dir / "checkpoint_000010" / "model", dataset)
     assert result.perplexity == pytest.approx(expected.perplexity)
     (run_dir / "LATEST").write_text("checkpoint_000002\n")
@@ -109,9 +111,9 @@ def test_a_run_directory_resolves_to_its_latest_checkpoint(store, dataset, tmp_p
 
 
 def test_an_mlflow_run_uri_is_downloaded_and_evaluated(store, dataset, model_dir):
-    with tracking.stage_run("train", run_name="fake-train") as run:
+    with stage_runs.stage_run("train", run_name="fake-train") as run:
         mlflow.log_artifacts(str(model_dir), artifact_path="bilm")
-    result = evaluate(f"runs:/{run.info.run_id}", dataset)
+    result = evaluate_bilm(f"runs:/{run.info.run_id}", dataset)
     assert result.perplexity == pytest.approx(_direct(model_dir, dataset).perplexity)
 
 
@@ -143,7 +145,7 @@ def test_command_line_reports_a_missing_checkpoint_in_one_line(store, dataset, t
 
 
 def test_two_ray_tasks_equal_the_in_process_ranks(ray_session, store, dataset, model_dir):
-    result = evaluate(str(model_dir), dataset, workers=2, batch_size=2)
+    result = evaluate_bilm(str(model_dir), dataset, workers=2, batch_size=2)
     parts = [_direct(model_dir, dataset, rank=r, world_size=2, batch_size=2) for r in range(2)]
     assert parts[0].num_tokens > 0 and parts[1].num_tokens > 0
     total = parts[0] + parts[1]

@@ -37,7 +37,7 @@ from prefect.testing.utilities import prefect_test_harness
 
 from elmo_core.data.manifest import manifest_sha256
 from elmo_core.model.bilm import BiLM
-from elmo_core.model.serialization import save_bilm
+from elmo_core.model.serialization import write_bilm_dir
 from elmo_core.presets import tiny
 from flows.analyze import analyze
 from flows.artifacts import AnalyzeSummary, PretrainSummary
@@ -353,7 +353,7 @@ def analyzed(home: Path) -> tuple[AnalyzeSummary, UUID]:
     """The analyze flow on a tiny untrained biLM: a 12-sentence tagging task and the bundled
     sense set, two fractions, two seeds."""
     torch.manual_seed(0)
-    bilm = save_bilm(BiLM(tiny(), 100), home.parent / "analyze-bilm")
+    bilm = write_bilm_dir(BiLM(tiny(), 100), home.parent / "analyze-bilm")
     params = AnalyzeParams(
         tasks=[_write_tagging(home.parent / "analyze-task", num_train=12)],
         bilm=str(bilm),
@@ -500,7 +500,7 @@ def test_an_unreachable_server_fails_the_run_before_any_stage_naming_it(
 # --- make run: what a user reads -----------------------------------------------------------------
 
 # The libraries' chatter that runs printed before each source was turned off (see
-# pipelines.common.console_noise, flows.run_local.embedded_settings, the train loop's Adagrad step).
+# pipelines.common.console, flows.run_local.embedded_settings, the train loop's Adagrad step).
 CONSOLE_NOISE = (
     "Failed to query Ray Train Controller",  # the PlacementGroupCleaner without a state API
     "PreemptionWatcher",

@@ -13,17 +13,17 @@ import torch
 from mlflow import MlflowClient
 
 from elmo_core.errors import ConfigError, DataError
-from elmo_core.interop.bilm_tf import save_bilm as save_bilm_tf
+from elmo_core.interop.bilm_tf import write_bilm_tf
 from elmo_core.model.bilm import BiLM
 from elmo_core.model.elmo import remove_sentence_boundaries
 from elmo_core.presets import tiny
 from elmo_core.text.char_ids import batch_to_ids
 from pipelines import cli
-from pipelines.common import tracking
 from pipelines.models.bilm_loader import load_bilm, resolve_bilm
 from pipelines.registry import policy
 from pipelines.registry import register as reg
 from pipelines.registry.import_weights import STAGE, WEIGHTS_TAG, import_weights
+from pipelines.tracking import stage_runs
 
 pytestmark = pytest.mark.integration
 
@@ -47,10 +47,10 @@ def release(tmp_path_factory, isolated_home):
             softmax=root / "softmax.hdf5",
             vocab=root / "vocab-released.txt",
         )
-        save_bilm_tf(bilm, files.options, files.weights, files.softmax)
+        write_bilm_tf(bilm, files.options, files.weights, files.softmax)
         files.vocab.write_text(RELEASED_VOCAB)
         imported = import_weights(files.options, files.weights)
-        client = MlflowClient(tracking.use_tracking())
+        client = MlflowClient(stage_runs.use_tracking())
         yield SimpleNamespace(root=root, bilm=bilm, files=files, imported=imported, client=client)
 
 
@@ -82,7 +82,7 @@ def test_import_without_softmax_is_challenger_and_records_its_sources(release):
     assert reg.VOCAB_HASH_TAG not in version.tags and reg.PERPLEXITY_TAG not in version.tags
     assert version.tags[reg.BILM_TF_TAG] == f"runs:/{release.imported.run_id}/bilm_tf"
     run = release.client.get_run(release.imported.run_id)
-    assert run.data.tags[tracking.STAGE_TAG] == STAGE
+    assert run.data.tags[stage_runs.STAGE_TAG] == STAGE
     assert run.data.tags[WEIGHTS_TAG] == str(release.files.weights.resolve())
     loaded = load_bilm(resolve_bilm("models:/elmo-bilm/1")).bilm
     assert loaded.softmax is None

@@ -22,10 +22,10 @@ import s3fs
 import torch
 
 from elmo_core.config import PrepareConfig
-from elmo_core.model.serialization import load_bilm
+from elmo_core.model.serialization import read_bilm_dir
 from pipelines.prepare.corpus_sources import CorpusFiles
 from pipelines.prepare.stage import prepare_files
-from pipelines.train.config import resolve_train_config
+from pipelines.train.job_config import resolve_train_config
 from pipelines.train.run_directory import MODEL_DIR, RunDirectory
 from pipelines.train.stage import train
 
@@ -113,7 +113,7 @@ def _lose_a_node_once_checkpointed(cluster, node, run_dir: str, training: Future
 
 
 def _final_weights(run_dir: str, local: Path) -> dict[str, torch.Tensor]:
-    return load_bilm(str(RunDirectory(run_dir).get(MODEL_DIR, local))).state_dict()
+    return read_bilm_dir(str(RunDirectory(run_dir).get(MODEL_DIR, local))).state_dict()
 
 
 def test_a_run_survives_losing_a_worker_node(cluster, store, tmp_path) -> None:

@@ -14,12 +14,11 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
 from elmo_core.errors import ConfigError, DataError, WeightsError
-from elmo_core.interop.bilm_tf import load_bilm as load_bilm_tf
+from elmo_core.interop.bilm_tf import read_bilm_tf
 from elmo_core.model.bilm import BiLM
-from elmo_core.model.serialization import save_bilm
+from elmo_core.model.serialization import write_bilm_dir
 from elmo_core.presets import tiny
 from elmo_core.text.char_ids import batch_to_ids
-from pipelines.common import tracking
 from pipelines.evaluate.result import EvaluationResult
 from pipelines.models.bilm_loader import (
     PATH_TAG,
@@ -30,6 +29,7 @@ from pipelines.models.bilm_loader import (
 )
 from pipelines.registry import register as reg
 from pipelines.registry.tags import KIND_TAG, PRESET_TAG, SIZE_TAG
+from pipelines.tracking import stage_runs
 
 pytestmark = pytest.mark.integration
 
@@ -63,11 +63,11 @@ def registry(tmp_path_factory, isolated_home, registry_dataset):
     root = tmp_path_factory.mktemp("register")
     with isolated_home(root):
         torch.manual_seed(0)
-        model_dir = save_bilm(BiLM(tiny(), 100), root / "bilm")
+        model_dir = write_bilm_dir(BiLM(tiny(), 100), root / "bilm")
         dataset = registry_dataset(root / "dataset")
         evaluations = [_evaluation(40.5, 41.5, 41.0), _evaluation(30.25, 31.75, 31.0)]
         results = [reg.register(model_dir, str(dataset), evaluation=e) for e in evaluations]
-        uri = tracking.use_tracking()
+        uri = stage_runs.use_tracking()
         yield SimpleNamespace(
             root=root,
             uri=uri,
@@ -99,7 +99,7 @@ def test_registering_twice_creates_versions_tagged_with_their_evaluation(registr
         assert version.tags[reg.VOCAB_HASH_TAG] == vocab_sha
         assert version.tags[reg.MANIFEST_HASH_TAG] == manifest_sha
         run = registry.client.get_run(result.run_id)
-        assert run.data.tags[tracking.STAGE_TAG] == "register"
+        assert run.data.tags[stage_runs.STAGE_TAG] == "register"
     assert registry.results[0].run_id != registry.results[1].run_id
 
 
@@ -160,7 +160,7 @@ def test_hdf5_export_is_logged_in_the_run_and_named_by_a_tag(registry, tmp_path)
         mlflow.artifacts.download_artifacts(version.tags[reg.BILM_TF_TAG], dst_path=str(tmp_path))
     )
     assert sorted(path.name for path in local.iterdir()) == ["options.json", "weights.hdf5"]
-    exported = load_bilm_tf(local / "options.json", local / "weights.hdf5")
+    exported = read_bilm_tf(local / "options.json", local / "weights.hdf5")
     original = load_bilm(resolve_bilm("models:/elmo-bilm/1")).bilm
     char_ids = batch_to_ids([["The", "cat", "sat"]])
     with torch.no_grad():
@@ -171,7 +171,7 @@ def test_hdf5_export_is_logged_in_the_run_and_named_by_a_tag(registry, tmp_path)
 
 
 def test_a_version_registered_from_a_training_run_links_it_both_ways(registry):
-    with tracking.stage_run("train", run_name="train-for-register") as run:
+    with stage_runs.stage_run("train", run_name="train-for-register") as run:
         train_run_id = run.info.run_id
     result = reg.register(
         registry.model_dir,
@@ -246,7 +246,7 @@ def test_command_line_registers_with_an_evaluation_file(registry, tmp_path, caps
 
 
 def test_a_training_run_registers_one_version_and_one_decision_however_often_asked(registry):
-    with tracking.stage_run("train", run_name="train-twice") as run:
+    with stage_runs.stage_run("train", run_name="train-twice") as run:
         train_run_id = run.info.run_id
     first, again = (
         reg.register(
@@ -274,11 +274,11 @@ def test_a_training_run_registers_one_version_and_one_decision_however_often_ask
 
 
 def test_inside_a_flow_the_register_run_is_a_child_with_the_flow_tags_and_the_decision(registry):
-    with tracking.stage_run("flow", run_name="flow-register") as parent:
+    with stage_runs.stage_run("flow", run_name="flow-register") as parent:
         pass
-    with tracking.stage_run("train", run_name="train-in-flow", parent_run_id=parent.info.run_id):
+    with stage_runs.stage_run("train", run_name="train-in-flow", parent_run_id=parent.info.run_id):
         train_run_id = mlflow.active_run().info.run_id
-    with tracking.stage_run("evaluate", run_name="evaluate-in-flow") as evaluated:
+    with stage_runs.stage_run("evaluate", run_name="evaluate-in-flow") as evaluated:
         pass
     result = reg.register(
         registry.model_dir,
@@ -294,7 +294,7 @@ def test_inside_a_flow_the_register_run_is_a_child_with_the_flow_tags_and_the_de
     tags = run.data.tags
     assert run.info.status == "FINISHED" and run.info.run_name == "register-elmo-bilm"
     assert tags["mlflow.parentRunId"] == parent.info.run_id
-    assert (tags[tracking.STAGE_TAG], tags["elmo.flow"]) == ("register", "test")
+    assert (tags[stage_runs.STAGE_TAG], tags["elmo.flow"]) == ("register", "test")
     assert tags[reg.TRAIN_RUN_TAG] == train_run_id
     assert tags[reg.EVALUATE_RUN_TAG] == evaluated.info.run_id
     assert tags[PATH_TAG] == str(registry.model_dir)  # the biLM it registered

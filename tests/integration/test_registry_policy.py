@@ -14,14 +14,14 @@ import torch
 from mlflow import MlflowClient
 
 from elmo_core.model.bilm import BiLM
-from elmo_core.model.serialization import save_bilm
+from elmo_core.model.serialization import write_bilm_dir
 from elmo_core.perplexity import Protocol
 from elmo_core.presets import tiny
 from pipelines import cli
-from pipelines.common import tracking
 from pipelines.evaluate.result import EvaluationResult
 from pipelines.registry import policy
 from pipelines.registry import register as reg
+from pipelines.tracking import stage_runs
 
 pytestmark = pytest.mark.integration
 
@@ -50,13 +50,13 @@ def registry(tmp_path_factory, isolated_home, registry_dataset):
     root = tmp_path_factory.mktemp("registry-policy")
     with isolated_home(root):
         torch.manual_seed(0)
-        model_dir = save_bilm(BiLM(tiny(), 100), root / "bilm")
+        model_dir = write_bilm_dir(BiLM(tiny(), 100), root / "bilm")
         dataset = str(registry_dataset(root / "dataset"))
         results = [
             reg.register(model_dir, dataset, evaluation=evaluation, hdf5_export=False)
             for evaluation in (_evaluation(41.0), _evaluation(31.0), _evaluation(35.0), None)
         ]
-        client = MlflowClient(tracking.use_tracking())
+        client = MlflowClient(stage_runs.use_tracking())
         source = client.get_model_version("elmo-bilm", "1")
         yield SimpleNamespace(client=client, results=results, source=source)
 

@@ -28,14 +28,14 @@ import pytest
 import torch
 
 from elmo_core.model.bilm import BiLM
-from elmo_core.model.serialization import save_bilm
+from elmo_core.model.serialization import write_bilm_dir
 from elmo_core.presets import tiny
 from elmo_core.text.tokenize import MosesTokenizer
-from pipelines.common import tracking
 from pipelines.models.bilm_loader import LoadedBiLM
 from pipelines.models.pyfunc_request import MAX_ROWS_ENV, MAX_TOKENS_ENV
 from pipelines.registry.policy import promote
 from pipelines.registry.register import DatasetFiles, register_bilm
+from pipelines.tracking import stage_runs
 
 pytestmark = pytest.mark.integration
 
@@ -67,7 +67,7 @@ def _register_champion(root: Path) -> None:
         vocab_sha256=None,
         manifest_sha256=hashlib.sha256(manifest.read_bytes()).hexdigest(),
     )
-    loaded = LoadedBiLM(bilm, save_bilm(bilm, root / "bilm"))
+    loaded = LoadedBiLM(bilm, write_bilm_dir(bilm, root / "bilm"))
     registered = register_bilm(loaded, files, evaluation=None, hdf5_export=False)
     promote(registered.name, registered.version)
 
@@ -110,7 +110,7 @@ def served(
         venv_bin = str(Path(sys.executable).parent)  # uvicorn, which the CLI runs by name
         env = {
             **os.environ,
-            "MLFLOW_TRACKING_URI": tracking.use_tracking(),
+            "MLFLOW_TRACKING_URI": stage_runs.use_tracking(),
             "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}",
             "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
         }

@@ -25,11 +25,11 @@ import torch
 from elmo_core.config import PrepareConfig
 from elmo_core.data.manifest import load_manifest, manifest_sha256
 from elmo_core.errors import DataError
-from elmo_core.model.serialization import load_bilm
-from pipelines.common import tracking
+from elmo_core.model.serialization import read_bilm_dir
 from pipelines.prepare.corpus_sources import CorpusFiles
 from pipelines.prepare.stage import prepare_files
-from pipelines.train.config import resolve_train_config, run_name
+from pipelines.tracking import stage_runs
+from pipelines.train.job_config import resolve_train_config, run_name
 from pipelines.train.run_directory import FINISHED_FILE
 from pipelines.train.stage import FAIL_ONCE_ENV, main, train
 from pipelines.train.supervision import TrainingFailed
@@ -87,7 +87,7 @@ def test_two_workers_survive_a_killed_worker_and_record_the_run(
         f"run.storage_path={tmp_path / 'runs'}",
     ]
     cfg = resolve_train_config("tiny", None, overrides)
-    with tracking.stage_run("pretrain", run_name="flow") as parent:
+    with stage_runs.stage_run("pretrain", run_name="flow") as parent:
         parent_id = parent.info.run_id
     result = train(cfg, dataset, parent_run_id=parent_id, tags={"elmo.flow": "test"})
 
@@ -95,8 +95,8 @@ def test_two_workers_survive_a_killed_worker_and_record_the_run(
     assert result.resumed_from_step == 8 and result.steps == result.total_steps == 24
     run_dir = Path(result.run_dir)
     assert json.loads((run_dir / FINISHED_FILE).read_text())["steps"] == 24
-    assert load_bilm(result.model_dir).vocab_size > NUM_WORDS
-    assert result.best_model_dir is not None and load_bilm(result.best_model_dir)
+    assert read_bilm_dir(result.model_dir).vocab_size > NUM_WORDS
+    assert result.best_model_dir is not None and read_bilm_dir(result.best_model_dir)
 
     validation = store.get_metric_history(result.mlflow_run_id, "bilm/validation/perplexity")
     by_step = {m.step: m.value for m in validation}
@@ -116,7 +116,7 @@ def test_two_workers_survive_a_killed_worker_and_record_the_run(
     assert not per_node  # one machine: the workers leave its metrics to the driver
     assert "None" not in run.data.params.values() and "init_from" not in run.data.params
     assert run.data.tags["mlflow.parentRunId"] == parent_id
-    assert run.data.tags[tracking.STAGE_TAG] == "train" and run.data.tags["elmo.flow"] == "test"
+    assert run.data.tags[stage_runs.STAGE_TAG] == "train" and run.data.tags["elmo.flow"] == "test"
     assert run.data.params["train.max_steps"] == "24"
     assert run.data.params["run.num_workers"] == "2"
     assert len(run.data.params["dataset.manifest_sha256"]) == 64
@@ -218,7 +218,7 @@ def test_a_killed_run_resumes_from_its_newest_checkpoint_and_equals_a_straight_r
     assert not (run_dir / FINISHED_FILE).exists()
     checkpoints = sorted(path.name for path in (run_dir / "checkpoints").iterdir())
     assert checkpoints == ["step_000004", "step_000006"]  # 2, 4, 6 were complete; 2 kept
-    killed = tracking.find_run("train-resumed", "train")
+    killed = stage_runs.find_run("train-resumed", "train")
     assert killed is not None and killed.info.status == "FAILED"
     monkeypatch.delenv(FAIL_ONCE_ENV)
     resumed = train(config("resumed"), dataset)
@@ -227,8 +227,8 @@ def test_a_killed_run_resumes_from_its_newest_checkpoint_and_equals_a_straight_r
     assert resumed.mlflow_run_id == killed.info.run_id
     assert store.get_run(resumed.mlflow_run_id).info.status == "FINISHED"
     assert resumed.best_perplexity == straight.best_perplexity
-    expected = load_bilm(straight.model_dir).state_dict()
-    for name, tensor in load_bilm(resumed.model_dir).state_dict().items():
+    expected = read_bilm_dir(straight.model_dir).state_dict()
+    for name, tensor in read_bilm_dir(resumed.model_dir).state_dict().items():
         assert torch.equal(tensor, expected[name]), name
     kept = sorted(path.name for path in (run_dir / "checkpoints").iterdir())
     assert kept == ["step_000010", "step_000012"]
@@ -252,8 +252,8 @@ def test_a_user_error_in_a_worker_is_raised_once_as_itself_and_the_run_failed(
         train(cfg, str(corrupt))
     assert raised.value.path is not None and raised.value.path.startswith(str(corrupt / "train"))
     assert "restarting" not in capsys.readouterr().out  # not retried: it would fail again
-    name = tracking.stage_run_name("train", run_name(cfg, manifest_sha256(str(corrupt))))
-    failed = tracking.find_run(name, "train")
+    name = stage_runs.stage_run_name("train", run_name(cfg, manifest_sha256(str(corrupt))))
+    failed = stage_runs.find_run(name, "train")
     assert failed is not None and failed.info.status == "FAILED"
 
 
@@ -271,7 +271,7 @@ def test_ctrl_c_stops_the_run_killed_and_the_same_command_resumes_it(
     ]
     for override in overrides:
         args += ["--set", override]
-    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking.use_tracking(), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "MLFLOW_TRACKING_URI": stage_runs.use_tracking(), "PYTHONUNBUFFERED": "1"}
     driver = subprocess.Popen(
         [sys.executable, "-c", AS_FOREGROUND_JOB, *args],  # python -m pipelines.train
         env=env,
@@ -299,7 +299,7 @@ def test_ctrl_c_stops_the_run_killed_and_the_same_command_resumes_it(
     assert stopped, err[-3000:]
     assert stopped.group(3) == shlex.join(["python", "-m", "pipelines.train", *args])
     name, step = stopped.group(1), int(stopped.group(2))
-    killed = tracking.find_run(f"train-{name}", "train")
+    killed = stage_runs.find_run(f"train-{name}", "train")
     assert killed is not None and killed.info.status == "KILLED"
 
     import ray

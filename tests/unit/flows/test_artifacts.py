@@ -6,7 +6,7 @@ import re
 
 from elmo_core.data.reader import load_manifest
 from flows.artifacts import dataset_lines, run_link_line
-from pipelines.common.tracking import ui_url
+from pipelines.tracking.stage_runs import ui_url
 
 # How Prefect's UI (3.8, server/ui-v2, its run-logs component) finds links in a log message,
 # which it otherwise shows as plain text: markdown's [text](url) is not rendered.

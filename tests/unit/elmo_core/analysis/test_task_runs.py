@@ -9,8 +9,8 @@ import pytest
 
 from elmo_core.analysis.task_runs import INPUT, INPUT_OUTPUT, MIX, analyze_task, same_updates
 from elmo_core.tasks.activation_cache import CachedActivations
-from elmo_core.tasks.config import TaskConfig
 from elmo_core.tasks.dataset import TaggingExample, TaskDataset
+from elmo_core.tasks.task_config import TaskConfig
 from elmo_core.tasks.trainer import TaskSplit
 
 NUM_LAYERS, DIM = 3, 4

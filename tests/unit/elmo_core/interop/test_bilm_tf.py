@@ -19,7 +19,7 @@ import torch
 
 from elmo_core.config import ModelConfig
 from elmo_core.errors import ConfigError, WeightsError
-from elmo_core.interop.bilm_tf import load_bilm, read_options, save_bilm
+from elmo_core.interop.bilm_tf import read_bilm_tf, read_options, write_bilm_tf
 from elmo_core.model.bilm import BiLM
 from elmo_core.model.elmo import Elmo
 from elmo_core.presets import original, tiny
@@ -54,7 +54,7 @@ def _model(config: ModelConfig | None = None, vocab_size: int | None = None) -> 
 
 def _save(tmp_path: Path, bilm: BiLM, softmax: bool = False) -> tuple[Path, Path]:
     options, weights = tmp_path / "options.json", tmp_path / "weights.hdf5"
-    save_bilm(bilm, options, weights, tmp_path / "softmax.hdf5" if softmax else None)
+    write_bilm_tf(bilm, options, weights, tmp_path / "softmax.hdf5" if softmax else None)
     return options, weights
 
 
@@ -88,7 +88,7 @@ def test_save_then_load_is_bit_exact_for_every_parameter_and_the_config(tmp_path
         for layer in [*bilm.forward_lstm.layers, *bilm.backward_lstm.layers]:
             layer.bias[32:64].clamp_(min=0.5)
     options, weights = _save(tmp_path, bilm, softmax=True)
-    loaded = load_bilm(options, weights, stateful=True, softmax_file=tmp_path / "softmax.hdf5")
+    loaded = read_bilm_tf(options, weights, stateful=True, softmax_file=tmp_path / "softmax.hdf5")
     assert loaded.config == bilm.config and loaded.vocab_size == VOCAB and loaded.stateful
     expected = bilm.state_dict()
     for name, tensor in loaded.state_dict().items():
@@ -100,7 +100,7 @@ def test_forget_biases_far_from_one_round_trip_to_float32_rounding_of_the_offset
     with torch.no_grad():
         for layer in bilm.forward_lstm.layers:
             layer.bias.copy_(torch.linspace(-40.0, 40.0, layer.bias.numel()) + 1e-9)
-    loaded = load_bilm(*_save(tmp_path, bilm))
+    loaded = read_bilm_tf(*_save(tmp_path, bilm))
     for ours, theirs in zip(bilm.forward_lstm.layers, loaded.forward_lstm.layers, strict=True):
         tolerance = 2**-23 * ours.bias.abs().clamp(min=1.0)  # one ulp of max(1, |b|)
         assert torch.all((theirs.bias - ours.bias).abs() <= tolerance)
@@ -110,7 +110,7 @@ def test_forget_biases_far_from_one_round_trip_to_float32_rounding_of_the_offset
 def test_loading_then_saving_a_file_reproduces_every_dataset(tmp_path):
     options, weights = _save(tmp_path, _model())
     again = tmp_path / "again"
-    save_bilm(load_bilm(options, weights), again / "options.json", again / "weights.hdf5")
+    write_bilm_tf(read_bilm_tf(options, weights), again / "options.json", again / "weights.hdf5")
     first, second = _datasets(weights), _datasets(again / "weights.hdf5")
     assert first.keys() == second.keys()
     for name, values in first.items():
@@ -185,7 +185,7 @@ def test_loaded_model_computes_what_bilm_tf_computes_from_the_file(tmp_path):
     """A file written independently in TF layout, run by the NumPy reference of bilm-tf's maths."""
     options, weights = _save(tmp_path, _model())
     stored = {name: v.astype(np.float64) for name, v in _random_tf_file(weights).items()}
-    bilm = load_bilm(options, weights).double()
+    bilm = read_bilm_tf(options, weights).double()
     cnn = {
         # bilm-tf's inference graph prepends a zero padding row to the stored table
         "char_embed": np.concatenate([np.zeros((1, 4)), stored["char_embed"]]),
@@ -319,7 +319,7 @@ def test_weights_that_do_not_match_the_options_name_the_dataset_and_both_shapes(
     cell = "RNN_0/RNN/MultiRNNCell/Cell0/LSTMCell/W_0"
     shapes = r"has shape \(32, 128\) in the file, the options imply \(32, 192\)"
     with pytest.raises(WeightsError, match=rf"weights.hdf5: dataset '{cell}' {shapes}"):
-        load_bilm(options, weights)
+        read_bilm_tf(options, weights)
 
 
 def test_a_missing_dataset_is_named(tmp_path):
@@ -327,14 +327,14 @@ def test_a_missing_dataset_is_named(tmp_path):
     with h5py.File(weights, "a") as out:
         del out["CNN_high_0/W_transform"]
     with pytest.raises(WeightsError, match="'CNN_high_0/W_transform' is missing"):
-        load_bilm(options, weights)
+        read_bilm_tf(options, weights)
 
 
 def test_layers_the_options_do_not_describe_are_refused(tmp_path):
     options, weights = _save(tmp_path, _model())
     _edit_options(options, char_cnn={"n_highway": 0})
     with pytest.raises(WeightsError, match="do not describe.*CNN_high_0/W_carry"):
-        load_bilm(options, weights)
+        read_bilm_tf(options, weights)
 
 
 def test_files_of_another_layout_are_refused_clearly(tmp_path):
@@ -343,12 +343,12 @@ def test_files_of_another_layout_are_refused_clearly(tmp_path):
     with h5py.File(other, "w") as out:
         out.create_dataset("_elmo_lstm/weight", data=np.zeros(3))
     with pytest.raises(WeightsError, match="not a bilm-tf weight file.*_elmo_lstm"):
-        load_bilm(options, other)
+        read_bilm_tf(options, other)
     torch.save({"weight": torch.zeros(2)}, tmp_path / "model.pt")
     with pytest.raises(WeightsError, match="model.pt: not an HDF5 weight file"):
-        load_bilm(options, tmp_path / "model.pt")
+        read_bilm_tf(options, tmp_path / "model.pt")
     with pytest.raises(WeightsError, match="not found"):
-        load_bilm(options, tmp_path / "absent.hdf5")
+        read_bilm_tf(options, tmp_path / "absent.hdf5")
 
 
 # --- softmax, projection-free encoders, ELMo -----------------------------------------------------
@@ -360,14 +360,14 @@ def test_softmax_file_round_trips_and_is_checked_against_the_options(tmp_path):
     softmax = tmp_path / "softmax.hdf5"
     assert _datasets(softmax).keys() == {"softmax/W", "softmax/b"}
     assert json.loads(options.read_text())["n_tokens_vocab"] == VOCAB
-    assert load_bilm(options, weights).softmax is None  # the released layout has none
+    assert read_bilm_tf(options, weights).softmax is None  # the released layout has none
     _edit_options(options, n_tokens_vocab=VOCAB + 1)
     with pytest.raises(WeightsError, match=r"'softmax/W' has shape \(100, 16\).*\(101, 16\)"):
-        load_bilm(options, weights, softmax_file=softmax)
+        read_bilm_tf(options, weights, softmax_file=softmax)
     with pytest.raises(WeightsError, match="not a softmax file"):
-        load_bilm(options, weights, softmax_file=weights)
+        read_bilm_tf(options, weights, softmax_file=weights)
     with pytest.raises(WeightsError, match="no softmax"):
-        save_bilm(_model(), options, weights, softmax_file=softmax)
+        write_bilm_tf(_model(), options, weights, softmax_file=softmax)
 
 
 def test_without_cnn_proj_the_token_projection_is_the_identity(tmp_path):
@@ -380,12 +380,12 @@ def test_without_cnn_proj_the_token_projection_is_the_identity(tmp_path):
         bilm.token_encoder.projection.bias.zero_()
     options, weights = _save(tmp_path, bilm)
     assert not any(name.startswith("CNN_proj") for name in _datasets(weights))
-    loaded = load_bilm(options, weights)
+    loaded = read_bilm_tf(options, weights)
     assert torch.equal(loaded.token_encoder.projection.weight, torch.eye(20))
     with torch.no_grad():
         bilm.token_encoder.projection.bias.fill_(0.5)
     with pytest.raises(WeightsError, match="not the identity"):
-        save_bilm(bilm, options, weights)
+        write_bilm_tf(bilm, options, weights)
 
 
 def test_elmo_from_bilm_tf_runs_the_saved_weights(tmp_path):
@@ -402,7 +402,7 @@ def test_elmo_from_bilm_tf_runs_the_saved_weights(tmp_path):
 
 @pytest.mark.slow
 def test_a_file_at_the_released_2x4096_shapes_loads(tmp_path):
-    """Shapes written straight from DESIGN.md §3 (not by save_bilm), random float32 values."""
+    """Shapes written straight from DESIGN.md §3 (not by write_bilm_tf), random float32 values."""
     rng = np.random.default_rng(0)
     shapes = {"char_embed": (261, 16), "CNN_proj/W_proj": (2048, 512), "CNN_proj/b_proj": (512,)}
     for index, (width, num) in enumerate(RELEASED_OPTIONS["char_cnn"]["filters"]):
@@ -424,7 +424,7 @@ def test_a_file_at_the_released_2x4096_shapes_loads(tmp_path):
     with h5py.File(weights, "w") as out:
         for name, shape in shapes.items():
             out.create_dataset(name, data=rng.standard_normal(shape, dtype=np.float32) * 0.01)
-    bilm = load_bilm(_write_options(tmp_path, RELEASED_OPTIONS), weights)
+    bilm = read_bilm_tf(_write_options(tmp_path, RELEASED_OPTIONS), weights)
     assert bilm.config == original()
     with h5py.File(weights, "r") as stored:
         kernel = stored["RNN_1/RNN/MultiRNNCell/Cell1/LSTMCell/W_P_0"][...]

@@ -147,12 +147,12 @@ def test_layer_norm_excludes_boundaries_and_padding():
 def test_from_bilm_tf_builds_on_the_interop_loader(monkeypatch, tmp_path):
     calls = []
 
-    def load_bilm(options_file, weight_file):
+    def read_bilm_tf(options_file, weight_file):
         calls.append((options_file, weight_file))
         return FakeBiLM()
 
     monkeypatch.setitem(
-        sys.modules, "elmo_core.interop.bilm_tf", types.SimpleNamespace(load_bilm=load_bilm)
+        sys.modules, "elmo_core.interop.bilm_tf", types.SimpleNamespace(read_bilm_tf=read_bilm_tf)
     )
     options, weights = tmp_path / "options.json", tmp_path / "weights.hdf5"
     elmo = Elmo.from_bilm_tf(options, weights, 2, dropout=0.0, do_layer_norm=True)

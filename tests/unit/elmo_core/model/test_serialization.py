@@ -5,7 +5,7 @@ from elmo_core.errors import WeightsError
 from elmo_core.model.bilm import BiLM
 from elmo_core.model.lstm import ProjectedLSTM
 from elmo_core.model.lstm_fused import FusedProjectedLSTM
-from elmo_core.model.serialization import CONFIG_FILE, load_bilm, save_bilm
+from elmo_core.model.serialization import CONFIG_FILE, read_bilm_dir, write_bilm_dir
 from elmo_core.presets import tiny
 from elmo_core.text.char_ids import batch_to_ids
 
@@ -13,8 +13,8 @@ from elmo_core.text.char_ids import batch_to_ids
 def test_save_then_load_gives_identical_weights_and_outputs(tmp_path):
     torch.manual_seed(0)
     bilm = BiLM(tiny().model_copy(update={"lstm_impl": "fused"}), vocab_size=100).eval()
-    save_bilm(bilm, tmp_path / "model")
-    loaded = load_bilm(tmp_path / "model").eval()
+    write_bilm_dir(bilm, tmp_path / "model")
+    loaded = read_bilm_dir(tmp_path / "model").eval()
     assert loaded.vocab_size == 100
     assert loaded.config == bilm.config
     for name, tensor in bilm.state_dict().items():
@@ -35,9 +35,9 @@ def test_the_reference_loop_loads_as_the_fused_one_where_no_cuda_is_visible(
     torch.manual_seed(0)
     bilm = BiLM(tiny()).eval()  # lstm_impl auto, clipped: the reference loop
     assert type(bilm.forward_lstm) is ProjectedLSTM
-    save_bilm(bilm, tmp_path / "model")
+    write_bilm_dir(bilm, tmp_path / "model")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
-    loaded = load_bilm(tmp_path / "model").eval()
+    loaded = read_bilm_dir(tmp_path / "model").eval()
     assert isinstance(loaded.forward_lstm, FusedProjectedLSTM) != cuda
     assert loaded.config.model_copy(update={"lstm_impl": "auto"}) == bilm.config
     ids = batch_to_ids([["The", "cat", "sat"], ["Hi"], []])
@@ -54,27 +54,27 @@ def test_other_loops_and_unclipped_models_load_as_saved(tmp_path, monkeypatch, u
         lstm = config.lstm.model_copy(update={"cell_clip": None, "proj_clip": None})
         update = {"lstm": lstm}
     config = config.model_copy(update=update)
-    save_bilm(BiLM(config), tmp_path / "model")
+    write_bilm_dir(BiLM(config), tmp_path / "model")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert load_bilm(tmp_path / "model").config == config
+    assert read_bilm_dir(tmp_path / "model").config == config
 
 
 def test_embedding_only_model_round_trips(tmp_path):
-    save_bilm(BiLM(tiny()), tmp_path / "m")
-    assert load_bilm(tmp_path / "m").softmax is None
+    write_bilm_dir(BiLM(tiny()), tmp_path / "m")
+    assert read_bilm_dir(tmp_path / "m").softmax is None
 
 
 def test_missing_files_and_mismatched_weights_are_clear_errors(tmp_path):
     with pytest.raises(WeightsError, match="model_config.json is missing"):
-        load_bilm(tmp_path)
-    save_bilm(BiLM(tiny(), vocab_size=100), tmp_path / "m")
+        read_bilm_dir(tmp_path)
+    write_bilm_dir(BiLM(tiny(), vocab_size=100), tmp_path / "m")
     text = (tmp_path / "m" / CONFIG_FILE).read_text().replace('"cell_dim": 32', '"cell_dim": 8')
     (tmp_path / "m" / CONFIG_FILE).write_text(text)
     with pytest.raises(
         WeightsError,
         match=r"do not match.*input_weight \(128, 16\) in the file, \(32, 16\) by the config",
     ):
-        load_bilm(tmp_path / "m")
+        read_bilm_dir(tmp_path / "m")
 
 
 def test_elmo_is_built_from_a_training_run_directory(tmp_path):
@@ -84,7 +84,7 @@ def test_elmo_is_built_from_a_training_run_directory(tmp_path):
     torch.manual_seed(0)
     bilm = BiLM(tiny(), vocab_size=100).eval()
     for step in (2, 10):
-        save_bilm(bilm, tmp_path / "run" / f"checkpoint_{step:06d}" / "model")
+        write_bilm_dir(bilm, tmp_path / "run" / f"checkpoint_{step:06d}" / "model")
     assert find_model_dir(tmp_path / "run") == tmp_path / "run" / "checkpoint_000010" / "model"
     elmo = Elmo.from_checkpoint(tmp_path / "run", num_output_representations=2, dropout=0.0).eval()
     out = elmo(batch_to_ids([["The", "cat"], ["Hi"]]))

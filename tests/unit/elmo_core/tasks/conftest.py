@@ -19,13 +19,13 @@ import torch
 from elmo_core.model.bilm import BiLM
 from elmo_core.presets import tiny
 from elmo_core.tasks.activation_cache import ActivationCache
-from elmo_core.tasks.config import TaskConfig
 from elmo_core.tasks.dataset import (
     ClassificationExample,
     PairExample,
     TaggingExample,
     TaskDataset,
 )
+from elmo_core.tasks.task_config import TaskConfig
 from elmo_core.tasks.task_model import example_sentences
 from elmo_core.tasks.trainer import TaskSplit
 

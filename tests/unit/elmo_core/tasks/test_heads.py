@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from elmo_core.tasks.config import HeadConfig
 from elmo_core.tasks.heads import (
     ClassificationHead,
     HeadInput,
@@ -16,6 +15,7 @@ from elmo_core.tasks.heads import (
     build_head,
     pool,
 )
+from elmo_core.tasks.task_config import HeadConfig
 
 INPUT_DIM = 5
 NUM_LABELS = 3

@@ -3,9 +3,9 @@ import json
 import pytest
 
 from elmo_core.errors import ConfigError, DataError
-from elmo_core.tasks.config import TaskConfig
 from elmo_core.tasks.dataset import ClassificationExample, PairExample, TaggingExample
 from elmo_core.tasks.readers import check_labels, read_task_split, task_labels
+from elmo_core.tasks.task_config import TaskConfig
 
 
 def make_task(tmp_path, format, type, files, **extra):

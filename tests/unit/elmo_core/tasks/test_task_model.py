@@ -12,8 +12,8 @@ from pydantic import ValidationError
 
 from elmo_core.errors import ConfigError
 from elmo_core.model.bilm import BiLM
-from elmo_core.tasks.config import TaskConfig
 from elmo_core.tasks.dataset import PairExample, TaggingExample
+from elmo_core.tasks.task_config import TaskConfig
 from elmo_core.tasks.task_model import (
     MIX_L2,
     OOV_TOKEN,

@@ -10,8 +10,8 @@ import torch
 
 from elmo_core.errors import DataError
 from elmo_core.model.bilm import BiLM
-from elmo_core.tasks.config import TaskConfig
 from elmo_core.tasks.dataset import ClassificationExample, TaskDataset
+from elmo_core.tasks.task_config import TaskConfig
 from elmo_core.tasks.trainer import (
     BASELINE,
     ELMO,

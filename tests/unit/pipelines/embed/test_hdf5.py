@@ -7,9 +7,9 @@ import json
 import h5py
 import numpy as np
 
+from pipelines.embed.embedding_shards import vectors_table
 from pipelines.embed.hdf5 import HDF5_FILE, write_hdf5
 from pipelines.embed.output import EmbeddingsDir
-from pipelines.embed.shards import vectors_table
 
 
 def test_one_dataset_per_sentence_id_and_a_json_sentence_index(tmp_path):

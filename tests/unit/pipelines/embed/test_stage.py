@@ -10,7 +10,7 @@ import torch
 
 from elmo_core.errors import ConfigError, DataError
 from elmo_core.model.bilm import BiLM
-from elmo_core.model.serialization import save_bilm
+from elmo_core.model.serialization import write_bilm_dir
 from elmo_core.presets import tiny
 from pipelines.embed import stage as embed_stage
 from pipelines.embed.stage import EmbedResult, main, summary_line, tokenizer_description
@@ -40,7 +40,7 @@ def home(tmp_path, monkeypatch) -> Path:
 def model_dir(tmp_path_factory) -> Path:
     torch.manual_seed(0)
     bilm = BiLM(tiny().model_copy(update={"num_samples": 4}), 20)
-    return save_bilm(bilm, tmp_path_factory.mktemp("model") / "bilm")
+    return write_bilm_dir(bilm, tmp_path_factory.mktemp("model") / "bilm")
 
 
 def _embed(home: Path, *args: str) -> int:

@@ -12,12 +12,12 @@ import torch
 
 from elmo_core.errors import WeightsError
 from elmo_core.model.bilm import BiLM
-from elmo_core.model.serialization import save_bilm
+from elmo_core.model.serialization import write_bilm_dir
 from elmo_core.presets import tiny
 from elmo_core.text.tokenize import WhitespaceTokenizer
 from pipelines.embed import workers
+from pipelines.embed.embedding_shards import table_vectors
 from pipelines.embed.inputs import plan_chunks
-from pipelines.embed.shards import table_vectors
 from pipelines.embed.vectors import embed_sentences
 from pipelines.embed.workers import ChunkEmbedder, EmbedJob, WorkerPool
 from pipelines.models.bilm_loader import resolve_bilm
@@ -49,7 +49,7 @@ def test_the_pool_has_an_actor_per_gpu_else_per_two_cpus(
 @pytest.fixture
 def job(tmp_path) -> EmbedJob:
     torch.manual_seed(0)
-    save_bilm(BiLM(tiny().model_copy(update={"num_samples": 4}), 20), tmp_path / "bilm")
+    write_bilm_dir(BiLM(tiny().model_copy(update={"num_samples": 4}), 20), tmp_path / "bilm")
     tokenizer = WhitespaceTokenizer().describe()
     return EmbedJob(
         resolve_bilm(tmp_path / "bilm"), tokenizer, str(tmp_path / "out"), "mix", "float32", 2

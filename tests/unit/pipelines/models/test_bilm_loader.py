@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from elmo_core.errors import ConfigError, WeightsError
-from elmo_core.interop.bilm_tf import save_bilm as save_bilm_tf
+from elmo_core.interop.bilm_tf import write_bilm_tf
 from elmo_core.model.bilm import BiLM
-from elmo_core.model.serialization import save_bilm
+from elmo_core.model.serialization import write_bilm_dir
 from elmo_core.presets import tiny
 from pipelines.models.bilm_loader import (
     OPTIONS_TAG,
@@ -45,7 +45,7 @@ def test_a_relative_path_is_made_absolute_and_loads_in_another_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     saved = _bilm(0)
-    save_bilm(saved, tmp_path / "models" / "bilm")
+    write_bilm_dir(saved, tmp_path / "models" / "bilm")
     monkeypatch.chdir(tmp_path)
     reference = resolve_bilm("models/bilm")
     assert reference.kind == "directory"
@@ -57,11 +57,11 @@ def test_a_relative_path_is_made_absolute_and_loads_in_another_directory(
 
 def test_a_run_directory_is_pinned_to_its_latest_checkpoint(tmp_path: Path) -> None:
     early, late = _bilm(1), _bilm(2)
-    save_bilm(early, tmp_path / "run" / "checkpoint_000002" / "model")
-    save_bilm(late, tmp_path / "run" / "checkpoint_000010" / "model")
+    write_bilm_dir(early, tmp_path / "run" / "checkpoint_000002" / "model")
+    write_bilm_dir(late, tmp_path / "run" / "checkpoint_000010" / "model")
     reference = resolve_bilm(tmp_path / "run")
     assert reference.location == str(tmp_path / "run" / "checkpoint_000010" / "model")
-    save_bilm(_bilm(3), tmp_path / "run" / "checkpoint_000012" / "model")  # training goes on
+    write_bilm_dir(_bilm(3), tmp_path / "run" / "checkpoint_000012" / "model")  # training goes on
     loaded = load_bilm(reference)
     assert loaded.model_dir == tmp_path / "run" / "checkpoint_000010" / "model"
     _assert_same_weights(loaded.bilm, late)
@@ -69,14 +69,14 @@ def test_a_run_directory_is_pinned_to_its_latest_checkpoint(tmp_path: Path) -> N
 
 
 def test_the_reference_crosses_a_process_boundary_as_json(tmp_path: Path) -> None:
-    save_bilm(_bilm(0), tmp_path / "bilm")
+    write_bilm_dir(_bilm(0), tmp_path / "bilm")
     reference = resolve_bilm(tmp_path / "bilm")
     assert BiLMReference.model_validate(reference.model_dump(mode="json")) == reference
 
 
 def test_a_bilm_tf_file_with_its_options_loads_into_our_format(tmp_path: Path) -> None:
     saved = _bilm(4).eval()
-    save_bilm_tf(saved, tmp_path / "options.json", tmp_path / "weights.hdf5")
+    write_bilm_tf(saved, tmp_path / "options.json", tmp_path / "weights.hdf5")
     reference = resolve_bilm(tmp_path / "weights.hdf5", tmp_path / "options.json")
     assert (reference.kind, reference.options) == ("bilm_tf", str(tmp_path / "options.json"))
     assert reference.tags[OPTIONS_TAG] == str(tmp_path / "options.json")
@@ -116,7 +116,7 @@ def test_a_missing_source_is_a_weights_error_naming_it(
 
 def test_a_remote_checkpoint_is_found_and_copied_locally(tmp_path: Path) -> None:
     saved = _bilm(5)
-    save_bilm(saved, tmp_path / "local")
+    write_bilm_dir(saved, tmp_path / "local")
     fs = fsspec.filesystem("memory")
     for name in ("model_config.json", "model.pt"):
         fs.pipe(f"/loader-test/run/ckpt/model/{name}", (tmp_path / "local" / name).read_bytes())

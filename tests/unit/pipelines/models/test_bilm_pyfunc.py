@@ -8,7 +8,7 @@ from mlflow.exceptions import MlflowException
 
 from elmo_core.errors import ConfigError, DataError
 from elmo_core.model.bilm import BiLM
-from elmo_core.model.serialization import save_bilm
+from elmo_core.model.serialization import write_bilm_dir
 from elmo_core.presets import tiny
 from elmo_core.text.char_ids import batch_to_ids
 from elmo_core.text.tokenize import MosesTokenizer, WhitespaceTokenizer
@@ -19,7 +19,7 @@ NUM_LAYERS, WIDTH = 3, 32  # tiny(): token layer + 2 LSTM layers, 2 × projectio
 
 def _embedder(tmp_path, tokenizer) -> BiLMEmbedder:
     torch.manual_seed(0)
-    save_bilm(BiLM(tiny(), 100), tmp_path / "bilm")
+    write_bilm_dir(BiLM(tiny(), 100), tmp_path / "bilm")
     (tmp_path / "manifest.json").write_text(json.dumps({"tokenizer": tokenizer.describe()}))
     embedder = BiLMEmbedder()
     embedder.load(tmp_path / "bilm", tmp_path / "manifest.json")

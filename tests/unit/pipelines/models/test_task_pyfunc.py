@@ -12,9 +12,9 @@ from mlflow.exceptions import MlflowException
 
 from elmo_core.errors import DataError, WeightsError
 from elmo_core.model.bilm import BiLM
-from elmo_core.model.serialization import save_bilm
+from elmo_core.model.serialization import write_bilm_dir
 from elmo_core.presets import tiny
-from elmo_core.tasks.config import TaskConfig
+from elmo_core.tasks.task_config import TaskConfig
 from elmo_core.tasks.task_model import TaskModel, build_word_vocab
 from elmo_core.tasks.trainer import predict
 from elmo_core.text.tokenize import WhitespaceTokenizer
@@ -48,7 +48,7 @@ def _model(task_type: str, use_elmo: bool = True) -> TaskModel:
 @pytest.fixture(scope="module")
 def bilm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     torch.manual_seed(1)
-    return save_bilm(BiLM(tiny(), 100), tmp_path_factory.mktemp("bilm") / "bilm")
+    return write_bilm_dir(BiLM(tiny(), 100), tmp_path_factory.mktemp("bilm") / "bilm")
 
 
 def _predictor(

@@ -392,16 +392,16 @@ def test_prepare_is_an_mlflow_run_with_sizes_the_manifest_and_the_dataset_as_inp
     from mlflow import MlflowClient
 
     from elmo_core.data.manifest import manifest_sha256
-    from pipelines.common import tracking
     from pipelines.prepare.stage import prepare
+    from pipelines.tracking import stage_runs
 
     monkeypatch.setenv("ELMO_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.delenv(tracking.PARENT_RUN_ENV, raising=False)
+    monkeypatch.delenv(stage_runs.PARENT_RUN_ENV, raising=False)
     corpus = write_corpus(tmp_path / "corpus", num_train=1, num_heldout=0, lines=60)
     result = prepare(PrepareConfig(format="text"), str(corpus.train[0]), str(tmp_path / "ds"))
 
-    run = tracking.find_run("prepare-ds", "prepare")  # <stage>-<subject>, as every stage run
+    run = stage_runs.find_run("prepare-ds", "prepare")  # <stage>-<subject>, as every stage run
     assert run is not None and run.info.status == "FINISHED"
     train = result.manifest.splits["train"]
     assert run.data.metrics["train_tokens"] == train.num_tokens
@@ -410,7 +410,7 @@ def test_prepare_is_an_mlflow_run_with_sizes_the_manifest_and_the_dataset_as_inp
     assert "sha256" not in run.data.params  # a None setting is left out, not logged as "None"
     assert "None" not in run.data.params.values()
     assert "system/cpu_utilization_percentage" in run.data.metrics
-    client = MlflowClient(tracking.use_tracking())
+    client = MlflowClient(stage_runs.use_tracking())
     assert {item.path for item in client.list_artifacts(run.info.run_id)} >= {
         "manifest.json",
         "prepare_config.json",

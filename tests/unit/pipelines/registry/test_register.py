@@ -13,9 +13,8 @@ from packaging.requirements import Requirement
 from elmo_core.data.manifest import load_manifest
 from elmo_core.errors import DataError
 from elmo_core.model.bilm import BiLM
-from elmo_core.model.serialization import save_bilm
+from elmo_core.model.serialization import write_bilm_dir
 from elmo_core.presets import tiny
-from pipelines.common import tracking
 from pipelines.evaluate.result import EvaluationResult
 from pipelines.registry import register as reg
 from pipelines.registry.policy import PromotionDecision, decision_tags
@@ -34,6 +33,7 @@ from pipelines.registry.tags import (
     TRAIN_RUN_TAG,
     VOCAB_HASH_TAG,
 )
+from pipelines.tracking import stage_runs
 
 EVALUATION = EvaluationResult(
     forward_perplexity=40.0,
@@ -51,11 +51,11 @@ FIRST_CHAMPION = PromotionDecision("champion", "first champion: heldout perplexi
 @pytest.fixture(scope="module")
 def bilm_dir(tmp_path_factory) -> Path:
     torch.manual_seed(0)
-    return save_bilm(BiLM(tiny(), 100), tmp_path_factory.mktemp("register") / "bilm")
+    return write_bilm_dir(BiLM(tiny(), 100), tmp_path_factory.mktemp("register") / "bilm")
 
 
 def _train_run() -> str:
-    with tracking.stage_run("train", run_name="train-for-register") as run:
+    with stage_runs.stage_run("train", run_name="train-for-register") as run:
         return run.info.run_id
 
 
@@ -69,9 +69,9 @@ def _version_of(store, name: str, train_run_id: str, tags: dict[str, str]) -> in
 
 
 def _register_runs(store) -> list[str]:
-    experiment = store.get_experiment_by_name(tracking.EXPERIMENT)
+    experiment = store.get_experiment_by_name(stage_runs.EXPERIMENT)
     found = store.search_runs(
-        [experiment.experiment_id], filter_string=f"tags.`{tracking.STAGE_TAG}` = 'register'"
+        [experiment.experiment_id], filter_string=f"tags.`{stage_runs.STAGE_TAG}` = 'register'"
     )
     return [run.info.run_id for run in found]
 
@@ -111,7 +111,7 @@ def test_the_register_runs_description_names_the_version_and_the_runs_before_it(
 
 def test_a_version_links_the_runs_its_tags_name_and_only_those(store):
     train_run_id = _train_run()
-    with tracking.stage_run("register", run_name="register-links") as run:
+    with stage_runs.stage_run("register", run_name="register-links") as run:
         register_run_id = run.info.run_id
     runs = reg.version_runs({TRAIN_RUN_TAG: train_run_id, REGISTER_RUN_TAG: register_run_id})
     assert list(runs) == ["trained", "registered"]  # no evaluate run tagged: no link

@@ -11,9 +11,9 @@ import pytest
 from elmo_core.config import LSTMConfig
 from elmo_core.errors import ConfigError, DataError, WeightsError
 from elmo_core.model.bilm import BiLM
-from elmo_core.model.serialization import save_bilm
+from elmo_core.model.serialization import write_bilm_dir
 from elmo_core.presets import tiny
-from pipelines.train.config import resolve_train_config
+from pipelines.train.job_config import resolve_train_config
 from pipelines.train.preflight import plan_training
 
 SENTENCES = [f"w{i % 97} w{(3 * i) % 89} w{i % 5} end" for i in range(120)]  # > 64 types
@@ -70,7 +70,7 @@ def test_init_from_a_missing_path_is_named(dataset, tmp_path):
 
 def test_init_from_weights_of_another_shape_fail_in_the_driver(dataset, tmp_path):
     wider = tiny().model_copy(update={"lstm": LSTMConfig(cell_dim=48, projection_dim=16)})
-    save_bilm(BiLM(wider, 200), tmp_path / "wider")
+    write_bilm_dir(BiLM(wider, 200), tmp_path / "wider")
     with pytest.raises(WeightsError, match="do not fit"):
         plan_training(_config(), dataset, init_from=str(tmp_path / "wider"))
 

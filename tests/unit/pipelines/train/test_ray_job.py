@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.train.config import resolve_train_config
+from pipelines.train.job_config import resolve_train_config
 from pipelines.train.preflight import plan_training
 from pipelines.train.ray_job import (
     JOB_CONFIG_FILE,

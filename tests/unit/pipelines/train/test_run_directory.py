@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from elmo_core.model.bilm import BiLM
-from elmo_core.model.serialization import load_bilm
+from elmo_core.model.serialization import read_bilm_dir
 from elmo_core.presets import tiny
 from pipelines.train.run_directory import RunDirectory
 
@@ -29,7 +29,7 @@ def test_run_directory_records_and_models_replace_whole(tmp_path: Path, local: b
     names = sorted(Path(p).name for p in run_dir.fs.ls(run_dir.path, detail=False))
     assert names == ["FINISHED.json", "best"]  # nothing half-written left behind
     if local:
-        kept = load_bilm(tmp_path / "run" / "best")
+        kept = read_bilm_dir(tmp_path / "run" / "best")
         torch.testing.assert_close(kept.state_dict(), second.state_dict())
 
 
@@ -45,7 +45,7 @@ def test_files_and_directories_copy_within_the_run_directory(tmp_path: Path, loc
     assert run_dir.subdirectories("checkpoints") == ["step_000004"]
     assert run_dir.exists("checkpoints/step_000004/rank_0.pt") and run_dir.exists("model")
     copied = run_dir.get("model", tmp_path / "downloaded")
-    torch.testing.assert_close(load_bilm(copied).state_dict(), bilm.state_dict())
+    torch.testing.assert_close(read_bilm_dir(copied).state_dict(), bilm.state_dict())
     run_dir.remove("checkpoints")
     assert run_dir.subdirectories("checkpoints") == []
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from elmo_core.errors import ConfigError
-from pipelines.train.config import resolve_train_config
+from pipelines.train.job_config import resolve_train_config
 from pipelines.train.preflight import TrainPlan, plan_training
 from pipelines.train.ray_job import write_job_config
 from pipelines.train.run_directory import FINISHED_FILE

@@ -14,7 +14,7 @@ from elmo_core.data.batching import TokenStream
 from elmo_core.errors import ConfigError, WeightsError
 from elmo_core.model.bilm import BiLM
 from elmo_core.model.lstm import LSTMState
-from elmo_core.model.serialization import load_bilm, save_bilm
+from elmo_core.model.serialization import read_bilm_dir, write_bilm_dir
 from elmo_core.presets import tiny
 from pipelines.models.bilm_loader import initial_bilm, resolve_bilm
 from pipelines.train.checkpoint import (
@@ -99,7 +99,7 @@ def test_a_checkpoint_restores_weights_optimiser_counters_streams_states_and_rng
         window = stream.next_window()
         assert window is not None and expected is not None
         np.testing.assert_array_equal(window.inputs, expected.inputs)
-    restored = load_bilm(loaded.model_dir)
+    restored = read_bilm_dir(loaded.model_dir)
     for name, tensor in bilm.state_dict().items():
         torch.testing.assert_close(restored.state_dict()[name], tensor)
     fresh = torch.optim.Adagrad(restored.parameters(), lr=0.2)
@@ -130,7 +130,7 @@ def test_with_another_world_size_the_rank_part_is_not_restored(
 def test_start_weights_come_from_a_model_or_checkpoint_directory(tmp_path: Path) -> None:
     torch.manual_seed(1)
     source = BiLM(tiny(), VOCAB)
-    save_bilm(source, tmp_path / "ckpt" / "model")
+    write_bilm_dir(source, tmp_path / "ckpt" / "model")
     for start in (tmp_path / "ckpt" / "model", tmp_path / "ckpt"):
         torch.manual_seed(2)
         started = initial_bilm(tiny(), VOCAB, resolve_bilm(start))
@@ -143,7 +143,7 @@ def test_a_new_vocabulary_size_keeps_the_encoder_and_lstms_but_not_the_softmax(
 ) -> None:
     torch.manual_seed(1)
     source = BiLM(tiny(), VOCAB)
-    save_bilm(source, tmp_path / "model")
+    write_bilm_dir(source, tmp_path / "model")
     started = initial_bilm(tiny(), VOCAB + 30, resolve_bilm(tmp_path / "model"))
     assert started.softmax is not None and started.softmax.weight.shape[0] == VOCAB + 30
     torch.testing.assert_close(started.forward_lstm.state_dict(), source.forward_lstm.state_dict())
@@ -153,7 +153,7 @@ def test_a_new_vocabulary_size_keeps_the_encoder_and_lstms_but_not_the_softmax(
 
 
 def test_weights_of_another_shape_are_a_weights_error(tmp_path: Path) -> None:
-    save_bilm(BiLM(tiny(), VOCAB), tmp_path / "model")
+    write_bilm_dir(BiLM(tiny(), VOCAB), tmp_path / "model")
     wider = tiny().model_copy(update={"lstm": LSTMConfig(cell_dim=48, projection_dim=16)})
     with pytest.raises(WeightsError, match="do not fit"):
         initial_bilm(wider, VOCAB, resolve_bilm(tmp_path / "model"))

@@ -11,7 +11,7 @@ import mlflow
 
 from elmo_core.config import PrepareConfig
 from elmo_core.data.manifest import MANIFEST_NAME, Manifest
-from pipelines.common.tracking import log_config, log_dataset
+from pipelines.tracking.stage_runs import log_config, log_dataset
 
 
 def log_prepared(

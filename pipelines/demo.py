@@ -1,6 +1,5 @@
-"""What the one-command demo (``python -m flows.run_local``) shows: where the MLflow UI is (and
-each run in it, as the flow's log links them), and what the registered biLM does with one word in
-two contexts, loaded the way a user's own code would load it.
+"""The one-command demo's own (``python -m flows.run_local``): what the registered biLM does with
+one word in two contexts, loaded the way a user's own code would load it.
 
 The word is "bank", in two senses. ELMo's token layer is computed from the word's characters alone,
 so both senses get the same vector there; the LSTM layers read the sentence, so the two vectors
@@ -16,9 +15,8 @@ from collections.abc import Sequence
 import mlflow
 import numpy as np
 import pandas as pd
-from mlflow.tracking import MlflowClient
 
-from pipelines.common.tracking import EXPERIMENT, ui_url, use_tracking
+from pipelines.tracking.stage_runs import use_tracking
 
 CHAMPION_URI = "models:/elmo-bilm@champion"
 WORD = "bank"
@@ -59,19 +57,3 @@ def sense_demo(uri: str = CHAMPION_URI) -> str:
         name = "token layer (characters only)" if layer == 0 else f"LSTM layer {layer}"
         lines.append(f"    {layer}  {name:<30} {distance:.6f}")
     return "\n".join([*lines, f"  {SENSE_NOTE}"])
-
-
-def mlflow_link(run_id: str | None = None) -> str:
-    """The MLflow UI's model-training view of the project's runs, or of one of them."""
-    experiment = MlflowClient(use_tracking()).get_experiment_by_name(EXPERIMENT)
-    assert experiment is not None  # the flow's runs are in it
-    return ui_url(experiment.experiment_id, run_id)
-
-
-def mlflow_ui_hint() -> str:
-    """The link that opens the runs in the MLflow UI's model-training view; on the embedded store,
-    first the command that serves the UI."""
-    uri, link = use_tracking(), mlflow_link()
-    if uri.startswith(("http://", "https://")):
-        return f"MLflow UI: {link}"
-    return f"MLflow UI: mlflow ui --backend-store-uri {uri}\n  then open {link}"

@@ -1,7 +1,7 @@
 import pytest
 
 from elmo_core.errors import ConfigError
-from elmo_core.tasks.config import TaskConfig, load_task_config
+from elmo_core.tasks.task_config import TaskConfig, load_task_config
 
 NER_YAML = """\
 name: conll2003-ner

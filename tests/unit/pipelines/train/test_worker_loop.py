@@ -12,11 +12,11 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from elmo_core.model.serialization import load_bilm
-from pipelines.common import tracking
-from pipelines.common.flow_runs import TRAIN_LOSS_METRIC, VALIDATION_SECTION
+from elmo_core.model.serialization import read_bilm_dir
+from pipelines.tracking import stage_runs
+from pipelines.tracking.flow_runs import TRAIN_LOSS_METRIC, VALIDATION_SECTION
 from pipelines.train.checkpoint import MODEL_DIR, CheckpointStore
-from pipelines.train.config import resolve_train_config
+from pipelines.train.job_config import resolve_train_config
 from pipelines.train.run_directory import RunDirectory
 from pipelines.train.worker import LocalRuntime, Metrics, WorkerConfig, train_loop
 
@@ -59,8 +59,8 @@ def dataset(make_dataset) -> str:
 def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> MlflowClient:
     monkeypatch.setenv("ELMO_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    monkeypatch.delenv(tracking.PARENT_RUN_ENV, raising=False)
-    return MlflowClient(tracking.use_tracking())
+    monkeypatch.delenv(stage_runs.PARENT_RUN_ENV, raising=False)
+    return MlflowClient(stage_runs.use_tracking())
 
 
 def _config(
@@ -71,7 +71,7 @@ def _config(
     overrides: tuple[str, ...] = (),
 ) -> WorkerConfig:
     """What the driver would resolve: the tiny model, 6 steps, an MLflow run opened for it."""
-    with tracking.stage_run("train", run_name=name) as run:
+    with stage_runs.stage_run("train", run_name=name) as run:
         run_id = run.info.run_id
     (tmp_path / name).mkdir()  # the run directory, where the driver records the MLflow run
     return WorkerConfig(
@@ -81,7 +81,7 @@ def _config(
         run_name=name,
         total_steps=STEPS,
         validation_windows=2,
-        mlflow_tracking_uri=tracking.use_tracking(),
+        mlflow_tracking_uri=stage_runs.use_tracking(),
         mlflow_run_id=run_id,
         resume_step=resume_step,
     )
@@ -103,7 +103,7 @@ def _store(cfg: WorkerConfig) -> CheckpointStore:
 def _final_weights(cfg: WorkerConfig) -> dict[str, torch.Tensor]:
     final = _store(cfg).newest()
     assert final is not None and final.step == STEPS
-    return load_bilm(Path(cfg.run_dir) / final.name / MODEL_DIR).state_dict()
+    return read_bilm_dir(Path(cfg.run_dir) / final.name / MODEL_DIR).state_dict()
 
 
 def _assert_same_weights(

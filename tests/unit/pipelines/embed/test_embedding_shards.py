@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.embed.shards import shard_name, table_vectors, vectors_table
+from pipelines.embed.embedding_shards import shard_name, table_vectors, vectors_table
 
 LENGTHS = [3, 1, 0, 4]
 SHAPES = {

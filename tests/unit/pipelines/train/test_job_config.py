@@ -10,7 +10,7 @@ import pytest
 
 from elmo_core.errors import ConfigError
 from elmo_core.presets import tiny
-from pipelines.train.config import (
+from pipelines.train.job_config import (
     TrainJobConfig,
     resolve_train_config,
     run_name,

@@ -18,7 +18,7 @@ from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 from pydantic import BaseModel
 
-from pipelines.common.tracking import (
+from pipelines.tracking.stage_runs import (
     DESCRIPTION_TAG,
     EXPERIMENT,
     STAGE_TAG,
@@ -170,3 +170,19 @@ def _minutes(seconds: float) -> str:
     if not math.isfinite(seconds):
         return "?"
     return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+
+def mlflow_link(run_id: str | None = None) -> str:
+    """The MLflow UI's model-training view of the project's runs, or of one of them."""
+    experiment = MlflowClient(use_tracking()).get_experiment_by_name(EXPERIMENT)
+    assert experiment is not None  # the flow's runs are in it
+    return ui_url(experiment.experiment_id, run_id)
+
+
+def mlflow_ui_hint() -> str:
+    """The link that opens the runs in the MLflow UI's model-training view; on the embedded store,
+    first the command that serves the UI."""
+    uri, link = use_tracking(), mlflow_link()
+    if uri.startswith(("http://", "https://")):
+        return f"MLflow UI: {link}"
+    return f"MLflow UI: mlflow ui --backend-store-uri {uri}\n  then open {link}"

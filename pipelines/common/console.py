@@ -1,10 +1,9 @@
-"""Progress of long work on the console: a tqdm bar on a terminal, plain lines otherwise.
+"""What the platform prints on a console: progress of long work, and no chatter from the libraries.
 
-tqdm draws nothing when its output is not a terminal (a log file, a Prefect worker, a Ray job),
-so a 30-second prepare or an hour's download would be silent there until the end. Off a terminal
-:func:`console_progress` prints one line at a steady interval instead (``ELMO_PROGRESS_INTERVAL_S``
-seconds, default 10) with the same figures: done, total, rate and ETA. Work shorter than one
-interval prints nothing.
+Progress: a tqdm bar on a terminal; elsewhere (a log file, a Prefect worker, a Ray job, where tqdm
+draws nothing) one line at a steady interval (``ELMO_PROGRESS_INTERVAL_S``, default 10 s) with the
+same figures. Chatter: each library's own switch, set in the environment before it starts
+(:data:`QUIET_ENVIRONMENT`), so nothing is filtered as text.
 """
 
 from __future__ import annotations
@@ -127,3 +126,27 @@ def console_progress(
         yield lines
     finally:
         lines.close()
+
+
+QUIET_ENVIRONMENT = {
+    # Ray Train logs a worker's print and prints it too (Ray wraps sys.stdout): every line twice.
+    "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
+    # Its watcher logs a core_worker error as it starts; train restarts failed workers itself.
+    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+    # Our workers' lines say what they are ("[train] step …"); Ray's name/pid prefix adds colour.
+    "RAY_DISABLE_WORKER_LOG_PREFIX": "1",
+    # Else a worker's root logger is at INFO (each report's record, matplotlib's font cache);
+    # Python's default then prints warnings and errors only (no JSON logs for the Train view).
+    "RAY_TRAIN_ENABLE_WORKER_STRUCTURED_LOGGING": "0",
+    # Ray's own INFO lines ("Setting up process group"), read as a local Ray's processes start.
+    "RAY_LOGGER_LEVEL": "warning",
+    # A progress bar per artifact download and INFO on routine steps; read at `import mlflow`.
+    "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+    "MLFLOW_LOGGING_LEVEL": "WARNING",
+}
+
+
+def quiet_environment() -> None:
+    """Set each of :data:`QUIET_ENVIRONMENT` in this process, unless the user already set it."""
+    for name, value in QUIET_ENVIRONMENT.items():
+        os.environ.setdefault(name, value)

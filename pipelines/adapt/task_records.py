@@ -16,23 +16,23 @@ from pathlib import Path
 import mlflow
 
 from elmo_core.location import sha256_file
-from elmo_core.tasks.config import SPLITS, TaskConfig
 from elmo_core.tasks.dataset import PairExample
 from elmo_core.tasks.seeds import Scores
+from elmo_core.tasks.task_config import SPLITS, TaskConfig
 from elmo_core.tasks.task_model import Example
 from elmo_core.tasks.trainer import TaskResult, main_metric
-from pipelines.common import tracking
-from pipelines.common.tracking import (
-    flatten_params,
-    log_input_file,
-    logged_model_tags,
-    register_model,
-)
 from pipelines.models import task_pyfunc
 from pipelines.models.bilm_loader import BiLMReference, LoadedBiLM
 from pipelines.registry.model_card import ModelCard, example_frame, publish_card
 from pipelines.registry.register import model_requirements
 from pipelines.registry.tags import KIND_TAG, TASK_TAG, gain_tag, score_tag
+from pipelines.tracking import stage_runs
+from pipelines.tracking.stage_runs import (
+    flatten_params,
+    log_input_file,
+    logged_model_tags,
+    register_model,
+)
 
 SCORES_FILE = "scores.json"
 SOURCE_NAME = "pipelines.adapt"
@@ -114,7 +114,7 @@ def seed_metrics(runs: Sequence[SeedRun]) -> dict[str, float]:
 def source_tags(parent_run_id: str | None) -> dict[str, str]:
     """MLflow's source tags for a run created in a Ray worker, where MLflow's own guess would be
     Ray's ``default_worker.py``: the stage's module, ``JOB`` inside a flow (a parent run)."""
-    return tracking.source_tags(SOURCE_NAME, job=parent_run_id is not None)
+    return stage_runs.source_tags(SOURCE_NAME, job=parent_run_id is not None)
 
 
 def task_params(task: TaskConfig) -> dict[str, str]:

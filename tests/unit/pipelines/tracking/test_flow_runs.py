@@ -10,7 +10,7 @@ import pytest
 from mlflow import MlflowClient
 from pydantic import BaseModel
 
-from pipelines.common import flow_runs, tracking
+from pipelines.tracking import flow_runs, stage_runs
 
 
 class _Params(BaseModel):
@@ -26,8 +26,8 @@ def store(
     shutil.copyfile(empty_tracking_db, tmp_path / "mlflow.db")
     monkeypatch.setenv("ELMO_HOME", str(tmp_path))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.delenv(tracking.PARENT_RUN_ENV, raising=False)
-    yield MlflowClient(tracking.use_tracking())
+    monkeypatch.delenv(stage_runs.PARENT_RUN_ENV, raising=False)
+    yield MlflowClient(stage_runs.use_tracking())
 
 
 def test_the_parent_run_is_tagged_with_the_flow_and_holds_every_parameter(
@@ -43,7 +43,7 @@ def test_the_parent_run_is_tagged_with_the_flow_and_holds_every_parameter(
     assert run.info.run_name == "brave-fox"
     assert run.info.status == "FINISHED"
     assert run.data.tags[flow_runs.FLOW_RUN_TAG] == "flow-1"
-    assert run.data.tags[tracking.STAGE_TAG] == "pretrain"
+    assert run.data.tags[stage_runs.STAGE_TAG] == "pretrain"
     assert run.data.tags["extra"] == "y"
     assert len(run.data.params) == 151
     assert run.data.params["values.k149"] == "149"
@@ -76,7 +76,7 @@ def test_a_stage_run_nests_under_the_parent_and_a_failure_ends_it_failed(
     params = _Params(name="x", values={})
     failing = pytest.raises(RuntimeError, match="stage broke")
     with failing, flow_runs.parent_run("adapt", "calm-owl", "flow-2", params) as run_id:
-        with tracking.stage_run("adapt", run_name="child", parent_run_id=run_id) as child:
+        with stage_runs.stage_run("adapt", run_name="child", parent_run_id=run_id) as child:
             pass
         raise RuntimeError("stage broke")
 
@@ -96,8 +96,8 @@ def test_an_interrupted_flow_ends_its_parent_run_killed(store: MlflowClient) -> 
 def test_run_links_open_the_model_training_view_and_say_how_to_serve_the_local_ui(
     store: MlflowClient,
 ) -> None:
-    tracking.ensure_experiment()
-    with tracking.stage_run("train", run_name="t") as run:
+    stage_runs.ensure_experiment()
+    with stage_runs.stage_run("train", run_name="t") as run:
         run_id = run.info.run_id
     experiment = run.info.experiment_id
 
@@ -108,7 +108,7 @@ def test_run_links_open_the_model_training_view_and_say_how_to_serve_the_local_u
         "?workflowType=machine_learning)"
     )
     assert lines[-1] == (
-        f"Open the MLflow UI first: `mlflow ui --backend-store-uri {tracking.use_tracking()}`"
+        f"Open the MLflow UI first: `mlflow ui --backend-store-uri {stage_runs.use_tracking()}`"
     )
 
 
@@ -133,7 +133,7 @@ def test_training_progress_reads_the_flows_training_run(store: MlflowClient) -> 
     params = _Params(name="x", values={})
     with flow_runs.parent_run("pretrain", "p", "flow-5", params) as parent:
         assert flow_runs.training_progress(parent) is None  # no training run yet
-        with tracking.stage_run("train", run_name="train-bilm-1", parent_run_id=parent):
+        with stage_runs.stage_run("train", run_name="train-bilm-1", parent_run_id=parent):
             mlflow.set_tag(flow_runs.TOTAL_STEPS_TAG, "100")
             assert flow_runs.training_progress(parent) is None  # no step logged yet
             metrics = {flow_runs.TRAIN_LOSS_METRIC: 5.25, flow_runs.TOKENS_PER_S_METRIC: 1234.0}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.common.demo import layer_distances
+from pipelines.demo import layer_distances
 
 
 def test_the_same_vector_in_both_sentences_is_at_distance_zero() -> None:

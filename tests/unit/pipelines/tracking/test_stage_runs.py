@@ -5,35 +5,35 @@ import mlflow
 import pytest
 
 from elmo_core.presets import tiny
-from pipelines.common import tracking
+from pipelines.tracking import stage_runs
 
 
 def test_stage_run_nests_under_parent_from_environment(store, monkeypatch):
-    with tracking.stage_run("pretrain", run_name="flow") as parent:
+    with stage_runs.stage_run("pretrain", run_name="flow") as parent:
         parent_id = parent.info.run_id
-    monkeypatch.setenv(tracking.PARENT_RUN_ENV, parent_id)
-    with tracking.stage_run("train", run_name="child", tags={"extra": "x"}) as child:
+    monkeypatch.setenv(stage_runs.PARENT_RUN_ENV, parent_id)
+    with stage_runs.stage_run("train", run_name="child", tags={"extra": "x"}) as child:
         child_id = child.info.run_id
     tags = store.get_run(child_id).data.tags
     assert tags["mlflow.parentRunId"] == parent_id
-    assert tags[tracking.STAGE_TAG] == "train"
+    assert tags[stage_runs.STAGE_TAG] == "train"
     assert tags["extra"] == "x"
-    assert tracking.find_run("child", "train").info.run_id == child_id
-    assert tracking.find_run("child", "evaluate") is None
+    assert stage_runs.find_run("child", "train").info.run_id == child_id
+    assert stage_runs.find_run("child", "evaluate") is None
 
 
 def test_stage_run_resumes_an_existing_run(store):
-    with tracking.stage_run("train", run_name="r") as first:
+    with stage_runs.stage_run("train", run_name="r") as first:
         mlflow.log_metric("loss", 3.0, step=1)
-    with tracking.stage_run("train", run_name="r", run_id=first.info.run_id):
+    with stage_runs.stage_run("train", run_name="r", run_id=first.info.run_id):
         mlflow.log_metric("loss", 2.0, step=2)
     history = store.get_metric_history(first.info.run_id, "loss")
     assert [(m.step, m.value) for m in history] == [(1, 3.0), (2, 2.0)]
 
 
 def test_log_config_flattens_to_dotted_params_and_keeps_json(store, tmp_path):
-    with tracking.stage_run("train", run_name="cfg") as run:
-        tracking.log_config(tiny())
+    with stage_runs.stage_run("train", run_name="cfg") as run:
+        stage_runs.log_config(tiny())
     data = store.get_run(run.info.run_id).data
     assert data.params["lstm.cell_dim"] == "32"
     assert data.params["char_cnn.embedding_dim"] == "4"
@@ -42,8 +42,8 @@ def test_log_config_flattens_to_dotted_params_and_keeps_json(store, tmp_path):
 
 
 def test_log_curves_writes_a_figure(store, tmp_path):
-    with tracking.stage_run("train", run_name="fig") as run:
-        tracking.log_curves(
+    with stage_runs.stage_run("train", run_name="fig") as run:
+        stage_runs.log_curves(
             {"train (sampled)": [(1, 5.0), (2, 4.0)], "heldout": [(2, 4.5)]},
             "curves/loss.png",
             title="loss",
@@ -54,15 +54,15 @@ def test_log_curves_writes_a_figure(store, tmp_path):
 
 
 def test_git_commit_is_a_sha_or_none():
-    commit = tracking.git_commit()
+    commit = stage_runs.git_commit()
     assert commit is None or len(commit) == 40
 
 
 def test_embedded_store_keeps_artifacts_under_elmo_home(store):
-    with tracking.stage_run("train", run_name="where"):
+    with stage_runs.stage_run("train", run_name="where"):
         pass
-    experiment = store.get_experiment_by_name(tracking.EXPERIMENT)
-    home = tracking.elmo_home()
+    experiment = store.get_experiment_by_name(stage_runs.EXPERIMENT)
+    home = stage_runs.elmo_home()
     assert store.tracking_uri == f"sqlite:///{home / 'mlflow.db'}"
     assert experiment.artifact_location == (home / "artifacts").as_uri()
 
@@ -73,7 +73,7 @@ def test_embedded_store_keeps_artifacts_under_elmo_home(store):
 )
 def test_a_stage_run_ends_as_what_happened(store, raised, status):
     expected = pytest.raises(type(raised)) if raised else contextlib.nullcontext()
-    with expected, tracking.stage_run("evaluate", run_name=f"ends-{status}") as run:
+    with expected, stage_runs.stage_run("evaluate", run_name=f"ends-{status}") as run:
         run_id = run.info.run_id
         if raised:
             raise raised
@@ -82,10 +82,10 @@ def test_a_stage_run_ends_as_what_happened(store, raised, status):
 
 
 def test_a_shared_run_leaves_the_owner_to_decide_how_it_ends(store):
-    with tracking.stage_run("train", run_name="owned") as run:
+    with stage_runs.stage_run("train", run_name="owned") as run:
         run_id = run.info.run_id
         mlflow.end_run("RUNNING")  # as if the owner were another process: the worker logs below
-        with tracking.shared_run(run_id):
+        with stage_runs.shared_run(run_id):
             mlflow.log_metric("loss", 1.0, step=1)
         assert store.get_run(run_id).info.status == "RUNNING"
         mlflow.start_run(run_id=run_id)  # the owner again, as stage_run left it
@@ -96,11 +96,11 @@ def test_a_shared_run_leaves_the_owner_to_decide_how_it_ends(store):
 def test_a_stage_run_samples_system_metrics_from_its_start_to_its_end(store, monkeypatch):
     import time
 
-    monkeypatch.setenv(tracking.SYSTEM_METRICS_INTERVAL_ENV, "0.2")
-    with tracking.stage_run("evaluate", run_name="short") as run:
+    monkeypatch.setenv(stage_runs.SYSTEM_METRICS_INTERVAL_ENV, "0.2")
+    with stage_runs.stage_run("evaluate", run_name="short") as run:
         time.sleep(1.5)
-    monkeypatch.setenv(tracking.SYSTEM_METRICS_INTERVAL_ENV, "30")
-    with tracking.stage_run("register", run_name="shorter than one interval") as brief:
+    monkeypatch.setenv(stage_runs.SYSTEM_METRICS_INTERVAL_ENV, "30")
+    with stage_runs.stage_run("register", run_name="shorter than one interval") as brief:
         pass
 
     history = store.get_metric_history(run.info.run_id, "system/cpu_utilization_percentage")
@@ -111,13 +111,13 @@ def test_a_stage_run_samples_system_metrics_from_its_start_to_its_end(store, mon
 
 
 def test_a_worker_on_another_machine_logs_its_system_metrics_under_its_name(store, monkeypatch):
-    monkeypatch.setenv(tracking.SYSTEM_METRICS_INTERVAL_ENV, "0.1")
-    with tracking.stage_run("train", run_name="two machines") as run:
+    monkeypatch.setenv(stage_runs.SYSTEM_METRICS_INTERVAL_ENV, "0.1")
+    with stage_runs.stage_run("train", run_name="two machines") as run:
         run_id = run.info.run_id
         mlflow.end_run("RUNNING")  # the worker's process, as in test_a_shared_run_leaves_...
-        with tracking.shared_run(run_id, node="gpu-1"):
+        with stage_runs.shared_run(run_id, node="gpu-1"):
             pass
-        with tracking.shared_run(run_id):  # on the driver's machine: the driver samples it
+        with stage_runs.shared_run(run_id):  # on the driver's machine: the driver samples it
             pass
         mlflow.start_run(run_id=run_id)
     metrics = store.get_run(run_id).data.metrics
@@ -126,8 +126,8 @@ def test_a_worker_on_another_machine_logs_its_system_metrics_under_its_name(stor
 
 
 def test_runs_are_named_by_stage_and_subject() -> None:
-    assert tracking.stage_run_name("train", "bilm-3f2a") == "train-bilm-3f2a"
-    name = tracking.location_name
+    assert stage_runs.stage_run_name("train", "bilm-3f2a") == "train-bilm-3f2a"
+    name = stage_runs.location_name
     assert name("/home/u/.elmo/runs/bilm-3f2a/model") == "bilm-3f2a"  # what evaluate evaluates
     assert name("s3://bucket/datasets/python-docs/") == "python-docs"
     assert name("models:/elmo-bilm@champion") == "elmo-bilm@champion"
@@ -135,32 +135,32 @@ def test_runs_are_named_by_stage_and_subject() -> None:
 
 
 def test_a_none_setting_is_left_out_of_the_params() -> None:
-    assert tracking.flatten_params({"a": None, "b": {"c": None, "d": 1}}) == {"b.d": "1"}
+    assert stage_runs.flatten_params({"a": None, "b": {"c": None, "d": 1}}) == {"b.d": "1"}
 
 
 def test_the_experiment_is_created_with_a_description(store) -> None:
-    tracking.ensure_experiment()
-    experiment = store.get_experiment_by_name(tracking.EXPERIMENT)
-    assert experiment.tags[tracking.DESCRIPTION_TAG] == tracking.EXPERIMENT_DESCRIPTION
+    stage_runs.ensure_experiment()
+    experiment = store.get_experiment_by_name(stage_runs.EXPERIMENT)
+    assert experiment.tags[stage_runs.DESCRIPTION_TAG] == stage_runs.EXPERIMENT_DESCRIPTION
 
 
 def test_a_model_logged_for_a_run_carries_the_runs_user_and_source(store) -> None:
-    tags = tracking.source_tags("pipelines.adapt", job=True)
+    tags = stage_runs.source_tags("pipelines.adapt", job=True)
     assert tags["mlflow.source.name"] == "pipelines.adapt" and tags["mlflow.source.type"] == "JOB"
-    assert tags.get("mlflow.source.git.commit") == tracking.git_commit()
+    assert tags.get("mlflow.source.git.commit") == stage_runs.git_commit()
     assert tags["mlflow.user"]
-    with tracking.stage_run("adapt", run_name="sourced", tags=tags) as run:
+    with stage_runs.stage_run("adapt", run_name="sourced", tags=tags) as run:
         pass
-    logged = tracking.logged_model_tags(store.get_run(run.info.run_id))
+    logged = stage_runs.logged_model_tags(store.get_run(run.info.run_id))
     assert logged["mlflow.source.name"] == "pipelines.adapt" and "mlflow.user" in logged
-    assert tracking.STAGE_TAG not in logged
+    assert stage_runs.STAGE_TAG not in logged
 
 
 def test_an_epoch_curve_counts_epochs_in_whole_numbers(store, monkeypatch) -> None:
     logged = []
-    monkeypatch.setattr(tracking.mlflow, "log_figure", lambda figure, name: logged.append(figure))
+    monkeypatch.setattr(stage_runs.mlflow, "log_figure", lambda figure, name: logged.append(figure))
     curves = {"ELMo": [(1, 0.5), (2, 0.6), (3, 0.7)], "baseline": [(1, 0.4), (2, 0.5), (3, 0.5)]}
-    tracking.log_curves(curves, "dev_curve.png", title="dev", ylabel="f1", xlabel="epoch")
+    stage_runs.log_curves(curves, "dev_curve.png", title="dev", ylabel="f1", xlabel="epoch")
     (axis,) = logged[0].axes
     assert axis.get_xlabel() == "epoch"
     ticks = [tick for tick in axis.get_xticks() if 1 <= tick <= 3]
@@ -168,9 +168,9 @@ def test_an_epoch_curve_counts_epochs_in_whole_numbers(store, monkeypatch) -> No
 
 
 def test_ui_links_open_the_model_training_view() -> None:
-    assert tracking.ui_url("3", "abc", server="http://mlflow:5000/") == (
+    assert stage_runs.ui_url("3", "abc", server="http://mlflow:5000/") == (
         "http://mlflow:5000/#/experiments/3/runs/abc?workflowType=machine_learning"
     )
-    assert tracking.ui_url("3", server="http://mlflow:5000") == (
+    assert stage_runs.ui_url("3", server="http://mlflow:5000") == (
         "http://mlflow:5000/#/experiments/3?workflowType=machine_learning"
     )

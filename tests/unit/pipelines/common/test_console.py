@@ -6,7 +6,7 @@ import io
 import re
 import time
 
-from pipelines.common.console_progress import INTERVAL_ENV, TimedLines, console_progress
+from pipelines.common.console import INTERVAL_ENV, TimedLines, console_progress
 
 
 def test_off_a_terminal_a_line_comes_at_each_interval_while_the_work_waits(capsys, monkeypatch):
