@@ -17,9 +17,9 @@ import time
 import uuid
 from collections.abc import Mapping
 
-import fsspec
 from ray.job_submission import JobStatus, JobSubmissionClient
 
+from elmo_core.location import open_url
 from pipelines.common.settings import mlflow_tracking_uri
 from pipelines.tracking.flow_runs import tag_run
 from pipelines.tracking.stage_runs import PARENT_RUN_ENV
@@ -89,7 +89,7 @@ def write_job_config(cfg: TrainJobConfig, plan: TrainPlan) -> str:
 
 def read_job_config(url: str) -> TrainJobConfig:
     """The config a driver wrote with :func:`write_job_config` (a path or any fsspec URL)."""
-    with fsspec.open(url, "rt", encoding="utf-8") as handle:
+    with open_url(url, "rt", encoding="utf-8") as handle:
         return TrainJobConfig.model_validate_json(handle.read())
 
 
