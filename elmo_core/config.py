@@ -229,6 +229,15 @@ class TrainConfig(StrictModel):
     early_stopping_patience: int | None = Field(
         None, gt=0, description="validations without improvement before stopping"
     )
+    state_reset: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="fraction of rows, drawn per direction at each window, whose LSTM state "
+        "starts from zero instead of the carried one, so the zero state that evaluation and "
+        "inference start from stays in the training distribution (0: bilm-tf, which starts from "
+        "zero only at step 1)",
+    )
     bf16: bool = Field(True, description="bf16 autocast on GPU (ignored on CPU)")
     shape_buckets: bool = Field(
         False,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from functools import partial
 from typing import Literal
 
@@ -40,14 +40,24 @@ class PerplexitySums:
     backward_nll: float = 0.0
     forward_tokens: int = 0
     backward_tokens: int = 0
+    forward_trapped: int = 0  # rows whose state locked up (cells at the clip) in some window
+    backward_trapped: int = 0
+    num_rows: int = 0
 
     def __add__(self, other: PerplexitySums) -> PerplexitySums:
         return PerplexitySums(
-            self.forward_nll + other.forward_nll,
-            self.backward_nll + other.backward_nll,
-            self.forward_tokens + other.forward_tokens,
-            self.backward_tokens + other.backward_tokens,
+            *(getattr(self, field.name) + getattr(other, field.name) for field in fields(self))
         )
+
+    def as_list(self) -> list[float]:
+        """The sums in field order, as ranks add them up (``PerplexitySums(*values)``)."""
+        return [float(getattr(self, field.name)) for field in fields(self)]
+
+    @classmethod
+    def from_list(cls, values: Sequence[float]) -> PerplexitySums:
+        """:meth:`as_list`'s values back (two sums of NLL, then counts)."""
+        forward_nll, backward_nll, *counts = values
+        return cls(forward_nll, backward_nll, *(round(count) for count in counts))
 
     @property
     def num_tokens(self) -> int:
@@ -85,11 +95,14 @@ def evaluate_perplexity(
     max_windows: int | None = None,
     device: str | torch.device = "cpu",
     progress: bool = True,
+    carry_state: bool = True,
 ) -> PerplexitySums:
     """This rank's perplexity sums on ``split`` (all of it, or the heldout ``files``).
 
     ``batch_size``/``unroll_steps`` default to the protocol's (128 × 20 batched, 256 × 1
-    original); the original protocol always runs one token per step.
+    original); the original protocol always runs one token per step. Every row starts from the
+    zero state, as bilm-tf's test does; ``carry_state=False`` restarts it at every window, which
+    measures what starting cold costs. The sums count the rows whose state locked up.
     """
     if bilm.softmax is None:
         raise ConfigError("perplexity needs a BiLM built with vocab_size", key="vocab_size")
@@ -127,19 +140,35 @@ def evaluate_perplexity(
     bilm.eval()
     sums = PerplexitySums()
     state: BiLMState | None = None  # (forward, backward), carried per row
+    trapped = torch.zeros(2, streams[0].batch_size, dtype=torch.bool, device=device)  # (2, B)
     try:
         with torch.no_grad():
             for forward, backward in _window_pairs(streams, protocol, max_windows):
                 window_sums, state = _window_sums(
-                    bilm, forward, backward, char_table, state, device
+                    bilm, forward, backward, char_table, state if carry_state else None, device
                 )
+                trapped |= _saturated_rows(bilm, state)
                 sums = sums + window_sums
                 bar.update()
                 bar.set_postfix(ppl=f"{sums.perplexity:.2f}")
     finally:
         bar.close()
         bilm.train(was_training)
-    return sums
+    forward_trapped, backward_trapped = trapped.sum(dim=1).tolist()
+    return replace(
+        sums,
+        forward_trapped=forward_trapped,
+        backward_trapped=backward_trapped,
+        num_rows=trapped.shape[1],
+    )
+
+
+def _saturated_rows(bilm: BiLM, state: BiLMState) -> torch.Tensor:
+    """``(2, B)``: each direction's rows whose cells mostly sit at the clip after this window."""
+    clip = bilm.config.lstm.cell_clip
+    if clip is None:  # nothing to lock up against
+        return torch.zeros(2, state[0].c.shape[1], dtype=torch.bool, device=state[0].c.device)
+    return torch.stack([stack.saturated_rows(clip) for stack in state])
 
 
 def _window_pairs(

@@ -38,6 +38,8 @@ from elmo_core.model.softmax import SampledCandidates, SampledSoftmax, SoftmaxRo
 from elmo_core.text.char_ids import BOS_IDS, EOS_IDS
 
 BiLMState = tuple[LSTMState, LSTMState]  # (forward stack, backward stack)
+# The warm start's buffers: not in the state dict (a bilm-tf file has none), moved with the model.
+START_STATE_BUFFERS = ("start_forward_h", "start_forward_c", "start_backward_h", "start_backward_c")
 Score = TypeVar("Score")  # what a scoring function makes of one direction's window
 
 
@@ -101,6 +103,9 @@ class BiLM(nn.Module):
         )
         self.register_buffer("bos_ids", torch.from_numpy(BOS_IDS).long(), persistent=False)
         self.register_buffer("eos_ids", torch.from_numpy(EOS_IDS).long(), persistent=False)
+        for name in START_STATE_BUFFERS:  # the warm start: none, or (L, 1, P|H) each
+            self.register_buffer(name, None, persistent=False)
+        self.warmup: list[list[str]] = []  # saved with the model: its start state on load
         self._carried: BiLMState | None = None
 
     @property
@@ -113,8 +118,27 @@ class BiLM(nn.Module):
         self.reset_states()
 
     def reset_states(self) -> None:
-        """Forget the carried states: the next call starts every row from zero."""
+        """Forget the carried states: the next call starts every row from the start state."""
         self._carried = None
+
+    def set_start_state(self, state: BiLMState | None, warmup: list[list[str]]) -> None:
+        """Start every row of ``forward`` from ``state`` (one row per stack; ``None``: from
+        zero, as bilm-tf does). ``warmup``: the sentences saved with the model, which the start
+        state is read from when it is loaded (:mod:`elmo_core.model.warm_start`)."""
+        parts = (
+            [None] * 4 if state is None else [part.detach() for stack in state for part in stack]
+        )
+        for name, tensor in zip(START_STATE_BUFFERS, parts, strict=True):
+            setattr(self, name, tensor)
+        self.warmup = [list(sentence) for sentence in warmup]
+
+    def start_state(self, batch_size: int, dtype: torch.dtype) -> BiLMState | None:
+        """The warm start for ``batch_size`` rows, or None (zero) when the model has none."""
+        parts = [getattr(self, name) for name in START_STATE_BUFFERS]
+        if parts[0] is None:
+            return None
+        h_f, c_f, h_b, c_b = (p.to(dtype).expand(-1, batch_size, -1).contiguous() for p in parts)
+        return LSTMState(h_f, c_f), LSTMState(h_b, c_b)
 
     def forward(self, char_ids: torch.Tensor, state: BiLMState | None = None) -> BiLMOutput:
         """``char_ids (B, T, W)`` without markers -> ``activations``, ``mask``, ``state``.
@@ -122,14 +146,17 @@ class BiLM(nn.Module):
         ``activations``: ``L + 1`` tensors ``(B, T + 2, 2P)`` — ``[x; x]`` then ``[f_k; b_k]`` —
         zero where ``mask (B, T + 2)`` is False. ``state``: the new (forward, backward) states; the
         backward one is the backward stack's final state (after reading ``<S>``), as in bilm-tf.
+        Without a ``state`` (or a carried one), rows start from the model's start state.
         """
         ids, mask, lengths = self._add_sentence_markers(char_ids.long())  # (B, T+2, W)
         batch_size = ids.shape[0]
         if state is None and self.stateful:
             state = self._carried_rows(batch_size, ids.device)
+        embedded = self.token_encoder.encode_types(ids) * mask.unsqueeze(-1)  # (B, T+2, P)
+        if state is None:
+            state = self.start_state(batch_size, embedded.dtype)
         forward_state, backward_state = state if state is not None else (None, None)
 
-        embedded = self.token_encoder.encode_types(ids) * mask.unsqueeze(-1)  # (B, T+2, P)
         reverse = _reversal_index(lengths, ids.shape[1])  # (B, T+2)
         both = torch.stack([embedded, _gather_positions(embedded, reverse)])  # (2, B, T+2, P)
         (forward_outputs, backward_outputs), (forward_state, backward_state) = self._run_lstms(
@@ -272,17 +299,23 @@ class BiLM(nn.Module):
         return ids, mask, lengths
 
     def _carried_rows(self, batch_size: int, device: torch.device) -> BiLMState | None:
-        """The stored states for the first ``batch_size`` rows; rows never seen start at zero."""
+        """The stored states for the first ``batch_size`` rows; rows never seen start from the
+        start state."""
         if self._carried is None:
             return None
+        start = self.start_state(batch_size, self._carried[0].h.dtype)
         rows = []
         lstms = (self.forward_lstm, self.backward_lstm)
-        for lstm, carried in zip(lstms, self._carried, strict=True):
-            zero = lstm.zero_state(batch_size, device, carried.h.dtype)
+        for index, (lstm, carried) in enumerate(zip(lstms, self._carried, strict=True)):
+            fresh = (
+                lstm.zero_state(batch_size, device, carried.h.dtype)
+                if start is None
+                else start[index]
+            )
             kept = min(batch_size, carried.h.shape[1])
-            zero.h[:, :kept] = carried.h[:, :kept]
-            zero.c[:, :kept] = carried.c[:, :kept]
-            rows.append(zero)
+            fresh.h[:, :kept] = carried.h[:, :kept]
+            fresh.c[:, :kept] = carried.c[:, :kept]
+            rows.append(fresh)
         return rows[0], rows[1]
 
     def _store(self, state: BiLMState) -> None:

@@ -44,6 +44,9 @@ LayerCall = Callable[
 ]
 
 
+SATURATED_SHARE = 0.5  # of a layer's cells at the clip: the row's state has locked up
+
+
 class LSTMState(NamedTuple):
     """The carried state of a stack: ``h (L, B, P)`` projected outputs and ``c (L, B, H)`` cells."""
 
@@ -53,6 +56,13 @@ class LSTMState(NamedTuple):
     def detach(self) -> LSTMState:
         """Cut the graph between windows (truncated BPTT)."""
         return LSTMState(self.h.detach(), self.c.detach())
+
+    def saturated_rows(self, cell_clip: float, share: float = SATURATED_SHARE) -> torch.Tensor:
+        """``(B,)`` rows where, in some layer, more than ``share`` of the cells sit at
+        ±``cell_clip``: a locked-up state, which predicts at tens of nats a token and, carried,
+        never recovers."""
+        at_clip = self.c.abs() >= cell_clip * (1 - 1e-3)  # (L, B, H)
+        return (at_clip.float().mean(dim=-1) > share).any(dim=0)  # (B,)
 
 
 class LayerWeights(NamedTuple):

@@ -2,9 +2,11 @@
 
 ``model_config.json`` holds the resolved :class:`~elmo_core.config.ModelConfig` and the vocabulary
 size, ``model.pt`` the state dict (no pickled classes, so any later version of the code can read
-it). Training checkpoints, the MLflow model and ``Elmo.from_checkpoint`` all use this one format;
-the bilm-tf HDF5 layout lives in :mod:`elmo_core.interop.bilm_tf`. A model saved to run the
-reference LSTM loop loads, on a machine without CUDA, to run the fused one (:func:`_loop_for_cpu`).
+it), ``warmup.txt`` the sentences stateless inference starts after
+(:mod:`elmo_core.model.warm_start`; none: from zero). Training checkpoints, the MLflow model and
+``Elmo.from_checkpoint`` all use this one format; the bilm-tf HDF5 layout lives in
+:mod:`elmo_core.interop.bilm_tf`. A model saved to run the reference LSTM loop loads, on a
+machine without CUDA, to run the fused one (:func:`_loop_for_cpu`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from elmo_core.config import ModelConfig
 from elmo_core.errors import WeightsError
 from elmo_core.location import atomic_write
 from elmo_core.model.bilm import BiLM
+from elmo_core.model.warm_start import read_warmup, warm_up, write_warmup
 
 CONFIG_FILE = "model_config.json"
 WEIGHTS_FILE = "model.pt"
@@ -40,6 +43,7 @@ def write_bilm_dir(bilm: BiLM, directory: str | Path) -> Path:
     }
     state = {name: tensor.detach().cpu() for name, tensor in bilm.state_dict().items()}
     atomic_write(target / WEIGHTS_FILE, lambda path: torch.save(state, path))
+    write_warmup(bilm, target)
     atomic_write(
         target / CONFIG_FILE, lambda path: path.write_text(json.dumps(description, indent=2))
     )
@@ -80,7 +84,7 @@ def read_bilm_dir(
             f"{unexpected[:5]}",
             path=weights_path,
         )
-    return bilm
+    return warm_up(bilm, read_warmup(source))
 
 
 def _loop_for_cpu(config: ModelConfig) -> ModelConfig:

@@ -126,11 +126,13 @@ def live_activations(
 
 
 def bilm_fingerprint(bilm: nn.Module) -> str:
-    """A hash of the biLM's config and of every state_dict tensor (name, dtype, shape, bytes)."""
+    """A hash of the biLM's config, its warm-up sentences (its start state) and every state_dict
+    tensor (name, dtype, shape, bytes)."""
     digest = hashlib.blake2b(digest_size=16)
     config = getattr(bilm, "config", None)
     if config is not None:
         digest.update(config.model_dump_json().encode())
+    digest.update(json.dumps(getattr(bilm, "warmup", [])).encode())
     for name, tensor in sorted(bilm.state_dict().items()):
         flat = tensor.detach().cpu().contiguous().reshape(-1)
         digest.update(f"{name}|{flat.dtype}|{tuple(tensor.shape)}".encode())

@@ -13,6 +13,7 @@ import torch
 
 from elmo_core.data.manifest import Manifest
 from elmo_core.model.bilm import BiLMState
+from elmo_core.model.lstm import LSTMState
 from elmo_core.training.batches import CandidateSpec, StepBatch, StepBatches, StreamSpec
 from elmo_core.training.step import StepResult, TrainingStep
 
@@ -66,15 +67,53 @@ def step_batches(
     )
 
 
+class StateReset:
+    """Zeroes a ``fraction`` of each direction's rows before a window (``train.state_reset``).
+
+    bilm-tf starts every row from zero once, at step 1, and carries the state forever after, so
+    nothing in training penalises what the LSTMs do from zero; yet evaluation and stateless
+    inference start every row there, and a forward LSTM can learn a trap it falls into only from
+    zero. The rows are drawn on the device from ``(seed, step)`` alone: no host sync, and a run
+    resumed at any step draws what the uninterrupted one would.
+    """
+
+    def __init__(self, fraction: float, seed: int, device: torch.device) -> None:
+        self.fraction, self.seed, self.device = fraction, seed, device
+        self.generator = None if fraction == 0 else torch.Generator(device)
+
+    def __call__(self, state: BiLMState | None, step: int) -> BiLMState | None:
+        """``state`` before window ``step`` (counted from 1) with the drawn rows zeroed."""
+        if self.generator is None or state is None:
+            return state
+        self.generator.manual_seed(
+            int(np.random.SeedSequence([self.seed, step]).generate_state(1)[0])
+        )
+        num_rows = state[0].h.shape[1]
+        draws = torch.rand(2, num_rows, device=self.device, generator=self.generator)  # (2, B)
+        keep = (draws >= self.fraction).unsqueeze(-1)  # (2, B, 1): per direction
+        return tuple(  # type: ignore[return-value]
+            LSTMState(
+                stack.h * keep[index].to(stack.h.dtype), stack.c * keep[index].to(stack.c.dtype)
+            )
+            for index, stack in enumerate(state)
+        )
+
+
 def carried_steps(
     step: TrainingStep,
     batches: Iterable[StepBatch],
     device: torch.device,
     state: BiLMState | None = None,
+    *,
+    first_step: int = 1,
+    seed: int | None = None,
 ) -> Iterator[tuple[StepBatch, StepResult]]:
     """``step`` on each batch, starting from ``state``, each result's LSTM state carried into the
-    next; yields the batch (its streams' positions after it) with its result."""
-    for batch in batches:
-        result = step(**batch.step_arguments(device), state=state)
+    next, a ``train.state_reset`` fraction of its rows zeroed (drawn from ``seed``, by default
+    ``train.seed``, and the step number, ``first_step`` for the first batch); yields the batch
+    (its streams' positions after it) with its result."""
+    reset = StateReset(step.train.state_reset, step.train.seed if seed is None else seed, device)
+    for number, batch in enumerate(batches, start=first_step):
+        result = step(**batch.step_arguments(device), state=reset(state, number))
         state = result.state
         yield batch, result

@@ -33,6 +33,7 @@ from elmo_core.errors import ConfigError, WeightsError
 from elmo_core.model import serialization
 from elmo_core.model.bilm import BiLM
 from elmo_core.model.serialization import CONFIG_FILE, MODEL_DIR, WEIGHTS_FILE, find_model_dir
+from elmo_core.model.warm_start import WARMUP_FILE
 from pipelines.tracking.stage_runs import use_tracking
 
 log = logging.getLogger(__name__)
@@ -223,9 +224,12 @@ def _remote_reference(url: str) -> BiLMReference:
 
 
 def _copy_remote(url: str, target: Path) -> Path:
-    """Our two files of a remote model directory, copied into ``target``."""
+    """The files of a remote model directory (the warm-up sentences where it has them), copied
+    into ``target``."""
     target.mkdir(parents=True, exist_ok=True)
-    for name in (CONFIG_FILE, WEIGHTS_FILE):
+    warmup = join_url(url, WARMUP_FILE)
+    optional = [WARMUP_FILE] if fsspec.core.url_to_fs(warmup)[0].exists(warmup) else []
+    for name in (CONFIG_FILE, WEIGHTS_FILE, *optional):
         with fsspec.open(join_url(url, name), "rb") as remote, open(target / name, "wb") as local:
             shutil.copyfileobj(remote, local)
     return target

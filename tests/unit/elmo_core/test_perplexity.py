@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -13,6 +14,7 @@ from elmo_core.data.batching import TokenStream, window_char_ids
 from elmo_core.data.reader import iter_sentences, load_manifest, load_word_types
 from elmo_core.errors import ConfigError
 from elmo_core.model.bilm import BiLM
+from elmo_core.model.lstm import LSTMState
 from elmo_core.perplexity import PerplexitySums, evaluate_perplexity
 from elmo_core.presets import tiny
 
@@ -186,3 +188,48 @@ def test_perplexity_scores_what_the_training_loss_scores_in_eval_mode(bilm, data
     assert sums.num_tokens == sums.backward_tokens == count > 0
     assert sums.forward_nll == pytest.approx(forward_nll, rel=1e-6)
     assert sums.backward_nll == pytest.approx(backward_nll, rel=1e-6)
+
+
+def _locking_up(bilm: BiLM) -> BiLM:
+    """A copy whose forward stack's top layer adds a full step to every cell at each token: in
+    three tokens all its cells sit at the clip (every gate saturated open, in any gate order)."""
+    locked = copy.deepcopy(bilm)
+    with torch.no_grad():
+        locked.forward_lstm.layers[-1].bias.fill_(20.0)
+    return locked
+
+
+def test_a_locked_up_state_is_counted_per_direction_and_row(bilm, dataset):
+    healthy = evaluate_perplexity(bilm, dataset, batch_size=2, unroll_steps=5, progress=False)
+    trapped = evaluate_perplexity(
+        _locking_up(bilm), dataset, batch_size=2, unroll_steps=5, progress=False
+    )
+
+    assert (healthy.forward_trapped, healthy.backward_trapped, healthy.num_rows) == (0, 0, 2)
+    assert (trapped.forward_trapped, trapped.backward_trapped, trapped.num_rows) == (2, 0, 2)
+
+
+def test_saturated_rows_are_those_with_most_cells_of_some_layer_at_the_clip():
+    c = torch.zeros(2, 3, 4)  # (L, B, H)
+    c[1, 0] = torch.tensor([3.0, -3.0, 3.0, 0.1])  # 3 of 4 at the clip: locked up
+    c[0, 1] = torch.tensor([3.0, -3.0, 0.0, 0.0])  # half: not yet
+    c[0, 2] = torch.tensor([2.9, -2.9, 2.9, 2.9])  # near, not at
+    state = LSTMState(torch.zeros(2, 3, 2), c)
+
+    assert state.saturated_rows(cell_clip=3.0).tolist() == [True, False, False]
+
+
+def test_restarting_every_window_from_zero_scores_the_same_tokens_differently(bilm, dataset):
+    carried = evaluate_perplexity(bilm, dataset, batch_size=2, unroll_steps=3, progress=False)
+    cold = evaluate_perplexity(
+        bilm, dataset, batch_size=2, unroll_steps=3, progress=False, carry_state=False
+    )
+
+    assert cold.forward_tokens == carried.forward_tokens
+    assert cold.forward_nll != carried.forward_nll
+    assert cold.backward_nll != carried.backward_nll
+
+
+def test_sums_travel_between_ranks_as_a_list_and_back():
+    sums = PerplexitySums(1.5, 2.5, 3, 4, forward_trapped=1, backward_trapped=0, num_rows=8)
+    assert PerplexitySums.from_list(sums.as_list()) == sums
