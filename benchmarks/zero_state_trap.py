@@ -56,7 +56,7 @@ def parse_args() -> argparse.Namespace:
 def checkpoint_rows(data: str, run: Path) -> list[dict[str, object]]:
     """One row per checkpoint of ``run``, in step order."""
     rows = []
-    for checkpoint in sorted(run.glob("checkpoint_*")):
+    for checkpoint in sorted((run / "checkpoints").glob("step_*")):
         bilm = read_bilm_dir(checkpoint / MODEL_DIR)
         carried = evaluate_perplexity(bilm, data, progress=False)
         cold = evaluate_perplexity(bilm, data, progress=False, carry_state=False)

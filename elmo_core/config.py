@@ -238,6 +238,16 @@ class TrainConfig(StrictModel):
         "inference start from stays in the training distribution (0: bilm-tf, which starts from "
         "zero only at step 1)",
     )
+    warn_rise: float = Field(
+        1.25,
+        gt=1,
+        description="warn when a direction's validation perplexity passes its best × this",
+    )
+    warn_parting: float = Field(
+        1.5,
+        gt=1,
+        description="warn when one direction's validation perplexity is the other's × this",
+    )
     bf16: bool = Field(True, description="bf16 autocast on GPU (ignored on CPU)")
     shape_buckets: bool = Field(
         False,

@@ -25,6 +25,7 @@ from elmo_core.errors import ConfigError
 from elmo_core.tasks.seeds import DEFAULT_SEEDS
 from pipelines.common.settings import RAY_JOBS_ENV, elmo_home
 from pipelines.train.job_config import TrainJobConfig, Where, resolve_train_config
+from pipelines.train.preflight import HandOn
 
 Preset = Literal["tiny", "mini", "small", "medium", "original"]
 DEFAULT_BILM = "models:/elmo-bilm@champion"
@@ -82,7 +83,8 @@ class DataParams(Params):
 
 
 class TrainingParams(Params):
-    """The biLM to train and where: a preset, ``--set``-style overrides, Ray Train scaling."""
+    """The biLM to train and where: a preset, ``--set``-style overrides, Ray Train scaling; and
+    which of its models is handed on to evaluate and register."""
 
     model: Preset = "original"
     overrides: list[TrainOverride] = Field(
@@ -95,6 +97,11 @@ class TrainingParams(Params):
         description="'ray-job': submit `python -m pipelines.train` to RAY_API_SERVER_ADDRESS; "
         "'local': train in the flow's process on RAY_ADDRESS or a local Ray; "
         "default: ray-job when RAY_API_SERVER_ADDRESS is set",
+    )
+    hand_on: HandOn = Field(
+        "best",
+        description="the model evaluate and register get: 'best' (lowest validation perplexity; "
+        "the final one when no validation ran) or 'final'",
     )
 
     _config: TrainJobConfig = PrivateAttr()

@@ -44,8 +44,9 @@ def pretrain(params: PretrainParams) -> PretrainSummary:
     with flow_parent_run("pretrain", subject, params) as parent:
         dataset = prepare(params.data, parent)
         run = train(dataset, params.training, parent)
-        perplexity = evaluate(run, dataset, parent)
-        model = register(run, dataset, perplexity, params.model_name, parent)
+        hand_on = params.training.hand_on
+        perplexity = evaluate(run, dataset, parent, hand_on)
+        model = register(run, dataset, perplexity, params.model_name, parent, hand_on)
         results = adapt(model.uri, params.tasks, parent, seeds=params.seeds)
         analysis = None
         if params.analyze and params.tasks:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextvars
 import json
 import os
-import re
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -71,12 +70,11 @@ from pipelines.tracking.stage_runs import find_run, stage_run_name
 from pipelines.train import ray_job
 from pipelines.train import stage as train_stage
 from pipelines.train.job_config import run_name
-from pipelines.train.preflight import TrainResult
+from pipelines.train.preflight import HandOn, TrainResult
 
 FLOW_LOG_INTERVAL_ENV = "ELMO_FLOW_LOG_INTERVAL_S"
 DEFAULT_FLOW_LOG_INTERVAL_S = 60.0
 PROGRESS_LOOK_S = 2.0  # how often the flow looks at a training run's MLflow record
-PROGRESS_STEP = re.compile(r"step (\d+)/(\d+|\?)")  # in a training_progress line
 # Where `prefect server start` serves the flow runs an ephemeral run left in PREFECT_HOME.
 LOCAL_PREFECT_UI = "http://127.0.0.1:4200"
 # The hand-written sense set the ``pretrain`` flow's analysis probes (``analyze: true``), found
@@ -202,13 +200,14 @@ def _training_followed(name: str, parent_run_id: str) -> Iterator[threading.Even
     """While the block trains, a thread looks at the run's MLflow record every few seconds: it
     logs the run's link once the run exists (and sets the event it yields) with its Ray job's,
     then its progress (:func:`training_progress`) at each tenth of the run and at least every
-    ``ELMO_FLOW_LOG_INTERVAL_S`` seconds (default 60). A failed look is skipped, never fatal."""
+    ``ELMO_FLOW_LOG_INTERVAL_S`` seconds (default 60), and each new warning the run gives as a
+    warning. A failed look is skipped, never fatal."""
     logger = get_run_logger()
     interval = float(os.environ.get(FLOW_LOG_INTERVAL_ENV, DEFAULT_FLOW_LOG_INTERVAL_S))
     stop, linked = threading.Event(), threading.Event()
 
     def follow() -> None:
-        logged_step, logged_at = None, time.monotonic()
+        logged_step, logged_at, warned = None, time.monotonic(), None
         while not stop.wait(min(interval, PROGRESS_LOOK_S)):
             try:
                 if not linked.is_set():
@@ -217,16 +216,18 @@ def _training_followed(name: str, parent_run_id: str) -> Iterator[threading.Even
                         linked.set()
                         logger.info(_train_run_link(name, run.info.run_id))
                         _link_ray_job(run.data.tags.get(ray_job.SUBMISSION_TAG))
-                line = training_progress(parent_run_id)
+                progress = training_progress(parent_run_id)
             except Exception as err:  # the tracking server may be busy: try again next time
                 logger.debug("no training progress this time: %s", err)
                 continue
-            found = PROGRESS_STEP.search(line or "")
-            if found is None:  # no step logged yet
+            if progress is None:  # no training run yet
                 continue
-            step, total = int(found[1]), int(found[2]) if found[2].isdigit() else None
-            if progress_due(step, total, logged_step, time.monotonic() - logged_at, interval):
-                logger.info(line)
+            if progress.health is not None and progress.health != warned:
+                logger.warning("train: %s", progress.health)
+                warned = progress.health
+            step, seconds = progress.step, time.monotonic() - logged_at
+            if progress.line and progress_due(step, progress.total, logged_step, seconds, interval):
+                logger.info(progress.line)
                 logged_step, logged_at = step, time.monotonic()
 
     # in this flow run's context, where the thread's artifacts belong
@@ -273,10 +274,14 @@ def progress_due(
 
 
 @task(name="evaluate")
-def evaluate(run: TrainResult, dataset: str, parent_run_id: str) -> EvaluationResult:
-    """Full-softmax heldout perplexity of the final model."""
+def evaluate(
+    run: TrainResult, dataset: str, parent_run_id: str, hand_on: HandOn
+) -> EvaluationResult:
+    """Full-softmax heldout perplexity of the run's model that ``hand_on`` picks."""
+    handed = run.handed_on(hand_on)
+    get_run_logger().info(f"evaluate: {handed.description}")
     result = train_stage.evaluate_trained(
-        run, dataset, parent_run_id=parent_run_id, tags=flow_tags()
+        run, dataset, hand_on=hand_on, parent_run_id=parent_run_id, tags=flow_tags()
     )
     get_run_logger().info(perplexity_line(result))
     if result.run_id:
@@ -287,12 +292,24 @@ def evaluate(run: TrainResult, dataset: str, parent_run_id: str) -> EvaluationRe
 
 @task(name="register")
 def register(
-    run: TrainResult, dataset: str, evaluation: EvaluationResult, name: str, parent_run_id: str
+    run: TrainResult,
+    dataset: str,
+    evaluation: EvaluationResult,
+    name: str,
+    parent_run_id: str,
+    hand_on: HandOn,
 ) -> RegisteredBiLM:
-    """The run's version of ``name``: registered and judged by the champion policy once per
-    training run (a re-run gets the same version and decision back)."""
+    """The run's version of ``name`` (its model that ``hand_on`` picks, as :func:`evaluate`'s):
+    registered and judged by the champion policy once per training run (a re-run gets the same
+    version and decision back)."""
     registered = train_stage.register_trained(
-        run, dataset, evaluation, name=name, parent_run_id=parent_run_id, tags=flow_tags()
+        run,
+        dataset,
+        evaluation,
+        hand_on=hand_on,
+        name=name,
+        parent_run_id=parent_run_id,
+        tags=flow_tags(),
     )
     get_run_logger().info(registry_line(registered))
     get_run_logger().info(run_link_line("register run", mlflow_link(registered.run_id)))

@@ -29,6 +29,11 @@ class EvaluationResult(BaseModel):
     protocol: Protocol
     heldout_hash: str  # sha256 over the evaluated shards' sha256s
     run_id: str | None = None  # the MLflow run holding the metrics
+    # Rows whose LSTM state locked up (cells at the clip) in some window, of num_rows evaluated
+    # side by side; 0 in records written before they were counted.
+    forward_trapped: int = 0
+    backward_trapped: int = 0
+    num_rows: int = 0
 
     @classmethod
     def read(cls, path: Path) -> EvaluationResult:
@@ -42,3 +47,13 @@ class EvaluationResult(BaseModel):
         """Save as JSON, whole or not at all."""
         text = self.model_dump_json(indent=2)
         atomic_write(path, lambda target: target.write_text(text, encoding="utf-8"))
+
+
+def describe_trapped_rows(forward_trapped: int, backward_trapped: int, num_rows: int) -> str:
+    """Each direction's rows whose state locked up ("" when none did), the zero-state trap that a
+    perplexity alone hides, in one wording for training's validation and ``elmo evaluate``."""
+    return "; ".join(
+        f"{direction}: {count} of {num_rows} rows locked up (cells at the clip)"
+        for direction, count in (("forward", forward_trapped), ("backward", backward_trapped))
+        if count
+    )

@@ -3,8 +3,9 @@
 ``checkpoint`` is any source :mod:`pipelines.models.bilm_loader` resolves, pinned here so every Ray
 task loads the same weights; with ``RAY_ADDRESS`` or ``workers > 1`` the split is divided over Ray
 tasks and their sums added. Forward, backward and geometric-mean perplexity go to an MLflow
-``evaluate-<model>`` run with ``heldout_hash`` (the registry compares only on the same heldout data)
-and ``<split>_predicted_tokens``; ``--output`` saves the result for ``elmo register``.
+``evaluate-<model>`` run with ``heldout_hash`` (the registry compares only on the same heldout
+data), ``<split>_predicted_tokens`` and each direction's rows whose state locked up
+(``<split>_trapped_rows_<direction>``); ``--output`` saves the result for ``elmo register``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from elmo_core.perplexity import PerplexitySums, Protocol, evaluate_perplexity
 from elmo_core.threads import fewer_threads_under_load
 from pipelines.common.cli_runner import run_command
 from pipelines.common.locations import absolute_location
-from pipelines.evaluate.result import EvaluationResult
+from pipelines.evaluate.result import EvaluationResult, describe_trapped_rows
 from pipelines.models.bilm_loader import SOURCE_HELP, BiLMReference, load_bilm, resolve_bilm
 from pipelines.tracking.stage_runs import location_name, log_dataset, stage_run, stage_run_name
 
@@ -44,9 +45,11 @@ def evaluate_bilm(
     parent_run_id: str | None = None,
     tags: dict[str, str] | None = None,
     workers: int | None = None,
+    subject: str | None = None,
 ) -> EvaluationResult:
     """Perplexity of ``checkpoint`` on ``data``'s ``split``, tracked as an ``evaluate`` run
-    (metrics named ``<split>_perplexity...``: "validation perplexity" is training's sample)."""
+    (metrics named ``<split>_perplexity...``: "validation perplexity" is training's sample)
+    named ``evaluate-<subject>`` (by default the checkpoint's :func:`location_name`)."""
     files = list(files) if files else None
     data = absolute_location(data)  # Ray tasks run in another directory
     bilm = resolve_bilm(checkpoint)  # a bad source fails before any run or task starts
@@ -62,7 +65,7 @@ def evaluate_bilm(
     }
     with stage_run(
         "evaluate",
-        run_name=stage_run_name("evaluate", location_name(checkpoint)),
+        run_name=stage_run_name("evaluate", subject or location_name(checkpoint)),
         parent_run_id=parent_run_id,
         tags={**bilm.tags, **(tags or {})},
     ) as run:
@@ -79,6 +82,8 @@ def evaluate_bilm(
                 f"{split}_perplexity_backward": sums.backward_perplexity,
                 f"{split}_perplexity": sums.perplexity,
                 f"{split}_predicted_tokens": sums.num_tokens,
+                f"{split}_trapped_rows_forward": sums.forward_trapped,
+                f"{split}_trapped_rows_backward": sums.backward_trapped,
             }
         )
     return EvaluationResult(
@@ -91,6 +96,9 @@ def evaluate_bilm(
         protocol=protocol,
         heldout_hash=heldout,
         run_id=run.info.run_id,
+        forward_trapped=sums.forward_trapped,
+        backward_trapped=sums.backward_trapped,
+        num_rows=sums.num_rows,
     )
 
 
@@ -193,11 +201,14 @@ def evaluate_command(
         protocol=protocol,  # type: ignore[arg-type]
         batch_size=batch_size,
     )
+    trapped = describe_trapped_rows(
+        result.forward_trapped, result.backward_trapped, result.num_rows
+    )
     typer.echo(
         f"{split} perplexity {result.perplexity:.3f} (forward {result.forward_perplexity:.3f}, "
         f"backward {result.backward_perplexity:.3f}) on every {split} token scored "
         f"({result.num_tokens:,}, {result.protocol} protocol"
-        f"{', files ' + ', '.join(files) if files else ''})"
+        f"{', files ' + ', '.join(files) if files else ''}){'; ' + trapped if trapped else ''}"
     )
     if output is not None:
         result.write(output)

@@ -23,6 +23,8 @@ from pipelines.models import bilm_pyfunc
 from pipelines.registry.policy import CHAMPION
 from pipelines.registry.tags import (
     BACKWARD_PERPLEXITY_TAG,
+    CHECKPOINT_STEP_TAG,
+    CHECKPOINT_TAG,
     DATASET_TAG,
     FORWARD_PERPLEXITY_TAG,
     KIND_TAG,
@@ -122,10 +124,15 @@ def bilm_card(name: str) -> ModelCard:
 def bilm_version_description(
     version_tags: Mapping[str, str], runs: Mapping[str, str] | None = None
 ) -> str:
-    """One line on the version: its size, where it came from, what it scored; ``runs``: what
-    happened to it in which run (``trained`` → a link to the training run)."""
+    """One line on the version: its size, where it came from (which model of its training run,
+    when it says), what it scored; ``runs``: what happened to it in which run (``trained`` → a
+    link to the training run)."""
     size, preset, data = (version_tags[tag] for tag in (SIZE_TAG, PRESET_TAG, DATASET_TAG))
     lines = [f"{size} biLM ({preset}) on `{data}`"]
+    if CHECKPOINT_TAG in version_tags:
+        step = version_tags.get(CHECKPOINT_STEP_TAG)
+        at = "" if step is None else f" (step {step})"
+        lines.append(f"its training run's {version_tags[CHECKPOINT_TAG]} model{at}")
     lines += [f"{what} in run {link}" for what, link in (runs or {}).items()]
     if PERPLEXITY_TAG in version_tags:
         lines.append(

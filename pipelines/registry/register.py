@@ -144,6 +144,7 @@ def register(
     hdf5_export: bool = True,
     parent_run_id: str | None = None,
     tags: Mapping[str, str] | None = None,
+    checkpoint_tags: Mapping[str, str] | None = None,
     apply_policy: bool = True,
 ) -> RegisteredBiLM:
     """Register the biLM ``source`` as a version of ``name`` in a new register run; ``run_id``
@@ -151,7 +152,8 @@ def register(
     version it registered comes back).
 
     ``dataset_url`` is the prepared dataset the biLM was trained on (local or fsspec URL); the
-    register run is tagged with ``tags`` (a flow's) and with the biLM source's tags.
+    register run is tagged with ``tags`` (a flow's) and with the biLM source's tags;
+    ``checkpoint_tags`` (which model of the training run it is) go on the version and the run.
     """
     reference = resolve_bilm(source, options)  # a bad source fails before anything is logged
     if run_id is not None:
@@ -170,6 +172,7 @@ def register(
             hdf5_export=hdf5_export,
             parent_run_id=parent_run_id,
             tags={**reference.tags, **(tags or {})},
+            checkpoint_tags=checkpoint_tags,
             apply_policy=apply_policy,
         )
 
@@ -184,13 +187,16 @@ def register_bilm(
     hdf5_export: bool = True,
     parent_run_id: str | None = None,
     tags: Mapping[str, str] | None = None,
+    checkpoint_tags: Mapping[str, str] | None = None,
     apply_policy: bool = True,
 ) -> RegisteredBiLM:
     """A new version from a loaded biLM and the files it carries (local copies), always new;
-    ``run_id`` is the training run it came from, if any."""
+    ``run_id`` is the training run it came from, if any, ``checkpoint_tags`` which of its
+    models it is (on the version and the register run)."""
     exporter = _bilm_tf_exporter() if hdf5_export else None
     version_tags = model_version_tags(evaluation, dataset) | architecture_tags(source.bilm.config)
-    run_tags = dict(tags or {})
+    version_tags |= checkpoint_tags or {}
+    run_tags = {**(tags or {}), **(checkpoint_tags or {})}
     evaluate_run_id = evaluation.run_id if evaluation is not None else None
     for tag, linked in ((TRAIN_RUN_TAG, run_id), (EVALUATE_RUN_TAG, evaluate_run_id)):
         if linked is not None:

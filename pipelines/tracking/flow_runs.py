@@ -12,6 +12,7 @@ import math
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from urllib.parse import urlparse
 
 from mlflow.entities import Metric, Param
@@ -33,6 +34,7 @@ from pipelines.tracking.stage_runs import (
 FLOW_RUN_TAG = "prefect.flow_run_id"
 FLOW_RUN_URL_TAG = "prefect.flow_run_url"  # the flow run in Prefect's UI, when it serves one
 TOTAL_STEPS_TAG = "elmo.total_steps"  # set by the train stage: what a progress line counts to
+HEALTH_TAG = "elmo.health"  # set by the train stage: its latest warning, kept once given
 # The biLM's training curves, named so that the MLflow UI, which orders chart sections by name,
 # shows their sections before the task models' (task/...) and the unsectioned ones.
 TRAIN_SECTION = "bilm/train"
@@ -135,9 +137,18 @@ def record_summary(
     client.set_tag(parent_run_id, DESCRIPTION_TAG, description)
 
 
-def training_progress(parent_run_id: str) -> str | None:
-    """One line on the flow's training run as its MLflow run shows it now (its name, step,
-    rate, loss, ETA), or None before its first logged step: what a flow's log says while
+@dataclass(frozen=True)
+class TrainingProgress:
+    """The flow's training run as its MLflow run shows it now, as values a flow acts on."""
+
+    step: int  # the last logged step, 0 before the first
+    total: int | None  # None until the stage has tagged it
+    line: str | None  # name, step, rate, loss and ETA for the flow's log; None before a step
+    health: str | None  # the run's latest warning (HEALTH_TAG); None while it has given none
+
+
+def training_progress(parent_run_id: str) -> TrainingProgress | None:
+    """Where the flow's training run is (None before it exists): what a flow's log says while
     training runs in Ray workers, local or in a Ray job, whose console the flow never sees."""
     use_tracking()
     client = MlflowClient()
@@ -151,19 +162,23 @@ def training_progress(parent_run_id: str) -> str | None:
         order_by=["attributes.start_time DESC"],
         max_results=1,
     )
-    if not runs or not runs[0].data.metrics.get(TRAIN_LOSS_METRIC):
+    if not runs:
         return None
     run = runs[0]
-    step = client.get_metric_history(run.info.run_id, TRAIN_LOSS_METRIC)[-1].step
-    total = int(run.data.tags.get(TOTAL_STEPS_TAG, "0"))
-    elapsed = time.time() - run.info.start_time / 1000
-    eta = (total - step) * elapsed / step if 0 < step <= total else math.nan
+    total = int(run.data.tags.get(TOTAL_STEPS_TAG, "0")) or None
+    health = run.data.tags.get(HEALTH_TAG)
     metrics = run.data.metrics
-    return (
+    if TRAIN_LOSS_METRIC not in metrics:
+        return TrainingProgress(0, total, None, health)
+    step = client.get_metric_history(run.info.run_id, TRAIN_LOSS_METRIC)[-1].step
+    elapsed = time.time() - run.info.start_time / 1000
+    eta = (total - step) * elapsed / step if total and 0 < step <= total else math.nan
+    line = (
         f"{run.info.run_name}: step {step}/{total or '?'}, "
         f"{metrics.get(TOKENS_PER_S_METRIC, math.nan):,.0f} tokens/s, "
         f"sampled loss {metrics[TRAIN_LOSS_METRIC]:.3f}, ETA {_minutes(eta)}"
     )
+    return TrainingProgress(step, total, line, health)
 
 
 def _minutes(seconds: float) -> str:

@@ -52,6 +52,7 @@ class SharedState:
     world_size: int
     mlflow_run_id: str | None = None
     best_perplexity: float | None = None
+    best_step: int | None = None  # where best_perplexity was measured (older checkpoints: None)
     validations_since_best: int = 0
     curves: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
 

@@ -30,6 +30,7 @@ from pipelines.common.settings import elmo_home
 
 # How the model runs, not what it is: left out of the run name.
 RUNTIME_MODEL_KEYS = {"lstm_impl", "batch_directions", "conv_impl", "cpu_highway_bf16"}
+REPORTING_TRAIN_KEYS = {"warn_rise", "warn_parting"}  # what validation warns of, not the training
 # Where a run trains: from the calling process (on RAY_ADDRESS or a local Ray), or as a Ray Job.
 Where = Literal["local", "ray-job"]
 
@@ -117,13 +118,13 @@ def run_name(cfg: TrainJobConfig, dataset_sha256: str, init_from: str | None = N
 
     How the model runs is left out (:data:`RUNTIME_MODEL_KEYS`: the LSTM and convolution
     kernels, the CPU highway's dtype): every variant has the same parameters and passes the same
-    parity tests, so a run resumes under another.
+    parity tests, so a run resumes under another; so are the validation warnings' thresholds.
     """
     if cfg.run.name:
         return cfg.run.name
     identity = {
         "model": cfg.model.model_dump(mode="json", exclude=RUNTIME_MODEL_KEYS),
-        "train": cfg.train.model_dump(mode="json"),
+        "train": cfg.train.model_dump(mode="json", exclude=REPORTING_TRAIN_KEYS),
         "init_from": init_from,
         "dataset": dataset_sha256,
     }

@@ -5,13 +5,15 @@ cluster start and ends in a Ray traceback; found here it is one line naming the 
 checks: the dataset is prepared (manifest, word types, every shard listed is there) and can feed
 every worker; ``--init-from`` names weights that load and fit the model; the run directory can be
 written. Every path is made absolute here, since workers run elsewhere. The plan names the run,
-places its directory, and says whether it already finished (its ``FINISHED.json``).
+places its directory, and says whether it already finished (its ``FINISHED.json``, a
+:class:`TrainResult`, which also decides which of its models evaluate and register get).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import fsspec
 from pydantic import BaseModel
@@ -21,8 +23,27 @@ from elmo_core.data.reader import load_word_types
 from elmo_core.errors import ConfigError, DataError
 from pipelines.common.locations import absolute_location
 from pipelines.models.bilm_loader import BiLMReference, initial_bilm, resolve_bilm
+from pipelines.registry.tags import CHECKPOINT_STEP_TAG, CHECKPOINT_TAG
 from pipelines.train.job_config import TrainJobConfig, run_name, storage_root
 from pipelines.train.run_directory import FINISHED_FILE, RunDirectory
+
+HandOn = Literal["best", "final"]  # which model of a finished run evaluate and register get
+
+
+@dataclass(frozen=True)
+class HandedOn:
+    """The model of a finished run that evaluate and register get, and what it is."""
+
+    model_dir: str
+    checkpoint: HandOn  # what it is, which may differ from what was asked (no best model)
+    step: int | None  # the step it was saved at; None for a best model an older run left
+    description: str  # for a console line: "the best model (step 2000, ...)"
+
+    @property
+    def tags(self) -> dict[str, str]:
+        """What the evaluate and register runs and the registered version record of it."""
+        step = {} if self.step is None else {CHECKPOINT_STEP_TAG: str(self.step)}
+        return {CHECKPOINT_TAG: self.checkpoint, **step}
 
 
 class TrainResult(BaseModel):
@@ -37,9 +58,25 @@ class TrainResult(BaseModel):
     total_steps: int
     resumed_from_step: int
     best_perplexity: float | None
+    best_step: int | None = None  # where best_perplexity was measured (older runs: None)
     stopped_early: bool
     seconds: float
     already_finished: bool = False  # True when the run had finished before this call
+
+    def handed_on(self, choice: HandOn = "best") -> HandedOn:
+        """The model evaluate and register get: by default the best one, since the final model
+        can be much worse (a run that diverged after its best validation); the final one when
+        asked, or when no validation ran and there is no best model."""
+        if choice == "best" and self.best_model_dir is not None:
+            where = [] if self.best_step is None else [f"step {self.best_step}"]
+            if self.best_perplexity is not None:
+                where.append(f"validation perplexity {self.best_perplexity:.2f}")
+            detail = f" ({', '.join(where)})" if where else ""
+            return HandedOn(self.best_model_dir, "best", self.best_step, f"the best model{detail}")
+        description = f"the final model (step {self.steps})"
+        if choice == "best":
+            description += ": no validation ran, so there is no best model"
+        return HandedOn(self.model_dir, "final", self.steps, description)
 
 
 @dataclass(frozen=True)

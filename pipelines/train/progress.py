@@ -3,6 +3,8 @@
 The driver creates the run's MLflow run (:mod:`pipelines.train.stage`); rank 0 resumes it for the
 whole loop (:meth:`Progress.tracking`), so a restarted or resumed run keeps adding to the same
 curves: ``bilm/train/*`` at every logged step, ``bilm/validation/*`` at every validation.
+A validation that warns (:func:`validation_warnings`) says so on the console and in the run's
+``elmo.health`` tag, which the flow's log follows.
 Training losses are averaged over the ``log_every`` steps since the last line; the curves also
 live in the checkpoint's :class:`~pipelines.train.checkpoint.SharedState`, so the figures of a
 resumed run start at step 1. Other ranks report nothing.
@@ -14,16 +16,19 @@ import math
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Literal
 
 import mlflow
 import torch
 
 from elmo_core.model.bilm import BiLM, LossOutput
 from elmo_core.perplexity import PerplexitySums
+from pipelines.evaluate.result import describe_trapped_rows
 from pipelines.tracking.flow_runs import (
+    HEALTH_TAG,
     TOKENS_PER_S_METRIC,
     TRAIN_LOSS_METRIC,
     TRAIN_SECTION,
@@ -34,6 +39,51 @@ from pipelines.train.checkpoint import SharedState
 from pipelines.train.run_directory import BEST_DIR, RunDirectory
 
 VALIDATION_PERPLEXITY = f"{VALIDATION_SECTION}/perplexity"
+TRAPPED_ROWS = f"{VALIDATION_SECTION}/trapped_rows"  # _forward, _backward
+
+
+@dataclass(frozen=True)
+class ValidationWarning:
+    """A sign in the validation curves that training went wrong while its sampled loss may still
+    fall, as when one direction's state locks up at the clip from the zero state."""
+
+    kind: Literal["rise past best", "directions parting"]
+    step: int
+    message: str
+
+
+def validation_warnings(
+    forward: Sequence[tuple[int, float]],
+    backward: Sequence[tuple[int, float]],
+    *,
+    rise: float,
+    parting: float,
+) -> list[ValidationWarning]:
+    """What the latest validation of the ``(step, perplexity)`` curves warns of: a direction past
+    ``rise`` times its best, or the two directions, which model the same text and so stay close,
+    more than ``parting`` times apart (the larger over the smaller)."""
+    warnings = []
+    for direction, curve in (("forward", forward), ("backward", backward)):
+        if not curve:
+            continue
+        step, value = curve[-1]
+        best_step, best = min(curve, key=lambda point: point[1])
+        if value > rise * best:
+            message = (
+                f"{direction} validation perplexity {value:.1f} is {value / best:.2f}x its best "
+                f"({best:.1f} at step {best_step})"
+            )
+            warnings.append(ValidationWarning("rise past best", step, message))
+    if forward and backward:
+        (step, forward_value), (_, backward_value) = forward[-1], backward[-1]
+        larger, smaller = max(forward_value, backward_value), min(forward_value, backward_value)
+        if larger > parting * smaller:
+            message = (
+                f"forward and backward validation perplexities part: {forward_value:.1f} and "
+                f"{backward_value:.1f} ({larger / smaller:.2f}x)"
+            )
+            warnings.append(ValidationWarning("directions parting", step, message))
+    return warnings
 
 
 @dataclass(frozen=True)
@@ -60,8 +110,11 @@ class Progress:
         total_steps: int,
         log_every: int,
         validation_sentences: int,
+        warn_at: tuple[float, float],
     ) -> None:
+        """``warn_at``: ``train.warn_rise`` and ``train.warn_parting``."""
         self.run, self.shared, self.active = run, shared, rank == 0
+        self.warn_rise, self.warn_parting = warn_at
         self.total, self.log_every = total_steps, log_every
         self.sample = f"{validation_sentences:,}-sentence heldout sample"
         self._start_step, self._started = shared.step, time.perf_counter()
@@ -135,18 +188,43 @@ class Progress:
                 ("_backward", sums.backward_perplexity),
             )
         }
-        mlflow.log_metrics(values, step=step)
+        trapped = {
+            f"{TRAPPED_ROWS}_forward": sums.forward_trapped,
+            f"{TRAPPED_ROWS}_backward": sums.backward_trapped,
+        }
+        mlflow.log_metrics({**values, **trapped}, step=step)
         for name, value in values.items():
             self.shared.curves.setdefault(name, []).append((step, value))
         if best is not None:
             RunDirectory(self.run.run_dir).put_model(best, BEST_DIR)
+        locked_up = describe_trapped_rows(
+            sums.forward_trapped, sums.backward_trapped, sums.num_rows
+        )
         print(
             f"[train] step {step}: validation perplexity {sums.perplexity:.2f} (forward "
             f"{sums.forward_perplexity:.2f}, backward {sums.backward_perplexity:.2f}) on a "
-            f"{self.sample}{'  best so far' if best is not None else ''}",
+            f"{self.sample}{'; ' + locked_up if locked_up else ''}"
+            f"{'  best so far' if best is not None else ''}",
             flush=True,
         )
+        self._warn(step)
         self.plot()
+
+    def _warn(self, step: int) -> None:
+        """Say what the validation curves warn of on the console and in the run's health tag,
+        which keeps the latest warning for the flow's log (:mod:`pipelines.tracking.flow_runs`)."""
+        curves = self.shared.curves
+        warnings = validation_warnings(
+            curves.get(f"{VALIDATION_PERPLEXITY}_forward", []),
+            curves.get(f"{VALIDATION_PERPLEXITY}_backward", []),
+            rise=self.warn_rise,
+            parting=self.warn_parting,
+        )
+        for warning in warnings:
+            print(f"[train] WARNING step {warning.step}: {warning.message}", flush=True)
+        if warnings:
+            messages = "; ".join(warning.message for warning in warnings)
+            mlflow.set_tag(HEALTH_TAG, f"step {step}: {messages}")
 
     def plot(self) -> None:
         """The training-loss and validation-perplexity figures, replaced at each call."""

@@ -2,7 +2,7 @@
 
     elmo train --data DATASET [--model PRESET|FILE] [--config FILE.yaml] [--set key=value ...]
                [--job-config FILE.json] [--init-from SOURCE [--init-options OPTIONS.json]]
-               [--parent-run-id ID] [--no-register]
+               [--parent-run-id ID] [--hand-on best|final] [--no-register]
     python -m pipelines.train ...                               # the same main
     ray job submit --working-dir . -- python -m pipelines.train ...
     train(cfg, data, where="local"|"ray-job") -> TrainResult    # what flows call
@@ -14,8 +14,9 @@ MLflow run ``train-bilm-<hash>``, joining ``RAY_ADDRESS`` (or a local Ray) and h
 :func:`pipelines.train.worker.train_loop_per_worker` to a TorchTrainer, restarted after a failure
 (:mod:`pipelines.train.supervision`) — or as a Ray Job (:mod:`pipelines.train.ray_job`) that runs
 the same function there. A stopped run resumes from its newest complete checkpoint. ``main`` then
-evaluates the final model and registers it (``--no-register`` skips both), through the same two
-functions a flow's tasks call.
+evaluates and registers the run's best model, the one with the lowest validation perplexity (the
+final one with ``--hand-on final``, or when no validation ran; ``--no-register`` skips both),
+through the same two functions a flow's tasks call.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ from pipelines.tracking.stage_runs import (
 )
 from pipelines.train.checkpoint import CheckpointStore, StoredCheckpoint
 from pipelines.train.job_config import TrainJobConfig, Where, resolve_train_config
-from pipelines.train.preflight import TrainPlan, TrainResult, plan_training
+from pipelines.train.preflight import HandOn, TrainPlan, TrainResult, plan_training
 from pipelines.train.ray_job import read_job_config, train_as_job
 from pipelines.train.run_directory import (
     BEST_DIR,
@@ -229,6 +230,7 @@ def _finish(worker_cfg: WorkerConfig, run_dir: RunDirectory, seconds: float) -> 
         total_steps=worker_cfg.total_steps,
         resumed_from_step=int(record["resumed_from_step"]),
         best_perplexity=None if math.isnan(best) else float(best),
+        best_step=record.get("best_step") or None,  # 0, or absent in older runs: no best model
         stopped_early=bool(record["stopped_early"]),
         seconds=seconds,
     )
@@ -248,11 +250,20 @@ def evaluate_trained(
     result: TrainResult,
     data: str,
     *,
+    hand_on: HandOn = "best",
     parent_run_id: str | None = None,
     tags: dict[str, str] | None = None,
 ) -> EvaluationResult:
-    """The full-softmax heldout perplexity of the run's final model: what registers it."""
-    return evaluate_bilm(result.model_dir, data, parent_run_id=parent_run_id, tags=tags)
+    """The full-softmax heldout perplexity of the run's model that ``hand_on`` picks
+    (:meth:`TrainResult.handed_on`): what registers it. The run is tagged with which one."""
+    handed = result.handed_on(hand_on)
+    return evaluate_bilm(
+        handed.model_dir,
+        data,
+        parent_run_id=parent_run_id,
+        tags={**(tags or {}), **handed.tags},
+        subject=result.run_name,
+    )
 
 
 def register_trained(
@@ -260,20 +271,25 @@ def register_trained(
     data: str,
     evaluation: EvaluationResult,
     *,
+    hand_on: HandOn = "best",
     name: str = DEFAULT_NAME,
     parent_run_id: str | None = None,
     tags: dict[str, str] | None = None,
 ) -> RegisteredBiLM:
-    """The run's final model as a version of ``name``, judged by its ``evaluation`` (so evaluated
-    first), registered once per training run: a re-run gets the same version back."""
+    """The run's model that ``hand_on`` picks (:meth:`TrainResult.handed_on`, as
+    :func:`evaluate_trained`) as a version of ``name``, tagged with which one, judged by its
+    ``evaluation`` (so evaluated first), registered once per training run: a re-run gets the same
+    version back."""
+    handed = result.handed_on(hand_on)
     return register(
-        result.model_dir,
+        handed.model_dir,
         data,
         evaluation=evaluation,
         run_id=result.mlflow_run_id,
         name=name,
         parent_run_id=parent_run_id,
         tags=tags,
+        checkpoint_tags=handed.tags,
     )
 
 
@@ -297,11 +313,18 @@ def train_command(
     tag: Annotated[
         list[str] | None, typer.Option(help="KEY=VALUE tag of the MLflow run (repeatable)")
     ] = None,
+    hand_on: Annotated[
+        HandOn,
+        typer.Option(
+            help="the model evaluate and register get: best (lowest validation perplexity; the "
+            "final one when no validation ran) or final"
+        ),
+    ] = "best",
     no_register: Annotated[
         bool, typer.Option("--no-register", help="skip evaluate+register")
     ] = False,
 ) -> None:
-    """Pretrain a biLM on Ray Train; evaluate and register the final model."""
+    """Pretrain a biLM on Ray Train; evaluate and register its best (or final) model."""
     cfg = _job_config(model, config, set_ or [], job_config)
     tags = dict(_key_value(text) for text in tag or [])
     try:
@@ -333,7 +356,7 @@ def train_command(
     )
     if no_register:
         return
-    _evaluate_and_register(result, absolute_location(data), parent_run_id)
+    _evaluate_and_register(result, absolute_location(data), hand_on, parent_run_id)
 
 
 def _job_config(
@@ -356,14 +379,20 @@ def _key_value(text: str) -> tuple[str, str]:
     return key, value
 
 
-def _evaluate_and_register(result: TrainResult, data: str, parent_run_id: str | None) -> None:
-    scores = evaluate_trained(result, data, parent_run_id=parent_run_id)
+def _evaluate_and_register(
+    result: TrainResult, data: str, hand_on: HandOn, parent_run_id: str | None
+) -> None:
+    handed = result.handed_on(hand_on)
+    typer.echo(f"evaluating and registering {handed.description}: {handed.model_dir}")
+    scores = evaluate_trained(result, data, hand_on=hand_on, parent_run_id=parent_run_id)
     typer.echo(
         f"heldout perplexity {scores.perplexity:.2f} (forward {scores.forward_perplexity:.2f}, "
         f"backward {scores.backward_perplexity:.2f}) over all {scores.num_tokens:,} heldout "
         "tokens predicted (each sentence's words and its end)"
     )
-    registered = register_trained(result, data, scores, parent_run_id=parent_run_id)
+    registered = register_trained(
+        result, data, scores, hand_on=hand_on, parent_run_id=parent_run_id
+    )
     verb = "registered" if registered.newly_registered else "already registered as"
     decision = "" if registered.decision is None else f" ({registered.decision.reason})"
     typer.echo(f"{verb} {registered.uri}, alias {registered.alias}{decision}")

@@ -42,6 +42,7 @@ from elmo_core.data.reader import load_manifest, load_word_types
 from elmo_core.errors import ElmoError
 from elmo_core.model.bilm import BiLMState, LossOutput
 from elmo_core.model.serialization import read_bilm_dir
+from elmo_core.model.warm_start import dataset_warmup
 from elmo_core.perplexity import PerplexitySums, evaluate_perplexity
 from elmo_core.threads import threads_under_load
 from elmo_core.training.batches import StepBatches, StreamPosition, StreamSpec
@@ -196,6 +197,8 @@ class Worker:
         self.char_table = load_word_types(cfg.data, self.manifest).char_ids
         torch.manual_seed(self.train.seed)  # the same initial weights on every rank
         self.bilm = initial_bilm(cfg.job.model, self.manifest.vocab.size, cfg.init_from)
+        # trains from the zero state; saved with the sentences its inference starts after
+        self.bilm.set_start_state(None, dataset_warmup(cfg.data, self.manifest))
         self.bilm.to(self.device).train()
         self.training_step = TrainingStep.build(
             self.bilm, self.train, cfg.job.run.grad_exchange, runtime.wrap_model
@@ -269,10 +272,18 @@ class Worker:
             validation_sentences=min(
                 self.train.validation_sentences, self.manifest.split("heldout").num_sentences
             ),
+            warn_at=(self.train.warn_rise, self.train.warn_parting),
         )
         output = None
         with progress.tracking(), self._batches() as batches:
-            steps = carried_steps(self.training_step, batches, self.device, self.lstm_state)
+            steps = carried_steps(
+                self.training_step,
+                batches,
+                self.device,
+                self.lstm_state,
+                first_step=self.shared.step + 1,
+                seed=_rank_seed(self.train.seed, self.rank),
+            )
             while self.shared.step < self.cfg.total_steps and not self.stop_early:
                 self._maybe_fail()
                 batch, result = next(steps)
@@ -324,6 +335,7 @@ class Worker:
         )
         if improved:
             self.shared.best_perplexity = sums.perplexity
+            self.shared.best_step = self.shared.step
             self.shared.validations_since_best = 0
         else:
             self.shared.validations_since_best += 1
@@ -365,6 +377,7 @@ class Worker:
             "resumed_from_step": self.resumed_from,
             "sampled_loss": float(output.loss.detach()) if output is not None else math.nan,
             "best_perplexity": self.shared.best_perplexity or math.nan,
+            "best_step": self.shared.best_step or 0,  # 0: none yet (steps count from 1)
             "stopped_early": self.stop_early,
         }
 
@@ -383,9 +396,13 @@ class Worker:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _rank_seed(seed: int, rank: int) -> int:
+    return int(np.random.SeedSequence([seed, rank]).generate_state(1)[0])
+
+
 def _seed_rank(seed: int, rank: int) -> None:
     """Dropout (and anything else drawing from the global RNGs) differs by rank, reproducibly."""
-    rank_seed = int(np.random.SeedSequence([seed, rank]).generate_state(1)[0])
+    rank_seed = _rank_seed(seed, rank)
     torch.manual_seed(rank_seed)
     np.random.seed(rank_seed)
     random.seed(rank_seed)
@@ -400,11 +417,6 @@ def _stream_seeds(seed: int, from_step: int) -> tuple[int, int]:
 def _sum_over_ranks(sums: PerplexitySums, device: torch.device) -> PerplexitySums:
     if not (dist.is_available() and dist.is_initialized()):
         return sums
-    values = torch.tensor(
-        [sums.forward_nll, sums.backward_nll, sums.forward_tokens, sums.backward_tokens],
-        dtype=torch.float64,
-        device=device,
-    )
+    values = torch.tensor(sums.as_list(), dtype=torch.float64, device=device)
     dist.all_reduce(values)
-    forward_nll, backward_nll, forward_tokens, backward_tokens = values.tolist()
-    return PerplexitySums(forward_nll, backward_nll, int(forward_tokens), int(backward_tokens))
+    return PerplexitySums.from_list(values.tolist())

@@ -16,6 +16,7 @@ from elmo_core.model.bilm import BiLM
 from elmo_core.model.serialization import find_model_dir, read_bilm_dir, write_bilm_dir
 from elmo_core.perplexity import evaluate_perplexity
 from elmo_core.presets import tiny
+from pipelines.evaluate.result import EvaluationResult
 from pipelines.evaluate.stage import evaluate_bilm, heldout_hash, main
 from pipelines.prepare.corpus_sources import CorpusFiles
 from pipelines.prepare.stage import prepare_files
@@ -74,6 +75,11 @@ def test_evaluate_a_model_directory_logs_metrics_and_params(store, dataset, mode
     predicted = heldout.num_tokens + heldout.num_sentences
     assert run.data.metrics["heldout_predicted_tokens"] == result.num_tokens == predicted
     assert "heldout_tokens" not in run.data.metrics
+    # An untrained model's state does not lock up; the count is logged all the same.
+    assert (result.forward_trapped, result.backward_trapped) == (0, 0)
+    assert result.num_rows == expected.num_rows == 128  # the batched protocol's rows
+    assert run.data.metrics["heldout_trapped_rows_forward"] == 0
+    assert run.data.metrics["heldout_trapped_rows_backward"] == 0
     assert run.info.run_name == f"evaluate-{model_dir.name}"  # named after what it evaluates
     assert "system/cpu_utilization_percentage" in run.data.metrics
     assert "None" not in run.data.params.values()  # no files or batch size given: none logged
@@ -136,6 +142,42 @@ def test_command_line_prints_the_perplexities(store, dataset, model_dir, capsys)
         r"heldout perplexity [\d.]+ \(forward [\d.]+, backward [\d.]+\) on every heldout token",
         out,
     )
+
+
+def test_command_line_names_the_rows_whose_state_locked_up(store, dataset, tmp_path, capsys):
+    # Every gate open and every candidate +1: each row's cells climb to the clip in 3 tokens.
+    model = _model(dataset, 0)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lstm" in name and name.endswith("bias"):
+                parameter.fill_(20.0)
+    locked = write_bilm_dir(model, tmp_path / "locked")
+    output = tmp_path / "evaluation.json"
+    status = main(
+        [
+            "--checkpoint",
+            str(locked),
+            "--data",
+            dataset,
+            "--batch-size",
+            "2",
+            "--output",
+            str(output),
+        ]
+    )
+    assert status == 0
+    assert (
+        capsys.readouterr()
+        .out.rstrip()
+        .endswith(
+            "batched protocol); forward: 2 of 2 rows locked up (cells at the clip); "
+            "backward: 2 of 2 rows locked up (cells at the clip)"
+        )
+    )
+    result = EvaluationResult.read(output)
+    assert (result.forward_trapped, result.backward_trapped, result.num_rows) == (2, 2, 2)
+    metrics = store.get_run(result.run_id).data.metrics
+    assert metrics["heldout_trapped_rows_forward"] == metrics["heldout_trapped_rows_backward"] == 2
 
 
 def test_command_line_reports_a_missing_checkpoint_in_one_line(store, dataset, tmp_path, capsys):

@@ -224,6 +224,8 @@ def test_each_flow_run_has_one_parent_mlflow_run_with_every_stage_as_its_child(
     stages = sorted(run.data.tags["elmo.stage"] for run in children)
     assert stages == ["adapt", "evaluate", "prepare", "register", "train"]
     assert all(run.data.tags["prefect.flow_run_id"] == str(flow_run_id) for run in children)
+    handed_on = [run for run in children if run.data.tags["elmo.stage"] in ("evaluate", "register")]
+    assert {run.data.tags["elmo.bilm_checkpoint"] for run in handed_on} == {"best"}  # by default
 
 
 def test_the_parent_run_is_the_flow_runs_summary(
@@ -284,6 +286,7 @@ def test_the_flow_log_says_what_happens_in_domain_terms(
         rf"^train run of biLM bilm-\w+ in MLflow: {RUN_URL}",
         r"train-bilm-\w+: step \d+/8, [\d,]+ tokens/s, sampled loss [\d.]+, ETA",
         r"biLM bilm-\w+ trained: 8/8 steps",
+        r"^evaluate: the best model \(step [48], validation perplexity [\d.]+\)$",
         r"heldout perplexity [\d.]+ \(forward [\d.]+, backward [\d.]+\)",
         rf"^evaluate run in MLflow: {RUN_URL}",
         r"registered models:/elmo-bilm/1, alias @champion: first champion: heldout perplexity "

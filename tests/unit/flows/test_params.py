@@ -46,6 +46,15 @@ def test_the_json_schema_carries_the_override_keys_for_the_server_to_check() -> 
     assert re.search(prepare, "max_vocab=50000") and not re.search(prepare, "max_vocabb=5")
 
 
+def test_the_best_model_is_handed_on_unless_the_final_one_is_asked_for() -> None:
+    assert TrainingParams().hand_on == "best"
+    assert TrainingParams(hand_on="final").hand_on == "final"
+    with pytest.raises(ValidationError, match="training.hand_on"):
+        PretrainParams.model_validate({"data": {"corpus": "c"}, "training": {"hand_on": "last"}})
+    schema = PretrainParams.model_json_schema()["$defs"]["TrainingParams"]["properties"]
+    assert schema["hand_on"]["enum"] == ["best", "final"]  # a choice in Prefect's UI
+
+
 def test_scaling_fields_reach_the_resolved_train_config() -> None:
     training = TrainingParams(
         model="tiny", overrides=["train.max_steps=7"], num_workers=3, use_gpu=True

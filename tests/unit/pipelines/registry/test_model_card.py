@@ -11,6 +11,8 @@ from pipelines.registry.model_card import (
 )
 from pipelines.registry.tags import (
     BACKWARD_PERPLEXITY_TAG,
+    CHECKPOINT_STEP_TAG,
+    CHECKPOINT_TAG,
     DATASET_TAG,
     FORWARD_PERPLEXITY_TAG,
     KIND_TAG,
@@ -65,4 +67,15 @@ def test_the_version_description_says_where_it_came_from_and_what_it_scored():
         "2x32_16 biLM (tiny) on `s3://data/wiki`; trained in run "
         "[train-bilm-1](http://ui/#/runs/abc); "
         "heldout perplexity 31.00 (forward 30.25, backward 31.75)."
+    )
+
+
+def test_the_version_description_says_which_model_of_its_training_run_it_is():
+    tags = {SIZE_TAG: "2x32_16", PRESET_TAG: "tiny", DATASET_TAG: "d", CHECKPOINT_TAG: "best"}
+    assert bilm_version_description(tags | {CHECKPOINT_STEP_TAG: "2000"}) == (
+        "2x32_16 biLM (tiny) on `d`; its training run's best model (step 2000); "
+        "no heldout perplexity."
+    )
+    assert bilm_version_description(tags) == (  # an older run's best model: step unknown
+        "2x32_16 biLM (tiny) on `d`; its training run's best model; no heldout perplexity."
     )

@@ -135,9 +135,34 @@ def test_training_progress_reads_the_flows_training_run(store: MlflowClient) -> 
         assert flow_runs.training_progress(parent) is None  # no training run yet
         with stage_runs.stage_run("train", run_name="train-bilm-1", parent_run_id=parent):
             mlflow.set_tag(flow_runs.TOTAL_STEPS_TAG, "100")
-            assert flow_runs.training_progress(parent) is None  # no step logged yet
+            before = flow_runs.training_progress(parent)
+            assert before == flow_runs.TrainingProgress(0, 100, None, None)  # no step logged yet
             metrics = {flow_runs.TRAIN_LOSS_METRIC: 5.25, flow_runs.TOKENS_PER_S_METRIC: 1234.0}
             mlflow.log_metrics(metrics, step=40)
-            line = flow_runs.training_progress(parent)
-    assert line is not None
-    assert line.startswith("train-bilm-1: step 40/100, 1,234 tokens/s, sampled loss 5.250, ETA")
+            progress = flow_runs.training_progress(parent)
+    assert progress is not None and progress.line is not None
+    assert (progress.step, progress.total, progress.health) == (40, 100, None)
+    assert progress.line.startswith(
+        "train-bilm-1: step 40/100, 1,234 tokens/s, sampled loss 5.250, ETA"
+    )
+
+
+def test_training_progress_carries_the_training_runs_latest_warning(store: MlflowClient) -> None:
+    import mlflow
+
+    params = _Params(name="x", values={})
+    first = "step 20: forward and backward validation perplexities part: 90.0 and 150.0"
+    latest = "step 40: forward validation perplexity 130.0 is 1.30x its best"
+    with (
+        flow_runs.parent_run("pretrain", "p", "flow-6", params) as parent,
+        stage_runs.stage_run("train", run_name="train-bilm-2", parent_run_id=parent),
+    ):
+        mlflow.set_tag(flow_runs.HEALTH_TAG, first)
+        before_a_step = flow_runs.training_progress(parent)
+        mlflow.log_metrics({flow_runs.TRAIN_LOSS_METRIC: 5.0}, step=40)
+        mlflow.set_tag(flow_runs.HEALTH_TAG, latest)
+        progress = flow_runs.training_progress(parent)
+    assert before_a_step is not None and before_a_step.health == first
+    assert progress is not None and progress.health == latest
+    assert progress.total is None and progress.line is not None  # no total tagged: "step 40/?"
+    assert "step 40/?" in progress.line

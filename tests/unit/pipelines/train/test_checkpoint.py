@@ -18,6 +18,7 @@ from elmo_core.model.serialization import read_bilm_dir, write_bilm_dir
 from elmo_core.presets import tiny
 from pipelines.models.bilm_loader import initial_bilm, resolve_bilm
 from pipelines.train.checkpoint import (
+    TRAINER_FILE,
     RankState,
     SharedState,
     capture_rng,
@@ -64,7 +65,12 @@ def test_a_checkpoint_restores_weights_optimiser_counters_streams_states_and_rng
     lstm = _lstm_state()
     curves = {"val/perplexity": [(10, 50.0), (20, 40.0)]}
     shared = SharedState(
-        step=20, world_size=2, mlflow_run_id="abc", best_perplexity=40.0, curves=curves
+        step=20,
+        world_size=2,
+        mlflow_run_id="abc",
+        best_perplexity=40.0,
+        best_step=10,
+        curves=curves,
     )
     for rank in (0, 1):
         rank_state = RankState(
@@ -125,6 +131,24 @@ def test_with_another_world_size_the_rank_part_is_not_restored(
     assert read_checkpoint(tmp_path, 0, 1, torch.device("cpu")).rank is not None
     resized = read_checkpoint(tmp_path, 0, 2, torch.device("cpu"))
     assert resized.rank is None and resized.shared.step == 5
+
+
+def test_a_checkpoint_from_before_the_best_step_was_kept_reads_without_one(
+    dataset: str, tmp_path: Path
+) -> None:
+    bilm, optimizer, streams = _trained_state(dataset)
+    rank_state = RankState(capture_rng(), streams[0].state_dict(), streams[1].state_dict(), None)
+    shared = SharedState(step=5, world_size=1, best_perplexity=40.0, best_step=5)
+    write_checkpoint(
+        tmp_path, 0, bilm=bilm, optimizer=optimizer, shared=shared, rank_state=rank_state
+    )
+    trainer = torch.load(tmp_path / TRAINER_FILE, weights_only=True)
+    del trainer["shared"]["best_step"]  # as older runs wrote it
+    torch.save(trainer, tmp_path / TRAINER_FILE)
+
+    loaded = read_checkpoint(tmp_path, 0, 1, torch.device("cpu"))
+
+    assert (loaded.shared.best_perplexity, loaded.shared.best_step) == (40.0, None)
 
 
 def test_start_weights_come_from_a_model_or_checkpoint_directory(tmp_path: Path) -> None:

@@ -123,12 +123,17 @@ def test_the_same_seed_gives_the_same_losses_and_weights(store, dataset, tmp_pat
         train_loop(cfg, runtime)
         runs.append((_losses(store, cfg), _final_weights(cfg), runtime.reported))
 
-    (first_losses, first_weights, first_reports), (second_losses, second_weights, _) = runs
+    (first_losses, first_weights, first_reports), (second_losses, second_weights, reports) = runs
     assert len(first_losses) == STEPS and all(loss > 0 for loss in first_losses)
     assert len(set(first_losses)) > 1  # the steps did train
     assert second_losses == first_losses
     _assert_same_weights(second_weights, first_weights)
     assert [report["step"] for report in first_reports] == [3, STEPS]
+    # the record says where the best validation perplexity was measured (the first is the best
+    # so far)
+    validations = store.get_metric_history(cfg.mlflow_run_id, f"{VALIDATION_SECTION}/perplexity")
+    assert reports[0]["best_step"] == 3
+    assert reports[-1]["best_step"] == min(validations, key=lambda metric: metric.value).step
     # validation scores a sample of the heldout split: never called "heldout perplexity"
     printed = capsys.readouterr().out
     assert "validation perplexity" in printed and "on a 20-sentence heldout sample" in printed
@@ -165,3 +170,4 @@ def test_three_steps_checkpoint_resume_three_steps_equals_six_straight(
     assert sorted(_losses(store, resumed_cfg)) == sorted(straight_losses + straight_losses[3:])
     _assert_same_weights(_final_weights(resumed_cfg), _final_weights(straight_cfg))
     assert resumed.reported[-1]["best_perplexity"] == straight.reported[-1]["best_perplexity"]
+    assert resumed.reported[-1]["best_step"] == straight.reported[-1]["best_step"]
