@@ -230,7 +230,7 @@ class TrainConfig(StrictModel):
         None, gt=0, description="validations without improvement before stopping"
     )
     state_reset: float = Field(
-        0.0,
+        0.05,
         ge=0,
         lt=1,
         description="fraction of rows, drawn per direction at each window, whose LSTM state "

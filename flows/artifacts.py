@@ -21,7 +21,7 @@ from pipelines.analyze.table import Row, markdown
 from pipelines.evaluate.result import EvaluationResult
 from pipelines.registry.register import RegisteredBiLM
 from pipelines.tracking.flow_runs import run_links
-from pipelines.train.preflight import TrainResult
+from pipelines.train.preflight import HandOn, TrainResult
 
 Rows = list[dict[str, Any]]
 
@@ -184,16 +184,19 @@ def task_rows(results: Sequence[AdaptResult]) -> Rows:
 
 def summary_markdown(
     train: TrainResult,
+    hand_on: HandOn,
     evaluation: EvaluationResult,
     model: RegisteredBiLM,
     results: Sequence[AdaptResult],
     run_ids: dict[str, str],
 ) -> str:
-    """The run in a few lines: what was trained (or reused), the score, the models, MLflow links."""
+    """The run in a few lines: what was trained (or reused) and which of its models went on, the
+    score, the models, MLflow links."""
+    handed = train.handed_on(hand_on)
     lines = [
         "# ELMo pretraining",
         "",
-        f"- {train_line(train)}; model in `{train.model_dir}`",
+        f"- {train_line(train)}; {handed.description} in `{handed.model_dir}`",
         f"- {perplexity_line(evaluation)}",
         f"- {registry_line(model)}",
         *[f"- {result_line(r)}" for r in results],

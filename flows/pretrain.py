@@ -59,11 +59,11 @@ def pretrain(params: PretrainParams) -> PretrainSummary:
                 seeds=params.seeds,
             )
         analysis_run = analysis.run_id if analysis is not None else None
-        summarize(dataset, run, perplexity, model, results, parent, analysis_run)
+        summarize(dataset, run, hand_on, perplexity, model, results, parent, analysis_run)
     return PretrainSummary(
         dataset=dataset,
         train_run=run.run_name,
-        model_dir=run.model_dir,
+        model_dir=run.handed_on(params.training.hand_on).model_dir,
         already_trained=run.already_finished,
         perplexity=perplexity.perplexity,
         model_uri=model.uri,

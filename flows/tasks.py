@@ -395,6 +395,7 @@ def analyze(
 def summarize(
     dataset: str,
     run: TrainResult,
+    hand_on: HandOn,
     evaluation: EvaluationResult,
     model: RegisteredBiLM,
     results: list[AdaptResult],
@@ -410,7 +411,7 @@ def summarize(
     run_ids.update({f"adapt {r.task}": r.run_id for r in results})
     if analysis_run_id:
         run_ids["analyze"] = analysis_run_id
-    markdown = summary_markdown(run, evaluation, model, results, run_ids)
+    markdown = summary_markdown(run, hand_on, evaluation, model, results, run_ids)
     publish_markdown("pretrain-summary", markdown)
     manifest = load_manifest(dataset)
     record_summary(

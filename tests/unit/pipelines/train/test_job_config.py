@@ -77,7 +77,7 @@ def test_run_names_hash_what_is_trained_but_not_where_it_runs() -> None:
     assert run_name(resolve_train_config("tiny", None, ["train.lr=0.1"]), "a" * 64) != name
     warn_later = ["train.warn_rise=2", "train.warn_parting=3"]  # what validation warns of
     assert run_name(resolve_train_config("tiny", None, warn_later), "a" * 64) == name
-    reset = resolve_train_config("tiny", None, ["train.state_reset=0.05"])  # what is trained
+    reset = resolve_train_config("tiny", None, ["train.state_reset=0.2"])  # what is trained
     assert run_name(reset, "a" * 64) != name
     assert run_name(base, "a" * 64, init_from="/weights") != name
     named = resolve_train_config("tiny", None, ["run.name=my-run"])
