@@ -2,12 +2,17 @@
 changes downstream.
 
     python benchmarks/zero_state_trap.py perplexity --data DATASET --run RUN_DIR [RUN_DIR ...]
+    python benchmarks/zero_state_trap.py stateless --data DATASET --bilm MODEL_DIR [MODEL_DIR ...]
     python benchmarks/zero_state_trap.py adapt --bilm MODEL_DIR [--data-root ../shared/data]
         [--seeds 0,1,2] [--max-train 2000]
 
 * ``perplexity`` — for every checkpoint of each run: heldout perplexity per direction with the
   state carried from zero (bilm-tf's test), with the state restarted at every window, their
   forward/backward ratio, and the rows whose state locked up (most cells of a layer at the clip).
+* ``stateless`` — each heldout sentence scored alone, as stateless inference reads it
+  (``<S> w1 .. wn </S>`` forward, reversed backward), from the zero state and from the model's warm
+  start: perplexity per direction over every sentence and over those opening with a token that is
+  not a letter or digit (a quote, a bracket: where the trap was seen).
 * ``adapt`` — UD EWT UPOS, SUBJ and TREC (6 classes), the subsets of ``adapt_recipe-2026-11-26.md``,
   adapted over the seeds with the biLM starting cold (its ``warmup.txt`` left out) and warm; the
   mean test accuracies and gains of each.
@@ -19,16 +24,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import shutil
 import statistics
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
 
+import numpy as np
 import torch
 import yaml
 
+from elmo_core.data.batching import window_char_ids
+from elmo_core.data.reader import iter_sentences, load_manifest, load_word_types
+from elmo_core.model.bilm import BiLM, DirectionOutput
 from elmo_core.model.serialization import MODEL_DIR, find_model_dir, read_bilm_dir
 from elmo_core.model.warm_start import WARMUP_FILE
 from elmo_core.perplexity import evaluate_perplexity
@@ -45,6 +56,9 @@ def parse_args() -> argparse.Namespace:
     ppl = parts.add_parser("perplexity")
     ppl.add_argument("--data", required=True, help="the prepared dataset the runs trained on")
     ppl.add_argument("--run", nargs="+", type=Path, required=True, help="run directories")
+    stateless = parts.add_parser("stateless")
+    stateless.add_argument("--data", required=True, help="the prepared dataset")
+    stateless.add_argument("--bilm", nargs="+", type=Path, required=True, help="biLM directories")
     adapt = parts.add_parser("adapt")
     adapt.add_argument("--bilm", type=Path, required=True, help="a biLM directory with warmup.txt")
     adapt.add_argument("--data-root", type=Path, default=REPO.parent / "shared" / "data")
@@ -94,6 +108,75 @@ def perplexity_part(args: argparse.Namespace) -> dict[str, object]:
             f"{r['trapped_backward']} (of {r['rows']}) |"
         )
     return {"checkpoints": rows}
+
+
+def sentence_nll(bilm: BiLM, data: str, warm: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per heldout sentence: forward and backward NLL sums ``(S,)``, token counts ``(S,)``, from
+    the zero state or the warm start, and whether it opens with a non-alphanumeric token."""
+    manifest = load_manifest(data)
+    types = load_word_types(data, manifest)
+    sentences = [
+        (batch.types[start:end], batch.targets[start:end])
+        for batch in iter_sentences(data, "heldout", manifest=manifest)
+        for start, end in zip(batch.offsets[:-1], batch.offsets[1:], strict=True)
+    ]
+    opens = np.array([not types.tokens[int(t[0])].as_py()[:1].isalnum() for t, _ in sentences])
+    sums, counts = np.zeros((2, len(sentences))), np.zeros(len(sentences))
+    bilm.eval()
+    for first in range(0, len(sentences), 128):
+        chunk = sentences[first : first + 128]
+        width = max(len(t) for t, _ in chunk) + 1
+        inputs = np.full((2, len(chunk), width), -1)  # (2, B, T): forward, backward
+        targets = np.full((2, len(chunk), width), -1)
+        for row, (tokens, vocab_ids) in enumerate(chunk):
+            n = len(tokens)
+            inputs[0, row, : n + 1] = [0, *tokens]  # <S> w1 .. wn
+            targets[0, row, : n + 1] = [*vocab_ids, 1]  # w1 .. wn </S>
+            inputs[1, row, : n + 1] = [1, *tokens[::-1]]  # </S> wn .. w1
+            targets[1, row, : n + 1] = [*vocab_ids[::-1], 0]
+        ids = [torch.from_numpy(window_char_ids(i, types.char_ids)) for i in inputs]
+        goals = [torch.from_numpy(t) for t in targets]
+        start = bilm.start_state(len(chunk), torch.float32) if warm else None
+        with torch.no_grad():
+            scored = bilm.score_window(
+                ids[0], goals[0], ids[1], goals[1], partial(_row_nll, bilm), start
+            )
+        for direction in range(2):
+            sums[direction, first : first + len(chunk)] = scored[direction].numpy()
+        counts[first : first + len(chunk)] = (targets[0] >= 0).sum(1)
+    return sums, counts, opens
+
+
+def _row_nll(bilm: BiLM, output: DirectionOutput, targets: torch.Tensor) -> torch.Tensor:
+    """``(B,)`` summed full-softmax NLL of each row's scored positions."""
+    assert bilm.softmax is not None
+    scored = output.scored(targets)  # (B, T)
+    nll = torch.zeros(targets.shape, dtype=torch.float64)
+    nll[scored] = bilm.softmax.nll(output.top[scored], targets[scored]).double()
+    return nll.sum(dim=1)
+
+
+def stateless_part(args: argparse.Namespace) -> dict[str, object]:
+    rows = []
+    for model in args.bilm:
+        bilm = read_bilm_dir(find_model_dir(model))
+        if bilm.start_state(1, torch.float32) is None:
+            sys.exit(f"{model} has no {WARMUP_FILE}: nothing to compare")
+        for start in ("zero", "warm"):
+            sums, counts, opens = sentence_nll(bilm, args.data, start == "warm")
+            for subset, keep in (("all", np.ones_like(opens)), ("opening with a quote", opens)):
+                f, b = (math.exp(sums[d, keep].sum() / counts[keep].sum()) for d in range(2))
+                row = {"bilm": str(model), "start": start, "sentences": subset}
+                rows.append(row | {"count": int(keep.sum()), "forward": f, "backward": b})
+                print(json.dumps(rows[-1]), flush=True)
+    print("\n| biLM | start | sentences | forward | backward |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['bilm']} | {r['start']} | {r['sentences']} ({r['count']}) | "
+            f"{r['forward']:.1f} | {r['backward']:.1f} |"
+        )
+    return {"stateless": rows}
 
 
 def write_tasks(data_root: Path, work: Path, max_train: int) -> list[Path]:
@@ -173,7 +256,8 @@ def adapt_part(args: argparse.Namespace) -> dict[str, object]:
 def main() -> int:
     args = parse_args()
     torch.manual_seed(0)
-    figures = perplexity_part(args) if args.part == "perplexity" else adapt_part(args)
+    part = {"perplexity": perplexity_part, "stateless": stateless_part, "adapt": adapt_part}
+    figures = part[args.part](args)
     print(json.dumps(figures))
     return 0
 
