@@ -13,6 +13,7 @@ import torch
 from mlflow import MlflowClient
 
 from elmo_core.model.serialization import read_bilm_dir
+from elmo_core.model.warm_start import WARMUP_FILE, WARMUP_TOKENS
 from pipelines.tracking import stage_runs
 from pipelines.tracking.flow_runs import TRAIN_LOSS_METRIC, VALIDATION_SECTION
 from pipelines.train.checkpoint import MODEL_DIR, CheckpointStore
@@ -142,16 +143,25 @@ def test_the_same_seed_gives_the_same_losses_and_weights(store, dataset, tmp_pat
     metrics = set(store.get_run(cfg.mlflow_run_id).data.metrics)
     assert f"{VALIDATION_SECTION}/perplexity" in metrics
     assert f"{VALIDATION_SECTION}/best_perplexity" not in metrics
+    # the model is saved with the training sentences its stateless inference starts after
+    final = _store(cfg).newest()
+    assert final is not None
+    model_dir = Path(cfg.run_dir) / final.name / MODEL_DIR
+    warmup = [line.split() for line in (model_dir / WARMUP_FILE).read_text().splitlines()]
+    assert sum(map(len, warmup)) >= WARMUP_TOKENS
+    assert all(token.startswith("w") for sentence in warmup for token in sentence)
+    assert read_bilm_dir(model_dir).start_state(1, torch.float32) is not None
 
 
 def test_three_steps_checkpoint_resume_three_steps_equals_six_straight(
     store, dataset, tmp_path
 ) -> None:
-    straight_cfg = _config(dataset, tmp_path, "straight")
+    restarts = ("train.state_reset=0.3",)  # rows restarted from zero: drawn the same on resume
+    straight_cfg = _config(dataset, tmp_path, "straight", overrides=restarts)
     straight = LocalRuntime()
     train_loop(straight_cfg, straight)
 
-    stopped_cfg = _config(dataset, tmp_path, "resumed")
+    stopped_cfg = _config(dataset, tmp_path, "resumed", overrides=restarts)
     with pytest.raises(Preempted):
         train_loop(stopped_cfg, PreemptedDuringSecondCheckpoint())
     assert len(_losses(store, stopped_cfg)) == STEPS  # trained on, but step 6 is not committed
