@@ -32,6 +32,7 @@ import json
 import re
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -197,8 +198,9 @@ LAUNCHES = re.compile(r"^cu(da)?LaunchKernel")
 SYNCS = re.compile(r"^cuda(Stream|Device|Event)Synchronize$")  # a host that waits for the GPU
 
 
-def where_the_time_goes(run: Callable[[], None], steps: int) -> dict[str, float]:
-    """Per step: device milliseconds by kernel kind, kernel launches and host syncs."""
+def where_the_time_goes(run: Callable[[], None], steps: int) -> dict[str, object]:
+    """Per step: device milliseconds by kernel kind, the GPU's idle gaps between kernels, kernel
+    launches and host syncs, and the 15 kernels that take longest."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -208,6 +210,44 @@ def where_the_time_goes(run: Callable[[], None], steps: int) -> dict[str, float]
             run()
         if torch.cuda.is_available():
             torch.cuda.synchronize()
+    summary: dict[str, object] = {**kernel_timeline(profile, steps), **kernel_kinds(profile, steps)}
+    summary["top kernels"] = [
+        [event.key[:80], round(event.self_device_time_total / 1e3 / steps, 3), event.count / steps]
+        for event in sorted(
+            (e for e in profile.key_averages() if getattr(e, "self_device_time_total", 0) > 0),
+            key=lambda e: -e.self_device_time_total,
+        )[:15]
+    ]
+    return summary
+
+
+def kernel_timeline(profile: torch.profiler.profile, steps: int) -> dict[str, float]:
+    """Per step: the span from the first kernel's start to the last one's end, and how much of it
+    no kernel ran (launch gaps and host waits), from the profile's trace."""
+    with tempfile.TemporaryDirectory() as scratch:
+        trace = Path(scratch) / "trace.json"
+        profile.export_chrome_trace(str(trace))
+        events = json.loads(trace.read_text()).get("traceEvents", [])
+    kernels = sorted(
+        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)))
+        for e in events
+        if e.get("cat") == "kernel"
+    )
+    if not kernels:
+        return {}
+    busy, end = 0.0, kernels[0][0]
+    for start, stop in kernels:  # the union of the kernels' intervals, streams overlapping
+        busy += max(0.0, stop - max(start, end))
+        end = max(end, stop)
+    span = end - kernels[0][0]
+    return {
+        "span ms": round(span / 1e3 / steps, 3),
+        "idle ms": round((span - busy) / 1e3 / steps, 3),
+    }
+
+
+def kernel_kinds(profile: torch.profiler.profile, steps: int) -> dict[str, float]:
+    """Per step: device milliseconds by kernel kind, kernel launches and host syncs."""
     summary: dict[str, float] = {}
     for event in profile.key_averages():
         device_us = getattr(event, "self_device_time_total", 0.0)
@@ -277,8 +317,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--only",
-        choices=["sweep", "inference"],
-        help="time only the sweep's batches, or only inference (one part of the GPU suite)",
+        choices=["sweep", "inference", "profile"],
+        help="time only the sweep's batches, only inference or only profile ours (one part of "
+        "the GPU suite)",
     )
     parser.add_argument(
         "--device",
@@ -308,14 +349,22 @@ def main(argv: list[str] | None = None) -> int:
     # The meta device has no sparse kernels: there the softmax's gradient is dense.
     exchange: ExchangeMode = "dense" if device.type == "meta" else "sparse"
     ours = worker_step(TrainingStep.build(model, recipe, exchange), windows, types, host_targets)
-    seconds = {}
+    seconds: dict[str, float] = {}
+    peak_memory: dict[str, int] = {}  # bytes, where CUDA counts them
+
+    def timed(name: str, run: Callable[[], object]) -> float:
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        value = seconds_per_call(run, args.steps, args.warmup, device)
+        if device.type == "cuda":
+            peak_memory[name] = torch.cuda.max_memory_allocated()
+        return value
+
     if args.only is None:  # each compiled shape costs a compile: a part times only its own
-        seconds["ours"] = seconds_per_call(ours, args.steps, args.warmup, device)
-        seconds["straightforward"] = seconds_per_call(
+        seconds["ours"] = timed("ours", ours)
+        seconds["straightforward"] = timed(
+            "straightforward",
             straightforward_step(model, lambda: baseline.training_loss(windows), bf16),
-            args.steps,
-            args.warmup,
-            device,
         )
     peak = matmul_flops_per_second(
         device, 256 if args.smoke else 8192, torch.bfloat16 if bf16 else torch.float32
@@ -345,6 +394,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:20} {value:8.3f} {rate:12.0f} {utilisation:7.2%}")
         summary[f"{name}_positions_per_s"] = round(rate, 1)
         summary[f"{name}_mfu"] = float(f"{utilisation:.3g}")
+        if name in peak_memory:
+            summary[f"{name}_peak_gib"] = round(peak_memory[name] / 2**30, 2)
 
     for name, value in seconds.items():
         report(name, value, args.batch)
@@ -363,8 +414,8 @@ def main(argv: list[str] | None = None) -> int:
             sweep_types,
             sweep_targets,
         )
-        report(f"ours@{rows}", seconds_per_call(sweep_step, args.steps, args.warmup, device), rows)
-    if args.profile and args.only is None:
+        report(f"ours@{rows}", timed(f"ours@{rows}", sweep_step), rows)
+    if (args.profile and args.only is None) or args.only == "profile":
         profile = where_the_time_goes(ours, args.steps)
         print(f"where a step of ours goes (per step, batch {args.batch}): {profile}")
         summary["profile"] = profile

@@ -5,6 +5,13 @@
 #   bash benchmarks/gpu_suite.sh [--carried DIR] [--rehearse] OUT PART...
 #
 # Parts:
+#   first-contact    the first call on a lent GPU, in 7 minutes (benchmarks/first_contact.py):
+#                    environment and matmul peak, CUDA correctness, speed at original (fused at
+#                    128 and 1,024 rows, reference, straightforward), a fused step's profile,
+#                    inference if time remains; each stage boxed, OUT/first-contact.log appended
+#                    as each ends, its last line one JSON object. The device call:
+#                      run {"command": "bash benchmarks/gpu_suite.sh --carried .device $OUT
+#                           first-contact", "carry": [".device"], "timeout_s": 480}
 #   tests            the CUDA tests: golden TensorFlow parity in fp32, CPU parity, bf16 against
 #                    fp32 over 300 steps, every LSTM variant (the fused one's Triton steps
 #                    included), the step's host-sync check;
@@ -77,6 +84,8 @@ run_part() {
     TORCHINDUCTOR_CACHE_DIR=$(mktemp -d /tmp/inductor-"$part".XXXX)
     export TORCHINDUCTOR_CACHE_DIR
     case $part in
+        first-contact)
+            "$python" benchmarks/first_contact.py "$out" ${rehearse:+--rehearse} ;;
         tests)
             PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 "$python" -m pytest -q -p pytest_timeout \
                 -p no:cacheprovider --junitxml "$out/tests.xml" \
@@ -115,6 +124,10 @@ run_part() {
 
 status=0
 for part in "$@"; do
-    run_part "$part" 2>&1 | tee "$out/$part.log" || status=1
+    if [[ $part == first-contact ]]; then  # it writes its own log, stage by stage
+        run_part "$part" || status=1
+    else
+        run_part "$part" 2>&1 | tee "$out/$part.log" || status=1
+    fi
 done
 exit $status

@@ -1,0 +1,207 @@
+"""The first call on a lent GPU: everything that matters, in the order it matters, in one command.
+
+A lent task has 15 device-minutes in all, starts included, so this one call must fit 7 minutes
+(``TOTAL_SECONDS`` from its own start, after the wheels are installed) and leave room for one
+short rerun. It runs stages in turn, each in its own process with its own time box: a stage past
+its box is stopped and marked so, and the next one starts. Each stage's output and result are
+appended to ``OUT/first-contact.log`` as soon as it ends, so a run killed at the device's limit
+still returns all that finished before; the log's last line is one JSON object with every figure
+and each stage's status.
+
+1. environment: GPU, memory, clocks, driver, torch and CUDA; the bf16 matmul rate on 8192³ (the
+   MFU denominator);
+2. correctness: golden bilm-tf parity in fp32 on CUDA, the fused layer and its Triton kernels
+   against the reference, 50 steps of bf16 against fp32, a training step with no host sync;
+3. speed at ``original``: the straightforward baseline, fused (directions batched) at 128 and 1,024
+   rows, then the reference loop (directions batched) at 128: positions/s, MFU, peak memory;
+4. profile: where a fused step's time goes (the 15 longest kernels, GEMM and pointwise time, the
+   GPU's idle gaps, launches and host syncs per step);
+5. inference, only if time remains.
+
+    python benchmarks/first_contact.py OUT [--rehearse]
+
+``--rehearse``: tiny sizes on a CPU (the meta device stands in for CUDA where the code allows),
+through the same stages and boxes; ``benchmarks/rehearse.py`` runs it so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+TOTAL_SECONDS = 400  # the stages' share of the 7 minutes; installing the wheels takes the rest
+REPO = Path(__file__).resolve().parents[1]
+LOG = "first-contact.log"
+TESTS_REPORT = "first-contact-tests.xml"
+CORRECTNESS_TESTS = [
+    "tests/integration/test_allennlp_parity.py",
+    "tests/unit/elmo_core/model/test_lstm_fused.py",
+    "tests/unit/elmo_core/model/test_lstm_triton.py",
+    "tests/unit/elmo_core/training/test_bf16_on_cuda.py",
+]
+# Within those files, the checks on CUDA (and the Triton kernels'): their CPU tests ran in CI.
+CORRECTNESS_CHECKS = "cuda or kernel or triton or buffer or bf16 or host"
+ENVIRONMENT = """
+import json, subprocess, sys, torch
+sys.path.insert(0, "benchmarks")
+from gpu_bilm import matmul_flops_per_second
+cuda = torch.cuda.is_available()
+figures = {"python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda}
+if cuda:
+    props = torch.cuda.get_device_properties(0)
+    figures |= {"gpu": props.name, "memory_gib": round(props.total_memory / 2**30, 1),
+                "sm_count": props.multi_processor_count}
+    query = "driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit"
+    smi = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
+                         capture_output=True, text=True)
+    figures["nvidia_smi"] = dict(zip(query.split(","), smi.stdout.strip().split(", ")))
+device, size = (torch.device("cuda"), 8192) if cuda else (torch.device("cpu"), 256)
+dtype = torch.bfloat16 if cuda else torch.float32
+figures["matmul_tflops"] = round(matmul_flops_per_second(device, size, dtype) / 1e12, 2)
+figures["matmul"] = f"{size}^3 {dtype}"
+print(json.dumps(figures))
+"""
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One step of the run: its commands, run in turn within ``box`` seconds."""
+
+    name: str
+    box: float
+    commands: list[list[str]]
+    optional: bool = False  # run only if the whole run's time allows its box
+
+
+def stages(out: Path, rehearse: bool) -> list[Stage]:
+    """The run's stages, at the device's sizes or, rehearsing, at tiny ones."""
+    python = os.environ.get("PYTHON", sys.executable)
+    bilm = [python, "benchmarks/gpu_bilm.py"]
+    if rehearse:
+        bilm += ["--smoke", "--device", "meta"]  # CUDA's device rules, on a CPU
+    fused = [*bilm, "--lstm-impl", "fused", "--batch-directions"]
+    rows = "8" if rehearse else "1024"
+    pytest = [python, "-m", "pytest", "-q", "-p", "pytest_timeout", "-p", "no:cacheprovider"]
+    pytest += ["--junitxml", str(out / TESTS_REPORT), "-k", CORRECTNESS_CHECKS, *CORRECTNESS_TESTS]
+    profiled = [*bilm[:2], "--smoke"] if rehearse else bilm  # the CPU profiles, meta cannot
+    return [
+        Stage("environment", 45, [[python, "-c", ENVIRONMENT]]),
+        Stage("correctness", 90, [pytest]),
+        Stage(
+            "speed",
+            180,
+            [
+                [*fused, "--sweep", rows],
+                [*bilm, "--lstm-impl", "reference", "--batch-directions", "--only", "sweep"]
+                + ["--sweep", "4" if rehearse else "128"],
+            ],
+        ),
+        Stage(
+            "profile",
+            60,
+            [[*profiled, "--lstm-impl", "fused", "--batch-directions"] + ["--only", "profile"]],
+        ),
+        Stage(
+            "inference",
+            45,
+            [
+                [*bilm[:2], *(["--smoke"] if rehearse else [])]
+                + ["--lstm-impl", "fused", "--batch-directions", "--only", "inference"]
+            ],
+            optional=True,
+        ),
+    ]
+
+
+def run_stage(stage: Stage, log: Path, environment: dict[str, str]) -> dict[str, object]:
+    """The stage's commands in turn, each its own process group, stopped at the box; what each
+    printed is appended to ``log`` as it ends. The result: status, seconds, each command's last
+    JSON line."""
+    start, results, status = time.monotonic(), [], "ok"
+    for command in stage.commands:
+        left = stage.box - (time.monotonic() - start)
+        if left <= 0:
+            status = "stopped at its box"
+            break
+        process = subprocess.Popen(
+            command,
+            cwd=REPO,
+            env=environment,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            output, _ = process.communicate(timeout=left)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            output, _ = process.communicate()
+            status = "stopped at its box"
+        if status == "ok" and process.returncode != 0:
+            status = f"failed (exit {process.returncode})"
+        with log.open("a", encoding="utf-8") as handle:
+            handle.write(f"=== {stage.name}: {' '.join(command[:4])} ...\n{output}")
+        results.append(_result(output))
+        if status != "ok":
+            break
+    return {"status": status, "seconds": round(time.monotonic() - start, 1), "results": results}
+
+
+def _result(output: str) -> object:
+    """A command's last JSON line, else its last line (pytest's count of passed and failed)."""
+    lines = output.strip().splitlines()
+    for line in reversed(lines):
+        try:
+            return json.loads(line)
+        except json.JSONDecodeError:
+            continue
+    return lines[-1] if lines else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--rehearse", action="store_true")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    log = args.out / LOG
+    environment = dict(os.environ) | {
+        "ELMO_BF16_STEPS": "50",
+        "PYTHONUNBUFFERED": "1",
+        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",  # plugins by -p, as the device's --target site has
+    }
+    environment["PYTHONPATH"] = f"{REPO}{os.pathsep}{environment.get('PYTHONPATH', '')}"
+    started, summary = time.monotonic(), {"stages": {}}
+    for stage in stages(args.out, args.rehearse):
+        left = TOTAL_SECONDS - (time.monotonic() - started)
+        if stage.optional and left < stage.box:
+            summary["stages"][stage.name] = {"status": f"skipped: {left:.0f} s left"}
+            continue
+        result = run_stage(stage, log, environment)
+        summary["stages"][stage.name] = result
+        with log.open("a", encoding="utf-8") as handle:  # the stage's result, as it ends
+            handle.write(f"STAGE {stage.name} {json.dumps(result)}\n")
+        print(f"{stage.name:12} {result['status']:24} {result['seconds']:6.1f} s", flush=True)
+    summary["seconds"] = round(time.monotonic() - started, 1)
+    summary["rehearsal"] = args.rehearse
+    with log.open("a", encoding="utf-8") as handle:
+        handle.write(json.dumps(summary) + "\n")
+    print(json.dumps(summary))
+    failed = [
+        n
+        for n, r in summary["stages"].items()
+        if not str(r["status"]).startswith(("ok", "skipped"))
+    ]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
