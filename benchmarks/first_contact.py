@@ -98,6 +98,7 @@ def stages(out: Path, rehearse: bool) -> list[Stage]:
             "speed",
             180,
             [
+                *([[*fused[:3], "--device", "fake-cuda", *fused[5:]]] if rehearse else []),
                 [*fused, "--sweep", rows],
                 [*bilm, "--lstm-impl", "reference", "--batch-directions", "--only", "sweep"]
                 + ["--sweep", "4" if rehearse else "128"],
@@ -195,10 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     with log.open("a", encoding="utf-8") as handle:
         handle.write(json.dumps(summary) + "\n")
     print(json.dumps(summary))
-    failed = [
-        n
-        for n, r in summary["stages"].items()
-        if not str(r["status"]).startswith(("ok", "skipped"))
+    optional = {stage.name for stage in stages(args.out, args.rehearse) if stage.optional}
+    failed = [  # an optional stage may stop at its box: it ran in what time was left
+        name
+        for name, result in summary["stages"].items()
+        if result["status"] != "ok" and name not in optional
     ]
     return 1 if failed else 0
 

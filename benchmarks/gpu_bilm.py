@@ -36,6 +36,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import torch
@@ -49,6 +50,7 @@ from elmo_core.model.char_cnn import TokenTypes, token_types  # noqa: E402
 from elmo_core.model.softmax import (  # noqa: E402
     LogUniformSampler,
     SampledCandidates,
+    SampledSoftmax,
     touched_rows,
 )
 from elmo_core.presets import model_preset  # noqa: E402
@@ -145,31 +147,44 @@ def straightforward_step(
     return step
 
 
-def worker_step(
-    step: TrainingStep,
-    windows: dict[str, torch.Tensor],
-    types: TokenTypes,
-    host_targets: np.ndarray,
-) -> Callable[[], None]:
-    """``step`` on ``windows`` as a worker calls it: each state carried into the next call, the
-    candidate sets, token types and softmax rows found ahead (by a worker's data loader; here,
-    before the timing)."""
-    softmax = step.bilm.softmax
-    assert softmax is not None
-    pinned = windows["forward_targets"].device.type == "cuda"
+FoundAhead = tuple[list[SampledCandidates], list[torch.Tensor]]  # candidate sets, softmax rows
+
+
+def found_ahead(softmax: SampledSoftmax, host_targets: np.ndarray, pinned: bool) -> FoundAhead:
+    """What a worker's data loader finds on the host ahead of its steps: the candidate sets and,
+    with each pair, the softmax rows the step touches (on the CPU)."""
     generator = torch.Generator().manual_seed(0)
     drawn = []
     for _ in range(CANDIDATE_SETS):
         ids, num_tries = softmax.sampler.sample_unique(softmax.num_samples, generator)
         drawn.append(SampledCandidates(ids.pin_memory() if pinned else ids, num_tries))
-    rows = [  # what a worker's loader finds with each pair of sets
+    rows = [
         torch.from_numpy(
             touched_rows(
                 host_targets, drawn[i].ids.numpy(), drawn[(i + 1) % CANDIDATE_SETS].ids.numpy()
             )
-        ).to(windows["forward_targets"].device)
+        )
         for i in range(CANDIDATE_SETS)
     ]
+    return drawn, rows
+
+
+def worker_step(
+    step: TrainingStep,
+    windows: dict[str, torch.Tensor],
+    types: TokenTypes,
+    host_targets: np.ndarray,
+    ahead: FoundAhead | None = None,
+) -> Callable[[], None]:
+    """``step`` on ``windows`` as a worker calls it: each state carried into the next call, the
+    candidate sets, token types and softmax rows found ahead (by a worker's data loader; here,
+    before the timing, or as given: ``ahead``)."""
+    device = windows["forward_targets"].device
+    if ahead is None:
+        assert step.bilm.softmax is not None
+        ahead = found_ahead(step.bilm.softmax, host_targets, pinned=device.type == "cuda")
+    drawn = ahead[0]
+    rows = [row.to(device) for row in ahead[1]]
     state, calls = None, 0
 
     def run() -> None:
@@ -291,6 +306,59 @@ def inference_seconds(
     return result
 
 
+def on_fake_cuda(config: ModelConfig, args: argparse.Namespace) -> dict[str, object]:
+    """Two windows of ours' loss, carried, with bf16 autocast on device ``cuda`` under
+    ``FakeTensorMode``: the forward's CUDA code paths (autocast, the fused ops' CUDA dispatch, no
+    data-dependent shapes) on a CPU, with a torch built for CUDA. The host's work (windows, token
+    types, candidates, softmax rows) is done first, outside the fake mode, as the data loader does
+    it. The backward stays on the meta device: autograd's engine wants a real CUDA context."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    width = config.char_cnn.max_chars_per_token
+    windows, types, targets = synthetic_windows(
+        args.batch, args.window, args.vocab, args.types, width, cpu
+    )
+    ahead = found_ahead(SampledSoftmax(args.vocab, 1, config.num_samples), targets, pinned=False)
+    recipe = TrainConfig(batch_size=args.batch, unroll_steps=args.window, bf16=True)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        with cuda:  # built there: a module's .to() cannot swap in fake parameters
+            model = BiLM(config, args.vocab).train()
+        on_cuda = {name: tensor.to(cuda) for name, tensor in windows.items()}
+        types_on_cuda = TokenTypes(
+            types.char_ids.to(cuda), types.inverse.to(cuda), types.used_width
+        )
+        step = TrainingStep.build(model, recipe, "sparse")
+        first, second = (  # on the device already: a pinned copy would ask the driver
+            SampledCandidates(drawn.ids.to(cuda), drawn.num_tries) for drawn in ahead[0][:2]
+        )
+        rows = ahead[1][0].to(cuda)
+        state = None
+        # autocast asks the driver, and turns itself off where none answers; fake tensors need none
+        answers = {"is_available": lambda: True, "is_bf16_supported": lambda *_, **__: True}
+        with mock.patch.multiple(torch.cuda, **answers), torch.autocast("cuda", torch.bfloat16):
+            for _ in range(2):  # the second window from the carried state
+                output, state = step.module(
+                    **on_cuda,
+                    state=state,
+                    candidates=(first, second),
+                    types=types_on_cuda,
+                    softmax_rows=rows,
+                )
+        loss = output.loss
+        top_dtype = step.bilm.softmax.weight.dtype if step.bilm.softmax is not None else None
+    return {
+        "device": "fake cuda",
+        "preset": args.preset,
+        "lstm_impl": args.lstm_impl,
+        "batch_directions": args.batch_directions,
+        "windows": 2,
+        "loss": f"{tuple(loss.shape)} {loss.dtype} on {loss.device}",
+        "state": f"{tuple(state[0].c.shape)} {state[0].c.dtype}",
+        "softmax_weight": str(top_dtype),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="original")
@@ -324,12 +392,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--device",
         help="default cuda where there is one, else cpu; meta stands in for CUDA on a CPU "
-        "(every tensor must be on it, as on a GPU; the times mean nothing)",
+        "(every tensor must be on it, as on a GPU; the times mean nothing); fake-cuda runs two "
+        "steps on device cuda under FakeTensorMode (a torch built for CUDA, no GPU needed)",
     )
     args = parser.parse_args(argv)
     if args.smoke:
         args.preset, args.batch, args.window, args.vocab, args.types = "tiny", 4, 5, 200, 50
         args.steps, args.warmup = 1, 1
+    if args.device == "fake-cuda" and torch.version.cuda is None:
+        print(json.dumps({"device": "fake cuda", "skipped": "this torch is built without CUDA"}))
+        return 0
+    if args.device == "fake-cuda":
+        config = model_preset(args.preset).model_copy(
+            update={"lstm_impl": args.lstm_impl, "batch_directions": args.batch_directions}
+        )
+        print(json.dumps(on_fake_cuda(config, args)))
+        return 0
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     bf16 = device.type == "cuda" and not args.no_bf16  # autocast has no meta device
     config = model_preset(args.preset)

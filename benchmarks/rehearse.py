@@ -3,7 +3,8 @@
 It builds the device's environment from the project's own files: a fresh venv with torch, the
 image's heavy libraries and exactly the wheels ``device_env.py`` says to carry, installed as the
 device installs them (``--no-index --no-deps --target``); the tree copied with ``git archive``;
-no package index once the wheels are fetched. It then runs every part of ``gpu_suite.sh`` at
+no package index once the wheels are fetched. It compiles the Triton kernels for the H100
+(``triton_aot.py``), then runs every part of ``gpu_suite.sh`` at
 tiny sizes, the meta device standing in for CUDA, and fails on: a part that exits non-zero, a
 device mismatch, an import the device lacks, a test file that collects no test, a benchmark part
 whose last line is not JSON, a part over its time budget, more files than come back from the
@@ -11,11 +12,11 @@ device. Last, it prints the device commands, one per part.
 
     python benchmarks/rehearse.py [--parts tests,data] [--cache DIR]
 
-The device runs Python 3.12 with torch 2.11.0. A CPU build of that torch comes only from
-PyTorch's own index (``ELMO_REHEARSAL_TORCH_INDEX``); where that is out of reach (CI reaches
-package registries alone) the rehearsal says so and stands in this interpreter's Python with the
-CPU torch pip finds for it, pinned in ``constraints.txt``; the device's own wheels (for Python
-3.12) are then installed by the device's command into a Python 3.12 apart and imported there.
+The device runs Python 3.12 with torch 2.11.0, and so does the rehearsal: PyPI's torch 2.11.0
+for Linux is the device's own CUDA 13 build, which installs with its nvidia wheels (about 5 GB,
+cached with the environment) and runs on a CPU. Where no Python 3.12 is found the rehearsal says
+so and stands in this interpreter's Python with the CPU torch ``constraints.txt`` pins; the
+device's own wheels (for Python 3.12) are then checked apart.
 """
 
 from __future__ import annotations
@@ -45,8 +46,7 @@ from device_env import (
     pinned_versions,
 )
 
-DEVICE_TORCH = "2.11.0"
-TORCH_INDEX = os.environ.get("ELMO_REHEARSAL_TORCH_INDEX", "https://download.pytorch.org/whl/cpu")
+DEVICE_TORCH = "2.11.0"  # PyPI's, for Linux: the CUDA 13 build the device image has
 PARTS = [
     "first-contact",
     "tests",
@@ -80,29 +80,16 @@ class Toolchain:
 
 
 def toolchain() -> Toolchain:
-    """The device's Python and torch where a CPU build of that torch is reachable, else this
-    interpreter with constraints.txt's torch."""
+    """The device's Python and torch (PyPI's CUDA build, which runs on a CPU), else, where no
+    Python 3.12 is found, this interpreter with constraints.txt's torch."""
     python = device_python()
     if python:
-        torch = f"torch=={DEVICE_TORCH}+cpu"
-        index = ["--index-url", TORCH_INDEX, "--extra-index-url", "https://pypi.org/simple"]
-        with tempfile.TemporaryDirectory() as probe:
-            command = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--timeout"]
-            command += ["15", "--only-binary=:all:", "--python-version", DEVICE_PYTHON, "-d"]
-            found = subprocess.run([*command, probe, *index, torch], capture_output=True)
-        if found.returncode == 0:
-            return Toolchain(python, DEVICE_PYTHON, [*index, torch], "")
-        why = f"no CPU build of torch {DEVICE_TORCH} at {TORCH_INDEX}"
-    else:
-        why = f"no python{DEVICE_PYTHON} here (pyenv install {DEVICE_PYTHON} gives one)"
+        return Toolchain(python, DEVICE_PYTHON, [f"torch=={DEVICE_TORCH}"], "")
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     torch = f"torch=={pinned_versions()['torch']}"
+    why = f"no python{DEVICE_PYTHON} here (pyenv install {DEVICE_PYTHON} gives one)"
     return Toolchain(
-        sys.executable,
-        version,
-        [torch],
-        f"{why}: stood in by Python {version} and {torch}; set ELMO_REHEARSAL_TORCH_INDEX to an "
-        f"index with torch {DEVICE_TORCH}+cpu for Python {DEVICE_PYTHON} to rehearse exactly",
+        sys.executable, version, [torch], f"{why}: stood in by Python {version} and {torch}"
     )
 
 
@@ -300,6 +287,19 @@ def main(argv: list[str] | None = None) -> int:
     environment = _without_index() | {"PYTHON": str(python)}
     environment["PATH"] = f"{python.parent}:{environment['PATH']}"
     environment.pop("PYTHONPATH", None)
+    if not tools.stand_in:  # the device's torch brings its triton, and with it ptxas
+        kernels = subprocess.run(
+            [str(python), "benchmarks/triton_aot.py"],
+            cwd=tree,
+            env=environment | {"PYTHONPATH": str(tree)},
+            capture_output=True,
+            text=True,
+        )
+        verdict = "ok" if kernels.returncode == 0 else "FAILED: a compile error or a spill"
+        print(
+            f"{'triton sm_90':16} {verdict}\n{kernels.stdout}{kernels.stderr[-2000:]}", flush=True
+        )
+        failed = failed or kernels.returncode != 0
     timings = {}
     for part in parts:
         out = work / "out" / part

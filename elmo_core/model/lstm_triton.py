@@ -48,6 +48,9 @@ else:
     _jit = triton.jit
 
 BLOCK_ROWS, BLOCK_COLS = 16, 128  # 2048 elements of each gate per program
+# 8 warps, 16 elements a thread: with 4, the cell kernel needs 255 registers on sm_90 and spills
+# in float32 (benchmarks/triton_aot.py, ptxas' account; 8 warps: 154 registers, no spill).
+NUM_WARPS = 8
 STATE_DTYPES = (torch.float32,)  # the cells' and carried state's dtypes the kernels take
 GEMM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -84,6 +87,7 @@ def cell_step(
         *_strides(c_next),
         BLOCK_ROWS=BLOCK_ROWS,
         BLOCK_COLS=BLOCK_COLS,
+        num_warps=NUM_WARPS,
     )
 
 
@@ -112,6 +116,7 @@ def projection_step(
         *_strides(output),
         BLOCK_ROWS=BLOCK_ROWS,
         BLOCK_COLS=BLOCK_COLS,
+        num_warps=NUM_WARPS,
     )
 
 
@@ -147,6 +152,7 @@ def cell_grad_step(
         *_strides(carry),
         BLOCK_ROWS=BLOCK_ROWS,
         BLOCK_COLS=BLOCK_COLS,
+        num_warps=NUM_WARPS,
     )
 
 
