@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from elmo_core.data.manifest import Manifest
-from elmo_core.data.reader import iter_sentences, load_word_types
+from elmo_core.data.reader import WordTypes, iter_sentences
 from elmo_core.location import atomic_write
 from elmo_core.model.bilm import BiLM, BiLMState
 from elmo_core.text.char_ids import batch_to_ids
@@ -43,9 +43,10 @@ def choose_warmup(
     return chosen
 
 
-def dataset_warmup(dataset_url: str, manifest: Manifest) -> list[list[str]]:
-    """:func:`choose_warmup` over the dataset's training split, in its stored order."""
-    tokens = load_word_types(dataset_url, manifest).tokens
+def dataset_warmup(dataset_url: str, manifest: Manifest, word_types: WordTypes) -> list[list[str]]:
+    """:func:`choose_warmup` over the dataset's training split, in its stored order; its
+    ``word_types`` as the caller loaded them."""
+    tokens = word_types.tokens
 
     def sentences() -> Iterator[list[str]]:
         for batch in iter_sentences(dataset_url, "train", manifest=manifest):

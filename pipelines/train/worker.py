@@ -194,11 +194,12 @@ class Worker:
         self.rank, self.world_size, self.device = runtime.rank, runtime.world_size, runtime.device
         self.train = cfg.job.train
         self.manifest = load_manifest(cfg.data)
-        self.char_table = load_word_types(cfg.data, self.manifest).char_ids
+        word_types = load_word_types(cfg.data, self.manifest)
+        self.char_table = word_types.char_ids
         torch.manual_seed(self.train.seed)  # the same initial weights on every rank
         self.bilm = initial_bilm(cfg.job.model, self.manifest.vocab.size, cfg.init_from)
         # trains from the zero state; saved with the sentences its inference starts after
-        self.bilm.set_start_state(None, dataset_warmup(cfg.data, self.manifest))
+        self.bilm.set_start_state(None, dataset_warmup(cfg.data, self.manifest, word_types))
         self.bilm.to(self.device).train()
         self.training_step = TrainingStep.build(
             self.bilm, self.train, cfg.job.run.grad_exchange, runtime.wrap_model

@@ -2,7 +2,7 @@
 
 import torch
 
-from elmo_core.data.reader import load_manifest
+from elmo_core.data.reader import load_manifest, load_word_types
 from elmo_core.model.bilm import BiLM
 from elmo_core.model.serialization import read_bilm_dir, write_bilm_dir
 from elmo_core.model.warm_start import (
@@ -90,6 +90,7 @@ def test_the_warmup_skips_sentences_opening_with_a_quote_or_a_bracket_and_headin
 def test_the_dataset_warmup_is_whole_training_sentences(make_dataset):
     lines = [f"sentence number {i} is plain text here ." for i in range(30)]
     dataset = make_dataset(['" quoted first line here ."', *lines], {"held.txt": lines[:2]})
-    chosen = dataset_warmup(dataset, load_manifest(dataset))
+    manifest = load_manifest(dataset)
+    chosen = dataset_warmup(dataset, manifest, load_word_types(dataset, manifest))
     assert chosen and all(" ".join(s) in lines for s in chosen)
     assert sum(map(len, chosen)) >= 48 > sum(map(len, chosen[:-1]))
