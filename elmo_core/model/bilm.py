@@ -154,7 +154,7 @@ class BiLM(nn.Module):
             state = self._carried_rows(batch_size, ids.device)
         embedded = self.token_encoder.encode_types(ids) * mask.unsqueeze(-1)  # (B, T+2, P)
         if state is None:
-            state = self.start_state(batch_size, embedded.dtype)
+            state = self.start_state(batch_size, self.forward_lstm.state_dtype)
         forward_state, backward_state = state if state is not None else (None, None)
 
         reverse = _reversal_index(lengths, ids.shape[1])  # (B, T+2)

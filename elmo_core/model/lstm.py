@@ -211,11 +211,17 @@ class ProjectedLSTM(nn.Module):
             for index in range(config.num_layers)
         )
 
+    @property
+    def state_dtype(self) -> torch.dtype:
+        """The carried state's dtype: the parameters', so that under autocast the cells and the
+        state carried between windows stay float32 (as bilm-tf's) and the Triton steps take them."""
+        return next(self.parameters()).dtype
+
     def zero_state(
         self, batch_size: int, device: torch.device | None = None, dtype: torch.dtype | None = None
     ) -> LSTMState:
         num_layers, cfg = len(self.layers), self.config
-        dtype = dtype or next(self.parameters()).dtype
+        dtype = dtype or self.state_dtype
         return LSTMState(
             torch.zeros(num_layers, batch_size, cfg.projection_dim, device=device, dtype=dtype),
             torch.zeros(num_layers, batch_size, cfg.cell_dim, device=device, dtype=dtype),
@@ -226,7 +232,7 @@ class ProjectedLSTM(nn.Module):
     ) -> tuple[list[torch.Tensor], LSTMState]:
         """``inputs (B, T, I)``, ``mask (B, T)`` bool -> ``[(B, T, P)] * L`` and the new state."""
         if state is None:
-            state = self.zero_state(inputs.shape[0], inputs.device, inputs.dtype)
+            state = self.zero_state(inputs.shape[0], inputs.device)
         return self.run_stack(inputs, state, self.layer_call(mask))
 
     def run_stack(

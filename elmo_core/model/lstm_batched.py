@@ -28,7 +28,7 @@ def run_both_directions(
     layer outputs ``[(B, T, P)] * L`` and new state, as each stack called alone would give."""
     forward, backward = stacks
     batch_size = inputs.shape[1]
-    zero = forward.zero_state(batch_size, inputs.device, inputs.dtype)
+    zero = forward.zero_state(batch_size, inputs.device)
     forward_state, backward_state = (state if state is not None else zero for state in states)
     state = LSTMState(  # (L, D, B, P), (L, D, B, H)
         torch.stack([forward_state.h, backward_state.h], dim=1),

@@ -375,6 +375,33 @@ def test_the_bilm_scores_and_learns_as_with_the_reference_loop(batch_directions)
         torch.testing.assert_close(grad, ref_grad, rtol=1e-5, atol=1e-6, msg=name)
 
 
+@pytest.mark.parametrize("impl", ["fused", "reference"])
+def test_under_bf16_autocast_the_carried_state_stays_float32_for_the_triton_steps(
+    impl, monkeypatch
+):
+    """The GEMMs run in bf16 but the cells and the state carried between windows in float32,
+    the dtype the Triton steps take: a bf16 state would send every training step on CUDA down
+    the torch path."""
+    config = tiny().model_copy(update={"lstm_impl": impl, "batch_directions": True})
+    model = BiLM(config, vocab_size=VOCAB).train()
+    seen = []
+    monkeypatch.setattr(  # records what the Triton dispatch is asked about, and answers as on CPU
+        lstm_fused,
+        "_steps_on_triton",
+        lambda gates, state: seen.append((gates.dtype, state.dtype)) and False,
+    )
+    windows = _training_windows(config.char_cnn.max_chars_per_token)
+    state = None
+    with torch.autocast("cpu", torch.bfloat16):
+        for _ in range(2):  # the second window from the carried state
+            output, state = model.training_loss(*windows, state=state)
+    output.loss.backward()
+    assert {part.dtype for stack in state for part in stack} == {torch.float32}
+    if impl == "fused":
+        assert {state for _, state in seen} == {torch.float32}  # forward and backward
+        assert (torch.bfloat16, torch.float32) in seen  # the forward's GEMMs in bf16
+
+
 def test_the_config_takes_it_with_directions_batched():
     settings = {**tiny().model_dump(), "lstm_impl": "fused", "batch_directions": True}
     assert ModelConfig.model_validate(settings).lstm_impl == "fused"
