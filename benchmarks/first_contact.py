@@ -88,8 +88,7 @@ def stages(out: Path, rehearse: bool) -> list[Stage]:
         bilm += ["--smoke", "--device", "meta"]  # CUDA's device rules, on a CPU
     fused = [*bilm, "--lstm-impl", "fused", "--batch-directions"]
     rows = "8" if rehearse else "1024"
-    pytest = [python, "-m", "pytest", "-q", "-p", "pytest_timeout", "-p", "no:cacheprovider"]
-    pytest += ["--junitxml", str(out / TESTS_REPORT), "-k", CORRECTNESS_CHECKS, *CORRECTNESS_TESTS]
+    pytest = [*correctness_tests(python), "--junitxml", str(out / TESTS_REPORT)]
     profiled = [*bilm[:2], "--smoke"] if rehearse else bilm  # the CPU profiles, meta cannot
     return [
         Stage("environment", 45, [[python, "-c", ENVIRONMENT]]),
@@ -119,6 +118,24 @@ def stages(out: Path, rehearse: bool) -> list[Stage]:
             optional=True,
         ),
     ]
+
+
+def correctness_tests(python: str) -> list[str]:
+    """The correctness stage's pytest command, its plugins named (the device's site has no
+    entry points to load them by)."""
+    pytest = [python, "-m", "pytest", "-q", "-p", "pytest_timeout", "-p", "no:cacheprovider"]
+    return [*pytest, "-k", CORRECTNESS_CHECKS, *CORRECTNESS_TESTS]
+
+
+def stage_environment() -> dict[str, str]:
+    """What every stage runs with: this one's, the repository importable."""
+    environment = dict(os.environ) | {
+        "ELMO_BF16_STEPS": "50",
+        "PYTHONUNBUFFERED": "1",
+        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",  # plugins by -p, as the device's --target site has
+    }
+    environment["PYTHONPATH"] = f"{REPO}{os.pathsep}{environment.get('PYTHONPATH', '')}"
+    return environment
 
 
 def run_stage(stage: Stage, log: Path, environment: dict[str, str]) -> dict[str, object]:
@@ -174,12 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     log = args.out / LOG
-    environment = dict(os.environ) | {
-        "ELMO_BF16_STEPS": "50",
-        "PYTHONUNBUFFERED": "1",
-        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",  # plugins by -p, as the device's --target site has
-    }
-    environment["PYTHONPATH"] = f"{REPO}{os.pathsep}{environment.get('PYTHONPATH', '')}"
+    environment = stage_environment()
     started, summary = time.monotonic(), {"stages": {}}
     for stage in stages(args.out, args.rehearse):
         left = TOTAL_SECONDS - (time.monotonic() - started)

@@ -58,6 +58,7 @@ from elmo_core.training.gradient_exchange import ExchangeMode  # noqa: E402
 from elmo_core.training.step import TrainingStep  # noqa: E402
 
 CANDIDATE_SETS = 16  # distinct sets the timed steps cycle through
+STEPS, WARMUP = 10, 3  # timed steps, and the untimed ones before them
 
 
 def training_flops_per_position(config: ModelConfig) -> float:
@@ -366,8 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=20)
     parser.add_argument("--vocab", type=int, default=793_471)
     parser.add_argument("--types", type=int, default=50_000, help="distinct synthetic words")
-    parser.add_argument("--steps", type=int, default=10, help="timed steps after warm-up")
-    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=STEPS, help="timed steps after warm-up")
+    parser.add_argument("--warmup", type=int, default=WARMUP)
     parser.add_argument(
         "--lstm-impl",
         default="reference",

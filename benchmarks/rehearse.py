@@ -66,6 +66,8 @@ FIRST_CONTACT_TIMEOUT_S = 480  # its 7 minutes and a margin: one short rerun fit
 BUDGET_SECONDS = 300  # per part at tiny sizes; on the device each part has 600
 MAX_FILES = 8  # what comes back from one device command
 CARRY = ".device"
+# What build() makes, by version: bump it when build() changes what the folder holds.
+ENVIRONMENT_LAYOUT = "1: venv, carried, device-wheels"
 TEST_PATHS = re.compile(r"^\s+(tests/\S+)", re.MULTILINE)
 
 
@@ -109,8 +111,8 @@ def build(tools: Toolchain, cache: Path) -> Path:
     """The environment's folder under ``cache`` (``venv``, ``carried``, and with a stand-in the
     device's own ``device-wheels``), keyed on everything that decides them; built in a temporary
     folder and renamed, so a killed build leaves nothing half-made."""
-    key = hashlib.sha256()
-    for path in (CONSTRAINTS, Path(__file__).with_name("device_env.py"), Path(__file__)):
+    key = hashlib.sha256(ENVIRONMENT_LAYOUT.encode())
+    for path in (CONSTRAINTS, Path(__file__).with_name("device_env.py")):
         key.update(path.read_bytes())
     key.update(" ".join([tools.python, *tools.torch]).encode())
     home = cache / key.hexdigest()[:16]
@@ -171,6 +173,36 @@ def _without_index() -> dict[str, str]:
     """The environment with pip kept off every index, as on the device."""
     environment = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
     return environment | {"PIP_NO_INDEX": "1", "PIP_CONFIG_FILE": os.devnull}
+
+
+def predict_first_contact(
+    python: Path, tree: Path, work: Path, environment: dict[str, str]
+) -> bool:
+    """``first_contact_budget.py``'s prediction of the first-contact call's device time, with the
+    kernels' compile times where ``triton_aot.py`` ran; True where it is over its limit."""
+    site = work / "budget-site"  # the carried wheels, as the device installs them
+    install = [str(python), "-m", "pip", "install", "-q", "--no-index", "--no-deps"]
+    install += [
+        "--no-compile",
+        "--target",
+        str(site),
+        *map(str, (tree / CARRY).glob("wheels/*.whl")),
+    ]
+    subprocess.run(install, check=True, env=environment)
+    budget = [str(python), "benchmarks/first_contact_budget.py", "--carried", CARRY]
+    if (work / "kernels.json").is_file():
+        budget += ["--kernels", str(work / "kernels.json")]
+    predicted = subprocess.run(
+        budget,
+        cwd=tree,
+        env=environment | {"PYTHONPATH": f"{site}:{tree}"},
+        capture_output=True,
+        text=True,
+    )
+    verdict = "ok" if predicted.returncode == 0 else "FAILED: over its limit or a stage's box"
+    print(f"{'first-contact':16} predicted device time {verdict}\n{predicted.stdout}", flush=True)
+    print(predicted.stderr[-2000:], end="", flush=True)
+    return predicted.returncode != 0
 
 
 def archive(into: Path) -> None:
@@ -300,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{'triton sm_90':16} {verdict}\n{kernels.stdout}{kernels.stderr[-2000:]}", flush=True
         )
         failed = failed or kernels.returncode != 0
+        (work / "kernels.json").write_text(kernels.stdout)
+    failed = predict_first_contact(python, tree, work, environment) or failed
     timings = {}
     for part in parts:
         out = work / "out" / part

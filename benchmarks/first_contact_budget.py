@@ -1,0 +1,274 @@
+"""The first-contact run's device time, PREDICTED per stage before a GPU sees it (issue 33).
+
+A lent task has 15 device-minutes, starts included: the first-contact call must fit 420 s so
+that one short rerun still fits. This script predicts each stage's time from what it measures
+here, with the device's own torch, at the device's sizes, and a stated model for the rest:
+
+- measured here: installing the carried wheels as the device does; a fresh process' start
+  (Python, torch, ``elmo_core``); building each model on the host, as ``gpu_bilm.py`` does before
+  moving it; the synthetic windows; preparing the bf16 test's corpus; collecting the correctness
+  tests; each timed step's launches, counted at the device's sizes (``bench_step_ops.py``, the
+  fused op's inside ops counted one launch each, as the torch path would run them); the Triton
+  kernels' compile seconds (``triton_aot.py``, ptxas included, each with a launcher to build);
+- the model (DESIGN.md §4): a step takes max(launches × 5 µs, FLOPs / (800 TFLOP/s × 0.5));
+  each process pays ``CUDA_START_S`` to start CUDA; each CUDA test ``CUDA_TEST_S`` past its
+  setup; the profiler doubles the steps it records; the model reaches the GPU at ``HOST_TO_GPU``.
+
+It fails if the whole call is predicted over ``LIMIT_S`` or a stage over its box (that stage
+would be stopped, its figures lost).
+
+    python benchmarks/first_contact_budget.py [--kernels triton_aot.json] [--carried .device]
+
+Last line: one JSON object, the prediction per stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from bench_step_ops import VARIANTS, count_step
+from first_contact import REPO, TOTAL_SECONDS, correctness_tests, stage_environment, stages
+from gpu_bilm import STEPS, WARMUP, synthetic_windows, training_flops_per_position
+
+LIMIT_S = 420  # the call's timeout is 480: the rest is the margin for a rerun to fit
+LAUNCH_S, PEAK_FLOPS, EFFICIENCY = 5e-6, 800e12, 0.5  # DESIGN.md §4's model of an H100
+CUDA_START_S = 8.0  # a process' CUDA context, cuBLAS handle and lazily loaded kernels
+CUDA_TEST_S = 1.0  # one CUDA parity test past its setup: a few small steps at tiny sizes
+PROFILER_FACTOR = 2.0  # recorded steps run slower
+HOST_TO_GPU = 10e9  # bytes/s, a model's parameters from pageable host memory
+BF16_STEPS, BF16_RUNS, BF16_ROWS = (
+    50,
+    2,
+    128,
+)  # the bf16 test's steps (ELMO_BF16_STEPS), fp32 and bf16
+ORIGINAL_VOCAB, TYPES, WINDOW = 793_471, 50_000, 20  # gpu_bilm.py's defaults
+MATMUL_CALLS = 13  # gpu_bilm.matmul_flops_per_second's warm-up and timed calls
+MATMUL_SIZE = 8192
+COUNTED = [  # (variant, rows) of original whose launches are counted
+    ("fused_batched", 128),
+    ("fused_batched", 1024),
+    ("reference_batched", 128),
+    ("reference_apart", 128),  # the straightforward baseline's stand-in
+]
+SMALL_VARIANT = "reference_apart"  # small's preset leaves lstm_impl "auto": the reference loop
+TRITON_GUESS_S = 1.0  # per kernel and dtype, where triton_aot.py did not run (no triton here)
+TRITON_LAUNCHER_S = 1.5  # per kernel and dtype: the C launcher Triton builds on first launch
+STEP_DTYPES = ("fp32", "bf16")  # the kernels' GEMM dtypes the correctness and speed steps run
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What this machine measured, at the device's sizes."""
+
+    install_s: float
+    start_s: float  # a fresh process, torch and elmo_core imported
+    build_s: dict[str, float]  # preset: building the model on the host
+    parameter_bytes: dict[str, int]  # preset
+    windows_s: float  # the synthetic windows at 1,024 rows
+    prepare_s: float  # the bf16 test's corpus
+    collect_s: float  # pytest collecting the correctness tests
+    cuda_tests: int  # of those, the ones that run only on CUDA
+    launches: dict[str, int]  # "preset/variant/rows": launches per step
+    flops: dict[str, float]  # preset: training FLOPs per position
+    triton_s: float  # compiling every kernel in the dtypes the steps use
+
+
+def step_seconds(measured: Measured, preset: str, variant: str, rows: int) -> float:
+    """One training step on the model's H100: launch-bound or FLOP-bound."""
+    launches = measured.launches[f"{preset}/{variant}/{rows}"]
+    flops = measured.flops[preset] * rows * WINDOW
+    return max(launches * LAUNCH_S, flops / (PEAK_FLOPS * EFFICIENCY))
+
+
+def predict(measured: Measured) -> dict[str, float]:
+    """Seconds per stage of ``first_contact.py``, and ``install`` before them."""
+    process = measured.start_s + CUDA_START_S
+    original = (
+        measured.build_s["original"]
+        + measured.parameter_bytes["original"] / HOST_TO_GPU
+        + 2 * measured.windows_s
+    )
+    timed = STEPS + WARMUP
+
+    def step(variant: str, rows: int, preset: str = "original") -> float:
+        return step_seconds(measured, preset, variant, rows)
+
+    matmul = MATMUL_CALLS * 2 * MATMUL_SIZE**3 / (PEAK_FLOPS * EFFICIENCY)
+    small = measured.build_s["small"] + measured.parameter_bytes["small"] / HOST_TO_GPU
+    bf16_step = step(SMALL_VARIANT, BF16_ROWS, "small")
+    correctness = (
+        process
+        + measured.collect_s
+        + measured.prepare_s
+        + measured.triton_s
+        + measured.cuda_tests * CUDA_TEST_S
+        + (BF16_RUNS + 1) * small  # two loss curves and the host-sync check
+        + (BF16_RUNS * BF16_STEPS + 2) * bf16_step
+    )
+    speed = (
+        2 * (process + original + matmul)
+        + timed * (step("fused_batched", 128) + step("reference_apart", 128))
+        + timed * (step("fused_batched", 1024) + step("reference_batched", 128))
+    )
+    profile = (
+        process + original + matmul + (1 + STEPS * PROFILER_FACTOR) * step("fused_batched", 128)
+    )
+    inference = process + original + matmul + 2 * timed * step("fused_batched", 128)
+    return {
+        "install": measured.install_s,
+        "environment": process + matmul,
+        "correctness": correctness,
+        "speed": speed,
+        "profile": profile,
+        "inference": inference,
+    }
+
+
+def verdict(predicted: dict[str, float]) -> tuple[dict[str, object], list[str]]:
+    """Each stage's prediction against its box, the optional stage run only where time is left,
+    the whole call against ``LIMIT_S``; and what is wrong, each named."""
+    rows, problems, used = {}, [], 0.0
+    for stage in stages(Path(tempfile.gettempdir()), rehearse=False):
+        seconds = predicted[stage.name]
+        if stage.optional and TOTAL_SECONDS - used < stage.box:
+            rows[stage.name] = {"predicted_s": round(seconds, 1), "box_s": stage.box, "runs": False}
+            continue
+        used += min(seconds, stage.box)
+        rows[stage.name] = {"predicted_s": round(seconds, 1), "box_s": stage.box, "runs": True}
+        if seconds > stage.box and not stage.optional:
+            problems.append(
+                f"{stage.name} predicted {seconds:.0f} s, over its {stage.box:.0f} s box"
+            )
+    total = predicted["install"] + used
+    if total > LIMIT_S:
+        problems.append(f"the call predicted {total:.0f} s, over {LIMIT_S} s")
+    summary = {
+        "install_s": round(predicted["install"], 1),
+        "stages": rows,
+        "total_s": round(total, 1),
+    }
+    return summary, problems
+
+
+def timed(run: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    run()
+    return time.perf_counter() - started
+
+
+def measure(kernels: Path | None, carried: Path | None) -> Measured:
+    """Everything :func:`predict` needs that this machine can measure."""
+    from elmo_core.config import PrepareConfig
+    from elmo_core.data.reader import load_manifest
+    from elmo_core.model.bilm import BiLM
+    from elmo_core.presets import model_preset
+    from pipelines.prepare.corpus_sources import SAMPLE_CORPUS, locate_corpus
+    from pipelines.prepare.stage import prepare_files
+
+    python = os.environ.get("PYTHON", sys.executable)
+    with tempfile.TemporaryDirectory() as scratch:
+        install_s = 0.0
+        if carried is not None:  # as gpu_suite.sh installs them on the device
+            command = [python, "-m", "pip", "install", "-q", "--no-index", "--no-deps"]
+            command += ["--no-compile", "--no-cache-dir", "--target", f"{scratch}/site"]
+            wheels = [str(path) for path in sorted((carried / "wheels").glob("*.whl"))]
+            install_s = timed(lambda: subprocess.run([*command, *wheels], check=True))
+        imports = "import torch, elmo_core.training.step, elmo_core.model.bilm"
+        start = [python, "-c", imports]
+        start_s = timed(
+            lambda: subprocess.run(start, check=True, cwd=REPO, env=stage_environment())
+        )
+        corpus = locate_corpus(SAMPLE_CORPUS, "text", Path(scratch) / "cache")
+        dataset = f"{scratch}/dataset"
+        prepare_s = timed(lambda: prepare_files(PrepareConfig(format="text"), corpus, dataset))
+        small_vocab = load_manifest(dataset).vocab.size
+        started = time.perf_counter()
+        listed = subprocess.run(
+            [*correctness_tests(python), "--collect-only"],
+            cwd=REPO,
+            env=stage_environment(),
+            capture_output=True,
+            text=True,
+        )
+        collect_s = time.perf_counter() - started
+        if listed.returncode != 0:
+            output = listed.stdout + listed.stderr
+            raise SystemExit(f"the correctness tests do not collect:\n{output[-3000:]}")
+    tests = [line for line in listed.stdout.splitlines() if "::" in line]
+    build_s, parameter_bytes, flops = {}, {}, {}
+    for preset, vocab in (("original", ORIGINAL_VOCAB), ("small", small_vocab)):
+        config = model_preset(preset)
+        build_s[preset] = timed(lambda: BiLM(config, vocab))  # noqa: B023 (called at once)
+        with torch.device("meta"):
+            model = BiLM(config, vocab)
+        parameter_bytes[preset] = sum(p.numel() * p.element_size() for p in model.parameters())
+        flops[preset] = training_flops_per_position(config)
+    width = model_preset("original").char_cnn.max_chars_per_token
+    cpu = torch.device("cpu")
+    windows_s = timed(lambda: synthetic_windows(1024, WINDOW, ORIGINAL_VOCAB, TYPES, width, cpu))
+    counted = [("original", v, rows) for v, rows in COUNTED] + [("small", SMALL_VARIANT, BF16_ROWS)]
+    launches = {}
+    for preset, variant, rows in counted:
+        vocab = ORIGINAL_VOCAB if preset == "original" else small_vocab
+        types = TYPES if preset == "original" else min(TYPES, small_vocab)
+        counts = count_step(preset, variant, rows, WINDOW, vocab, types, "meta")
+        launches[f"{preset}/{variant}/{rows}"] = counts.flattened
+    return Measured(
+        install_s=install_s,
+        start_s=start_s,
+        build_s=build_s,
+        parameter_bytes=parameter_bytes,
+        windows_s=windows_s,
+        prepare_s=prepare_s,
+        collect_s=collect_s,
+        cuda_tests=sum("cuda" in test.lower() for test in tests),
+        launches=launches,
+        flops=flops,
+        triton_s=triton_seconds(kernels),
+    )
+
+
+def triton_seconds(kernels: Path | None) -> float:
+    """The compile seconds of every kernel the steps run, from ``triton_aot.py``'s last line."""
+    if kernels is None:
+        return (TRITON_GUESS_S + TRITON_LAUNCHER_S) * 3 * len(STEP_DTYPES)
+    rows = json.loads(kernels.read_text().strip().splitlines()[-1])["kernels"]
+    used = [row for row in rows if row["gemm"] in STEP_DTYPES]
+    return sum(row["seconds"] + TRITON_LAUNCHER_S for row in used)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--kernels", type=Path, help="triton_aot.py's output")
+    parser.add_argument("--carried", type=Path, help="the folder the device call carries")
+    args = parser.parse_args(argv)
+    assert set(VARIANTS) >= {variant for variant, _ in COUNTED}
+    measured = measure(args.kernels, args.carried)
+    predicted = predict(measured)
+    summary, problems = verdict(predicted)
+    print("PREDICTED first-contact device time (a model, not a measurement; see --help)")
+    print(f"{'install':12} {predicted['install']:7.1f} s")
+    for name, row in summary["stages"].items():  # type: ignore[union-attr]
+        runs = "" if row["runs"] else "  (skipped: no time left)"
+        print(f"{name:12} {row['predicted_s']:7.1f} s  box {row['box_s']:5.0f} s{runs}")
+    print(f"{'total':12} {summary['total_s']:7.1f} s  limit {LIMIT_S} s")
+    for problem in problems:
+        print(f"OVER: {problem}")
+    summary["measured"] = {k: v for k, v in vars(measured).items()}
+    summary["ok"] = not problems
+    print(json.dumps(summary))
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
