@@ -89,33 +89,6 @@ def run_link_line(what: str, url: str) -> str:
     return f"{what} in MLflow: {url}"
 
 
-def train_line(train: TrainResult) -> str:
-    """What the train stage did, in one line."""
-    if train.already_finished:
-        verb = "reused (already finished)"
-    elif train.resumed_from_step:
-        verb = f"resumed from step {train.resumed_from_step} and finished"
-    else:
-        verb = "trained"
-    best = (
-        ""
-        if train.best_perplexity is None
-        else (f", best validation perplexity {train.best_perplexity:.2f} (heldout sample)")
-    )
-    return (
-        f"biLM {train.run_name} {verb}: {train.steps}/{train.total_steps} steps in "
-        f"{train.seconds / 60:.1f} min{best}"
-    )
-
-
-def perplexity_line(evaluation: EvaluationResult) -> str:
-    return (
-        f"{evaluation.split} perplexity {evaluation.perplexity:.2f} (forward "
-        f"{evaluation.forward_perplexity:.2f}, backward {evaluation.backward_perplexity:.2f}) "
-        f"over {evaluation.num_tokens:,} predicted tokens"
-    )
-
-
 def registry_line(model: RegisteredBiLM) -> str:
     verb = "registered" if model.newly_registered else "already registered as"
     return f"{verb} {model.uri}, alias @{model.alias}: {_decision(model)}"
@@ -125,12 +98,7 @@ def summary_metrics(
     evaluation: EvaluationResult, results: Sequence[AdaptResult]
 ) -> dict[str, float]:
     """The headline numbers of a flow run, for its MLflow parent run."""
-    split = evaluation.split
-    metrics = {
-        f"{split}_perplexity": evaluation.perplexity,
-        f"{split}_perplexity_forward": evaluation.forward_perplexity,
-        f"{split}_perplexity_backward": evaluation.backward_perplexity,
-    }
+    metrics = evaluation.metrics()
     for result in results:
         elmo, baseline = Scores(tuple(result.elmo_scores)), Scores(tuple(result.baseline_scores))
         name = f"{result.task}/{_split(result)}_{result.metric}"
@@ -142,23 +110,6 @@ def summary_metrics(
             f"{name}_gain_mean": elmo.mean - baseline.mean,
         }
     return metrics
-
-
-def perplexity_rows(evaluation: EvaluationResult) -> Rows:
-    """Forward, backward and their geometric mean, as the paper reports them (full softmax)."""
-    return [
-        {
-            "split": evaluation.split,
-            "direction": direction,
-            "perplexity": round(value, 2),
-            "tokens": evaluation.num_tokens,
-        }
-        for direction, value in (
-            ("forward", evaluation.forward_perplexity),
-            ("backward", evaluation.backward_perplexity),
-            ("mean (geometric)", evaluation.perplexity),
-        )
-    ]
 
 
 def task_rows(results: Sequence[AdaptResult]) -> Rows:
@@ -196,8 +147,8 @@ def summary_markdown(
     lines = [
         "# ELMo pretraining",
         "",
-        f"- {train_line(train)}; {handed.description} in `{handed.model_dir}`",
-        f"- {perplexity_line(evaluation)}",
+        f"- {train.summary()}; {handed.description} in `{handed.model_dir}`",
+        f"- {evaluation.summary()}",
         f"- {registry_line(model)}",
         *[f"- {result_line(r)}" for r in results],
         "",

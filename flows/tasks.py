@@ -37,8 +37,6 @@ from flows.artifacts import (
     analysis_markdown,
     dataset_lines,
     dataset_rows,
-    perplexity_line,
-    perplexity_rows,
     publish_markdown,
     publish_table,
     registry_line,
@@ -46,7 +44,6 @@ from flows.artifacts import (
     summary_markdown,
     summary_metrics,
     task_rows,
-    train_line,
 )
 from flows.cache import PrepareCachePolicy, dataset_exists
 from flows.params import DataParams, TrainingParams
@@ -189,7 +186,7 @@ def train(dataset: str, training: TrainingParams, parent_run_id: str) -> TrainRe
     logger.info(f"train: biLM {name}, preset {training.model}, dataset {Path(dataset).name}")
     with _training_followed(name, parent_run_id) as linked:
         result = _train(dataset, training, parent_run_id)
-    logger.info(train_line(result))
+    logger.info(result.summary())
     if not linked.is_set():  # reused, or done before the first look
         logger.info(_train_run_link(name, result.mlflow_run_id))
     return result
@@ -283,10 +280,10 @@ def evaluate(
     result = train_stage.evaluate_trained(
         run, dataset, hand_on=hand_on, parent_run_id=parent_run_id, tags=flow_tags()
     )
-    get_run_logger().info(perplexity_line(result))
+    get_run_logger().info(result.summary())
     if result.run_id:
         get_run_logger().info(run_link_line("evaluate run", mlflow_link(result.run_id)))
-    publish_table("heldout-perplexity", perplexity_rows(result), "heldout perplexity")
+    publish_table("heldout-perplexity", result.rows(), "heldout perplexity")
     return result
 
 

@@ -36,15 +36,19 @@ class Scores:
         )
 
 
+def difference_spread(elmo: Scores, baseline: Scores) -> float:
+    """The standard deviation of the difference of one draw of each: √(s_elmo² + s_baseline²)."""
+    return math.hypot(elmo.spread, baseline.spread)
+
+
 def difference(elmo: Scores, baseline: Scores) -> str:
     """``gain +0.0650, beyond the seeds' spread (0.0512)``, ``... within ...``, ``gain +0.0085,
     every seed scoring the same`` (no spread to judge by), or ``gain +0.0650 (one seed, no
-    spread)``. The spread is the standard deviation of the
-    difference of one draw of each, √(s_elmo² + s_baseline²)."""
+    spread)``, the spread :func:`difference_spread`."""
     gain = elmo.mean - baseline.mean
     if min(len(elmo.values), len(baseline.values)) < 2:
         return f"gain {gain:+.4f} (one seed, no spread)"
-    spread = math.hypot(elmo.spread, baseline.spread)
+    spread = difference_spread(elmo, baseline)
     if spread == 0:
         return f"gain {gain:+.4f}, every seed scoring the same"
     where = "beyond" if abs(gain) > spread else "within"

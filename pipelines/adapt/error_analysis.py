@@ -3,8 +3,8 @@
 On test (else dev), the model run as users call it (biLM live): ``per_type_scores.json`` for
 tagging tasks, ``confusion_matrix.json`` and ``.png`` for the others, and
 ``sample_predictions.json``, errors first. Training scored float16 cached activations and this
-live float32 ones, so an overall score may differ from ``task/elmo/test_<metric>`` in its last
-digits.
+live float32 ones, so an overall score may differ from ``task/seed_<s>/elmo/test_<metric>`` in
+its last digits.
 """
 
 from __future__ import annotations

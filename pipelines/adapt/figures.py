@@ -21,9 +21,10 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 
-def mix_figure(elmo: TaskResult) -> Figure:
-    """Bars of the softmax-normalised layer weights of each mix the model has, each bar labelled
-    with its value; γ in the legend, which sits below the axes so it never hides a bar."""
+def mix_figure(elmo: TaskResult, seed: int) -> Figure:
+    """Bars of the softmax-normalised layer weights of each mix the model (trained with
+    ``seed``) has at its best epoch, each bar labelled with its value; γ in the legend, which
+    sits below the axes so it never hides a bar."""
     plt = pyplot()
     mixes = [
         (name, weights, gamma)
@@ -42,7 +43,8 @@ def mix_figure(elmo: TaskResult) -> Figure:
     num_layers = len(mixes[0][1]) if mixes else 0
     axis.set_xticks([layer + (len(mixes) - 1) * width / 2 for layer in range(num_layers)])
     axis.set_xticklabels(["token"] + [f"LSTM {j}" for j in range(1, num_layers)])
-    axis.set(title=f"{elmo.task}: learned scalar mix", ylabel="softmax(w)_j")
+    title = f"{elmo.task}: learned scalar mix (seed {seed}, best epoch {elmo.best_epoch})"
+    axis.set(title=title, ylabel="softmax(w)_j")
     axis.set_ylim(0, 1.12 * max((max(weights) for _, weights, _ in mixes), default=1.0))
     figure.legend(loc="outside lower center", ncols=max(len(mixes), 1))
     return figure

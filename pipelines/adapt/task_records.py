@@ -1,10 +1,12 @@
 """What an adapt run records in MLflow: its inputs, curves, final scores, the task model.
 
 Every metric of the one ``adapt`` run sits under ``task/`` (MLflow orders chart sections by name,
-so the biLM's ``bilm/...`` come first): per-epoch curves and final scores under ``task/elmo/``,
-``task/baseline/`` and ``task/gain/`` (ELMo − baseline), of the first seed's models, plus
-``_mean`` and ``_spread`` over seeds; every other score goes to ``scores.json``. Params are the task
-config's fields that apply to its format and type (``config.json`` holds it whole).
+so the biLM's ``bilm/...`` come first). The final scores under ``task/elmo/``, ``task/baseline/``
+and ``task/gain/`` (ELMo − baseline) are means over the seeds, each beside its ``_spread``; a
+seed's own values, its per-epoch curves among them (the first seed's), sit under
+``task/seed_<s>/``. The registered model holds the first seed's weights, and says so; every
+score of its models goes to ``scores.json``. Params are the task config's fields that apply to
+its format and type (``config.json`` holds it whole).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import mlflow
 
 from elmo_core.location import sha256_file
 from elmo_core.tasks.dataset import PairExample
-from elmo_core.tasks.seeds import Scores
+from elmo_core.tasks.seeds import Scores, difference, difference_spread
 from elmo_core.tasks.task_config import SPLITS, TaskConfig
 from elmo_core.tasks.task_model import Example
 from elmo_core.tasks.trainer import TaskResult, main_metric
@@ -25,7 +27,15 @@ from pipelines.models import task_pyfunc
 from pipelines.models.bilm_loader import BiLMReference, LoadedBiLM
 from pipelines.registry.model_card import ModelCard, example_frame, publish_card
 from pipelines.registry.register import model_requirements
-from pipelines.registry.tags import KIND_TAG, TASK_TAG, gain_tag, score_tag
+from pipelines.registry.tags import (
+    KIND_TAG,
+    SEEDS_TAG,
+    TASK_TAG,
+    WEIGHTS_SEED_TAG,
+    gain_tag,
+    score_tag,
+    spread_tag,
+)
 from pipelines.tracking import stage_runs
 from pipelines.tracking.stage_runs import (
     flatten_params,
@@ -53,6 +63,7 @@ HEAD_FIELDS: dict[str, tuple[str, ...]] = {
 }
 DATA_CONTEXTS = {"train": "training", "dev": "validation", "test": "testing"}
 MAX_LABELS_SHOWN = 12
+MODELS = ("elmo", "baseline")  # the two models each seed trains
 WHAT_IT_DOES = {
     "tagging": "A tag for every token",
     "classification": "A label for every sentence",
@@ -91,24 +102,41 @@ def headline_score(result: TaskResult) -> float:
     return float("nan")
 
 
-def task_metric(model: str, name: str) -> str:
-    """``task/<model>/<name>``, ``model`` being ``elmo``, ``baseline`` or ``gain``."""
-    return f"task/{model}/{name}"
+def task_metric(model: str, name: str, seed: int | None = None) -> str:
+    """``task/<model>/<name>``, ``model`` being ``elmo``, ``baseline`` or ``gain``: a mean over
+    the seeds; with ``seed``, ``task/seed_<seed>/<model>/<name>``: that seed's own value."""
+    return f"task/{model}/{name}" if seed is None else f"task/seed_{seed}/{model}/{name}"
 
 
-def seed_metrics(runs: Sequence[SeedRun]) -> dict[str, float]:
-    """Each model's mean and spread of the main score over the seeds, and the mean gain."""
-    split = "test" if runs[0].elmo.test_metrics else "dev"
-    name = f"{split}_{runs[0].elmo.metric}"
-    elmo = Scores(tuple(headline_score(run.elmo) for run in runs))
-    baseline = Scores(tuple(headline_score(run.baseline) for run in runs))
-    return {
-        task_metric("elmo", f"{name}_mean"): elmo.mean,
-        task_metric("elmo", f"{name}_spread"): elmo.spread,
-        task_metric("baseline", f"{name}_mean"): baseline.mean,
-        task_metric("baseline", f"{name}_spread"): baseline.spread,
-        task_metric("gain", f"{name}_mean"): elmo.mean - baseline.mean,
-    }
+def split_scores(runs: Sequence[SeedRun], model: str, split: str, metric: str) -> Scores | None:
+    """``model``'s ``metric`` on ``split`` (its best epoch's on dev) over the seeds, or None
+    where the split has none."""
+    results = [getattr(run, model) for run in runs]
+    found = [(r.test_metrics if split == "test" else r.dev_metrics).get(metric) for r in results]
+    return Scores(tuple(found)) if all(value is not None for value in found) else None  # type: ignore[arg-type]
+
+
+def final_metrics(runs: Sequence[SeedRun]) -> dict[str, float]:
+    """The run's final scores of the main metric, each the mean over the seeds beside its
+    ``_spread`` (the gain's: that of a difference), and each seed's own headline score."""
+    metric = main_metric(runs[0].elmo.model.task)
+    found: dict[str, float] = {}
+    for split, name in (("dev", f"best_dev_{metric}"), ("test", f"test_{metric}")):
+        elmo, baseline = (split_scores(runs, model, split, metric) for model in MODELS)
+        for model, scores in (("elmo", elmo), ("baseline", baseline)):
+            if scores is not None:
+                found[task_metric(model, name)] = scores.mean
+                found[task_metric(model, f"{name}_spread")] = scores.spread
+        if elmo is not None and baseline is not None:
+            found[task_metric("gain", f"{split}_{metric}")] = elmo.mean - baseline.mean
+            found[task_metric("gain", f"{split}_{metric}_spread")] = difference_spread(
+                elmo, baseline
+            )
+    headline = f"{'test' if runs[0].elmo.test_metrics else 'dev'}_{metric}"
+    for run in runs:
+        for model in MODELS:
+            found[task_metric(model, headline, run.seed)] = headline_score(getattr(run, model))
+    return found
 
 
 def source_tags(parent_run_id: str | None) -> dict[str, str]:
@@ -141,13 +169,14 @@ def log_task_data(task: TaskConfig) -> None:
         log_input_file(str(path), path.name, sha256_file(path), "+".join(names))
 
 
-def epoch_logger(prefix: str, metric: str) -> Callable[[int, dict[str, float]], None]:
-    """An ``epoch_callback`` for ``train_task``: ``task/<prefix>/train_loss``, the main dev score
-    and the mix at step ``epoch``; the other dev scores stay in the trainer's history."""
+def epoch_logger(prefix: str, metric: str, seed: int) -> Callable[[int, dict[str, float]], None]:
+    """An ``epoch_callback`` for ``train_task``: ``task/seed_<seed>/<prefix>/train_loss``, the
+    main dev score and the mix at step ``epoch``; the other dev scores stay in the trainer's
+    history."""
 
     def log_epoch(epoch: int, metrics: dict[str, float]) -> None:
         kept = {
-            task_metric(prefix, name): value
+            task_metric(prefix, name, seed): value
             for name, value in metrics.items()
             if not name.startswith("dev_") or name == f"dev_{metric}"
         }
@@ -169,28 +198,10 @@ def gains(elmo: TaskResult, baseline: TaskResult) -> dict[str, float]:
     return found
 
 
-def final_metrics(elmo: TaskResult, baseline: TaskResult) -> dict[str, float]:
-    """The few final single values, by the names above (the main metric only)."""
-    metric = main_metric(elmo.model.task)
-    found: dict[str, float] = {}
-    for prefix, result in (("elmo", elmo), ("baseline", baseline)):
-        if metric in result.dev_metrics:
-            found[task_metric(prefix, f"best_dev_{metric}")] = result.dev_metrics[metric]
-        if metric in result.test_metrics:
-            found[task_metric(prefix, f"test_{metric}")] = result.test_metrics[metric]
-    gained = gains(elmo, baseline)
-    found |= {
-        task_metric("gain", key): gained[key]
-        for key in (f"dev_{metric}", f"test_{metric}")
-        if key in gained
-    }
-    return found
-
-
 def scores(
     elmo: TaskResult, baseline: TaskResult, seconds: Mapping[str, float]
 ) -> dict[str, object]:
-    """Everything ``scores.json`` holds (module docstring)."""
+    """Everything ``scores.json`` holds of one seed's models (module docstring)."""
     mixes = {
         position: {"weights": weights, "gamma": gamma}
         for position, weights, gamma in (
@@ -217,28 +228,35 @@ def scores(
 
 def log_outcome(runs: Sequence[SeedRun], seconds: Mapping[str, float], model_id: str) -> None:
     """The final metrics, linked to the logged task model so its page shows them, and
-    ``scores.json``."""
-    elmo, baseline = runs[0].elmo, runs[0].baseline
-    mlflow.log_metrics(final_metrics(elmo, baseline) | seed_metrics(runs), model_id=model_id)
+    ``scores.json``: every score of the registered seed's models, and each seed's headline."""
+    mlflow.log_metrics(final_metrics(runs), model_id=model_id)
     by_seed = {
         str(run.seed): {"elmo": headline_score(run.elmo), "baseline": headline_score(run.baseline)}
         for run in runs
     }
-    mlflow.log_dict(scores(elmo, baseline, seconds) | {"seeds": by_seed}, SCORES_FILE)
+    registered = runs[0]
+    mlflow.log_dict(
+        {"registered_seed": registered.seed}
+        | scores(registered.elmo, registered.baseline, seconds)
+        | {"seeds": by_seed},
+        SCORES_FILE,
+    )
 
 
 def log_task_model(
-    elmo: TaskResult,
-    baseline: TaskResult,
+    runs: Sequence[SeedRun],
+    examples: Mapping[str, int],
     source: LoadedBiLM,
     bilm: BiLMReference,
     scratch: Path,
     example: Mapping[str, str],
 ) -> TaskModelVersion:
-    """Log the ELMo task model as a pyfunc model ``elmo-<task>`` with ``example`` as its input
-    example and its run's source tags; register it under that name, tagged with the task, its
-    main score and gain and the biLM it was adapted from, and describe it as every registered
-    model is (:mod:`pipelines.registry.model_card`)."""
+    """Log the first seed's ELMo task model as a pyfunc model ``elmo-<task>`` with ``example`` as
+    its input example and its run's source tags; register it under that name, tagged with the
+    task, its scores over the seeds (:class:`Headline`) and the biLM it was adapted from, and
+    describe it as every registered model is (:mod:`pipelines.registry.model_card`).
+    ``examples``: each split's size."""
+    elmo = runs[0].elmo
     name = f"elmo-{elmo.task}"
     task_dir = task_pyfunc.save_task_model(elmo.model, scratch / "task", source.tokenizer)
     run = mlflow.active_run()
@@ -255,7 +273,7 @@ def log_task_model(
         input_example=example_frame(example),
         pip_requirements=model_requirements(),
     )
-    headline = Headline.of(elmo, baseline)
+    headline = Headline.of(runs, examples)
     tags = {TASK_TAG: elmo.task, **bilm.tags, **(headline.tags() if headline else {})}
     version = register_model(info.model_uri, name, tags)
     card = task_card(elmo.model.task, elmo.model.labels, bilm.location, version, example)
@@ -266,39 +284,57 @@ def log_task_model(
 
 @dataclass(frozen=True)
 class Headline:
-    """The ELMo model's main score on test (dev without a test split) and the baseline's."""
+    """The main score on test (dev without a test split) over the seeds, with ELMo and without,
+    and the seed whose weights the registered version holds: one seed's score alone can say the
+    opposite of the means (the bundled ``questions``: +0.033 on seed 0, −0.011 over three)."""
 
     split: str
     metric: str
-    elmo: float
-    baseline: float
+    elmo: Scores
+    baseline: Scores
+    seeds: tuple[int, ...]  # the first holds the registered weights
+    examples: int  # the split's size: one error moves the score by about 1/examples
 
     @classmethod
-    def of(cls, elmo: TaskResult, baseline: TaskResult) -> Headline | None:
+    def of(cls, runs: Sequence[SeedRun], examples: Mapping[str, int]) -> Headline | None:
         """None when the task has neither a dev nor a test split."""
-        metric = main_metric(elmo.model.task)
-        for split, ours, theirs in (
-            ("test", elmo.test_metrics, baseline.test_metrics),
-            ("dev", elmo.dev_metrics, baseline.dev_metrics),
-        ):
-            if metric in ours:
-                return cls(split, metric, ours[metric], theirs[metric])
+        metric = main_metric(runs[0].elmo.model.task)
+        for split in ("test", "dev"):
+            elmo, baseline = (split_scores(runs, model, split, metric) for model in MODELS)
+            if elmo is not None and baseline is not None:
+                seeds = tuple(run.seed for run in runs)
+                return cls(split, metric, elmo, baseline, seeds, examples.get(split, 0))
         return None
 
     def tags(self) -> dict[str, str]:
-        """``elmo.test_<metric>`` and ``elmo.gain.test_<metric>``, for the version."""
-        gain = self.elmo - self.baseline
+        """The means over the seeds, their spread, the seeds and the registered one."""
+        gain = self.elmo.mean - self.baseline.mean
         return {
-            score_tag(self.split, self.metric): f"{self.elmo:.4f}",
+            score_tag(self.split, self.metric): f"{self.elmo.mean:.4f}",
+            spread_tag(self.split, self.metric): f"{self.elmo.spread:.4f}",
             gain_tag(self.split, self.metric): f"{gain:+.4f}",
+            SEEDS_TAG: ",".join(map(str, self.seeds)),
+            WEIGHTS_SEED_TAG: str(self.seeds[0]),
         }
 
     def __str__(self) -> str:
-        """``test f1 0.9123 (baseline 0.8512, gain +0.0611)``."""
-        gain = self.elmo - self.baseline
+        """``test f1 0.9123 ± 0.0100 with ELMo, 0.8512 ± 0.0200 without (mean ± sample standard
+        deviation over seeds 0, 1, 2; 300 test examples): gain +0.0611, beyond the seeds' spread
+        (0.0224). This version holds seed 0's weights (test f1 0.9200)``."""
+        seeds = ", ".join(map(str, self.seeds))
+        over = f"mean ± sample standard deviation over seeds {seeds}"
+        if len(self.seeds) == 1:
+            over = f"seed {seeds}"
+        size = f"; {self.examples:,} {self.split} examples" if self.examples else ""
+        line = (
+            f"{self.split} {self.metric} {self.elmo} with ELMo, {self.baseline} without "
+            f"({over}{size}): {difference(self.elmo, self.baseline)}"
+        )
+        if len(self.seeds) == 1:
+            return line
         return (
-            f"{self.split} {self.metric} {self.elmo:.4f} (baseline {self.baseline:.4f}, "
-            f"gain {gain:+.4f})"
+            f"{line}. This version holds seed {self.seeds[0]}'s weights ({self.split} "
+            f"{self.metric} {self.elmo.values[0]:.4f})"
         )
 
 

@@ -7,8 +7,9 @@ back by ``elmo analyze --compare`` to put two biLMs side by side.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from typing import TypeVar
 
 from elmo_core.analysis.probe import ProbeResult
 from elmo_core.analysis.senses import SenseProbeResult
@@ -16,6 +17,7 @@ from elmo_core.analysis.task_runs import INPUT, INPUT_OUTPUT, MIX, TaskAnalysis
 from elmo_core.tasks.seeds import Scores, difference
 
 TABLE_FILE = "analysis.json"
+Score = TypeVar("Score", Scores, "Cell")
 MARKDOWN_FILE = "analysis.md"
 
 
@@ -77,7 +79,7 @@ def probe_row(task: str, result: ProbeResult) -> Row:
 def headline(results: Sequence[TaskAnalysis], probes: Sequence[Row]) -> list[str]:
     """What a reader looks for first: per task the fraction of the training data where ELMo
     gains most (the sample-efficiency point) and the single layer that does best; per probe the
-    layer that wins, against the probe's own baseline."""
+    layer that wins, against the probe's own baseline; what ± means."""
     lines = []
     for result in results:
         efficiency = result.efficiency
@@ -86,27 +88,35 @@ def headline(results: Sequence[TaskAnalysis], probes: Sequence[Row]) -> list[str
         )
         elmo, baseline = efficiency[fraction]["elmo"], efficiency[fraction]["baseline"]
         scores = {f"layer {name}": s for name, s in result.layers.items() if name != MIX}
-        best = _best(scores)
         lines.append(
             f"{result.task}: with {fraction:.0%} of its training data, {result.metric} {elmo} "
             f"with ELMo, {baseline} without ({difference(elmo, baseline)}); "
-            f"best alone: {best} ({scores[best.split(' and ')[0]]})"
+            f"each layer alone: {_winner(scores, str)}"
         )
     for row in probes:
         layers = {name: cell for name, cell in row.cells.items() if name.startswith("layer ")}
-        best = _best(layers)
         others = ", ".join(
             f"{name} {cell.text()}" for name, cell in row.cells.items() if name not in layers
         )
-        top = layers[best.split(" and ")[0]].text()
-        lines.append(f"{row.analysis}: best {best} ({top}; {others})")
+        lines.append(f"{row.analysis}: {_winner(layers, Cell.text, others)}")
+    seeds = max((len(s.values) for r in results for s in r.layers.values()), default=1)
+    if seeds > 1:
+        lines.append(f"(± is the sample standard deviation over the {seeds} seeds)")
     return lines
 
 
-def _best(scores: Mapping[str, Scores | Cell]) -> str:
-    """``layer 1``, or ``layer 0 and layer 2`` when they tie on the mean."""
+def _winner(scores: Mapping[str, Score], text: Callable[[Score], str], others: str = "") -> str:
+    """``best layer 1 (0.750; majority 0.600)``, ``best layer 0 and layer 2 (…)`` when they tie
+    on the mean, or ``saturated: every layer scores 1.000 on every seed (majority 0.600)`` where
+    all score perfectly and nothing tells them apart."""
     top = max(score.mean for score in scores.values())
-    return " and ".join(name for name, score in scores.items() if score.mean == top)
+    best = [name for name, score in scores.items() if score.mean == top]
+    shown = text(scores[best[0]])
+    if len(best) == len(scores) > 1 and top >= 1.0:
+        return f"saturated: every layer scores {shown} on every seed" + (
+            f" ({others})" if others else ""
+        )
+    return f"best {' and '.join(best)} ({shown}{'; ' + others if others else ''})"
 
 
 def format_rows(rows: Sequence[Row]) -> str:

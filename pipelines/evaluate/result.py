@@ -35,6 +35,40 @@ class EvaluationResult(BaseModel):
     backward_trapped: int = 0
     num_rows: int = 0
 
+    def summary(self) -> str:
+        """One line: the flow's log and the evaluate run's description."""
+        return (
+            f"{self.split} perplexity {self.perplexity:.2f} (forward "
+            f"{self.forward_perplexity:.2f}, backward {self.backward_perplexity:.2f}) "
+            f"over {self.num_tokens:,} predicted tokens"
+        )
+
+    def metrics(self) -> dict[str, float]:
+        """The perplexities by their MLflow names, ``<split>_perplexity[_forward|_backward]``:
+        the evaluate run's, the registered model's and the flow's."""
+        return {
+            f"{self.split}_perplexity": self.perplexity,
+            f"{self.split}_perplexity_forward": self.forward_perplexity,
+            f"{self.split}_perplexity_backward": self.backward_perplexity,
+        }
+
+    def rows(self) -> list[dict[str, object]]:
+        """Forward, backward and their geometric mean, as the paper reports them (full
+        softmax): the evaluate run's table and the flow's artifact."""
+        return [
+            {
+                "split": self.split,
+                "direction": direction,
+                "perplexity": round(value, 2),
+                "tokens": self.num_tokens,
+            }
+            for direction, value in (
+                ("forward", self.forward_perplexity),
+                ("backward", self.backward_perplexity),
+                ("mean (geometric)", self.perplexity),
+            )
+        ]
+
     @classmethod
     def read(cls, path: Path) -> EvaluationResult:
         """The record saved by :meth:`write`; anything else is a DataError naming the file."""

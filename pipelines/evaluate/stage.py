@@ -5,7 +5,8 @@ task loads the same weights; with ``RAY_ADDRESS`` or ``workers > 1`` the split i
 tasks and their sums added. Forward, backward and geometric-mean perplexity go to an MLflow
 ``evaluate-<model>`` run with ``heldout_hash`` (the registry compares only on the same heldout
 data), ``<split>_predicted_tokens`` and each direction's rows whose state locked up
-(``<split>_trapped_rows_<direction>``); ``--output`` saves the result for ``elmo register``.
+(``<split>_trapped_rows_<direction>``), the perplexities as a table and in the run's
+description; ``--output`` saves the result for ``elmo register``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,15 @@ from pipelines.common.cli_runner import run_command
 from pipelines.common.locations import absolute_location
 from pipelines.evaluate.result import EvaluationResult, describe_trapped_rows
 from pipelines.models.bilm_loader import SOURCE_HELP, BiLMReference, load_bilm, resolve_bilm
-from pipelines.tracking.stage_runs import location_name, log_dataset, stage_run, stage_run_name
+from pipelines.tracking.stage_runs import (
+    DESCRIPTION_TAG,
+    location_name,
+    log_dataset,
+    stage_run,
+    stage_run_name,
+)
+
+PERPLEXITY_TABLE = "perplexity.json"  # the evaluate run's table: each direction and their mean
 
 
 def evaluate_bilm(
@@ -76,30 +85,34 @@ def evaluate_bilm(
         sums = _evaluate_on_ray(job, num_tasks) if num_tasks else evaluate_part(job)
         if not sums.num_tokens:
             raise DataError(f"no {split} tokens were scored (files {files})", path=data)
+        result = EvaluationResult(
+            forward_perplexity=sums.forward_perplexity,
+            backward_perplexity=sums.backward_perplexity,
+            perplexity=sums.perplexity,
+            num_tokens=sums.num_tokens,
+            split=split,
+            files=files,
+            protocol=protocol,
+            heldout_hash=heldout,
+            run_id=run.info.run_id,
+            forward_trapped=sums.forward_trapped,
+            backward_trapped=sums.backward_trapped,
+            num_rows=sums.num_rows,
+        )
         mlflow.log_metrics(
-            {
-                f"{split}_perplexity_forward": sums.forward_perplexity,
-                f"{split}_perplexity_backward": sums.backward_perplexity,
-                f"{split}_perplexity": sums.perplexity,
+            result.metrics()
+            | {
                 f"{split}_predicted_tokens": sums.num_tokens,
                 f"{split}_trapped_rows_forward": sums.forward_trapped,
                 f"{split}_trapped_rows_backward": sums.backward_trapped,
             }
         )
-    return EvaluationResult(
-        forward_perplexity=sums.forward_perplexity,
-        backward_perplexity=sums.backward_perplexity,
-        perplexity=sums.perplexity,
-        num_tokens=sums.num_tokens,
-        split=split,
-        files=files,
-        protocol=protocol,
-        heldout_hash=heldout,
-        run_id=run.info.run_id,
-        forward_trapped=sums.forward_trapped,
-        backward_trapped=sums.backward_trapped,
-        num_rows=sums.num_rows,
-    )
+        rows = result.rows()
+        mlflow.log_table({key: [row[key] for row in rows] for key in rows[0]}, PERPLEXITY_TABLE)
+        trapped = describe_trapped_rows(sums.forward_trapped, sums.backward_trapped, sums.num_rows)
+        description = f"{bilm.location}: {result.summary()}, {protocol} protocol"
+        mlflow.set_tag(DESCRIPTION_TAG, f"{description}. {trapped}" if trapped else description)
+    return result
 
 
 def heldout_hash(data: str, split: str, files: Sequence[str] | None) -> str:

@@ -212,6 +212,8 @@ def register_bilm(
         if exporter is not None:
             version_tags[BILM_TF_TAG] = _log_bilm_tf_export(exporter, source.bilm, run.info.run_id)
         info = log_bilm_model(source.model_dir, dataset, name, source_run_id=run_id)
+        if evaluation is not None:  # the model's page shows its perplexity, not only system/…
+            mlflow.log_metrics(evaluation.metrics(), model_id=info.model_id)
         version = register_model(info.model_uri, name, version_tags)
         runs = version_runs(version_tags)
         publish_card(bilm_card(name), version, bilm_version_description(version_tags, runs))

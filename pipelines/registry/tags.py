@@ -12,6 +12,9 @@ DEFAULT_NAME = "elmo-bilm"
 # On a registered model (the same for all its versions): what a user filters the model list on.
 KIND_TAG = "elmo.kind"  # "bilm" or "task"
 TASK_TAG = "elmo.task"  # elmo-<task> models (and their versions and adapt runs): the task
+# On a task model version: the seeds its scores are the mean over, and the one whose weights it is.
+SEEDS_TAG = "elmo.seeds"
+WEIGHTS_SEED_TAG = "elmo.weights_seed"
 
 # What registration records on a biLM version (strings, as MLflow stores them).
 FORWARD_PERPLEXITY_TAG = "elmo.perplexity.forward"
@@ -44,10 +47,16 @@ SUPERSEDED_BY_TAG = "elmo.superseded_by"
 
 
 def score_tag(split: str, metric: str) -> str:
-    """``elmo.test_f1``: a task model version's main score on test (dev when it has no test)."""
+    """``elmo.test_f1``: a task model version's main score on test (dev when it has no test),
+    the mean over its seeds."""
     return f"elmo.{split}_{metric}"
 
 
+def spread_tag(split: str, metric: str) -> str:
+    """``elmo.test_f1_spread``: that score's sample standard deviation over the seeds."""
+    return f"{score_tag(split, metric)}_spread"
+
+
 def gain_tag(split: str, metric: str) -> str:
-    """``elmo.gain.test_f1``: that score minus the baseline's (what ELMo brought)."""
+    """``elmo.gain.test_f1``: the mean score minus the baseline's mean (what ELMo brought)."""
     return f"elmo.gain.{split}_{metric}"

@@ -63,6 +63,24 @@ class TrainResult(BaseModel):
     seconds: float
     already_finished: bool = False  # True when the run had finished before this call
 
+    def summary(self) -> str:
+        """What the run did, in one line: the flow's log and the train run's description."""
+        if self.already_finished:
+            verb = "reused (already finished)"
+        elif self.resumed_from_step:
+            verb = f"resumed from step {self.resumed_from_step} and finished"
+        else:
+            verb = "trained"
+        best = (
+            ""
+            if self.best_perplexity is None
+            else f", best validation perplexity {self.best_perplexity:.2f} (heldout sample)"
+        )
+        return (
+            f"biLM {self.run_name} {verb}: {self.steps}/{self.total_steps} steps in "
+            f"{self.seconds / 60:.1f} min{best}"
+        )
+
     def handed_on(self, choice: HandOn = "best") -> HandedOn:
         """The model evaluate and register get: by default the best one, since the final model
         can be much worse (a run that diverged after its best validation); the final one when

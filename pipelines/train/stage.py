@@ -47,8 +47,9 @@ from pipelines.evaluate.stage import evaluate_bilm
 from pipelines.models.bilm_loader import OPTIONS_HELP, SOURCE_HELP
 from pipelines.registry.register import RegisteredBiLM, register
 from pipelines.registry.tags import DEFAULT_NAME
-from pipelines.tracking.flow_runs import TOTAL_STEPS_TAG, VALIDATION_SECTION
+from pipelines.tracking.flow_runs import HEALTH_TAG, TOTAL_STEPS_TAG, VALIDATION_SECTION
 from pipelines.tracking.stage_runs import (
+    DESCRIPTION_TAG,
     find_run,
     git_commit,
     log_config,
@@ -238,7 +239,19 @@ def _finish(worker_cfg: WorkerConfig, run_dir: RunDirectory, seconds: float) -> 
     if outcome.best_perplexity is not None:
         best_metric = f"{VALIDATION_SECTION}/best_perplexity"
         mlflow.log_metric(best_metric, outcome.best_perplexity, step=outcome.steps)
-    mlflow.set_tags({"elmo.model_dir": outcome.model_dir, "elmo.finished": "true"})
+    models = f"final model (step {outcome.steps}) `{outcome.model_dir}`"
+    if outcome.best_model_dir is not None:
+        at = f" (step {outcome.best_step})" if outcome.best_step else ""
+        models = f"best model{at} `{outcome.best_model_dir}`; {models}"
+    warning = mlflow.get_run(worker_cfg.mlflow_run_id).data.tags.get(HEALTH_TAG)
+    models += f". Warned at {warning}" if warning else ""
+    mlflow.set_tags(
+        {
+            "elmo.model_dir": outcome.model_dir,
+            "elmo.finished": "true",
+            DESCRIPTION_TAG: f"{outcome.summary()}. {models}.",
+        }
+    )
     run_dir.write_json(FINISHED_FILE, outcome.model_dump(mode="json"))
     return outcome
 

@@ -21,6 +21,7 @@ from elmo_core.tasks import load_task_config
 from elmo_core.tasks.seeds import Scores
 from elmo_core.text.tokenize import WhitespaceTokenizer
 from pipelines.adapt import stage as adapt_stage
+from pipelines.adapt.task_records import MODELS
 from pipelines.models import bilm_loader as bilm_source
 from pipelines.registry.register import DatasetFiles, log_bilm_model
 from pipelines.tracking import stage_runs
@@ -209,39 +210,40 @@ def test_the_chart_view_holds_epoch_curves_and_a_few_final_scores_each_named_onc
         assert result.metric == metric
         metrics = adapted.client.get_run(result.run_id).data.metrics
         metrics = {name: value for name, value in metrics.items() if not name.startswith("system/")}
-        # task/...: the MLflow UI orders chart sections by name, the biLM's (bilm/...) first
+        # task/...: the MLflow UI orders chart sections by name, the biLM's (bilm/...) first.
+        # The curves are the first seed's, and named so.
         curves = {"elmo/train_loss", f"elmo/dev_{metric}", "elmo/gamma", "baseline/train_loss"}
         curves |= {f"baseline/dev_{metric}"} | {f"elmo/mix_weight_{j}" for j in range(3)}
-        curves = {f"task/{name}" for name in curves}
-        finals = {f"{p}/{s}_{metric}" for p in ("elmo", "baseline") for s in ("best_dev", "test")}
-        finals |= {f"gain/dev_{metric}", f"gain/test_{metric}", f"gain/test_{metric}_mean"}
-        finals |= {
-            f"{p}/test_{metric}_{s}" for p in ("elmo", "baseline") for s in ("mean", "spread")
-        }
-        finals = {f"task/{name}" for name in finals}
+        curves = {f"task/seed_0/{name}" for name in curves}
+        means = {f"{p}/{s}_{metric}" for p in ("elmo", "baseline") for s in ("best_dev", "test")}
+        means |= {f"gain/dev_{metric}", f"gain/test_{metric}"}
+        finals = {f"task/{name}{suffix}" for name in means for suffix in ("", "_spread")}
+        finals |= {f"task/seed_{s}/{p}/test_{metric}" for s in (0, 1, 2) for p in MODELS}
         assert set(metrics) == curves | finals
         for name in curves:
             history = adapted.client.get_metric_history(result.run_id, name)
             assert [point.step for point in history] == [1, 2]
-        for prefix in ("elmo", "baseline"):
-            score = getattr(result, f"{prefix}_test")[metric]
-            assert metrics[f"task/{prefix}/test_{metric}"] == score
-        gain = result.elmo_test[metric] - result.baseline_test[metric]
-        assert metrics[f"task/gain/test_{metric}"] == pytest.approx(gain)
-        assert result.gain[f"test_{metric}"] == pytest.approx(gain)
-        # The registered model is the first seed's; the means are over every seed.
+        # The top-level scores are the means over the seeds; each seed's are its own.
         assert result.seeds == [0, 1, 2] and result.elmo_scores[0] == result.elmo_test[metric]
         elmo, baseline = Scores(tuple(result.elmo_scores)), Scores(tuple(result.baseline_scores))
-        assert metrics[f"task/elmo/test_{metric}_mean"] == pytest.approx(elmo.mean)
+        assert metrics[f"task/elmo/test_{metric}"] == pytest.approx(elmo.mean)
         assert metrics[f"task/baseline/test_{metric}_spread"] == pytest.approx(baseline.spread)
-        gain_mean = metrics[f"task/gain/test_{metric}_mean"]
+        gain_mean = metrics[f"task/gain/test_{metric}"]
         assert gain_mean == pytest.approx(elmo.mean - baseline.mean)
+        for seed, ours, theirs in zip(
+            result.seeds, result.elmo_scores, result.baseline_scores, strict=True
+        ):
+            assert metrics[f"task/seed_{seed}/elmo/test_{metric}"] == ours
+            assert metrics[f"task/seed_{seed}/baseline/test_{metric}"] == theirs
+        gain = result.elmo_test[metric] - result.baseline_test[metric]
+        assert result.gain[f"test_{metric}"] == pytest.approx(gain)  # the registered seed's
 
 
 def test_every_score_the_mix_and_the_timings_are_in_scores_json(adapted) -> None:
     for result in adapted.standalone:
         scores = mlflow.artifacts.load_dict(f"runs:/{result.run_id}/scores.json")
         assert scores["metric"] == result.metric
+        assert scores["registered_seed"] == result.seeds[0]  # every score below is its models'
         assert scores["elmo"]["test"] == result.elmo_test
         assert scores["baseline"]["dev"] == result.baseline_dev
         assert scores["elmo"]["best_epoch"] in (1, 2)
@@ -302,14 +304,21 @@ def test_each_task_model_is_registered_with_a_few_tags_and_a_description(adapted
         version = adapted.client.get_model_version(result.model_name, "1")
         assert version.run_id == result.run_id
         metric = result.metric
-        score, gain = result.elmo_test[metric], result.gain[f"test_{metric}"]
+        elmo, baseline = Scores(tuple(result.elmo_scores)), Scores(tuple(result.baseline_scores))
         assert version.tags == {
             "elmo.task": result.task,
             bilm_source.PATH_TAG: str(adapted.model_dir),
-            f"elmo.test_{metric}": f"{score:.4f}",
-            f"elmo.gain.test_{metric}": f"{gain:+.4f}",
+            f"elmo.test_{metric}": f"{elmo.mean:.4f}",
+            f"elmo.test_{metric}_spread": f"{elmo.spread:.4f}",
+            f"elmo.gain.test_{metric}": f"{elmo.mean - baseline.mean:+.4f}",
+            "elmo.seeds": "0,1,2",
+            "elmo.weights_seed": "0",
         }
-        assert version.description.startswith(f"Adapted from `{adapted.model_dir}`: test")
+        assert version.description.startswith(
+            f"Adapted from `{adapted.model_dir}`: test {metric} {elmo} with ELMo, {baseline} "
+            "without (mean ± sample standard deviation over seeds 0, 1, 2; "
+        )
+        assert f"This version holds seed 0's weights (test {metric} " in version.description
         model = adapted.client.get_registered_model(result.model_name)
         assert model.tags == {"elmo.kind": "task", "elmo.task": result.task}
     tagger = adapted.client.get_registered_model("elmo-tagger").description
@@ -323,14 +332,15 @@ def test_the_final_scores_are_metrics_of_the_logged_task_model(adapted) -> None:
     version = adapted.client.get_model_version(result.model_name, "1")
     logged = adapted.client.get_logged_model(version.source.removeprefix("models:/"))
     linked = {metric.key: metric.value for metric in logged.metrics}
-    finals = {f"{p}/{s}_accuracy" for p in ("elmo", "baseline") for s in ("best_dev", "test")}
-    finals |= {"gain/dev_accuracy", "gain/test_accuracy", "gain/test_accuracy_mean"}
-    finals |= {f"{p}/test_accuracy_{s}" for p in ("elmo", "baseline") for s in ("mean", "spread")}
+    means = {f"{p}/{s}_accuracy" for p in MODELS for s in ("best_dev", "test")}
+    means |= {"gain/dev_accuracy", "gain/test_accuracy"}
+    finals = {f"task/{name}{suffix}" for name in means for suffix in ("", "_spread")}
+    finals |= {f"task/seed_{s}/{p}/test_accuracy" for s in (0, 1, 2) for p in MODELS}
     # MLflow also links the run's step-0 metrics at log_model: the first system metrics sample.
-    assert {name for name in linked if not name.startswith("system/")} == {
-        f"task/{name}" for name in finals
-    }
-    assert linked["task/elmo/test_accuracy"] == result.elmo_test["accuracy"]
+    assert {name for name in linked if not name.startswith("system/")} == finals
+    assert linked["task/seed_0/elmo/test_accuracy"] == result.elmo_test["accuracy"]
+    mean = Scores(tuple(result.elmo_scores)).mean
+    assert linked["task/elmo/test_accuracy"] == pytest.approx(mean)
     # Named as the model it is registered as, from its adapt run, not Ray's worker script
     assert logged.name == "elmo-questions" and logged.source_run_id == result.run_id
     assert logged.tags["mlflow.source.name"] == "pipelines.adapt"

@@ -17,7 +17,7 @@ from elmo_core.model.serialization import find_model_dir, read_bilm_dir, write_b
 from elmo_core.perplexity import evaluate_perplexity
 from elmo_core.presets import tiny
 from pipelines.evaluate.result import EvaluationResult
-from pipelines.evaluate.stage import evaluate_bilm, heldout_hash, main
+from pipelines.evaluate.stage import PERPLEXITY_TABLE, evaluate_bilm, heldout_hash, main
 from pipelines.prepare.corpus_sources import CorpusFiles
 from pipelines.prepare.stage import prepare_files
 from pipelines.tracking import stage_runs
@@ -90,6 +90,14 @@ def test_evaluate_a_model_directory_logs_metrics_and_params(store, dataset, mode
     assert run.data.params["checkpoint"] == str(model_dir)
     assert run.data.params["protocol"] == "batched"
     assert run.data.tags[stage_runs.STAGE_TAG] == "evaluate"
+    # Its page says what it measured, and holds the perplexities as a table.
+    description = run.data.tags[stage_runs.DESCRIPTION_TAG]
+    assert description == f"{model_dir}: {result.summary()}, batched protocol"
+    table = mlflow.load_table(PERPLEXITY_TABLE, run_ids=[result.run_id])
+    assert list(table["direction"]) == ["forward", "backward", "mean (geometric)"]
+    assert list(table["perplexity"]) == [round(result.forward_perplexity, 2)] + [
+        round(value, 2) for value in (result.backward_perplexity, result.perplexity)
+    ]
 
 
 def test_selected_files_change_the_heldout_hash_and_the_count(store, dataset, model_dir):

@@ -292,7 +292,9 @@ def test_the_flow_log_says_what_happens_in_domain_terms(
         r"registered models:/elmo-bilm/1, alias @champion: first champion: heldout perplexity "
         r"\d+(\.\d\d?)?$",
         rf"^register run in MLflow: {RUN_URL}",
-        r"task ner: test f1 [\d.]+ ± [\d.]+ with ELMo, [\d.]+ ± [\d.]+ without over seeds 0,1,2",
+        r"task ner: test f1 [\d.]+ ± [\d.]+ with ELMo, [\d.]+ ± [\d.]+ without \(mean ± sample "
+        r"standard deviation over seeds 0, 1, 2; \d+ test examples\): gain [+-][\d.]+, .*\. "
+        r"This version holds seed 0's weights \(test f1 [\d.]+\)",
         rf"^adapt run of task ner in MLflow: {RUN_URL}",
         rf"^the summary \(the parent run's description\) in MLflow: {RUN_URL}",
     ):
@@ -525,11 +527,23 @@ CONSOLE_NOISE = (
 SCORES = r"[\d.]+"  # one seed: no spread
 VERDICT = r"\(gain [+-][\d.]+ \(one seed, no spread\)\)"
 LAYERS = r"layer \d( and layer \d)*"  # the best layer, or those that tie
+
+
+def winner(others: str = "") -> str:
+    """The best layers and their score, or every layer scoring perfectly: saturated."""
+    best = rf"best {LAYERS} \({SCORES}\)"
+    saturated = rf"saturated: every layer scores {SCORES} on every seed"
+    if others:
+        best = rf"best {LAYERS} \({SCORES}; {others}\)"
+        saturated = rf"{saturated} \({others}\)"
+    return f"({best}|{saturated})"
+
+
 MAKE_RUN_ENDING = (
     r"biLM models:/elmo-bilm/1 \(@champion\): heldout perplexity [\d.]+",
     *(
-        rf"task {task}: test {metric} {SCORES} with ELMo, {SCORES} without over seeds 0 "
-        rf"{VERDICT} → models:/elmo-{task}/\d"
+        rf"task {task}: test {metric} {SCORES} with ELMo, {SCORES} without \(seed 0; \d+ test "
+        rf"examples\): gain [+-][\d.]+ \(one seed, no spread\) → models:/elmo-{task}/\d"
         for task, metric in (("docstrings", "accuracy"), ("ner", "f1"), ("questions", "accuracy"))
     ),
     r"MLflow UI: mlflow ui --backend-store-uri sqlite:///\S+/mlflow\.db",
@@ -548,11 +562,11 @@ MAKE_RUN_ENDING = (
     r"The analysis \(elmo analyze\), in short:",
     *(
         rf"  {task}: with \d+% of its training data, test_{metric} {SCORES} with ELMo, {SCORES} "
-        rf"without {VERDICT}; best alone: {LAYERS} \({SCORES}\)"
+        rf"without {VERDICT}; each layer alone: {winner()}"
         for task, metric in (("docstrings", "accuracy"), ("ner", "f1"), ("questions", "accuracy"))
     ),
-    rf"  ner linear probe accuracy: best {LAYERS} \([\d.]+; majority [\d.]+\)",
-    rf"  word sense, nearest centroid accuracy: best {LAYERS} \([\d.]+; MFS [\d.]+\)",
+    "  ner linear probe accuracy: " + winner(rf"majority {SCORES}"),
+    "  word sense, nearest centroid accuracy: " + winner(rf"MFS {SCORES}"),
 )
 
 

@@ -107,6 +107,9 @@ def test_two_workers_survive_a_killed_worker_and_record_the_run(
 
     run = store.get_run(result.mlflow_run_id)
     assert run.info.run_name == f"train-{result.run_name}"  # <stage>-<subject>
+    description = run.data.tags[stage_runs.DESCRIPTION_TAG]  # what it did and left
+    assert description.startswith(f"{result.summary()}. best model (step ")
+    assert f"`{result.best_model_dir}`; final model (step 24) `{result.model_dir}`" in description
     # The driver samples system metrics from the start, before Ray and the workers are up.
     system = store.get_metric_history(result.mlflow_run_id, "system/cpu_utilization_percentage")
     assert len(system) >= 3 and min(m.timestamp for m in system) < min(

@@ -19,14 +19,15 @@ def test_the_headline_names_the_fraction_of_the_largest_gain_and_the_best_layers
         {"layer 0": Cell(0.48), "layer 1": Cell(0.72), "MFS": Cell(0.48)},
     )
 
-    first, second = headline([analysis], [senses])
+    first, second, spread = headline([analysis], [senses])
 
     assert first.startswith(
         "docstrings: with 25% of its training data, test_accuracy 0.5300 ± 0.0141 with ELMo, "
         "0.4650 ± 0.0071 without (gain +0.0650, beyond the seeds' spread"
     )
-    assert first.endswith("best alone: layer 1 (0.7500 ± 0.0707)")  # the mix is not a layer
+    assert first.endswith("each layer alone: best layer 1 (0.7500 ± 0.0707)")  # mix: no layer
     assert second == "word sense, nearest centroid accuracy: best layer 1 (0.720; MFS 0.480)"
+    assert spread == "(± is the sample standard deviation over the 2 seeds)"
 
 
 def test_layers_that_tie_are_named_together() -> None:
@@ -36,3 +37,23 @@ def test_layers_that_tie_are_named_together() -> None:
     )
     (line,) = headline([], [probe])
     assert line == "ner linear probe accuracy: best layer 0 and layer 2 (0.900; majority 0.600)"
+
+
+def test_a_probe_every_layer_of_which_scores_perfectly_is_saturated_not_won() -> None:
+    probe = Row(
+        "ner linear probe accuracy",
+        {"layer 0": Cell(1.0), "layer 1": Cell(1.0), "majority": Cell(0.6)},
+    )
+    analysis = TaskAnalysis("ner", "test_f1")
+    analysis.efficiency = {1.0: {"elmo": Scores((1.0, 1.0)), "baseline": Scores((0.9, 0.9))}}
+    analysis.layers = {MIX: Scores((1.0, 1.0)), "0": Scores((1.0, 1.0)), "1": Scores((1.0, 1.0))}
+
+    task, line, _ = headline([analysis], [probe])
+
+    assert line == (
+        "ner linear probe accuracy: saturated: every layer scores 1.000 on every seed "
+        "(majority 0.600)"
+    )
+    assert task.endswith(
+        "each layer alone: saturated: every layer scores 1.0000 ± 0.0000 on every seed"
+    )
