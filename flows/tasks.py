@@ -12,7 +12,6 @@ import contextvars
 import json
 import os
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -61,16 +60,14 @@ from pipelines.tracking.flow_runs import (
     mlflow_link,
     parent_run,
     record_summary,
-    training_progress,
 )
 from pipelines.tracking.stage_runs import find_run, stage_run_name
+from pipelines.tracking.train_progress import training_progress
 from pipelines.train import ray_job
 from pipelines.train import stage as train_stage
 from pipelines.train.job_config import run_name
 from pipelines.train.preflight import HandOn, TrainResult
 
-FLOW_LOG_INTERVAL_ENV = "ELMO_FLOW_LOG_INTERVAL_S"
-DEFAULT_FLOW_LOG_INTERVAL_S = 60.0
 PROGRESS_LOOK_S = 2.0  # how often the flow looks at a training run's MLflow record
 # Where `prefect server start` serves the flow runs an ephemeral run left in PREFECT_HOME.
 LOCAL_PREFECT_UI = "http://127.0.0.1:4200"
@@ -168,27 +165,31 @@ def prepare(data: DataParams, parent_run_id: str | None = None) -> str:
 
 @task(name="train")
 def _train(dataset: str, training: TrainingParams, parent_run_id: str) -> TrainResult:
-    return train_stage.train(
-        training.job_config(),
-        dataset,
-        where=training.resolved_mode(),
-        parent_run_id=parent_run_id,
-        tags=flow_tags(),
-    )
+    """The train stage; while it trains, this task's log follows it (:func:`_training_followed`),
+    so the task's own page shows its progress, and its workers print none of it twice."""
+    name = run_name(training.job_config(), manifest_sha256(dataset))
+    with _training_followed(name, parent_run_id) as linked:
+        result = train_stage.train(
+            training.job_config(),
+            dataset,
+            where=training.resolved_mode(),
+            parent_run_id=parent_run_id,
+            tags=flow_tags(),
+            console=False,
+        )
+    if not linked.is_set():  # reused, or done before the first look
+        get_run_logger().info(_train_run_link(name, result.mlflow_run_id))
+    return result
 
 
 def train(dataset: str, training: TrainingParams, parent_run_id: str) -> TrainResult:
     """The train stage, in process or as a Ray Job (it reuses a finished run). The flow's log
-    names the run as it starts, links its MLflow run (and its Ray job) and follows its progress
-    (:func:`_training_followed`)."""
+    names the run as it starts and says what it did; the train task's log follows it."""
     logger = get_run_logger()
     name = run_name(training.job_config(), manifest_sha256(dataset))
     logger.info(f"train: biLM {name}, preset {training.model}, dataset {Path(dataset).name}")
-    with _training_followed(name, parent_run_id) as linked:
-        result = _train(dataset, training, parent_run_id)
+    result = _train(dataset, training, parent_run_id)
     logger.info(result.summary())
-    if not linked.is_set():  # reused, or done before the first look
-        logger.info(_train_run_link(name, result.mlflow_run_id))
     return result
 
 
@@ -196,38 +197,41 @@ def train(dataset: str, training: TrainingParams, parent_run_id: str) -> TrainRe
 def _training_followed(name: str, parent_run_id: str) -> Iterator[threading.Event]:
     """While the block trains, a thread looks at the run's MLflow record every few seconds: it
     logs the run's link once the run exists (and sets the event it yields) with its Ray job's,
-    then its progress (:func:`training_progress`) at each tenth of the run and at least every
-    ``ELMO_FLOW_LOG_INTERVAL_S`` seconds (default 60), and each new warning the run gives as a
-    warning. A failed look is skipped, never fatal."""
+    then a line for each step and validation the run logged since the last look
+    (:func:`training_progress`: rank 0's own words), and each new warning the run gives as a
+    warning; once more when the block ends. A failed look is skipped, never fatal."""
     logger = get_run_logger()
-    interval = float(os.environ.get(FLOW_LOG_INTERVAL_ENV, DEFAULT_FLOW_LOG_INTERVAL_S))
     stop, linked = threading.Event(), threading.Event()
+    logged: set[tuple[int, int]] = set()
+    warned: list[str | None] = [None]
+
+    def look() -> None:
+        try:
+            if not linked.is_set():
+                run = find_run(stage_run_name("train", name), "train")
+                if run is not None:
+                    linked.set()
+                    logger.info(_train_run_link(name, run.info.run_id))
+                    _link_ray_job(run.data.tags.get(ray_job.SUBMISSION_TAG))
+            progress = training_progress(parent_run_id, max((s for s, _ in logged), default=0))
+        except Exception as err:  # the tracking server may be busy: try again next time
+            logger.debug("no training progress this time: %s", err)
+            return
+        if progress is None:  # no training run yet
+            return
+        if progress.health is not None and progress.health != warned[0]:
+            logger.warning("train: %s", progress.health)
+            warned[0] = progress.health
+        for line in progress.lines:
+            if (line.step, line.kind) not in logged:
+                logger.info(f"{progress.run_name}: {line.text}")
+                logged.add((line.step, line.kind))
 
     def follow() -> None:
-        logged_step, logged_at, warned = None, time.monotonic(), None
-        while not stop.wait(min(interval, PROGRESS_LOOK_S)):
-            try:
-                if not linked.is_set():
-                    run = find_run(stage_run_name("train", name), "train")
-                    if run is not None:
-                        linked.set()
-                        logger.info(_train_run_link(name, run.info.run_id))
-                        _link_ray_job(run.data.tags.get(ray_job.SUBMISSION_TAG))
-                progress = training_progress(parent_run_id)
-            except Exception as err:  # the tracking server may be busy: try again next time
-                logger.debug("no training progress this time: %s", err)
-                continue
-            if progress is None:  # no training run yet
-                continue
-            if progress.health is not None and progress.health != warned:
-                logger.warning("train: %s", progress.health)
-                warned = progress.health
-            step, seconds = progress.step, time.monotonic() - logged_at
-            if progress.line and progress_due(step, progress.total, logged_step, seconds, interval):
-                logger.info(progress.line)
-                logged_step, logged_at = step, time.monotonic()
+        while not stop.wait(PROGRESS_LOOK_S):
+            look()
 
-    # in this flow run's context, where the thread's artifacts belong
+    # in this task run's context, where the thread's logs and artifacts belong
     context = contextvars.copy_context()
     thread = threading.Thread(target=context.run, args=(follow,), name="training-progress")
     thread.daemon = True
@@ -237,6 +241,7 @@ def _training_followed(name: str, parent_run_id: str) -> Iterator[threading.Even
     finally:
         stop.set()
         thread.join()
+    look()  # the last steps and the final validation
 
 
 def _link_ray_job(job_id: str | None) -> None:
@@ -250,21 +255,6 @@ def _link_ray_job(job_id: str | None) -> None:
 
 def _train_run_link(name: str, run_id: str) -> str:
     return run_link_line(f"train run of biLM {name}", mlflow_link(run_id))
-
-
-def progress_due(
-    step: int, total: int | None, logged_step: int | None, seconds: float, interval: float
-) -> bool:
-    """Whether the flow's log says where training is now, at ``step`` of ``total`` (None while
-    unknown): at the first step it sees, when the run has entered another tenth since
-    ``logged_step``, or when ``interval`` seconds have passed since then with a step to report."""
-    if logged_step is None:
-        return True
-    if step <= logged_step:
-        return False
-    if total and step * 10 // total > logged_step * 10 // total:
-        return True
-    return seconds >= interval
 
 
 # --- evaluate, register, adapt --------------------------------------------------------------------

@@ -55,7 +55,13 @@ def layers_figure(results: Sequence[TaskAnalysis], probes: Sequence[Row]) -> Fig
         bars = axis.bar(names, [s.mean for s in scores], yerr=[s.spread for s in scores])
         axis.bar_label(bars, fmt="%.3f", padding=2)
         weights = ", ".join(f"{w:.2f}" for w in result.mix_weights)
-        axis.set(title=f"{result.task}\nmix weights {weights}", ylabel=result.metric)
+        over = (
+            f"mean over {len(result.layers[MIX].values)} seeds, "
+            if len(result.layers[MIX].values) > 1
+            else ""
+        )
+        title = f"{result.task}\nmix weights {weights} ({over}all of train)"
+        axis.set(title=title, ylabel=result.metric)
     for axis, row in zip(axes[0][len(results) :], probes, strict=False):
         names = list(row.cells)
         bars = axis.bar(names, [row.cells[n].mean for n in names])

@@ -58,7 +58,10 @@ def task_rows(result: TaskAnalysis) -> list[Row]:
     layers = {f"layer {k}": Cell.of(v) for k, v in result.layers.items() if k != MIX}
     rows.append(Row(f"{prefix}, per layer", layers | {"mix": Cell.of(result.layers[MIX])}))
     weights = {f"layer {j}": Cell(w) for j, w in enumerate(result.mix_weights)}
-    rows.append(Row(f"{result.task} learned mix weights", weights))
+    seeds = len(result.layers[MIX].values)
+    mean = f"mean over {seeds} seeds, " if seeds > 1 else ""
+    label = f"{result.task} learned mix weights ({mean}all of train, best epoch)"
+    rows.append(Row(label, weights))
     placement = {name: Cell.of(result.placement[name]) for name in (INPUT, INPUT_OUTPUT)}
     rows.append(Row(f"{prefix}, ELMo placement", placement))
     return rows

@@ -12,7 +12,6 @@ import math
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from urllib.parse import urlparse
 
 from mlflow.entities import Metric, Param
@@ -135,56 +134,6 @@ def record_summary(
     for name, text in artifacts.items():
         client.log_text(parent_run_id, text, name)
     client.set_tag(parent_run_id, DESCRIPTION_TAG, description)
-
-
-@dataclass(frozen=True)
-class TrainingProgress:
-    """The flow's training run as its MLflow run shows it now, as values a flow acts on."""
-
-    step: int  # the last logged step, 0 before the first
-    total: int | None  # None until the stage has tagged it
-    line: str | None  # name, step, rate, loss and ETA for the flow's log; None before a step
-    health: str | None  # the run's latest warning (HEALTH_TAG); None while it has given none
-
-
-def training_progress(parent_run_id: str) -> TrainingProgress | None:
-    """Where the flow's training run is (None before it exists): what a flow's log says while
-    training runs in Ray workers, local or in a Ray job, whose console the flow never sees."""
-    use_tracking()
-    client = MlflowClient()
-    experiment = client.get_experiment_by_name(EXPERIMENT)
-    if experiment is None:
-        return None
-    runs = client.search_runs(
-        [experiment.experiment_id],
-        filter_string=f"tags.`mlflow.parentRunId` = '{parent_run_id}' "
-        f"and tags.`{STAGE_TAG}` = 'train'",
-        order_by=["attributes.start_time DESC"],
-        max_results=1,
-    )
-    if not runs:
-        return None
-    run = runs[0]
-    total = int(run.data.tags.get(TOTAL_STEPS_TAG, "0")) or None
-    health = run.data.tags.get(HEALTH_TAG)
-    metrics = run.data.metrics
-    if TRAIN_LOSS_METRIC not in metrics:
-        return TrainingProgress(0, total, None, health)
-    step = client.get_metric_history(run.info.run_id, TRAIN_LOSS_METRIC)[-1].step
-    elapsed = time.time() - run.info.start_time / 1000
-    eta = (total - step) * elapsed / step if total and 0 < step <= total else math.nan
-    line = (
-        f"{run.info.run_name}: step {step}/{total or '?'}, "
-        f"{metrics.get(TOKENS_PER_S_METRIC, math.nan):,.0f} tokens/s, "
-        f"sampled loss {metrics[TRAIN_LOSS_METRIC]:.3f}, ETA {_minutes(eta)}"
-    )
-    return TrainingProgress(step, total, line, health)
-
-
-def _minutes(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "?"
-    return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
 def mlflow_link(run_id: str | None = None) -> str:

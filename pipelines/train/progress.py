@@ -12,7 +12,6 @@ resumed run start at step 1. Other ranks report nothing.
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 import time
@@ -32,14 +31,21 @@ from pipelines.tracking.flow_runs import (
     TOKENS_PER_S_METRIC,
     TRAIN_LOSS_METRIC,
     TRAIN_SECTION,
-    VALIDATION_SECTION,
 )
 from pipelines.tracking.stage_runs import log_curves, shared_run
+from pipelines.tracking.train_progress import (
+    GRAD_NORM_METRIC,
+    TRAIN_STARTED_TAG,
+    TRAPPED_ROWS,
+    VALIDATION_PERPLEXITY,
+    VALIDATION_SAMPLE_TAG,
+    eta_seconds,
+    started_tag,
+    step_line,
+    validation_line,
+)
 from pipelines.train.checkpoint import SharedState
 from pipelines.train.run_directory import BEST_DIR, RunDirectory
-
-VALIDATION_PERPLEXITY = f"{VALIDATION_SECTION}/perplexity"
-TRAPPED_ROWS = f"{VALIDATION_SECTION}/trapped_rows"  # _forward, _backward
 
 
 @dataclass(frozen=True)
@@ -111,13 +117,15 @@ class Progress:
         log_every: int,
         validation_sentences: int,
         warn_at: tuple[float, float],
+        console: bool = True,
     ) -> None:
-        """``warn_at``: ``train.warn_rise`` and ``train.warn_parting``."""
+        """``warn_at``: ``train.warn_rise`` and ``train.warn_parting``; ``console``: print each
+        line (off where a flow logs them from the run's metrics instead)."""
         self.run, self.shared, self.active = run, shared, rank == 0
         self.warn_rise, self.warn_parting = warn_at
-        self.total, self.log_every = total_steps, log_every
+        self.total, self.log_every, self.console = total_steps, log_every, console
         self.sample = f"{validation_sentences:,}-sentence heldout sample"
-        self._start_step, self._started = shared.step, time.perf_counter()
+        self._started = started_tag(shared.step, time.time())
         self._reset_window()
 
     def _reset_window(self) -> None:
@@ -135,6 +143,8 @@ class Progress:
         host = socket.gethostname()
         node = None if host == self.run.driver_host else host
         with shared_run(self.run.run_id, node):  # the driver's run: it decides how the run ends
+            self._started = started_tag(self.shared.step, time.time())
+            mlflow.set_tags({TRAIN_STARTED_TAG: self._started, VALIDATION_SAMPLE_TAG: self.sample})
             yield
 
     def after_step(
@@ -157,18 +167,20 @@ class Progress:
             f"{TRAIN_LOSS_METRIC}_backward": backward / num_steps,
             TOKENS_PER_S_METRIC: tokens_per_s,
             f"{TRAIN_SECTION}/lr": lr,
-            f"{TRAIN_SECTION}/grad_norm": float(grad_norm),
+            GRAD_NORM_METRIC: float(grad_norm),
         }
-        mlflow.log_metrics(metrics, step=step)
+        now = time.time()  # the metrics' timestamp, from which the flow's log takes its ETA
+        mlflow.log_metrics(metrics, step=step, timestamp=int(now * 1000))
         self.shared.curves.setdefault(TRAIN_LOSS_METRIC, []).append((step, loss / num_steps))
-        rate = (step - self._start_step) / max(time.perf_counter() - self._started, 1e-9)
-        eta = (self.total - step) / rate if rate > 0 else math.inf
-        print(
-            f"[train] step {step}/{self.total}  sampled loss {loss / num_steps:.3f}  "
-            f"{tokens_per_s:,.0f} tokens/s  grad norm {float(grad_norm):.2f}  ETA {_duration(eta)}",
-            flush=True,
+        eta = eta_seconds(step, self.total, self._started, int(now * 1000) / 1000)
+        self._say(
+            step_line(step, self.total, loss / num_steps, tokens_per_s, float(grad_norm), eta)
         )
         self._reset_window()
+
+    def _say(self, line: str) -> None:
+        if self.console:
+            print(f"[train] {line}", flush=True)
 
     def after_validation(self, step: int, sums: PerplexitySums, best: BiLM | None) -> None:
         """Log the validation perplexities; keep the model as ``best/`` when it improved (the
@@ -200,13 +212,8 @@ class Progress:
         locked_up = describe_trapped_rows(
             sums.forward_trapped, sums.backward_trapped, sums.num_rows
         )
-        print(
-            f"[train] step {step}: validation perplexity {sums.perplexity:.2f} (forward "
-            f"{sums.forward_perplexity:.2f}, backward {sums.backward_perplexity:.2f}) on a "
-            f"{self.sample}{'; ' + locked_up if locked_up else ''}"
-            f"{'  best so far' if best is not None else ''}",
-            flush=True,
-        )
+        perplexities = [sums.perplexity, sums.forward_perplexity, sums.backward_perplexity]
+        self._say(validation_line(step, perplexities, self.sample, locked_up, best is not None))
         self._warn(step)
         self.plot()
 
@@ -221,7 +228,7 @@ class Progress:
             parting=self.warn_parting,
         )
         for warning in warnings:
-            print(f"[train] WARNING step {warning.step}: {warning.message}", flush=True)
+            self._say(f"WARNING step {warning.step}: {warning.message}")
         if warnings:
             messages = "; ".join(warning.message for warning in warnings)
             mlflow.set_tag(HEALTH_TAG, f"step {step}: {messages}")
@@ -251,11 +258,3 @@ class Progress:
             ylabel="perplexity",
             log_y=True,
         )
-
-
-def _duration(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "?"
-    minutes, secs = divmod(int(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}"

@@ -86,13 +86,15 @@ def train(
     init_options: str | None = None,
     parent_run_id: str | None = None,
     tags: dict[str, str] | None = None,
+    console: bool = True,
 ) -> TrainResult:
     """Train (or resume, or recognise as finished) the run that ``cfg`` and ``data`` define.
 
     ``where``: ``local`` trains from this process, on ``RAY_ADDRESS`` or a local Ray; ``ray-job``
     submits it to the Ray jobs API at ``RAY_API_SERVER_ADDRESS`` and waits. Everything the user
     gave is checked here first (:mod:`pipelines.train.preflight`). The MLflow run ends FINISHED,
-    FAILED or KILLED with the training.
+    FAILED or KILLED with the training. ``console``: rank 0 prints its progress lines (a flow,
+    which logs them from the run's metrics, turns that off).
     """
     started = time.perf_counter()
     plan = plan_training(cfg, data, init_from, init_options)
@@ -106,7 +108,7 @@ def train(
             raise ConfigError(f"training as a Ray job needs {RAY_JOBS_ENV}", key="where")
         return train_as_job(address, cfg, plan, parent_run_id=parent_run_id, tags=tags)
     with _tracked_run(cfg, plan, parent_run_id, tags) as run_id:
-        worker_cfg = _worker_config(cfg, plan, run_id)
+        worker_cfg = _worker_config(cfg, plan, run_id).model_copy(update={"console": console})
         mlflow.set_tag(TOTAL_STEPS_TAG, str(worker_cfg.total_steps))
         connect_ray()
         supervise(

@@ -91,6 +91,7 @@ class WorkerConfig(StrictModel):
     fail_once: str | None = Field(
         None, description="test hook 'rank:step:marker': that rank kills itself once at that step"
     )
+    console: bool = Field(True, description="rank 0 prints its progress lines")
 
 
 # --- what runs a worker: Ray Train, or this process ----------------------------------------------
@@ -274,6 +275,7 @@ class Worker:
                 self.train.validation_sentences, self.manifest.split("heldout").num_sentences
             ),
             warn_at=(self.train.warn_rise, self.train.warn_parting),
+            console=self.cfg.console,
         )
         output = None
         with progress.tracking(), self._batches() as batches:

@@ -82,7 +82,7 @@ def test_one_finished_run_holds_the_table_figures_and_a_metric_per_cell(analyzed
         "tagger test_f1, elmo by train fraction",
         "tagger test_f1, baseline by train fraction",
         "tagger test_f1, per layer",
-        "tagger learned mix weights",
+        "tagger learned mix weights (mean over 2 seeds, all of train, best epoch)",
         "tagger test_f1, ELMo placement",
         "tagger linear probe accuracy",
         "word sense, nearest centroid accuracy",
@@ -97,8 +97,9 @@ def test_one_finished_run_holds_the_table_figures_and_a_metric_per_cell(analyzed
     assert "word_sense_nearest_centroid_accuracy/mfs" in metrics
     logged = json.loads(mlflow.artifacts.load_text(f"runs:/{result.run_id}/analysis.json"))
     assert [row["analysis"] for row in logged] == names
-    tagger, probe, senses = result.headline
-    assert tagger.startswith("tagger: with ") and "best alone: layer " in tagger
+    tagger, probe, senses, spread = result.headline
+    assert tagger.startswith("tagger: with ") and "each layer alone: best layer " in tagger
+    assert spread == "(± is the sample standard deviation over the 2 seeds)"
     assert probe.startswith("tagger linear probe accuracy: best layer ") and "majority" in probe
     assert (
         senses.startswith("word sense, nearest centroid accuracy: best layer ") and "MFS" in senses

@@ -31,6 +31,7 @@ from prefect.client.schemas.filters import (
     FlowRunFilterId,
     LogFilter,
     LogFilterFlowRunId,
+    LogFilterTaskRunId,
 )
 from prefect.logging.handlers import APILogWorker
 from prefect.testing.utilities import prefect_test_harness
@@ -74,7 +75,6 @@ def home(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         patch.setenv("ELMO_HOME", str(root / "home"))
         for name in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"):
             patch.delenv(name, raising=False)
-        patch.setenv("ELMO_FLOW_LOG_INTERVAL_S", "1")  # training progress in the flow's log
         with prefect_test_harness(server_startup_timeout=180):
             yield root / "home"
 
@@ -138,6 +138,17 @@ def _log_messages(flow_run_id: UUID) -> list[str]:
         ):
             messages += [log.message for log in page]
     return messages
+
+
+def _task_log_messages(flow_run_id: UUID, task: str) -> list[str]:
+    """The log lines of one task run of a flow run, as its own page in Prefect's UI shows them."""
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+        )
+        (run,) = [run for run in runs if run.name.rsplit("-", 1)[0] == task]
+        logs = client.read_logs(log_filter=LogFilter(task_run_id=LogFilterTaskRunId(any_=[run.id])))
+    return [log.message for log in logs]
 
 
 def _task_states(flow_run_id: UUID) -> dict[str, str]:
@@ -284,7 +295,10 @@ def test_the_flow_log_says_what_happens_in_domain_terms(
         r"train and heldout$",
         r"^train: biLM bilm-\w+, preset tiny, dataset corpus\.txt-\w+$",
         rf"^train run of biLM bilm-\w+ in MLflow: {RUN_URL}",
-        r"train-bilm-\w+: step \d+/8, [\d,]+ tokens/s, sampled loss [\d.]+, ETA",
+        r"train-bilm-\w+: step \d+/8  sampled loss [\d.]+  [\d,]+ tokens/s  grad norm [\d.]+  "
+        r"ETA (\d+:\d\d:\d\d|\?)$",
+        r"train-bilm-\w+: step \d+: validation perplexity [\d.]+ \(forward [\d.]+, backward "
+        r"[\d.]+\) on a 10-sentence heldout sample",
         r"biLM bilm-\w+ trained: 8/8 steps",
         r"^evaluate: the best model \(step [48], validation perplexity [\d.]+\)$",
         r"heldout perplexity [\d.]+ \(forward [\d.]+, backward [\d.]+\)",
@@ -609,6 +623,22 @@ def make_run_consoles(tmp_path_factory: pytest.TempPathFactory) -> list[list[str
     return consoles
 
 
+def test_the_train_tasks_own_page_shows_every_logged_step_and_validation_once(
+    two_runs: list[tuple[PretrainSummary, UUID]],
+) -> None:
+    _, flow_run_id = two_runs[0]
+    lines = _task_log_messages(flow_run_id, "train")
+
+    steps = [int(m[1]) for line in lines if (m := re.search(r": step (\d+)/8  sampled", line))]
+    validations = [
+        int(m[1]) for line in lines if (m := re.search(r": step (\d+): validation", line))
+    ]
+    assert steps == [4, 8] and validations == [4, 8]  # log_every and validate_every 4
+    assert any(
+        re.search(rf"^train run of biLM bilm-\w+ in MLflow: {RUN_URL}", line) for line in lines
+    )
+
+
 def test_make_run_prints_every_line_once_and_none_of_the_libraries_chatter(
     make_run_consoles: list[list[str]],
 ) -> None:
@@ -617,7 +647,9 @@ def test_make_run_prints_every_line_once_and_none_of_the_libraries_chatter(
         assert sorted({line for line in printed if printed.count(line) > 1}) == []
         assert [line for line in printed if any(noise in line for noise in CONSOLE_NOISE)] == []
     first, _ = make_run_consoles
-    assert sum("[train] step 20/20 " in line for line in first) == 1
+    # each progress line once, from the flow's log (the workers print none of it)
+    assert sum(": step 20/20  sampled loss " in line for line in first) == 1
+    assert not [line for line in first if "[train]" in line]
 
 
 def test_make_run_names_the_training_run_and_links_each_stages_mlflow_run_to_the_console(

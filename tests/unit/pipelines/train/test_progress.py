@@ -14,9 +14,9 @@ from elmo_core.config import TrainConfig
 from elmo_core.perplexity import PerplexitySums
 from pipelines.tracking import stage_runs
 from pipelines.tracking.flow_runs import HEALTH_TAG
+from pipelines.tracking.train_progress import TRAPPED_ROWS
 from pipelines.train.checkpoint import SharedState
 from pipelines.train.progress import (
-    TRAPPED_ROWS,
     Progress,
     TrackedRun,
     ValidationWarning,

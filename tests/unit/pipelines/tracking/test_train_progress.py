@@ -1,0 +1,140 @@
+"""A training run's progress in one wording: rank 0's console lines and the flow's, read back from
+a real MLflow store, with one ETA."""
+
+from __future__ import annotations
+
+import math
+import socket
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+from mlflow.entities import Run
+from pydantic import BaseModel
+
+from elmo_core.model.bilm import BiLM
+from elmo_core.perplexity import PerplexitySums
+from elmo_core.presets import tiny
+from pipelines.tracking import flow_runs, stage_runs
+from pipelines.tracking.train_progress import (
+    TRAIN_STARTED_TAG,
+    eta_seconds,
+    started_tag,
+    training_progress,
+)
+from pipelines.train.checkpoint import SharedState
+from pipelines.train.progress import Progress, TrackedRun
+
+
+class _Params(BaseModel):
+    name: str
+
+
+def test_the_eta_is_the_rate_since_the_loop_began_not_since_the_run_started() -> None:
+    started = started_tag(100, 1_000.0)  # resumed at step 100; start-up before that not counted
+    assert eta_seconds(200, 1_100, started, 1_050.0) == pytest.approx(450.0)  # 2 steps/s
+    assert math.isnan(eta_seconds(100, 1_100, started, 1_050.0))  # no step yet: no rate
+    assert math.isnan(eta_seconds(200, None, started, 1_050.0))  # no total: no ETA
+
+
+def _sums(forward: float, backward: float, trapped: int) -> PerplexitySums:
+    tokens = 100
+    nll = (tokens * math.log(forward), tokens * math.log(backward))
+    return PerplexitySums(*nll, tokens, tokens, trapped, 0, 128)
+
+
+def test_the_flow_reads_back_each_line_rank_0_printed_in_the_same_words(
+    store: MlflowClient, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    params = _Params(name="x")
+    with flow_runs.parent_run("pretrain", "p", "flow-7", params) as parent:
+        assert training_progress(parent) is None  # no training run yet
+        run = _train_run(store, "train-bilm-7", parent)
+        store.set_tag(run.info.run_id, flow_runs.TOTAL_STEPS_TAG, "8")
+        before = training_progress(parent)
+        progress = Progress(
+            _tracked(run, tmp_path),
+            SharedState(step=0, world_size=1),
+            rank=0,
+            total_steps=8,
+            log_every=2,
+            validation_sentences=10,
+            warn_at=(1.25, 1.5),
+        )
+        best = BiLM(tiny(), vocab_size=100)  # what the worker hands over when it improved
+        with progress.tracking():
+            for step in range(1, 9):
+                progress.after_step(step, _output(5.0 - step / 4), _norm(), 0.2, 1)
+                if step % 4 == 0:
+                    sums = _sums(90.0, 80.0, 3 * (step == 8))  # the same: best only at step 4
+                    progress.after_validation(step, sums, best if step == 4 else None)
+        everything = training_progress(parent)
+        later = training_progress(parent, since=6)
+    printed = [
+        line.removeprefix("[train] ")
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("[train] step")
+    ]
+    assert before is not None and (before.step, before.total, before.lines) == (0, 8, [])
+    assert everything is not None and everything.step == 8
+    assert [line.text for line in everything.lines] == [
+        # the flow does not know the rows validated, only those that locked up
+        line.replace("3 of 128 rows", "3 rows")
+        for line in printed
+    ]
+    assert [(line.step, line.kind) for line in everything.lines] == [
+        (2, 0), (4, 0), (4, 1), (6, 0), (8, 0), (8, 1)
+    ]  # fmt: skip
+    assert "ETA" in everything.lines[0].text and everything.lines[1].text.endswith(":00")
+    assert later is not None and [line.step for line in later.lines] == [6, 8, 8]
+    assert store.get_run(run.info.run_id).data.tags[TRAIN_STARTED_TAG].startswith("0 ")
+
+
+def test_under_a_flow_rank_0_prints_nothing_and_the_flow_logs_it(
+    store: MlflowClient, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = _train_run(store, "train-bilm-8", None)
+    progress = Progress(
+        _tracked(run, tmp_path),
+        SharedState(step=0, world_size=1),
+        rank=0,
+        total_steps=2,
+        log_every=1,
+        validation_sentences=10,
+        warn_at=(1.25, 1.5),
+        console=False,
+    )
+    with progress.tracking():
+        progress.after_step(1, _output(4.0), _norm(), 0.2, 1)
+    assert capsys.readouterr().out == ""
+    history = store.get_metric_history(run.info.run_id, flow_runs.TRAIN_LOSS_METRIC)
+    assert [point.step for point in history] == [1]
+
+
+def _train_run(store: MlflowClient, name: str, parent: str | None) -> Run:
+    """A train run as the driver opens it (the client's: rank 0 resumes it)."""
+    stage_runs.ensure_experiment()
+    experiment = store.get_experiment_by_name(stage_runs.EXPERIMENT)
+    assert experiment is not None
+    tags = {stage_runs.STAGE_TAG: "train"} | ({"mlflow.parentRunId": parent} if parent else {})
+    return store.create_run(experiment.experiment_id, run_name=name, tags=tags)
+
+
+def _tracked(run: Run, tmp_path: Path) -> TrackedRun:
+    uri = stage_runs.use_tracking()
+    return TrackedRun(uri, run.info.run_name, run.info.run_id, str(tmp_path), socket.gethostname())
+
+
+def _output(loss: float):
+    import torch
+
+    from elmo_core.model.bilm import LossOutput
+
+    value = torch.tensor(loss)
+    return LossOutput(value, value, torch.tensor(40.0))
+
+
+def _norm():
+    import torch
+
+    return torch.tensor(1.5)
