@@ -91,7 +91,7 @@ def run_link_line(what: str, url: str) -> str:
 
 def registry_line(model: RegisteredBiLM) -> str:
     verb = "registered" if model.newly_registered else "already registered as"
-    return f"{verb} {model.uri}, alias @{model.alias}: {_decision(model)}"
+    return f"{verb} {model.uri}, alias `@{model.alias}`: {_decision(model)}"
 
 
 def summary_metrics(
@@ -140,9 +140,12 @@ def summary_markdown(
     model: RegisteredBiLM,
     results: Sequence[AdaptResult],
     run_ids: dict[str, str],
+    *,
+    inside_mlflow: bool = False,
 ) -> str:
     """The run in a few lines: what was trained (or reused) and which of its models went on, the
-    score, the models, MLflow links."""
+    score, the models, MLflow links (relative ones ``inside_mlflow``: the parent run's
+    description)."""
     handed = train.handed_on(hand_on)
     lines = [
         "# ELMo pretraining",
@@ -154,7 +157,7 @@ def summary_markdown(
         "",
         "## MLflow runs",
         "",
-        *run_links(run_ids),
+        *run_links(run_ids, inside_mlflow=inside_mlflow),
         "",
         'Load the champion: `mlflow.pyfunc.load_model("models:/elmo-bilm@champion")`',
     ]

@@ -61,7 +61,7 @@ from pipelines.tracking.flow_runs import (
     parent_run,
     record_summary,
 )
-from pipelines.tracking.stage_runs import find_run, stage_run_name
+from pipelines.tracking.stage_runs import find_run, location_name, stage_run_name
 from pipelines.tracking.train_progress import training_progress
 from pipelines.train import ray_job
 from pipelines.train import stage as train_stage
@@ -391,21 +391,26 @@ def summarize(
 ) -> None:
     """The markdown summary linking to MLflow, also made the parent run's description, with the
     headline numbers as its metrics and the dataset statistics beside them."""
-    run_ids = {"flow (parent)": parent_run_id, "train": run.mlflow_run_id}
+    run_ids = {"flow (parent)": parent_run_id}
+    prepared = find_run(stage_run_name("prepare", location_name(dataset)), "prepare")
+    if prepared is not None:  # this flow's, or the earlier one whose dataset it reused
+        run_ids["prepare"] = prepared.info.run_id
+    run_ids["train"] = run.mlflow_run_id
     if evaluation.run_id:
         run_ids["evaluate"] = evaluation.run_id
     run_ids["register"] = model.run_id
     run_ids.update({f"adapt {r.task}": r.run_id for r in results})
     if analysis_run_id:
         run_ids["analyze"] = analysis_run_id
-    markdown = summary_markdown(run, hand_on, evaluation, model, results, run_ids)
-    publish_markdown("pretrain-summary", markdown)
+    stages = (run, hand_on, evaluation, model, results, run_ids)
+    publish_markdown("pretrain-summary", summary_markdown(*stages))
+    inside = summary_markdown(*stages, inside_mlflow=True)
     manifest = load_manifest(dataset)
     record_summary(
         parent_run_id,
         summary_metrics(evaluation, results),
-        {"summary.md": markdown, "dataset.json": json.dumps(dataset_rows(manifest), indent=1)},
-        markdown,
+        {"summary.md": inside, "dataset.json": json.dumps(dataset_rows(manifest), indent=1)},
+        inside,
     )
     what = "the summary (the parent run's description)"
     get_run_logger().info(run_link_line(what, mlflow_link(parent_run_id)))

@@ -21,11 +21,13 @@ from pydantic import BaseModel
 from pipelines.tracking.stage_runs import (
     DESCRIPTION_TAG,
     EXPERIMENT,
+    LOCAL_UI,
     STAGE_TAG,
     ended_status,
     ensure_experiment,
     flatten_params,
     source_tags,
+    ui_server,
     ui_url,
     use_tracking,
 )
@@ -96,18 +98,32 @@ def web_url(url: str | None) -> str | None:
     return url if url and urlparse(url).scheme in ("http", "https") else None
 
 
-def run_links(run_ids: Mapping[str, str]) -> list[str]:
-    """Markdown lines linking each run in the MLflow UI's model-training view; on the embedded
-    store, also the command that serves that UI."""
+def run_links(run_ids: Mapping[str, str], *, inside_mlflow: bool = False) -> list[str]:
+    """Markdown lines linking each run, by its name, in the MLflow UI's model-training view; on
+    the embedded store, also the command that serves that UI. ``inside_mlflow``: for a page of
+    the UI itself (a run's description): relative links, which work on whatever address serves
+    it, and no word of serving it."""
     uri = use_tracking()
     client = MlflowClient()
     lines = []
     for label, run_id in run_ids.items():
-        experiment = client.get_run(run_id).info.experiment_id
-        lines.append(f"- {label}: [{run_id}]({ui_url(experiment, run_id)})")
-    if urlparse(uri).scheme in ("http", "https"):
+        info = client.get_run(run_id).info
+        link = ui_url(info.experiment_id, run_id, relative=inside_mlflow)
+        lines.append(f"- {label}: [{info.run_name}]({link})")
+    if inside_mlflow or urlparse(uri).scheme in ("http", "https"):
         return lines
-    return [*lines, "", f"Open the MLflow UI first: `mlflow ui --backend-store-uri {uri}`"]
+    return [*lines, "", f"Open the MLflow UI first: `{serve_command(uri)}`"]
+
+
+def serve_command(uri: str) -> str:
+    """``mlflow ui`` serving the embedded store ``uri`` where :func:`ui_server` says it is."""
+    address = urlparse(ui_server())
+    where = (
+        ""
+        if address.geturl().rstrip("/") == LOCAL_UI
+        else (f" --host {address.hostname} --port {address.port or 80}")
+    )
+    return f"mlflow ui --backend-store-uri {uri}{where}"
 
 
 def tag_run(run_id: str, tags: Mapping[str, str]) -> None:
@@ -149,4 +165,4 @@ def mlflow_ui_hint() -> str:
     uri, link = use_tracking(), mlflow_link()
     if uri.startswith(("http://", "https://")):
         return f"MLflow UI: {link}"
-    return f"MLflow UI: mlflow ui --backend-store-uri {uri}\n  then open {link}"
+    return f"MLflow UI: {serve_command(uri)}\n  then open {link}"

@@ -43,7 +43,8 @@ SYSTEM_METRICS_INTERVAL_ENV = "ELMO_SYSTEM_METRICS_INTERVAL_S"
 DEFAULT_SYSTEM_METRICS_S = 1.0  # at first; wider apart as a run ages, up to LATE_SYSTEM_METRICS_S
 LATE_SYSTEM_METRICS_S = 10.0  # MLflow's own interval: what an hours-long run is sampled at
 DATASET_DIGEST_CHARS = 36  # the longest digest MLflow's stores keep
-LOCAL_UI = "http://127.0.0.1:5000"  # where `mlflow ui` serves the embedded store
+LOCAL_UI = "http://127.0.0.1:5000"  # where `mlflow ui` serves the embedded store by default
+MLFLOW_UI_ENV = "ELMO_MLFLOW_UI_URL"  # where the user serves it, if elsewhere
 DESCRIPTION_TAG = "mlflow.note.content"  # the run's (and the experiment's) description
 EXPERIMENT_DESCRIPTION = (
     "ELMo pretraining and adaptation. Each flow run is a parent run; its stages (prepare, train, "
@@ -56,21 +57,35 @@ EXPERIMENT_DESCRIPTION = (
 log = logging.getLogger(__name__)
 
 
-def ui_url(experiment_id: str, run_id: str | None = None, server: str | None = None) -> str:
+def ui_server() -> str:
+    """The MLflow UI's address: the tracking server's, else where ``mlflow ui`` serves the
+    embedded store (``ELMO_MLFLOW_UI_URL``, by default ``mlflow ui``'s own 127.0.0.1:5000)."""
+    uri = mlflow_tracking_uri()
+    if uri.startswith(("http://", "https://")):
+        return uri
+    return os.environ.get(MLFLOW_UI_ENV, LOCAL_UI)
+
+
+def ui_url(
+    experiment_id: str,
+    run_id: str | None = None,
+    server: str | None = None,
+    *,
+    relative: bool = False,
+) -> str:
     """A link into the MLflow UI that opens its model-training view: MLflow 3's UI opens the
     GenAI view (traces, no runs in sight) unless the link carries ``workflowType``. ``server``
-    defaults to the tracking server, or ``mlflow ui``'s address for the embedded store."""
-    if server is None:
-        uri = mlflow_tracking_uri()
-        server = uri if uri.startswith(("http://", "https://")) else LOCAL_UI
-    route = f"/experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "")
-    return f"{server.rstrip('/')}/#{route}?workflowType=machine_learning"
+    defaults to :func:`ui_server`; ``relative``: ``#/experiments/…`` alone, for text shown inside
+    the UI (a description), which then works on whatever address serves it."""
+    route = f"#/experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "")
+    link = f"{route}?workflowType=machine_learning"
+    return link if relative else f"{(server or ui_server()).rstrip('/')}/{link}"
 
 
 def run_link(run_id: str) -> str:
-    """``[<run name>](<its page>)``: a run as a description in the MLflow UI names it."""
+    """``[<run name>](#/experiments/…)``: a run as a description in the MLflow UI names it."""
     run = mlflow.MlflowClient(use_tracking()).get_run(run_id)
-    return f"[{run.info.run_name}]({ui_url(run.info.experiment_id, run_id)})"
+    return f"[{run.info.run_name}]({ui_url(run.info.experiment_id, run_id, relative=True)})"
 
 
 def use_tracking() -> str:

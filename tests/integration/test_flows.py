@@ -254,6 +254,13 @@ def test_the_parent_run_is_the_flow_runs_summary(
     assert {"summary.md", "dataset.json"} <= artifacts
     description = parent.data.tags["mlflow.note.content"]
     assert "heldout perplexity" in description and "workflowType=machine_learning" in description
+    # Inside the MLflow UI: relative links to every stage's run, by name; no word of serving it.
+    assert "](#/experiments/" in description and "http" not in description
+    assert "mlflow ui" not in description
+    for stage in ("prepare", "train", "evaluate", "register", "adapt ner"):
+        assert re.search(
+            rf"^- {stage}: \[{stage.split()[0]}-[^\]]+\]\(#/experiments/", description, re.M
+        )
 
 
 def test_the_runs_that_read_the_dataset_record_it_as_their_mlflow_input(
@@ -303,7 +310,7 @@ def test_the_flow_log_says_what_happens_in_domain_terms(
         r"^evaluate: the best model \(step [48], validation perplexity [\d.]+\)$",
         r"heldout perplexity [\d.]+ \(forward [\d.]+, backward [\d.]+\)",
         rf"^evaluate run in MLflow: {RUN_URL}",
-        r"registered models:/elmo-bilm/1, alias @champion: first champion: heldout perplexity "
+        r"registered models:/elmo-bilm/1, alias `@champion`: first champion: heldout perplexity "
         r"\d+(\.\d\d?)?$",
         rf"^register run in MLflow: {RUN_URL}",
         r"task ner: test f1 [\d.]+ ± [\d.]+ with ELMo, [\d.]+ ± [\d.]+ without \(mean ± sample "
@@ -358,7 +365,7 @@ def test_the_run_publishes_tables_and_a_summary_linking_to_mlflow(
     created = {key: artifact.created for key, artifact in by_key.items()}
     assert created["dataset-statistics"] < created["heldout-perplexity"] < created["task-scores"]
     markdown = str(by_key["pretrain-summary"].data)
-    assert summary.parent_run_id in markdown
+    assert "[pretrain corpus.txt tiny · " in markdown  # the parent run, by its name
     assert "mlflow ui --backend-store-uri sqlite:///" in markdown
     assert "?workflowType=machine_learning" in markdown
     assert "heldout perplexity" in markdown and "elmo-ner" in markdown

@@ -93,22 +93,28 @@ def test_an_interrupted_flow_ends_its_parent_run_killed(store: MlflowClient) -> 
     assert store.get_run(run_id).info.status == "KILLED"
 
 
-def test_run_links_open_the_model_training_view_and_say_how_to_serve_the_local_ui(
-    store: MlflowClient,
+def test_run_links_name_each_run_and_say_how_to_serve_the_local_ui_where_it_serves(
+    store: MlflowClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     stage_runs.ensure_experiment()
-    with stage_runs.stage_run("train", run_name="t") as run:
+    with stage_runs.stage_run("train", run_name="train-bilm-t") as run:
         run_id = run.info.run_id
     experiment = run.info.experiment_id
+    route = f"#/experiments/{experiment}/runs/{run_id}?workflowType=machine_learning"
+    uri = stage_runs.use_tracking()
 
     lines = flow_runs.run_links({"train": run_id})
+    inside = flow_runs.run_links({"train": run_id}, inside_mlflow=True)
+    monkeypatch.setenv(stage_runs.MLFLOW_UI_ENV, "http://10.0.0.5:8081")
+    elsewhere = flow_runs.run_links({"train": run_id})
 
-    assert lines[0] == (
-        f"- train: [{run_id}](http://127.0.0.1:5000/#/experiments/{experiment}/runs/{run_id}"
-        "?workflowType=machine_learning)"
-    )
-    assert lines[-1] == (
-        f"Open the MLflow UI first: `mlflow ui --backend-store-uri {stage_runs.use_tracking()}`"
+    assert lines[0] == f"- train: [train-bilm-t](http://127.0.0.1:5000/{route})"
+    assert lines[-1] == f"Open the MLflow UI first: `mlflow ui --backend-store-uri {uri}`"
+    assert inside == [f"- train: [train-bilm-t]({route})"]  # works on any address serving it
+    assert elsewhere[0] == f"- train: [train-bilm-t](http://10.0.0.5:8081/{route})"
+    assert elsewhere[-1] == (
+        f"Open the MLflow UI first: `mlflow ui --backend-store-uri {uri} --host 10.0.0.5 "
+        "--port 8081`"
     )
 
 

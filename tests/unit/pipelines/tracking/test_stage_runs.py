@@ -174,3 +174,6 @@ def test_ui_links_open_the_model_training_view() -> None:
     assert stage_runs.ui_url("3", server="http://mlflow:5000") == (
         "http://mlflow:5000/#/experiments/3?workflowType=machine_learning"
     )
+    assert stage_runs.ui_url("3", "abc", relative=True) == (  # inside the UI: any address
+        "#/experiments/3/runs/abc?workflowType=machine_learning"
+    )
