@@ -22,8 +22,9 @@ from elmo_core.tasks.readers import AnyDataset
 from elmo_core.tasks.task_config import TaskConfig
 from elmo_core.tasks.task_model import Example, TaskModel
 from elmo_core.tasks.trainer import Prediction, main_metric, predict
-from pipelines.adapt.figures import confusion_figure, log_figure
+from pipelines.adapt.figures import confusion_figure
 from pipelines.adapt.task_records import input_columns
+from pipelines.tracking.figures import log_figure
 
 PER_TYPE_TABLE = "per_type_scores.json"
 CONFUSION_TABLE = "confusion_matrix.json"

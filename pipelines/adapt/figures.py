@@ -1,21 +1,19 @@
 """The figures of an adapt run: the learned scalar mix, and the confusion matrix.
 
 The dev curves of ELMo and the baseline are drawn by the shared
-:func:`~pipelines.tracking.stage_runs.log_curves`. Each function here returns a matplotlib figure
-for :func:`log_figure` to log and close; matplotlib is imported on first use, with the Agg backend:
-Ray workers have no display.
+:func:`~pipelines.tracking.figures.log_curves`. Each function here returns a matplotlib figure
+for :func:`~pipelines.tracking.figures.log_figure` to log and close.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from types import ModuleType
 from typing import TYPE_CHECKING
 
-import mlflow
 import numpy as np
 
 from elmo_core.tasks.trainer import TaskResult
+from pipelines.tracking.figures import pyplot
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -44,7 +42,7 @@ def mix_figure(elmo: TaskResult, seed: int) -> Figure:
     axis.set_xticks([layer + (len(mixes) - 1) * width / 2 for layer in range(num_layers)])
     axis.set_xticklabels(["token"] + [f"LSTM {j}" for j in range(1, num_layers)])
     title = f"{elmo.task}: learned scalar mix (seed {seed}, best epoch {elmo.best_epoch})"
-    axis.set(title=title, ylabel="softmax(w)_j")
+    axis.set(title=title, xlabel="layer", ylabel="weight (softmax of the mix's w)")
     axis.set_ylim(0, 1.12 * max((max(weights) for _, weights, _ in mixes), default=1.0))
     figure.legend(loc="outside lower center", ncols=max(len(mixes), 1))
     return figure
@@ -55,7 +53,7 @@ def confusion_figure(matrix: np.ndarray, labels: Sequence[str], title: str) -> F
     gold row (its recall), so that a rare label's errors show as clearly as a frequent one's."""
     plt = pyplot()
     size = 2.5 + 0.45 * len(labels)
-    figure, axis = plt.subplots(figsize=(size + 1, size), layout="constrained")
+    figure, axis = plt.subplots(figsize=(max(size + 1, 6.0), max(size, 4.5)), layout="constrained")
     totals = matrix.sum(axis=1, keepdims=True)
     shares = np.divide(matrix, totals, out=np.zeros(matrix.shape), where=totals > 0)
     image = axis.imshow(shares, cmap="Blues", vmin=0.0, vmax=1.0)
@@ -68,19 +66,3 @@ def confusion_figure(matrix: np.ndarray, labels: Sequence[str], title: str) -> F
     axis.set(title=title, xlabel="predicted", ylabel="gold")
     figure.colorbar(image, ax=axis, label="share of the gold label")
     return figure
-
-
-def log_figure(figure: Figure, artifact_file: str) -> None:
-    """Log ``figure`` into the active run and free it (pyplot keeps every open figure)."""
-    mlflow.log_figure(figure, artifact_file)
-    pyplot().close(figure)
-
-
-def pyplot() -> ModuleType:
-    """matplotlib's pyplot, Agg backend, imported on first use (Ray workers have no display)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt

@@ -32,7 +32,7 @@ from elmo_core.tasks.task_config import SPLITS, TaskConfig
 from elmo_core.tasks.task_model import example_sentences
 from elmo_core.tasks.trainer import BASELINE, TaskResult, TaskSplit, main_metric, train_task
 from pipelines.adapt.error_analysis import evaluation_split, log_error_analysis, predict_split
-from pipelines.adapt.figures import log_figure, mix_figure
+from pipelines.adapt.figures import mix_figure
 from pipelines.adapt.task_records import (
     Headline,
     SeedRun,
@@ -58,11 +58,11 @@ from pipelines.models.bilm_loader import (
     resolve_bilm,
 )
 from pipelines.registry.tags import TASK_TAG
+from pipelines.tracking.figures import log_curves, log_figure, metric_label
 from pipelines.tracking.stage_runs import (
     EXPERIMENT,
     PARENT_RUN_ENV,
     ensure_experiment,
-    log_curves,
     stage_run,
     use_tracking,
 )
@@ -253,8 +253,9 @@ def _log_analysis(
             label: [(int(epoch["epoch"]), epoch[f"dev_{metric}"]) for epoch in result.history]
             for label, result in (("ELMo", elmo), ("baseline", baseline))
         }
-        title = f"{task.name}: dev {metric} by epoch, ELMo vs baseline (seed {registered.seed})"
-        log_curves(curves, DEV_CURVE_FIGURE, title=title, ylabel=f"dev {metric}", xlabel="epoch")
+        score = metric_label(f"dev_{metric}")
+        title = f"{task.name}: {score} by epoch, ELMo vs baseline (seed {registered.seed})"
+        log_curves(curves, DEV_CURVE_FIGURE, title=title, ylabel=score, xlabel="epoch")
     split = evaluation_split(datasets)
     if split is not None:
         found = predict_split(elmo.model, datasets[split], split, source.bilm)

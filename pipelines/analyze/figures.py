@@ -1,70 +1,126 @@
 """The analysis figures: the sample-efficiency curve of each task, and what each layer holds.
 
-Drawn with matplotlib (Agg, via :mod:`pipelines.adapt.figures`' helpers) and logged to the run.
+Drawn for a paper (:mod:`pipelines.tracking.figures`): shares of the training data ticked as
+percentages, error bars that say what they are and stay within a score's range, axes zoomed to
+the scores so that 0.621 against 0.632 shows, baselines drawn as reference lines.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from elmo_core.analysis.task_runs import MIX, TaskAnalysis
-from pipelines.adapt.figures import pyplot
-from pipelines.analyze.table import Row
+from elmo_core.tasks.seeds import Scores
+from pipelines.analyze.table import Cell, Row
+from pipelines.tracking.figures import metric_label, pyplot
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
+
+PANEL = (4.6, 3.6)  # inches per panel of the layers figure
+COLUMNS = 2  # its panels per row
 
 
 def efficiency_figure(result: TaskAnalysis) -> Figure:
-    """Score against the fraction of training examples (log x), ELMo and baseline, ± spread."""
+    """Score against the share of training examples (log x, a tick at each share), with ELMo and
+    without; bars ± the sample standard deviation over the seeds, cut at the score's 0 and 1."""
     plt = pyplot()
-    figure, axis = plt.subplots(figsize=(6, 4), layout="constrained")
+    figure, axis = plt.subplots(figsize=(6.4, 4.2), layout="constrained")
     fractions = sorted(result.efficiency)
+    percents = [100 * fraction for fraction in fractions]
     for name, label in (("elmo", "with ELMo"), ("baseline", "without ELMo")):
-        scores = [result.efficiency[f][name] for f in fractions]
+        scores = [result.efficiency[fraction][name] for fraction in fractions]
         axis.errorbar(
-            [100 * f for f in fractions],
-            [s.mean for s in scores],
-            yerr=[s.spread for s in scores],
-            marker="o",
-            capsize=3,
+            percents, [s.mean for s in scores], yerr=_bounded(scores), marker="o", capsize=3,
             label=label,
-        )
+        )  # fmt: skip
     axis.set_xscale("log")
+    axis.set_xticks(percents, [f"{percent:g}%" for percent in percents])
+    axis.minorticks_off()
     axis.set(
         title=f"{result.task}: sample efficiency (Peters et al. 2018, §5.5)",
-        xlabel="% of training examples",
-        ylabel=result.metric,
+        xlabel="share of the training examples",
+        ylabel=metric_label(result.metric),
     )
-    axis.legend()
+    axis.grid(alpha=0.3)
+    axis.legend(title=_spread_note(result.efficiency[fractions[-1]]["elmo"]))
     return figure
 
 
 def layers_figure(results: Sequence[TaskAnalysis], probes: Sequence[Row]) -> Figure:
-    """One panel per task (score per layer alone and for the mix, with the mix's learned
-    weights) and one per probe row (accuracy per layer against its baseline)."""
+    """A grid of panels: per task the score of each layer alone and of the mix (its learned
+    weights in the title), per probe its accuracy per layer against its baseline as a line."""
     plt = pyplot()
-    panels = len(results) + len(probes)
+    panels = max(len(results) + len(probes), 1)
+    columns = min(panels, COLUMNS)
+    rows = math.ceil(panels / columns)
     figure, axes = plt.subplots(
-        1, max(panels, 1), figsize=(4.5 * max(panels, 1), 4), layout="constrained", squeeze=False
+        rows,
+        columns,
+        figsize=(PANEL[0] * columns, PANEL[1] * rows),
+        layout="constrained",
+        squeeze=False,
     )
-    for axis, result in zip(axes[0], results, strict=False):
+    flat = list(axes.flat)
+    for axis, result in zip(flat, results, strict=False):
         names = [k for k in result.layers if k != MIX] + [MIX]
         scores = [result.layers[k] for k in names]
-        bars = axis.bar(names, [s.mean for s in scores], yerr=[s.spread for s in scores])
-        axis.bar_label(bars, fmt="%.3f", padding=2)
-        weights = ", ".join(f"{w:.2f}" for w in result.mix_weights)
-        over = (
-            f"mean over {len(result.layers[MIX].values)} seeds, "
-            if len(result.layers[MIX].values) > 1
-            else ""
+        _bars(axis, [_layer_name(k) for k in names], scores)
+        weights = " / ".join(f"{w:.2f}" for w in result.mix_weights)
+        axis.set(
+            title=f"{result.task}: each layer alone and the mix\nmix weights {weights}",
+            ylabel=metric_label(result.metric),
         )
-        title = f"{result.task}\nmix weights {weights} ({over}all of train)"
-        axis.set(title=title, ylabel=result.metric)
-    for axis, row in zip(axes[0][len(results) :], probes, strict=False):
-        names = list(row.cells)
-        bars = axis.bar(names, [row.cells[n].mean for n in names])
-        axis.bar_label(bars, fmt="%.3f", padding=2)
+        axis.legend(title=_spread_note(result.layers[MIX]), loc="lower right")
+    for axis, row in zip(flat[len(results) :], probes, strict=False):
+        layers = {name: cell for name, cell in row.cells.items() if name.startswith("layer ")}
+        names = [_layer_name(name.removeprefix("layer ")) for name in layers]
+        _bars(axis, names, list(layers.values()))
+        for name, cell in row.cells.items():
+            if name not in layers:  # the probe's own baseline
+                axis.axhline(cell.mean, color="grey", linestyle="--", label=f"{name} {cell.text()}")
+        _zoom(axis, [*layers.values(), *(c for n, c in row.cells.items() if n not in layers)])
         axis.set(title=row.analysis, ylabel="accuracy")
+        axis.legend(title="one seed" if not any(c.spread for c in layers.values()) else None)
+    for axis in flat[panels if results or probes else 0 :]:
+        axis.set_axis_off()
     return figure
+
+
+def _bars(axis: Axes, names: list[str], scores: Sequence[Scores | Cell]) -> None:
+    """Bars at each score's mean with its bounded spread, labelled inside the axes."""
+    means = [score.mean for score in scores]
+    bars = axis.bar(names, means, yerr=_bounded(scores), capsize=3, color="tab:blue", alpha=0.8)
+    axis.bar_label(bars, fmt="%.3f", label_type="center", color="white", fontsize=8)
+    axis.set_xlabel("layer")
+    _zoom(axis, scores)
+
+
+def _zoom(axis: Axes, scores: Sequence[Scores | Cell]) -> None:
+    """The y-axis around the scores and their spreads (not from 0), within [0, 1]."""
+    low = min(score.mean - score.spread for score in scores)
+    high = max(score.mean + score.spread for score in scores)
+    margin = max(0.02, 0.25 * (high - low))
+    axis.set_ylim(max(0.0, low - margin), min(1.0, high + margin) + 0.01)
+
+
+def _bounded(scores: Sequence[Scores | Cell]) -> list[list[float]]:
+    """± the spread, cut where it would cross 0 or 1 (a score's range)."""
+    lower = [min(score.spread, score.mean) for score in scores]
+    upper = [min(score.spread, 1.0 - score.mean) for score in scores]
+    return [lower, upper]
+
+
+def _spread_note(scores: Scores) -> str:
+    seeds = len(scores.values)
+    return f"bars: ± sample std over {seeds} seeds" if seeds > 1 else "one seed: no spread"
+
+
+def _layer_name(key: str) -> str:
+    """``0`` → ``token``, ``1`` → ``LSTM 1``, the mix as is."""
+    if key == MIX or not key.isdigit():
+        return key
+    return "token" if key == "0" else f"LSTM {key}"

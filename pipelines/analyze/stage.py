@@ -4,14 +4,15 @@ Per task: the sample-efficiency curve, each layer alone and the mix, ELMo's plac
 (:mod:`elmo_core.analysis.task_runs`); per tagging task a linear probe per layer
 (:mod:`elmo_core.analysis.probe`); on a sense-labelled file the sense probe
 (:mod:`elmo_core.analysis.senses`). Every biLM pass goes through the activation cache. The run
-holds one table (``analysis.md``, ``analysis.json``), its cells also as metrics ``<row>/<column>``
-so MLflow's compare view lines two biLMs up (``elmo analyze --compare RUN_A RUN_B``).
+holds one table (``analysis.md``, ``analysis.json``, and an MLflow table of its cells, which
+``elmo analyze --compare RUN_A RUN_B`` lines up for two biLMs), each task's learning curve as
+metrics stepped by the fraction's percent, the headline's numbers as its few top-level metrics,
+and the headline as its description.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ from elmo_core.analysis.senses import (
     sense_sentences,
     target_vectors,
 )
-from elmo_core.analysis.task_runs import DEFAULT_FRACTIONS, analyze_task, num_runs
+from elmo_core.analysis.task_runs import DEFAULT_FRACTIONS, TaskAnalysis, analyze_task, num_runs
 from elmo_core.errors import ConfigError
 from elmo_core.tasks import load_task_config
 from elmo_core.tasks.activation_cache import ActivationCache
@@ -39,10 +40,10 @@ from elmo_core.tasks.readers import AnyDataset, task_labels
 from elmo_core.tasks.seeds import DEFAULT_SEEDS
 from elmo_core.tasks.task_config import TaskConfig
 from elmo_core.tasks.trainer import TaskSplit
-from pipelines.adapt.figures import log_figure
 from pipelines.adapt.stage import cache_splits, check_tasks, read_splits
 from pipelines.analyze.figures import efficiency_figure, layers_figure
 from pipelines.analyze.table import (
+    CELLS_TABLE,
     MARKDOWN_FILE,
     TABLE_FILE,
     Row,
@@ -50,6 +51,7 @@ from pipelines.analyze.table import (
     format_rows,
     from_json,
     headline,
+    headline_metrics,
     markdown,
     probe_row,
     sense_row,
@@ -60,7 +62,9 @@ from pipelines.common.cli_runner import comma_separated, run_command
 from pipelines.common.console import console_progress
 from pipelines.common.settings import elmo_home
 from pipelines.models.bilm_loader import OPTIONS_HELP, SOURCE_HELP, load_bilm, resolve_bilm
+from pipelines.tracking.figures import log_figure
 from pipelines.tracking.stage_runs import (
+    DESCRIPTION_TAG,
     PARENT_RUN_ENV,
     location_name,
     stage_run,
@@ -116,10 +120,12 @@ def analyze(
                     "device": device,
                 }
             )
-            rows, lines = _run_analyses(
+            results, probes = _run_analyses(
                 tasks, datasets, source, sense_splits, cache_dir, device, fractions, seeds
             )
-            _log_rows(rows)
+            rows = [row for result in results for row in task_rows(result)] + probes
+            lines = headline(results, probes)
+            _log_outcome(results, probes, rows, lines)
     return AnalyzeResult(run.info.run_id, rows, lines)
 
 
@@ -150,9 +156,8 @@ def _run_analyses(
     device: str,
     fractions: Sequence[float],
     seeds: Sequence[int],
-) -> tuple[list[Row], list[str]]:
-    """The table's rows and its headline."""
-    rows: list[Row] = []
+) -> tuple[list[TaskAnalysis], list[Row]]:
+    """Each task's analysis and each probe's row, their figures logged."""
     results, probes = [], []
     for task in tasks:
         splits = cache_splits(bilm, datasets[task.name], cache_dir)
@@ -170,13 +175,12 @@ def _run_analyses(
             )
         log_figure(efficiency_figure(result), f"efficiency_{task.name}.png")
         results.append(result)
-        rows += task_rows(result)
         if task.type == "tagging":
             probes.append(_probe(task, splits, seeds[0], device))
     if sense_splits is not None:
         probes.append(_senses(bilm, sense_splits, cache_dir))
     log_figure(layers_figure(results, probes), "layers.png")
-    return rows + probes, headline(results, probes)
+    return results, probes
 
 
 def _probe(task: TaskConfig, splits: dict[str, TaskSplit], seed: int, device: str) -> Row:
@@ -207,22 +211,26 @@ def _senses(bilm: torch.nn.Module, splits: SenseSplits, cache_dir: Path) -> Row:
     return sense_row(result)
 
 
-def _log_rows(rows: Sequence[Row]) -> None:
-    """The table as artifacts, and each cell as a metric (and its spread where it has one)."""
+def _log_outcome(
+    results: Sequence[TaskAnalysis], probes: Sequence[Row], rows: Sequence[Row], lines: list[str]
+) -> None:
+    """The table as artifacts (``analysis.md``, ``analysis.json``, and one MLflow table row per
+    cell), each task's learning curve as metrics with the fraction's percent as the step, the
+    headline's few numbers as the top-level metrics, and the headline as the run's description."""
     mlflow.log_text(markdown(rows), MARKDOWN_FILE)
     mlflow.log_text(to_json(rows), TABLE_FILE)
-    metrics = {}
-    for row in rows:
-        for column, cell in row.cells.items():
-            name = f"{_slug(row.analysis)}/{_slug(column)}"
-            metrics[name] = cell.mean
-            if cell.spread:
-                metrics[f"{name}_spread"] = cell.spread
-    mlflow.log_metrics(metrics)
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9.]+", "_", text.lower().replace("%", "pct")).strip("_")
+    cells = [
+        {"analysis": row.analysis, "column": column, "mean": cell.mean, "spread": cell.spread}
+        for row in rows
+        for column, cell in row.cells.items()
+    ]
+    mlflow.log_table({key: [cell[key] for cell in cells] for key in cells[0]}, CELLS_TABLE)
+    for result in results:
+        for fraction, scores in sorted(result.efficiency.items()):
+            curve = {f"{result.task}/learning_curve/{name}": s.mean for name, s in scores.items()}
+            mlflow.log_metrics(curve, step=round(100 * fraction))
+    mlflow.log_metrics(headline_metrics(results, probes))
+    mlflow.set_tag(DESCRIPTION_TAG, "\n".join(lines))
 
 
 def compare(first_run: str, second_run: str) -> str:

@@ -7,6 +7,7 @@ back by ``elmo analyze --compare`` to put two biLMs side by side.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TypeVar
@@ -19,6 +20,7 @@ from elmo_core.tasks.seeds import Scores, difference
 TABLE_FILE = "analysis.json"
 Score = TypeVar("Score", Scores, "Cell")
 MARKDOWN_FILE = "analysis.md"
+CELLS_TABLE = "analysis_cells.json"  # an MLflow table: one row per cell
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,26 @@ def headline(results: Sequence[TaskAnalysis], probes: Sequence[Row]) -> list[str
     if seeds > 1:
         lines.append(f"(± is the sample standard deviation over the {seeds} seeds)")
     return lines
+
+
+def headline_metrics(results: Sequence[TaskAnalysis], probes: Sequence[Row]) -> dict[str, float]:
+    """The headline's numbers, the analyze run's only top-level metrics: per task ELMo's largest
+    gain over the fractions and the best single layer's score, per probe its best layer's."""
+    metrics = {}
+    for result in results:
+        metrics[f"{result.task}/largest_gain"] = max(
+            scores["elmo"].mean - scores["baseline"].mean for scores in result.efficiency.values()
+        )
+        layers = [scores.mean for name, scores in result.layers.items() if name != MIX]
+        metrics[f"{result.task}/best_layer_{result.metric}"] = max(layers)
+    for row in probes:
+        layers = [cell.mean for name, cell in row.cells.items() if name.startswith("layer ")]
+        metrics[f"{_slug(row.analysis)}/best_layer"] = max(layers)
+    return metrics
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9.]+", "_", text.lower()).strip("_")
 
 
 def _winner(scores: Mapping[str, Score], text: Callable[[Score], str], others: str = "") -> str:

@@ -16,7 +16,7 @@ import os
 import subprocess
 import time
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -296,39 +296,6 @@ def log_config(config: BaseModel, artifact_file: str = "config.json") -> None:
     """Log a resolved config as params (searchable) and as one JSON artifact (exact)."""
     mlflow.log_params(flatten_params(config))
     mlflow.log_dict(config.model_dump(mode="json"), artifact_file)
-
-
-def log_curves(
-    curves: Mapping[str, Sequence[tuple[int, float]]],
-    artifact_file: str,
-    *,
-    title: str,
-    ylabel: str,
-    xlabel: str = "step",
-    log_y: bool = False,
-) -> None:
-    """Plot named ``(x, value)`` curves on one axis and log the figure as ``artifact_file``; x
-    counts (steps, epochs), so its ticks are whole numbers."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    figure, axis = plt.subplots(figsize=(7, 4))
-    for name, points in curves.items():
-        if points:
-            steps, values = zip(*points, strict=True)
-            axis.plot(steps, values, label=name, marker="." if len(points) < 50 else None)
-    axis.set(title=title, xlabel=xlabel, ylabel=ylabel)
-    axis.xaxis.set_major_locator(MaxNLocator(integer=True))
-    if log_y:
-        axis.set_yscale("log")
-    axis.grid(alpha=0.3)
-    axis.legend()
-    figure.tight_layout()
-    mlflow.log_figure(figure, artifact_file)
-    plt.close(figure)
 
 
 def source_tags(source_name: str, *, job: bool) -> dict[str, str]:

@@ -26,13 +26,14 @@ import torch
 from elmo_core.model.bilm import BiLM, LossOutput
 from elmo_core.perplexity import PerplexitySums
 from pipelines.evaluate.result import describe_trapped_rows
+from pipelines.tracking.figures import log_curves
 from pipelines.tracking.flow_runs import (
     HEALTH_TAG,
     TOKENS_PER_S_METRIC,
     TRAIN_LOSS_METRIC,
     TRAIN_SECTION,
 )
-from pipelines.tracking.stage_runs import log_curves, shared_run
+from pipelines.tracking.stage_runs import shared_run
 from pipelines.tracking.train_progress import (
     GRAD_NORM_METRIC,
     TRAIN_STARTED_TAG,

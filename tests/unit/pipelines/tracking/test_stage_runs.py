@@ -41,18 +41,6 @@ def test_log_config_flattens_to_dotted_params_and_keeps_json(store, tmp_path):
     assert '"projection_dim": 16' in Path(local).read_text()
 
 
-def test_log_curves_writes_a_figure(store, tmp_path):
-    with stage_runs.stage_run("train", run_name="fig") as run:
-        stage_runs.log_curves(
-            {"train (sampled)": [(1, 5.0), (2, 4.0)], "heldout": [(2, 4.5)]},
-            "curves/loss.png",
-            title="loss",
-            ylabel="nats",
-        )
-    names = [a.path for a in store.list_artifacts(run.info.run_id, "curves")]
-    assert names == ["curves/loss.png"]
-
-
 def test_git_commit_is_a_sha_or_none():
     commit = stage_runs.git_commit()
     assert commit is None or len(commit) == 40
@@ -154,17 +142,6 @@ def test_a_model_logged_for_a_run_carries_the_runs_user_and_source(store) -> Non
     logged = stage_runs.logged_model_tags(store.get_run(run.info.run_id))
     assert logged["mlflow.source.name"] == "pipelines.adapt" and "mlflow.user" in logged
     assert stage_runs.STAGE_TAG not in logged
-
-
-def test_an_epoch_curve_counts_epochs_in_whole_numbers(store, monkeypatch) -> None:
-    logged = []
-    monkeypatch.setattr(stage_runs.mlflow, "log_figure", lambda figure, name: logged.append(figure))
-    curves = {"ELMo": [(1, 0.5), (2, 0.6), (3, 0.7)], "baseline": [(1, 0.4), (2, 0.5), (3, 0.5)]}
-    stage_runs.log_curves(curves, "dev_curve.png", title="dev", ylabel="f1", xlabel="epoch")
-    (axis,) = logged[0].axes
-    assert axis.get_xlabel() == "epoch"
-    ticks = [tick for tick in axis.get_xticks() if 1 <= tick <= 3]
-    assert ticks and all(float(tick).is_integer() for tick in ticks)  # not 1.25, 1.75
 
 
 def test_ui_links_open_the_model_training_view() -> None:

@@ -1,0 +1,123 @@
+"""Every figure the platform logs, opened as the PNG it is: a size fit for a paper, a title, axes
+labelled in words (no metric names), ticks where the points are."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from matplotlib.figure import Figure
+from PIL import Image
+
+from elmo_core.analysis.task_runs import MIX, TaskAnalysis
+from elmo_core.tasks.seeds import Scores
+from elmo_core.tasks.trainer import TaskResult
+from pipelines.adapt.figures import confusion_figure, mix_figure
+from pipelines.analyze.figures import efficiency_figure, layers_figure
+from pipelines.analyze.table import Cell, Row
+from pipelines.tracking.figures import DPI, curves_figure, pyplot
+
+MIN_PIXELS = (1000, 600)  # wide and tall enough to read in MLflow's preview and print
+
+
+def _analysis() -> TaskAnalysis:
+    analysis = TaskAnalysis("docstrings", "test_accuracy")
+    analysis.efficiency = {
+        f: {"elmo": Scores((0.5 + f / 3, 0.52 + f / 3, 0.99)), "baseline": Scores((0.4, 0.45, 0.5))}
+        for f in (0.1, 0.25, 0.5, 1.0)
+    }
+    analysis.layers = {
+        "0": Scores((0.621, 0.62, 0.622)),
+        "1": Scores((0.632, 0.63, 0.634)),
+        "2": Scores((0.628, 0.62, 0.63)),
+        MIX: Scores((0.64, 0.65, 0.63)),
+    }
+    analysis.mix_weights = [0.30, 0.37, 0.33]
+    return analysis
+
+
+def _probe() -> Row:
+    cells = {"layer 0": Cell(0.81), "layer 1": Cell(0.86), "layer 2": Cell(0.84)}
+    return Row("ner linear probe accuracy", cells | {"majority": Cell(0.62)})
+
+
+def _task_result() -> TaskResult:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(  # type: ignore[return-value]
+        task="questions",
+        best_epoch=3,
+        mix_weights=[0.3, 0.37, 0.33],
+        gamma=1.2,
+        output_mix_weights=None,
+        output_gamma=None,
+    )
+
+
+FIGURES = {
+    "efficiency": lambda: efficiency_figure(_analysis()),
+    "layers": lambda: layers_figure([_analysis(), _analysis()], [_probe()]),
+    "scalar_mix": lambda: mix_figure(_task_result(), seed=0),
+    "confusion": lambda: confusion_figure(np.array([[5, 1], [2, 7]]), ["HUM", "LOC"], "test"),
+    "validation_perplexity": lambda: curves_figure(
+        {"forward": [(500, 262.0), (1000, 180.0), (1500, 151.0)], "backward": [(500, 250.0)]},
+        title="validation perplexity",
+        ylabel="perplexity",
+        log_y=True,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(FIGURES))
+def test_each_figure_is_a_readable_png_with_a_title_and_axes_in_words(
+    name: str, tmp_path: Path
+) -> None:
+    figure: Figure = FIGURES[name]()
+    axes = [axis for axis in figure.axes if axis.axison and axis.get_label() != "<colorbar>"]
+    for axis in axes:
+        assert axis.get_title(), f"{name}: a panel without a title"
+        for label in (axis.get_xlabel(), axis.get_ylabel()):
+            assert label and "_" not in label, f"{name}: axis label {label!r}"
+    path = tmp_path / f"{name}.png"
+    figure.savefig(path, dpi=DPI, bbox_inches="tight")
+    pyplot().close(figure)
+    with Image.open(path) as image:
+        width, height = image.size
+    assert width >= MIN_PIXELS[0] and height >= MIN_PIXELS[1], (width, height)
+    assert width / height < 4  # not a strip
+
+
+def test_shares_of_the_training_data_read_as_percentages_and_bars_stay_within_0_and_1() -> None:
+    figure = efficiency_figure(_analysis())
+    (axis,) = figure.axes
+    assert [tick.get_text() for tick in axis.get_xticklabels()] == ["10%", "25%", "50%", "100%"]
+    for line in axis.get_lines():  # the error bars' caps
+        assert all(0.0 <= y <= 1.0 for y in line.get_ydata())
+    assert "sample std over 3 seeds" in axis.get_legend().get_title().get_text()
+    pyplot().close(figure)
+
+
+def test_the_layer_panels_zoom_on_the_scores_and_draw_the_baseline_as_a_line() -> None:
+    figure = layers_figure([_analysis()], [_probe()])
+    task, probe = figure.axes[:2]
+    assert task.get_ylim()[0] > 0.5  # 0.621 against 0.632 shows
+    assert [tick.get_text() for tick in task.get_xticklabels()] == [
+        "token",
+        "LSTM 1",
+        "LSTM 2",
+        "mix",
+    ]
+    assert len(probe.patches) == 3  # the layers are bars; the majority baseline is a line
+    assert any(line.get_linestyle() == "--" for line in probe.get_lines())
+    pyplot().close(figure)
+
+
+def test_a_log_axis_reads_as_plain_numbers_and_ticks_sit_at_the_points() -> None:
+    figure = FIGURES["validation_perplexity"]()
+    (axis,) = figure.axes
+    figure.canvas.draw()
+    assert [tick.get_text() for tick in axis.get_xticklabels()] == ["500", "1000", "1500"]
+    labels = [tick.get_text() for tick in axis.get_yticklabels() if tick.get_text()]
+    assert labels and not any("10^" in label or "times" in label for label in labels)
+    pyplot().close(figure)
