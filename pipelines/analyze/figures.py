@@ -93,7 +93,9 @@ def layers_figure(results: Sequence[TaskAnalysis], probes: Sequence[Row]) -> Fig
 def _bars(axis: Axes, names: list[str], scores: Sequence[Scores | Cell]) -> None:
     """Bars at each score's mean with its bounded spread, labelled inside the axes."""
     means = [score.mean for score in scores]
-    bars = axis.bar(names, means, yerr=_bounded(scores), capsize=3, color="tab:blue", alpha=0.8)
+    bars = axis.bar(
+        names, means, yerr=_bounded(scores), capsize=3, color="tab:blue", alpha=0.8, label="score"
+    )
     axis.bar_label(bars, fmt="%.3f", label_type="center", color="white", fontsize=8)
     axis.set_xlabel("layer")
     _zoom(axis, scores)
