@@ -12,7 +12,7 @@ import contextvars
 import json
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -60,6 +60,7 @@ from pipelines.tracking.flow_runs import (
     mlflow_link,
     parent_run,
     record_summary,
+    stage_progress,
 )
 from pipelines.tracking.stage_runs import find_run, location_name, stage_run_name
 from pipelines.tracking.train_progress import training_progress
@@ -195,13 +196,13 @@ def train(dataset: str, training: TrainingParams, parent_run_id: str) -> TrainRe
 
 @contextmanager
 def _training_followed(name: str, parent_run_id: str) -> Iterator[threading.Event]:
-    """While the block trains, a thread looks at the run's MLflow record every few seconds: it
-    logs the run's link once the run exists (and sets the event it yields) with its Ray job's,
-    then a line for each step and validation the run logged since the last look
+    """While the block trains, :func:`_following` looks at the run's MLflow record: it logs the
+    run's link once the run exists (and sets the event it yields) with its Ray job's, then a
+    line for each step and validation the run logged since the last look
     (:func:`training_progress`: rank 0's own words), and each new warning the run gives as a
-    warning; once more when the block ends. A failed look is skipped, never fatal."""
+    warning. A failed look is skipped, never fatal."""
     logger = get_run_logger()
-    stop, linked = threading.Event(), threading.Event()
+    linked = threading.Event()
     logged: set[tuple[int, int]] = set()
     warned: list[str | None] = [None]
 
@@ -227,21 +228,53 @@ def _training_followed(name: str, parent_run_id: str) -> Iterator[threading.Even
                 logger.info(f"{progress.run_name}: {line.text}")
                 logged.add((line.step, line.kind))
 
+    with _following(look, "training-progress"):
+        yield linked
+
+
+@contextmanager
+def _stage_followed(parent_run_id: str, stage: str) -> Iterator[None]:
+    """While the block runs ``stage`` (its runs out of the flow's sight, in Ray tasks), each new
+    progress line its runs report (:func:`~pipelines.tracking.stage_runs.report_progress`) is
+    logged with the run's name. A failed look is skipped, never fatal."""
+    logger = get_run_logger()
+    seen: dict[str, str] = {}
+
+    def look() -> None:
+        try:
+            progress = stage_progress(parent_run_id, stage)
+        except Exception as err:  # the tracking server may be busy: try again next time
+            logger.debug("no %s progress this time: %s", stage, err)
+            return
+        for name, line in sorted(progress.items()):
+            if seen.get(name) != line:
+                logger.info(f"{name}: {line}")
+                seen[name] = line
+
+    with _following(look, f"{stage}-progress"):
+        yield
+
+
+@contextmanager
+def _following(look: Callable[[], None], name: str) -> Iterator[None]:
+    """``look()`` every ``PROGRESS_LOOK_S`` seconds in a thread while the block runs (in this
+    run's context, where the thread's logs and artifacts belong), and once more as it ends."""
+    stop = threading.Event()
+
     def follow() -> None:
         while not stop.wait(PROGRESS_LOOK_S):
             look()
 
-    # in this task run's context, where the thread's logs and artifacts belong
     context = contextvars.copy_context()
-    thread = threading.Thread(target=context.run, args=(follow,), name="training-progress")
+    thread = threading.Thread(target=context.run, args=(follow,), name=name)
     thread.daemon = True
     thread.start()
     try:
-        yield linked
+        yield
     finally:
         stop.set()
         thread.join()
-    look()  # the last steps and the final validation
+    look()
 
 
 def _link_ray_job(job_id: str | None) -> None:
@@ -322,14 +355,15 @@ def adapt(
     if not task_paths:
         return []
     configs = [load_task_config(path) for path in task_paths]
-    results = adapt_stage.adapt(
-        configs,
-        bilm,
-        bilm_options=bilm_options,
-        seeds=seeds,
-        parent_run_id=parent_run_id,
-        tags=flow_tags(),
-    )
+    with _stage_followed(parent_run_id, "adapt"):
+        results = adapt_stage.adapt(
+            configs,
+            bilm,
+            bilm_options=bilm_options,
+            seeds=seeds,
+            parent_run_id=parent_run_id,
+            tags=flow_tags(),
+        )
     for result in results:
         get_run_logger().info(result_line(result))
         what = f"adapt run of task {result.task}"
@@ -357,16 +391,17 @@ def analyze(
 ) -> AnalyzeResult:
     """The paper's section 5 on ``bilm`` as one ``analyze`` run, a child of the flow's; its table
     goes to the flow's log and to the ``analysis`` artifact."""
-    result = analyze_stage.analyze(
-        [load_task_config(path) for path in task_paths],
-        bilm,
-        bilm_options=bilm_options,
-        senses=senses,
-        fractions=fractions,
-        seeds=seeds,
-        parent_run_id=parent_run_id,
-        tags=flow_tags(),
-    )
+    with _stage_followed(parent_run_id, "analyze"):
+        result = analyze_stage.analyze(
+            [load_task_config(path) for path in task_paths],
+            bilm,
+            bilm_options=bilm_options,
+            senses=senses,
+            fractions=fractions,
+            seeds=seeds,
+            parent_run_id=parent_run_id,
+            tags=flow_tags(),
+        )
     for line in [*format_rows(result.rows).splitlines(), *result.headline]:
         get_run_logger().info(line)
     get_run_logger().info(run_link_line("analyze run", mlflow_link(result.run_id)))

@@ -63,6 +63,7 @@ from pipelines.tracking.stage_runs import (
     EXPERIMENT,
     PARENT_RUN_ENV,
     ensure_experiment,
+    report_progress,
     stage_run,
     use_tracking,
 )
@@ -170,11 +171,20 @@ def run_adapt_job(job: AdaptJob) -> AdaptResult:
                 SeedRun(
                     seed,
                     *(
-                        _train(task, splits, use_elmo, seed, device, seconds, curves=seed == first)
+                        _train(
+                            task,
+                            splits,
+                            use_elmo,
+                            seed,
+                            device,
+                            seconds,
+                            curves=seed == first,
+                            which=f"seed {seed} ({index} of {len(job.seeds)})",
+                        )
                         for use_elmo in (True, False)
                     ),
                 )
-                for seed in job.seeds
+                for index, seed in enumerate(job.seeds, 1)
             ]
             example = input_columns(datasets["train"].examples[0])
             sizes = {split: len(dataset.examples) for split, dataset in datasets.items()}
@@ -218,10 +228,22 @@ def _train(
     seconds: dict[str, float],
     *,
     curves: bool,
+    which: str,
 ) -> TaskResult:
     """Train one of the two models with ``seed``, logging its curves when ``curves`` (the first
-    seed's: the model registered); its time is added to ``seconds``."""
+    seed's: the model registered) and each epoch as the run's progress (``which`` seed of the
+    run's it is); its time is added to ``seconds``."""
     prefix = "elmo" if use_elmo else "baseline"
+    metric = main_metric(task)
+    log_curve = epoch_logger(prefix, metric, seed) if curves else None
+    model = "with ELMo" if use_elmo else "the baseline"
+
+    def on_epoch(epoch: int, metrics: dict[str, float]) -> None:
+        if log_curve is not None:
+            log_curve(epoch, metrics)
+        dev = f", dev {metric} {metrics[f'dev_{metric}']:.4f}" if f"dev_{metric}" in metrics else ""
+        report_progress(f"{which}, {model}: epoch {epoch} of {task.training.epochs}{dev}")
+
     started = time.perf_counter()
     result = train_task(
         task,
@@ -229,7 +251,7 @@ def _train(
         splits.get("dev"),
         splits.get("test"),
         use_elmo,
-        epoch_callback=epoch_logger(prefix, main_metric(task), seed) if curves else None,
+        epoch_callback=on_epoch,
         device=device,
         seed=seed,
     )

@@ -59,7 +59,7 @@ from pipelines.analyze.table import (
     to_json,
 )
 from pipelines.common.cli_runner import comma_separated, run_command
-from pipelines.common.console import console_progress
+from pipelines.common.console import ProgressBar, console_progress
 from pipelines.common.settings import elmo_home
 from pipelines.models.bilm_loader import OPTIONS_HELP, SOURCE_HELP, load_bilm, resolve_bilm
 from pipelines.tracking.figures import log_figure
@@ -67,6 +67,7 @@ from pipelines.tracking.stage_runs import (
     DESCRIPTION_TAG,
     PARENT_RUN_ENV,
     location_name,
+    report_progress,
     stage_run,
     stage_run_name,
     use_tracking,
@@ -165,13 +166,18 @@ def _run_analyses(
         assert activations is not None  # cache_splits computes them
         total = num_runs(fractions, seeds, activations.num_layers)
         with console_progress(total, f"analyze {task.name}", unit="run") as bar:
+
+            def advance(line: str, bar: ProgressBar = bar) -> None:
+                bar.update(1)
+                report_progress(line)
+
             result = analyze_task(
                 task,
                 splits,
                 fractions=fractions,
                 seeds=seeds,
                 device=device,
-                progress=lambda _: bar.update(1),
+                progress=advance,
             )
         log_figure(efficiency_figure(result), f"efficiency_{task.name}.png")
         results.append(result)

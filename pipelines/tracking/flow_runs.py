@@ -22,6 +22,7 @@ from pipelines.tracking.stage_runs import (
     DESCRIPTION_TAG,
     EXPERIMENT,
     LOCAL_UI,
+    PROGRESS_TAG,
     STAGE_TAG,
     ended_status,
     ensure_experiment,
@@ -150,6 +151,25 @@ def record_summary(
     for name, text in artifacts.items():
         client.log_text(parent_run_id, text, name)
     client.set_tag(parent_run_id, DESCRIPTION_TAG, description)
+
+
+def stage_progress(parent_run_id: str, stage: str) -> dict[str, str]:
+    """Each run of ``stage`` under the flow's parent run, by name: its latest progress line."""
+    use_tracking()
+    client = MlflowClient()
+    experiment = client.get_experiment_by_name(EXPERIMENT)
+    if experiment is None:
+        return {}
+    runs = client.search_runs(
+        [experiment.experiment_id],
+        filter_string=f"tags.`mlflow.parentRunId` = '{parent_run_id}' "
+        f"and tags.`{STAGE_TAG}` = '{stage}'",
+    )
+    return {
+        run.info.run_name: run.data.tags[PROGRESS_TAG]
+        for run in runs
+        if PROGRESS_TAG in run.data.tags
+    }
 
 
 def mlflow_link(run_id: str | None = None) -> str:

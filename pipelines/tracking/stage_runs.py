@@ -46,6 +46,7 @@ DATASET_DIGEST_CHARS = 36  # the longest digest MLflow's stores keep
 LOCAL_UI = "http://127.0.0.1:5000"  # where `mlflow ui` serves the embedded store by default
 MLFLOW_UI_ENV = "ELMO_MLFLOW_UI_URL"  # where the user serves it, if elsewhere
 DESCRIPTION_TAG = "mlflow.note.content"  # the run's (and the experiment's) description
+PROGRESS_TAG = "elmo.progress"  # a stage run's latest step of work (adapt, analyze)
 EXPERIMENT_DESCRIPTION = (
     "ELMo pretraining and adaptation. Each flow run is a parent run; its stages (prepare, train, "
     "evaluate, register, adapt, analyze, embed) are its child runs, named `<stage>-<subject>`. "
@@ -129,6 +130,12 @@ def stage_run(
         mlflow.end_run(ended_status(error))
         raise
     mlflow.end_run(ended_status(None))
+
+
+def report_progress(line: str) -> None:
+    """Say where the active stage run's work is (its ``PROGRESS_TAG``): a flow's log follows the
+    runs of its stages that run out of its sight (Ray tasks) this way."""
+    mlflow.set_tag(PROGRESS_TAG, line)
 
 
 def stage_run_name(stage: str, subject: str) -> str:
