@@ -40,7 +40,7 @@ def pretrain(params: PretrainParams) -> PretrainSummary:
     check_tasks(params.tasks)
     if params.analyze:
         check_analysis(params.tasks, params.fractions, params.seeds)
-    subject = f"{params.data.corpus_name()} {params.training.model}"
+    subject = f"{params.data.corpus_name()}-{params.training.model}"
     with flow_parent_run("pretrain", subject, params) as parent:
         dataset = prepare(params.data, parent)
         run = train(dataset, params.training, parent)

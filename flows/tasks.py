@@ -103,13 +103,15 @@ def flow_tags() -> dict[str, str]:
 
 @contextmanager
 def flow_parent_run(flow: str, subject: str, params: BaseModel) -> Iterator[str]:
-    """This flow run's MLflow parent run, named ``<flow> <subject> · <flow run name>``, linked back
-    to the Prefect flow run; yields its id once the flow's log links it (every stage's run is
-    its child, one click away)."""
+    """This flow run's MLflow parent run, named ``<flow>-<subject>-<flow run name>`` as every
+    stage run is (the subject a URI or path shortened by
+    :func:`~pipelines.tracking.stage_runs.location_name`), linked back to the Prefect flow run;
+    yields its id once the flow's log links it (every stage's run is its child, one click
+    away)."""
     name, url = flow_run.get_name(), flow_run_url(flow_run.get_id())
     where = f"[{name}]({url})" if url else f"`{name}`"
     description = f"Prefect flow run {where} of flow `{flow_run.get_flow_name()}`: in progress."
-    title = f"{flow} {subject} · {name}"
+    title = stage_run_name(flow, f"{location_name(subject)}-{name}")
     with parent_run(
         flow, title, flow_run.get_id(), params, description=description, flow_run_url=url
     ) as parent:

@@ -111,7 +111,9 @@ def stage_run(
     :mod:`pipelines.common.cli_runner`), FAILED on any other exception; MLflow's own context
     manager would call an interrupted run FAILED. The parent comes from ``parent_run_id`` or
     ``ELMO_MLFLOW_PARENT_RUN_ID``; the run is tagged with its stage name so the flow's summary can
-    find its children. This process's system metrics are sampled for as long as the block runs.
+    find its children, and its source is the stage's module however it was started (the CLI, a
+    flow, a Ray job or worker), so MLflow's Source column names one thing per stage. This
+    process's system metrics are sampled for as long as the block runs.
     """
     use_tracking()
     ensure_experiment()
@@ -119,7 +121,8 @@ def stage_run(
         run = mlflow.start_run(run_id=run_id, log_system_metrics=False)
     else:
         parent = parent_run_id or os.environ.get(PARENT_RUN_ENV) or None
-        all_tags = {STAGE_TAG: stage, **(tags or {})}
+        source = source_tags(f"pipelines.{stage}", job=parent is not None)
+        all_tags = {**source, STAGE_TAG: stage, **(tags or {})}
         run = mlflow.start_run(
             run_name=run_name, parent_run_id=parent, tags=all_tags, log_system_metrics=False
         )
@@ -144,13 +147,18 @@ def stage_run_name(stage: str, subject: str) -> str:
 
 
 def location_name(location: str) -> str:
-    """What a run working on ``location`` is named after: an MLflow URI without its scheme
-    (``elmo-bilm/3``), else the last part of the path, or the part before it for a ``model``
-    directory (a training run's ``bilm-<hash>/model`` is ``bilm-<hash>``)."""
+    """What a run working on ``location`` is named after, with no ``/`` (MLflow's table and a
+    path both read one as a folder): a registered model's ``elmo-bilm-v3`` or
+    ``elmo-bilm@champion``, a run URI's ``<run id>-<path>``, else the last part of the path, or
+    the part before it for a ``model`` directory (a training run's ``bilm-<hash>/model`` is
+    ``bilm-<hash>``)."""
     from elmo_core.model.serialization import MODEL_DIR
 
-    if location.startswith(("models:/", "runs:/")):
-        return location.split(":/", 1)[1].strip("/")
+    if location.startswith("models:/"):  # elmo-bilm/3 → elmo-bilm-v3; an alias stays
+        name, _, version = location.removeprefix("models:/").strip("/").partition("/")
+        return f"{name}-v{version}" if version else name
+    if location.startswith("runs:/"):
+        return location.removeprefix("runs:/").strip("/").replace("/", "-")
     parts = [part for part in location.rstrip("/").split("/") if part]
     if len(parts) > 1 and parts[-1] == MODEL_DIR:
         return parts[-2]

@@ -246,7 +246,7 @@ def test_the_parent_run_is_the_flow_runs_summary(
     client = MlflowClient(mlflow_tracking_uri())
     parent = client.get_run(summary.parent_run_id)
 
-    assert parent.info.run_name.startswith("pretrain corpus.txt tiny · ")
+    assert parent.info.run_name.startswith("pretrain-corpus.txt-tiny-")  # <stage>-<subject>
     assert parent.data.metrics["heldout_perplexity"] == pytest.approx(summary.perplexity)
     means = {"ner/test_f1_mean", "ner/test_f1_baseline_mean", "ner/test_f1_gain_mean"}
     assert means <= set(parent.data.metrics)
@@ -366,7 +366,7 @@ def test_the_run_publishes_tables_and_a_summary_linking_to_mlflow(
     created = {key: artifact.created for key, artifact in by_key.items()}
     assert created["dataset-statistics"] < created["heldout-perplexity"] < created["task-scores"]
     markdown = str(by_key["pretrain-summary"].data)
-    assert "[pretrain corpus.txt tiny · " in markdown  # the parent run, by its name
+    assert "[pretrain-corpus.txt-tiny-" in markdown  # the parent run, by its name
     assert "mlflow ui --backend-store-uri sqlite:///" in markdown
     assert "?workflowType=machine_learning" in markdown
     assert "heldout perplexity" in markdown and "elmo-ner" in markdown
@@ -404,7 +404,7 @@ def test_the_analyze_flows_run_is_a_child_of_the_flow_runs_parent(
     children = _children(client, summary.parent_run_id)
 
     assert _task_states(flow_run_id) == {"analyze": "Completed"}
-    assert parent.info.run_name.startswith("analyze ") and parent.info.status == "FINISHED"
+    assert parent.info.run_name.startswith("analyze-") and parent.info.status == "FINISHED"
     assert parent.data.tags["prefect.flow_run_id"] == str(flow_run_id)
     assert list(children) == ["analyze"]
     run = children["analyze"]

@@ -119,7 +119,8 @@ def test_runs_are_named_by_stage_and_subject() -> None:
     assert name("/home/u/.elmo/runs/bilm-3f2a/model") == "bilm-3f2a"  # what evaluate evaluates
     assert name("s3://bucket/datasets/python-docs/") == "python-docs"
     assert name("models:/elmo-bilm@champion") == "elmo-bilm@champion"
-    assert name("models:/elmo-bilm/3") == "elmo-bilm/3"
+    assert name("models:/elmo-bilm/3") == "elmo-bilm-v3"  # no "/": not read as a folder
+    assert name("runs:/0123abcd/model") == "0123abcd-model"
 
 
 def test_a_none_setting_is_left_out_of_the_params() -> None:
@@ -154,3 +155,11 @@ def test_ui_links_open_the_model_training_view() -> None:
     assert stage_runs.ui_url("3", "abc", relative=True) == (  # inside the UI: any address
         "#/experiments/3/runs/abc?workflowType=machine_learning"
     )
+
+
+def test_a_stage_runs_source_is_its_stage_module_however_it_was_started(store) -> None:
+    with stage_runs.stage_run("evaluate", run_name="sourced-by-stage") as run:
+        pass
+    tags = store.get_run(run.info.run_id).data.tags
+    assert tags["mlflow.source.name"] == "pipelines.evaluate"  # not pytest's entry point
+    assert tags["mlflow.source.type"] == "LOCAL"  # no parent: not inside a flow
