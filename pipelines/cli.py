@@ -18,7 +18,6 @@ from typing import Any
 import click
 
 from pipelines.common.cli_runner import run_app, run_command
-from pipelines.common.console import quiet_environment
 
 STAGES = {  # command name -> (module, typer command function)
     "prepare": ("pipelines.prepare.stage", "prepare_command"),
@@ -93,9 +92,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def console_main() -> None:
-    """The ``elmo`` console script; the libraries' chatter is switched off before a stage imports
-    them (MLflow reads its logging level on import)."""
-    quiet_environment()
+    """The ``elmo`` console script (the libraries' chatter is off: :mod:`pipelines`)."""
     raise SystemExit(main())
 
 

@@ -3,7 +3,8 @@
 A local Ray is sized for the machine: every core, no dashboard, and an object store that stays
 small on small machines (the stages stream data from shards; the object store only carries
 control messages and checkpoints' metadata). It starts quietly: the libraries' console noise is
-off first (:mod:`pipelines.common.console`), Ray's start-up lines are not printed.
+off since :mod:`pipelines` was imported, Ray's start-up lines are not printed, nor its warning
+that it chose token authentication.
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ from typing import Any
 import ray
 
 from elmo_core.errors import ElmoError
-from pipelines.common.console import quiet_environment
 from pipelines.common.settings import elmo_home
 
 log = logging.getLogger(__name__)
 
 MIN_OBJECT_STORE_BYTES = 200 * 1024**2
 MAX_OBJECT_STORE_BYTES = 4 * 1024**3
+TOKEN_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 PLACEMENT_GROUP_CLEANER_LOGGER = (
     "ray.train.v2._internal.execution.controller.placement_group_cleaner"
 )
@@ -37,7 +38,6 @@ def connect_ray(num_cpus: int | None = None) -> None:
     ``num_cpus``. Ray's INFO lines in this process ("Started a local Ray instance") are not
     logged, and its workers start with :func:`setup_local_worker`.
     """
-    quiet_environment()  # before Ray Train reads it, and before a local Ray's workers start
     if ray.is_initialized():
         return
     address = os.environ.get("RAY_ADDRESS")
@@ -47,6 +47,9 @@ def connect_ray(num_cpus: int | None = None) -> None:
         return
     cpus = num_cpus or os.cpu_count() or 1
     log.info("starting a local Ray with %d CPUs", cpus)
+    # Ray turns token authentication on for a local cluster, its default, and warns that it
+    # did on every start: that logger is raised to ERROR for the start of our own loopback Ray.
+    logging.getLogger(TOKEN_AUTH_LOGGER).setLevel(logging.ERROR)
     ray.init(
         address="local",
         num_cpus=cpus,

@@ -286,7 +286,9 @@ def test_ctrl_c_stops_the_run_killed_and_the_same_command_resumes_it(
     # Rank 0 commits a checkpoint before its next step: once it reports a step past step 5, the
     # checkpoint of step 5 is complete. Reading blocks until then (the timeout guards a hang).
     assert driver.stdout is not None
+    printed = []
     for line in driver.stdout:
+        printed.append(line)
         reported = re.search(r"\[train\] step (\d+)/", line)
         if reported and int(reported[1]) > 5:
             break
@@ -297,6 +299,11 @@ def test_ctrl_c_stops_the_run_killed_and_the_same_command_resumes_it(
     out, err = driver.communicate(timeout=120)
 
     assert driver.returncode == 130, err[-3000:]
+    # python -m pipelines.train's console as clean as the flow's: no Ray worker prefixes or
+    # colour codes, no MLflow INFO lines, no word of Ray's token authentication
+    console = "".join(printed) + out + err
+    for noise in ("\x1b[", "pid=", "INFO mlflow", "Token authentication"):
+        assert noise not in console, noise
     stopped = re.search(r"interrupted: (bilm-\w+) stopped; the same command resumes it from its "
                         r"checkpoint at step (\d+):\n  (.*)", err)  # fmt: skip
     assert stopped, err[-3000:]
