@@ -113,7 +113,8 @@ def summary_metrics(
 
 
 def task_rows(results: Sequence[AdaptResult]) -> Rows:
-    """Per task: the main metric's mean and spread over the seeds, with and without ELMo."""
+    """Per task: the main metric's mean and spread (sample standard deviation) over the seeds,
+    with and without ELMo, and the size of the split it is scored on."""
     rows = []
     for result in results:
         elmo, baseline = Scores(tuple(result.elmo_scores)), Scores(tuple(result.baseline_scores))
@@ -121,6 +122,7 @@ def task_rows(results: Sequence[AdaptResult]) -> Rows:
             {
                 "task": result.task,
                 "score": f"{_split(result)} {result.metric}",
+                "examples": result.examples,  # one error moves the score by about 1/examples
                 "seeds": len(result.seeds),
                 "elmo": round(elmo.mean, 4),
                 "elmo_spread": round(elmo.spread, 4),

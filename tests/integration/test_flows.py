@@ -370,6 +370,8 @@ def test_the_run_publishes_tables_and_a_summary_linking_to_mlflow(
     assert "mlflow ui --backend-store-uri sqlite:///" in markdown
     assert "?workflowType=machine_learning" in markdown
     assert "heldout perplexity" in markdown and "elmo-ner" in markdown
+    (scores,) = json.loads(by_key["task-scores"].data)  # each score beside its split's size
+    assert scores["task"] == "ner" and scores["examples"] > 0 and scores["seeds"] == 3
 
 
 # --- analyze --------------------------------------------------------------------------------------
