@@ -9,6 +9,7 @@ twice in a subprocess on a fresh home, for its console: what a user reads.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
