@@ -77,13 +77,18 @@ class HeadConfig(StrictModel):
 
 
 class TaskTrainingConfig(StrictModel):
-    """Adaptation run length and optimiser; ``patience`` epochs without dev improvement stop it."""
+    """Adaptation run length and optimiser; ``patience`` epochs without dev improvement stop it,
+    counted only once ``min_updates`` updates have run: a small training set scores 0 for its
+    first epochs, and a score of 0 that stays 0 must not end the run before it learns."""
 
     epochs: int = Field(10, gt=0)
     batch_size: int = Field(32, gt=0)
     lr: float = Field(1e-3, gt=0.0)
     seed: int = 0
     patience: int | None = Field(3, gt=0, description="None: no early stopping")
+    min_updates: int = Field(
+        100, ge=0, description="optimizer updates before patience counts (early stopping)"
+    )
 
 
 class TaskConfig(StrictModel):

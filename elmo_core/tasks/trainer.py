@@ -178,13 +178,19 @@ def _fit(
     epoch_callback: EpochCallback | None,
     device: torch.device,
 ) -> tuple[list[dict[str, float]], int]:
-    """Epochs of Adam with early stopping on the dev score; leaves the best weights in ``model``."""
+    """Epochs of Adam with early stopping on the dev score; leaves the best weights in ``model``.
+
+    Only a higher score is an improvement (a tie is not), and patience counts only from the
+    epoch that completes ``min_updates`` updates: a model that scores 0 for its first epochs of a
+    small training set is not stopped before it learns."""
     settings = task.training
     optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr)
     shuffler = np.random.default_rng(seed)
     metric = main_metric(task)
     history: list[dict[str, float]] = []
     best_score, best_epoch, best_state = -math.inf, 0, copy.deepcopy(model.state_dict())
+    updates_per_epoch = math.ceil(splits["train"].num_examples / settings.batch_size)
+    warm_epoch = math.ceil(settings.min_updates / max(updates_per_epoch, 1))
     for epoch in range(1, settings.epochs + 1):
         order = shuffler.permutation(splits["train"].num_examples)
         metrics = {
@@ -202,7 +208,9 @@ def _fit(
         score = metrics.get(f"dev_{metric}", float(epoch))  # no dev: the last epoch is best
         if score > best_score:
             best_score, best_epoch, best_state = score, epoch, copy.deepcopy(model.state_dict())
-        elif settings.patience is not None and epoch - best_epoch >= settings.patience:
+        elif settings.patience is not None and epoch - max(best_epoch, warm_epoch) >= (
+            settings.patience
+        ):
             break
     model.load_state_dict(best_state)
     return history, best_epoch

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from elmo_core.tasks.trainer import (
     predict,
     train_task,
 )
+from tests.unit.elmo_core.tasks.conftest import _tagging
 
 Splits = dict[str, dict[str, TaskSplit]]
 TaskFactory = Callable[..., TaskConfig]
@@ -97,9 +99,33 @@ def test_same_seed_repeats_and_leaves_the_global_rng_alone(
 def test_early_stopping_keeps_the_best_epoch(
     task_splits: Splits, task_factory: TaskFactory
 ) -> None:
-    task = task_factory("classification", training={"epochs": 6, "patience": 2, "lr": 1e-9})
+    training = {"epochs": 6, "patience": 2, "lr": 1e-9, "min_updates": 0}
+    task = task_factory("classification", training=training)
     result = _train(task_splits["classification"], task, False)
     assert result.best_epoch == 1 and len(result.history) == 3  # no dev gain after epoch 1
+
+
+def test_a_small_set_that_scores_0_for_its_first_epochs_is_not_stopped_before_it_learns(
+    task_factory: TaskFactory,
+) -> None:
+    """16 sentences, 4 updates an epoch: the tagger's dev F1 is 0 for its first four epochs.
+    Counted from the first epoch, patience ended the run there, F1 0 (the 10 % fractions of a
+    real analysis); counted once ``min_updates`` have run, it learns the task."""
+    rng = random.Random(0)
+    train, dev = (
+        TaskSplit(TaskDataset(Path(name), [_tagging(rng) for _ in range(size)]), None)
+        for name, size in (("train", 16), ("dev", 24))
+    )
+    scores = {}
+    for min_updates in (0, 60):
+        training = {"epochs": 40, "batch_size": 4, "lr": 0.001, "patience": 3}
+        task = task_factory("tagging", training=training | {"min_updates": min_updates})
+        result = train_task(task, train, dev, None, use_elmo=False, seed=0)
+        curve = [epoch["dev_f1"] for epoch in result.history]
+        scores[min_updates] = (curve, result.dev_metrics["f1"])
+    stopped, learned = scores[0], scores[60]
+    assert stopped[0] == [0.0, 0.0, 0.0, 0.0] and stopped[1] == 0.0  # the trap
+    assert learned[0][:4] == [0.0, 0.0, 0.0, 0.0] and learned[1] > 0.9
 
 
 def test_without_dev_every_epoch_runs_and_the_last_is_kept(
