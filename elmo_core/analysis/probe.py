@@ -25,8 +25,10 @@ from elmo_core.tasks.dataset import TaggingExample, TaskDataset
 from elmo_core.tasks.readers import AnyDataset
 from elmo_core.tasks.task_model import Example
 
-DEFAULT_EPOCHS = 5
+DEFAULT_EPOCHS = 5  # at least
 MIN_UPDATES = 500  # a small tagged set gets more epochs: a probe must converge to be compared
+MAX_EPOCHS = 100  # at most, should the training loss keep falling
+CONVERGED = 1e-3  # nats per token: an epoch that lowers no layer's loss by this much ends it
 DEFAULT_BATCH_SIZE = 256  # tokens
 DEFAULT_LR = 1e-3
 DEFAULT_WEIGHT_DECAY = 0.01  # AdamW's decoupled decay on the weights, not the biases
@@ -107,12 +109,15 @@ def linear_probe(
     lr: float = DEFAULT_LR,
     weight_decay: float = DEFAULT_WEIGHT_DECAY,
     min_updates: int = MIN_UPDATES,
+    max_epochs: int = MAX_EPOCHS,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     device: str | torch.device = "cpu",
     progress: ProbeCallback | None = None,
 ) -> ProbeResult:
-    """Train one linear tagger per layer of ``train`` and score each on ``test``: ``epochs``
-    epochs, or as many as make ``min_updates`` minibatch updates when that is more.
+    """Train one linear tagger per layer of ``train`` and score each on ``test``: at least
+    ``epochs`` epochs, or as many as make ``min_updates`` minibatch updates when that is more,
+    then on until an epoch lowers no layer's mean training loss by ``CONVERGED`` (at most
+    ``max_epochs``): a probe that stopped while still learning would understate its layer.
 
     ``progress(epoch, losses)`` is called after each epoch (from 1) with each layer's mean loss.
     """
@@ -128,7 +133,15 @@ def linear_probe(
     probes.to(device)
     epochs = max(epochs, math.ceil(min_updates / math.ceil(len(train_tags) / batch_size)))
     history = _fit(
-        probes, train.activations, train_tags, seed, epochs, batch_size, lr, weight_decay, progress
+        probes,
+        train.activations,
+        train_tags,
+        seed,
+        (epochs, max(epochs, max_epochs)),
+        batch_size,
+        lr,
+        weight_decay,
+        progress,
     )
     majority = int(np.argmax(np.bincount(train_tags, minlength=num_labels)))
     return ProbeResult(
@@ -178,13 +191,14 @@ def _fit(
     activations: np.ndarray,
     tags: np.ndarray,
     seed: int,
-    epochs: int,
+    epochs: tuple[int, int],
     batch_size: int,
     lr: float,
     weight_decay: float,
     progress: ProbeCallback | None,
 ) -> list[list[float]]:
-    """Epochs of AdamW over shuffled token minibatches; returns each epoch's per-layer loss."""
+    """Epochs of AdamW over shuffled token minibatches (``epochs``: at least, at most; in
+    between until the loss stops falling); returns each epoch's per-layer loss."""
     device = probes.weight.device
     groups = [
         {"params": [probes.weight], "weight_decay": weight_decay},
@@ -192,9 +206,12 @@ def _fit(
     ]
     optimizer = torch.optim.AdamW(groups, lr=lr)
     shuffler = np.random.default_rng(seed)
-    history = []
+    history: list[list[float]] = []
     probes.train()
-    for epoch in range(1, epochs + 1):
+    least, most = epochs
+    for epoch in range(1, most + 1):
+        if epoch > least and _converged(history):
+            break
         order = shuffler.permutation(len(tags))  # (N,)
         total = torch.zeros(activations.shape[1], dtype=torch.float64, device=device)  # (L,)
         for start in range(0, len(order), batch_size):
@@ -214,6 +231,14 @@ def _fit(
         if progress is not None:
             progress(epoch, history[-1])
     return history
+
+
+def _converged(history: list[list[float]]) -> bool:
+    """Whether the last epoch lowered no layer's mean training loss by ``CONVERGED`` of it."""
+    if len(history) < 2:
+        return False
+    before, after = history[-2], history[-1]
+    return all(old - new < CONVERGED for old, new in zip(before, after, strict=True))
 
 
 def _read(activations: np.ndarray, rows: slice | np.ndarray, device: torch.device) -> torch.Tensor:

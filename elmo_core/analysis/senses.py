@@ -57,6 +57,7 @@ class SenseProbeResult:
 
     layer_accuracies: list[float]
     mfs_accuracy: float
+    train_accuracies: list[float]  # per layer, each training example against the centroids
     num_train: int
     num_test: int
     num_lemmas: int
@@ -189,6 +190,7 @@ def sense_probe(
     train_vectors = np.asarray(train_vectors, dtype=np.float64)  # (N, L, D) means without rounding
     num_layers = train_vectors.shape[1]
     layer_correct = np.zeros(num_layers, dtype=np.int64)  # (L,)
+    train_correct = np.zeros(num_layers, dtype=np.int64)  # (L,)
     mfs_correct = 0
     for lemma in sorted(set(test_lemmas.tolist())):
         train_rows, test_rows = train_lemmas == lemma, test_lemmas == lemma
@@ -200,10 +202,14 @@ def sense_probe(
         gold = test_labels[test_rows][:, None]  # (n, 1)
         layer_correct += (np.array(senses)[choice] == gold).sum(axis=0)
         mfs_correct += int((gold == senses[0]).sum())
+        fitted = _nearest(train_vectors[train_rows], centroids)  # (m, L)
+        train_correct += (np.array(senses)[fitted] == train_labels[train_rows][:, None]).sum(0)
     num_test = len(test_labels)
+    num_scored = int(np.isin(train_lemmas, test_lemmas).sum())  # the lemmas the test asks about
     return SenseProbeResult(
         layer_accuracies=(layer_correct / num_test).tolist(),
         mfs_accuracy=mfs_correct / num_test,
+        train_accuracies=(train_correct / max(num_scored, 1)).tolist(),
         num_train=len(train_labels),
         num_test=num_test,
         num_lemmas=len(set(test_lemmas.tolist())),

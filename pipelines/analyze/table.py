@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TypeVar
 
 from elmo_core.analysis.probe import ProbeResult
@@ -21,6 +21,7 @@ TABLE_FILE = "analysis.json"
 Score = TypeVar("Score", Scores, "Cell")
 MARKDOWN_FILE = "analysis.md"
 CELLS_TABLE = "analysis_cells.json"  # an MLflow table: one row per cell
+BASELINE_MARGIN = 0.05  # a probe's best layer within this of its baseline wins nothing
 
 
 @dataclass(frozen=True)
@@ -40,10 +41,17 @@ class Cell:
 
 @dataclass(frozen=True)
 class Row:
-    """One analysis: ``cells`` by column name (a layer, a fraction, a placement)."""
+    """One analysis: ``cells`` by column name (a layer, a fraction, a placement); a probe's also
+    its score on its own training data per layer (``train``), beside its test score."""
 
     analysis: str
     cells: dict[str, Cell]
+    train: dict[str, Cell] = field(default_factory=dict)
+
+    def text(self, name: str) -> str:
+        """A cell as the table shows it: ``0.856`` or, a probe's, ``0.856 (train 0.870)``."""
+        shown = self.cells[name].text()
+        return f"{shown} (train {self.train[name].text()})" if name in self.train else shown
 
 
 def task_rows(result: TaskAnalysis) -> list[Row]:
@@ -71,14 +79,16 @@ def task_rows(result: TaskAnalysis) -> list[Row]:
 
 def sense_row(result: SenseProbeResult) -> Row:
     cells = {f"layer {j}": Cell(a) for j, a in enumerate(result.layer_accuracies)}
-    return Row("word sense, nearest centroid accuracy", cells | {"MFS": Cell(result.mfs_accuracy)})
+    train = {f"layer {j}": Cell(a) for j, a in enumerate(result.train_accuracies)}
+    name = "word sense, nearest centroid accuracy"
+    return Row(name, cells | {"MFS": Cell(result.mfs_accuracy)}, train)
 
 
 def probe_row(task: str, result: ProbeResult) -> Row:
     cells = {f"layer {j}": Cell(a) for j, a in enumerate(result.test_accuracy)}
-    return Row(
-        f"{task} linear probe accuracy", cells | {"majority": Cell(result.majority_accuracy)}
-    )
+    train = {f"layer {j}": Cell(a) for j, a in enumerate(result.train_accuracy)}
+    majority = {"majority": Cell(result.majority_accuracy)}
+    return Row(f"{task} linear probe accuracy", cells | majority, train)
 
 
 def headline(results: Sequence[TaskAnalysis], probes: Sequence[Row]) -> list[str]:
@@ -96,14 +106,10 @@ def headline(results: Sequence[TaskAnalysis], probes: Sequence[Row]) -> list[str
         lines.append(
             f"{result.task}: with {fraction:.0%} of its training data, {result.metric} {elmo} "
             f"with ELMo, {baseline} without ({difference(elmo, baseline)}); "
-            f"each layer alone: {_winner(scores, str)}"
+            f"each layer alone: {_winner(scores, lambda name, alone=scores: str(alone[name]))}"
         )
     for row in probes:
-        layers = {name: cell for name, cell in row.cells.items() if name.startswith("layer ")}
-        others = ", ".join(
-            f"{name} {cell.text()}" for name, cell in row.cells.items() if name not in layers
-        )
-        lines.append(f"{row.analysis}: {_winner(layers, Cell.text, others)}")
+        lines.append(f"{row.analysis}: {_probe_verdict(row)}")
     seeds = max((len(s.values) for r in results for s in r.layers.values()), default=1)
     if seeds > 1:
         lines.append(f"(± is the sample standard deviation over the {seeds} seeds)")
@@ -130,18 +136,35 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9.]+", "_", text.lower()).strip("_")
 
 
-def _winner(scores: Mapping[str, Score], text: Callable[[Score], str], others: str = "") -> str:
+def _probe_verdict(row: Row) -> str:
+    """The best layer against the probe's own baseline (majority tag, most frequent sense); a
+    probe whose best layer is within ``BASELINE_MARGIN`` of it barely learns, says so and names
+    no winner. Each layer's score on the probe's training data is shown beside its test score."""
+    layers = {name: cell for name, cell in row.cells.items() if name.startswith("layer ")}
+    baselines = {name: cell for name, cell in row.cells.items() if name not in layers}
+    others = ", ".join(f"{name} {cell.text()}" for name, cell in baselines.items())
+    top = max(layers.values(), key=lambda cell: cell.mean)
+    floor = max((cell.mean for cell in baselines.values()), default=0.0)
+    if top.mean - floor < BASELINE_MARGIN and top.mean < 1.0:
+        best = max(layers, key=lambda name: layers[name].mean)
+        return (
+            f"no layer clears its baseline by {BASELINE_MARGIN * 100:.0f} points, so none wins "
+            f"(best {row.text(best)}; {others}): the probe barely learns"
+        )
+    return _winner(layers, row.text, others)
+
+
+def _winner(scores: Mapping[str, Score], shown: Callable[[str], str], others: str = "") -> str:
     """``best layer 1 (0.750; majority 0.600)``, ``best layer 0 and layer 2 (…)`` when they tie
     on the mean, or ``saturated: every layer scores 1.000 on every seed (majority 0.600)`` where
-    all score perfectly and nothing tells them apart."""
+    all score perfectly and nothing tells them apart; ``shown(name)``: a score as text."""
     top = max(score.mean for score in scores.values())
     best = [name for name, score in scores.items() if score.mean == top]
-    shown = text(scores[best[0]])
     if len(best) == len(scores) > 1 and top >= 1.0:
-        return f"saturated: every layer scores {shown} on every seed" + (
+        return f"saturated: every layer scores {shown(best[0])} on every seed" + (
             f" ({others})" if others else ""
         )
-    return f"best {' and '.join(best)} ({shown}{'; ' + others if others else ''})"
+    return f"best {' and '.join(best)} ({shown(best[0])}{'; ' + others if others else ''})"
 
 
 def format_rows(rows: Sequence[Row]) -> str:
@@ -149,7 +172,7 @@ def format_rows(rows: Sequence[Row]) -> str:
     width = max((len(row.analysis) for row in rows), default=0)
     lines = []
     for row in rows:
-        cells = "  ".join(f"{name} {cell.text()}" for name, cell in row.cells.items())
+        cells = "  ".join(f"{name} {row.text(name)}" for name in row.cells)
         lines.append(f"{row.analysis:<{width}}  {cells}")
     return "\n".join(lines)
 
@@ -157,7 +180,7 @@ def format_rows(rows: Sequence[Row]) -> str:
 def markdown(rows: Sequence[Row]) -> str:
     lines = ["| analysis | results |", "|---|---|"]
     for row in rows:
-        cells = ", ".join(f"{name}: {cell.text()}" for name, cell in row.cells.items())
+        cells = ", ".join(f"{name}: {row.text(name)}" for name in row.cells)
         lines.append(f"| {row.analysis} | {cells} |")
     return "\n".join(lines) + "\n"
 
@@ -168,7 +191,11 @@ def to_json(rows: Sequence[Row]) -> str:
 
 def from_json(text: str) -> list[Row]:
     return [
-        Row(row["analysis"], {name: Cell(**cell) for name, cell in row["cells"].items()})
+        Row(
+            row["analysis"],
+            {name: Cell(**cell) for name, cell in row["cells"].items()},
+            {name: Cell(**cell) for name, cell in row.get("train", {}).items()},
+        )
         for row in json.loads(text)
     ]
 

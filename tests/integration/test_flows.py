@@ -562,13 +562,17 @@ LAYERS = r"layer \d( and layer \d)*"  # the best layer, or those that tie
 
 
 def winner(others: str = "") -> str:
-    """The best layers and their score, or every layer scoring perfectly: saturated."""
-    best = rf"best {LAYERS} \({SCORES}\)"
-    saturated = rf"saturated: every layer scores {SCORES} on every seed"
-    if others:
-        best = rf"best {LAYERS} \({SCORES}; {others}\)"
-        saturated = rf"{saturated} \({others}\)"
-    return f"({best}|{saturated})"
+    """The best layers and their score, every layer scoring perfectly (saturated), or, a probe,
+    none clearing its baseline (its scores shown with those on its training data)."""
+    score = rf"{SCORES}( \(train {SCORES}\))?"
+    best = rf"best {LAYERS} \({score}\)"
+    saturated = rf"saturated: every layer scores {score} on every seed"
+    if not others:
+        return f"({best}|{saturated})"
+    best = rf"best {LAYERS} \({score}; {others}\)"
+    saturated = rf"{saturated} \({others}\)"
+    none = rf"no layer clears its baseline by 5 points, so none wins \(best {score}; {others}\): "
+    return f"({best}|{saturated}|{none}the probe barely learns)"
 
 
 MAKE_RUN_ENDING = (

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from elmo_core.analysis.probe import (
+    CONVERGED,
     flat_tag_ids,
     layer_accuracies,
     linear_probe,
@@ -20,7 +21,7 @@ from elmo_core.tasks.dataset import ClassificationExample, TaggingExample, TaskD
 
 NUM_LABELS = 3
 DIM = 8
-SETTINGS = {"epochs": 8, "batch_size": 32, "lr": 1e-2, "min_updates": 0}
+SETTINGS = {"epochs": 8, "batch_size": 32, "lr": 1e-2, "min_updates": 0, "max_epochs": 8}
 Splits = tuple[CachedActivations, np.ndarray, CachedActivations, np.ndarray]
 
 
@@ -76,9 +77,20 @@ def test_probe_finds_the_tag_in_the_informative_layer_only(splits: Splits) -> No
 
 def test_a_small_split_gets_the_epochs_of_the_minimum_number_of_updates(splits: Splits) -> None:
     settings = SETTINGS | {"min_updates": 100}  # 600 tokens in 19 batches: 6 epochs are 114
-    result = linear_probe(*splits, NUM_LABELS, seed=0, **settings | {"epochs": 2})
+    result = linear_probe(*splits, NUM_LABELS, seed=0, **settings | {"epochs": 2, "max_epochs": 2})
     assert len(result.history) == 6
     assert len(linear_probe(*splits, NUM_LABELS, seed=0, **settings).history) == 8
+
+
+def test_the_probe_trains_on_until_its_training_loss_stops_falling(splits: Splits) -> None:
+    settings = SETTINGS | {"epochs": 2, "max_epochs": 100}
+    result = linear_probe(*splits, NUM_LABELS, seed=0, **settings)
+    falls = [
+        max(before - after for before, after in zip(*pair, strict=True))
+        for pair in zip(result.history, result.history[1:], strict=False)
+    ]
+    assert 2 < len(result.history) < 100  # past the least, short of the most
+    assert falls[-1] < CONVERGED <= max(falls[:-1])  # it stopped once no layer's loss fell
 
 
 def test_same_seed_gives_identical_probes(splits: Splits) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from elmo_core.analysis.task_runs import MIX, TaskAnalysis
 from elmo_core.tasks.seeds import Scores
-from pipelines.analyze.table import Cell, Row, headline
+from pipelines.analyze.table import Cell, Row, format_rows, headline
 
 
 def test_the_headline_names_the_fraction_of_the_largest_gain_and_the_best_layers() -> None:
@@ -57,3 +57,18 @@ def test_a_probe_every_layer_of_which_scores_perfectly_is_saturated_not_won() ->
     assert task.endswith(
         "each layer alone: saturated: every layer scores 1.0000 ± 0.0000 on every seed"
     )
+
+
+def test_a_probe_near_its_baseline_names_no_winner_and_shows_its_training_score() -> None:
+    probe = Row(
+        "ner linear probe accuracy",
+        {"layer 0": Cell(0.84), "layer 1": Cell(0.856), "majority": Cell(0.825)},
+        {"layer 0": Cell(0.85), "layer 1": Cell(0.87)},
+    )
+    (line,) = headline([], [probe])
+
+    assert line == (
+        "ner linear probe accuracy: no layer clears its baseline by 5 points, so none wins "
+        "(best 0.856 (train 0.870); majority 0.825): the probe barely learns"
+    )
+    assert "layer 1 0.856 (train 0.870)" in format_rows([probe])
