@@ -85,6 +85,7 @@ class AnalyzeResult:
     run_id: str
     rows: list[Row] = field(default_factory=list)
     headline: list[str] = field(default_factory=list)  # table.headline's lines
+    tasks: list[TaskAnalysis] = field(default_factory=list)  # what the task rows came from
 
 
 def analyze(
@@ -127,7 +128,7 @@ def analyze(
             rows = [row for result in results for row in task_rows(result)] + probes
             lines = headline(results, probes)
             _log_outcome(results, probes, rows, lines)
-    return AnalyzeResult(run.info.run_id, rows, lines)
+    return AnalyzeResult(run.info.run_id, rows, lines, results)
 
 
 def check_inputs(

@@ -103,10 +103,11 @@ def headline(results: Sequence[TaskAnalysis], probes: Sequence[Row]) -> list[str
         )
         elmo, baseline = efficiency[fraction]["elmo"], efficiency[fraction]["baseline"]
         scores = {f"layer {name}": s for name, s in result.layers.items() if name != MIX}
+        alone = _winner(scores, scores_text(scores))
         lines.append(
             f"{result.task}: with {fraction:.0%} of its training data, {result.metric} {elmo} "
             f"with ELMo, {baseline} without ({difference(elmo, baseline)}); "
-            f"each layer alone: {_winner(scores, lambda name, alone=scores: str(alone[name]))}"
+            f"each layer alone: {alone}"
         )
     for row in probes:
         lines.append(f"{row.analysis}: {_probe_verdict(row)}")
@@ -134,6 +135,11 @@ def headline_metrics(results: Sequence[TaskAnalysis], probes: Sequence[Row]) -> 
 
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9.]+", "_", text.lower()).strip("_")
+
+
+def scores_text(scores: Mapping[str, Scores]) -> Callable[[str], str]:
+    """A named score as text: ``0.7500 ± 0.0707``."""
+    return lambda name: str(scores[name])
 
 
 def _probe_verdict(row: Row) -> str:

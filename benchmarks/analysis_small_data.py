@@ -1,0 +1,165 @@
+"""The paper's sample-efficiency claim (§5.4, Fig. 1) on real held-out tasks: is ELMo's gain at
+10 % of the training data at least as large as at 100 %, beyond the seeds' spread?
+
+Runs the real analyze stage (``pipelines.analyze.stage.analyze``: every run the analysis makes,
+into MLflow under ``ELMO_HOME``) on three tasks read from ``../shared/data``, which the project
+never copies: UD English Web Treebank UPOS tagging (its train, dev and test), SUBJ (10,000
+sentences, no official split: a seeded 80/10/10 one) and TREC coarse question types (its 500
+test questions; a seeded tenth of train as dev). Each at ``--fractions`` of its training data
+(the analysis gives a fraction the updates of the whole set) over ``--seeds``.
+
+    python benchmarks/analysis_small_data.py --bilm RUN_DIR/best [--max-train 3000]
+
+``--max-train`` caps each task's training set (the first sentences) where a 2-core machine cannot
+run the whole in its time; the results say when it was used. Last line: one JSON object, the
+gains per task and fraction and the verdict.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+from elmo_core.tasks.seeds import Scores, difference_spread
+from elmo_core.tasks.task_config import TaskConfig
+from pipelines.analyze.stage import analyze
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+HEAD = {"hidden_dim": 64, "dropout": 0.3}
+TRAINING = {"epochs": 10, "batch_size": 32, "lr": 0.003, "patience": 3, "min_updates": 100}
+
+
+def ud_ewt(work: Path, max_train: int | None) -> TaskConfig:
+    """UPOS tags of the UD EWT treebank, its own splits (train capped to ``max_train``)."""
+    source = SHARED / "ud_ewt"
+    train = source / "en_ewt-ud-train.conllu"
+    if max_train is not None:
+        train = _first_sentences(train, work / "ud_ewt.train.conllu", max_train)
+    return TaskConfig.model_validate(
+        {
+            "name": "ud-ewt-upos",
+            "type": "tagging",
+            "format": "conllu",
+            "train": str(train),
+            "dev": str(source / "en_ewt-ud-dev.conllu"),
+            "test": str(source / "en_ewt-ud-test.conllu"),
+            "reader": {"conllu_column": "upos", "tag_scheme": "none"},
+            "head": HEAD,
+            "training": TRAINING,
+        }
+    )
+
+
+def subj(work: Path, max_train: int | None) -> TaskConfig:
+    """Subjective or objective sentences: a seeded 80/10/10 split of ``subj.all``."""
+    lines = _lines(SHARED / "cls" / "subj.all")
+    random.Random(0).shuffle(lines)
+    tenth = len(lines) // 10
+    splits = {"test": lines[:tenth], "dev": lines[tenth : 2 * tenth], "train": lines[2 * tenth :]}
+    return _label_text("subj", work, splits, max_train)
+
+
+def trec(work: Path, max_train: int | None) -> TaskConfig:
+    """TREC's six coarse question types: its test set, a seeded tenth of train as dev."""
+    train = _lines(SHARED / "cls" / "TREC.train.all")
+    random.Random(0).shuffle(train)
+    tenth = len(train) // 10
+    splits = {
+        "test": _lines(SHARED / "cls" / "TREC.test.all"),
+        "dev": train[:tenth],
+        "train": train[tenth:],
+    }
+    return _label_text("trec", work, splits, max_train)
+
+
+TASKS = {"ud-ewt-upos": ud_ewt, "subj": subj, "trec": trec}
+
+
+def _label_text(
+    name: str, work: Path, splits: dict[str, list[str]], max_train: int | None
+) -> TaskConfig:
+    if max_train is not None:
+        splits["train"] = splits["train"][:max_train]
+    paths = {}
+    for split, lines in splits.items():
+        paths[split] = work / f"{name}.{split}.txt"
+        paths[split].write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return TaskConfig.model_validate(
+        {
+            "name": name,
+            "type": "classification",
+            "format": "label_text",
+            **{split: str(path) for split, path in paths.items()},
+            "head": HEAD | {"pooling": "max"},
+            "training": TRAINING,
+        }
+    )
+
+
+def _lines(path: Path) -> list[str]:
+    return [line.rstrip() for line in path.read_text(encoding="latin-1").splitlines() if line]
+
+
+def _first_sentences(source: Path, target: Path, count: int) -> Path:
+    """The first ``count`` sentences of a CoNLL-U file (blocks ending in a blank line)."""
+    blocks = source.read_text(encoding="utf-8").split("\n\n")
+    target.write_text("\n\n".join(blocks[:count]) + "\n\n", encoding="utf-8")
+    return target
+
+
+def verdict(efficiency: dict[float, dict[str, Scores]]) -> dict[str, object]:
+    """Each fraction's gain and its spread; whether 10 % gains at least as much as 100 %, beyond
+    its spread."""
+    gains = {
+        fraction: (
+            scores["elmo"].mean - scores["baseline"].mean,
+            difference_spread(scores["elmo"], scores["baseline"]),
+        )
+        for fraction, scores in sorted(efficiency.items())
+    }
+    small, full = gains.get(0.1), gains.get(1.0)
+    holds = small is not None and full is not None and small[0] >= full[0] and small[0] > small[1]
+    return {"gains": {f"{f:g}": [round(g, 4), round(s, 4)] for f, (g, s) in gains.items()},
+            "holds": holds}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--bilm", required=True, help="the biLM: a model directory or URI")
+    parser.add_argument("--tasks", default=",".join(TASKS))
+    parser.add_argument("--fractions", default="0.01,0.05,0.1,1")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--max-train", type=int, help="cap each task's training sentences")
+    parser.add_argument("--work", type=Path, default=Path("analysis-small-data"))
+    args = parser.parse_args(argv)
+    if not SHARED.is_dir():
+        print(f"no {SHARED}: the real task sets are not on this machine", file=sys.stderr)
+        return 2
+    args.work.mkdir(parents=True, exist_ok=True)
+    tasks = [TASKS[name](args.work, args.max_train) for name in args.tasks.split(",")]
+    fractions = [float(f) for f in args.fractions.split(",")]
+    seeds = [int(s) for s in args.seeds.split(",")]
+    started = time.perf_counter()
+    result = analyze(tasks, args.bilm, fractions=fractions, seeds=seeds)
+    print("\n".join(result.headline))
+    summary: dict[str, object] = {
+        "benchmark": "analysis_small_data",
+        "bilm": args.bilm,
+        "fractions": fractions,
+        "seeds": seeds,
+        "max_train": args.max_train,
+        "run_id": result.run_id,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    for task in result.tasks:
+        summary[task.task] = {"metric": task.metric, **verdict(task.efficiency)}
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
