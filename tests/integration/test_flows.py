@@ -464,7 +464,7 @@ def test_pretrain_with_analyze_analyzes_the_new_biLM_in_its_flow_run(
     assert _task_states(flow_run_id)["analyze"] == "Completed"
     assert children["analyze"].info.run_id == summary.analysis_run_id
     assert children["analyze"].data.params["bilm"] == summary.model_uri
-    assert "word_sense_nearest_centroid_accuracy/mfs" in children["analyze"].data.metrics
+    assert "word_sense_nearest_centroid_accuracy/best_layer" in children["analyze"].data.metrics
     artifacts = _artifacts(flow_run_id)
     assert "analysis" in artifacts
     assert summary.analysis_run_id in str(artifacts["pretrain-summary"].data)
