@@ -220,3 +220,15 @@ def _summed_nll(bilm: BiLM, output: DirectionOutput, targets: torch.Tensor) -> t
     scored = output.scored(targets)  # (B, T)
     nll = bilm.softmax.nll(output.top[scored], targets[scored])  # (N,)
     return float(nll.double().sum()), int(scored.sum())
+
+
+def describe_trapped_rows(forward_trapped: int, backward_trapped: int, num_rows: int | None) -> str:
+    """Each direction's rows whose state locked up ("" when none did), the zero-state trap that a
+    perplexity alone hides, in one wording for training's validation and ``elmo evaluate``;
+    ``num_rows``: the rows evaluated side by side, where known."""
+    of = f"of {num_rows} " if num_rows else ""
+    return "; ".join(
+        f"{direction}: {count} {of}rows locked up (cells at the clip)"
+        for direction, count in (("forward", forward_trapped), ("backward", backward_trapped))
+        if count
+    )

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+from pipelines.common.console import quiet_environment
 from pipelines.common.settings import RAY_JOBS_ENV, elmo_home
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         "0.1,0.25,0.5,1); fewer is faster",
     )
     args = parser.parse_args(argv)
+    quiet_environment()  # before mlflow and ray are imported
     for name, value in embedded_settings(elmo_home(), os.environ).items():
         os.environ.setdefault(name, value)
     from flows.params import PretrainParams

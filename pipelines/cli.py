@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from pipelines.common.cli_runner import run_app, run_command
+from pipelines.common.console import quiet_environment
 
 STAGES = {  # command name -> (module, typer command function)
     "prepare": ("pipelines.prepare.stage", "prepare_command"),
@@ -92,7 +93,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def console_main() -> None:
-    """The ``elmo`` console script (the libraries' chatter is off: :mod:`pipelines`)."""
+    """The ``elmo`` console script; the libraries' chatter is switched off before a stage imports
+    them (MLflow reads its logging level on import)."""
+    quiet_environment()
     raise SystemExit(main())
 
 

@@ -20,6 +20,7 @@ import typer
 from typer._click import exceptions as typer_click
 
 from elmo_core.errors import ConfigError, ElmoError
+from pipelines.common.console import quiet_environment
 from pipelines.common.services import check_services
 
 # typer parses with its own copy of click, whose exceptions are not click's: both are usage errors.
@@ -58,6 +59,7 @@ def run_command(
     address answer, so a dead one is named in a second rather than after minutes of work; SIGTERM
     (a cancelled job) interrupts it as Ctrl-C does, so its MLflow run ends KILLED.
     """
+    quiet_environment()  # before a stage imports MLflow or starts Ray
     app = typer.Typer(add_completion=False)
     app.command()(_checking_services(command))
     with _sigterm_interrupts():

@@ -3,8 +3,8 @@
 A local Ray is sized for the machine: every core, no dashboard, and an object store that stays
 small on small machines (the stages stream data from shards; the object store only carries
 control messages and checkpoints' metadata). It starts quietly: the libraries' console noise is
-off since :mod:`pipelines` was imported, Ray's start-up lines are not printed, nor its warning
-that it chose token authentication.
+off first (:mod:`pipelines.common.console`), Ray's start-up lines are not printed, nor its
+warning that it chose token authentication.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 import ray
 
 from elmo_core.errors import ElmoError
+from pipelines.common.console import quiet_environment
 from pipelines.common.settings import elmo_home
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ def connect_ray(num_cpus: int | None = None) -> None:
     ``num_cpus``. Ray's INFO lines in this process ("Started a local Ray instance") are not
     logged, and its workers start with :func:`setup_local_worker`.
     """
+    quiet_environment()  # before Ray Train reads it, and before a local Ray's workers start
     if ray.is_initialized():
         return
     address = os.environ.get("RAY_ADDRESS")

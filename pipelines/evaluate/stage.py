@@ -26,11 +26,16 @@ import typer
 from elmo_core.data.manifest import load_manifest
 from elmo_core.data.reader import select_shards
 from elmo_core.errors import DataError
-from elmo_core.perplexity import PerplexitySums, Protocol, evaluate_perplexity
+from elmo_core.perplexity import (
+    PerplexitySums,
+    Protocol,
+    describe_trapped_rows,
+    evaluate_perplexity,
+)
 from elmo_core.threads import fewer_threads_under_load
 from pipelines.common.cli_runner import run_command
 from pipelines.common.locations import absolute_location
-from pipelines.evaluate.result import EvaluationResult, describe_trapped_rows
+from pipelines.evaluate.result import EvaluationResult
 from pipelines.models.bilm_loader import SOURCE_HELP, BiLMReference, load_bilm, resolve_bilm
 from pipelines.tracking.stage_runs import (
     DESCRIPTION_TAG,

@@ -1,7 +1,10 @@
 """``python -m pipelines.registry register|promote|import-weights``: the ``elmo`` commands."""
 
-from pipelines.cli import StageCommands
-from pipelines.common.cli_runner import run_app
+from pipelines.common.console import quiet_environment
+
+quiet_environment()  # before the stages import MLflow and Ray: they read their switches then
+from pipelines.cli import StageCommands  # noqa: E402
+from pipelines.common.cli_runner import run_app  # noqa: E402
 
 commands = StageCommands(
     name="python -m pipelines.registry",

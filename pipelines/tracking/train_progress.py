@@ -16,7 +16,7 @@ from typing import NamedTuple
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
-from pipelines.evaluate.result import describe_trapped_rows
+from elmo_core.perplexity import describe_trapped_rows
 from pipelines.tracking.flow_runs import (
     HEALTH_TAG,
     TOKENS_PER_S_METRIC,

@@ -24,8 +24,7 @@ import mlflow
 import torch
 
 from elmo_core.model.bilm import BiLM, LossOutput
-from elmo_core.perplexity import PerplexitySums
-from pipelines.evaluate.result import describe_trapped_rows
+from elmo_core.perplexity import PerplexitySums, describe_trapped_rows
 from pipelines.tracking.figures import log_curves
 from pipelines.tracking.flow_runs import (
     HEALTH_TAG,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipelines.evaluate.result import EvaluationResult, describe_trapped_rows
+from elmo_core.perplexity import describe_trapped_rows
+from pipelines.evaluate.result import EvaluationResult
 
 RECORD = {
     "forward_perplexity": 284.4,
