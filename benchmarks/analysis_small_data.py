@@ -106,7 +106,10 @@ def _label_text(
 
 
 def _lines(path: Path) -> list[str]:
-    return [line.rstrip() for line in path.read_text(encoding="latin-1").splitlines() if line]
+    """``label sentence`` lines; one with a label and no sentence (``subj.all`` has one) is
+    left out."""
+    lines = (line.rstrip() for line in path.read_text(encoding="latin-1").splitlines())
+    return [line for line in lines if len(line.split(maxsplit=1)) == 2]
 
 
 def _first_sentences(source: Path, target: Path, count: int) -> Path:
@@ -171,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                 for fraction, by in sorted(analysis.efficiency.items())
             },
         }
+        print(json.dumps({name: summary[name]}), flush=True)  # kept should a later task fail
     print(json.dumps(summary))
     return 0
 
