@@ -108,7 +108,8 @@ def _label_text(
 def _lines(path: Path) -> list[str]:
     """``label sentence`` lines; one with a label and no sentence (``subj.all`` has one) is
     left out."""
-    lines = (line.rstrip() for line in path.read_text(encoding="latin-1").splitlines())
+    text = path.read_text(encoding="latin-1")  # split at "\n" only: latin-1 has line breaks
+    lines = (line.rstrip() for line in text.split("\n"))  # of its own (\x85) inside sentences
     return [line for line in lines if len(line.split(maxsplit=1)) == 2]
 
 
