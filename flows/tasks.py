@@ -403,6 +403,7 @@ def analyze(
             seeds=seeds,
             parent_run_id=parent_run_id,
             tags=flow_tags(),
+            console=False,  # its progress is this task's log
         )
     for line in [*format_rows(result.rows).splitlines(), *result.headline]:
         get_run_logger().info(line)

@@ -98,8 +98,10 @@ def analyze(
     seeds: Sequence[int] = DEFAULT_SEEDS,
     parent_run_id: str | None = None,
     tags: Mapping[str, str] | None = None,
+    console: bool = True,
 ) -> AnalyzeResult:
-    """Every analysis of ``bilm`` on ``tasks`` (and ``senses``: train and test files)."""
+    """Every analysis of ``bilm`` on ``tasks`` (and ``senses``: train and test files);
+    ``console``: a progress bar (a flow, which logs the run's progress, turns it off)."""
     datasets, sense_splits = check_inputs(tasks, senses, fractions, seeds)
     reference = resolve_bilm(bilm, bilm_options, options_key="bilm_options")
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -123,7 +125,7 @@ def analyze(
                 }
             )
             results, probes = _run_analyses(
-                tasks, datasets, source, sense_splits, cache_dir, device, fractions, seeds
+                tasks, datasets, source, sense_splits, cache_dir, device, fractions, seeds, console
             )
             rows = [row for result in results for row in task_rows(result)] + probes
             lines = headline(results, probes)
@@ -158,6 +160,7 @@ def _run_analyses(
     device: str,
     fractions: Sequence[float],
     seeds: Sequence[int],
+    console: bool,
 ) -> tuple[list[TaskAnalysis], list[Row]]:
     """Each task's analysis and each probe's row, their figures logged."""
     results, probes = [], []
@@ -166,7 +169,7 @@ def _run_analyses(
         activations = splits["train"].activations
         assert activations is not None  # cache_splits computes them
         total = num_runs(fractions, seeds, activations.num_layers)
-        with console_progress(total, f"analyze {task.name}", unit="run") as bar:
+        with console_progress(total, f"analyze {task.name}", unit="run", enabled=console) as bar:
 
             def advance(line: str, bar: ProgressBar = bar) -> None:
                 bar.update(1)
