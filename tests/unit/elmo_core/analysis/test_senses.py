@@ -119,6 +119,7 @@ def test_probe_scores_a_context_free_layer_as_the_baseline_and_a_separable_one_p
 
     assert result.layer_accuracies == [0.5, 1.0]
     assert result.mfs_accuracy == 0.5
+    assert result.train_accuracies == pytest.approx([2 / 3, 1.0])  # beside it: its own data
     assert result.best_layer == 1
     assert (result.num_train, result.num_test, result.num_lemmas, result.num_senses) == (3, 4, 1, 2)
     assert result.num_unseen_senses == 0
