@@ -11,6 +11,7 @@ from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL, temporary_settings
 
 from flows.params import TrainingParams
 from flows.tasks import _train, flow_run_url
+from pipelines.tracking.stage_runs import ensure_experiment, use_tracking
 from pipelines.train.preflight import TrainResult, plan_training
 from pipelines.train.run_directory import FINISHED_FILE
 
@@ -56,6 +57,8 @@ def test_the_train_task_gives_a_finished_run_back_in_either_mode(
         seconds=1.0,
     )
     plan.run_dir.write_json(FINISHED_FILE, finished.model_dump(mode="json"))
+    use_tracking()  # this test's store, where the finished run was tracked: the log links it
+    ensure_experiment()
 
     with disable_run_logger():  # the task's function alone, outside a flow run
         result = _train.fn(dataset, training, "parent")
