@@ -286,7 +286,7 @@ def log_task_model(
 class Headline:
     """The main score on test (dev without a test split) over the seeds, with ELMo and without,
     and the seed whose weights the registered version holds: one seed's score alone can say the
-    opposite of the means (the bundled ``questions``: +0.033 on seed 0, −0.011 over three)."""
+    opposite of the means, so a version states both and says which is which."""
 
     split: str
     metric: str
