@@ -1,5 +1,8 @@
 """Where files are kept: a local directory or any fsspec URL (``s3://...``), each file whole.
 
+The one module that talks to fsspec: every other reads and writes through :class:`Location` and
+the URL functions below it (:func:`open_url`, :func:`file_version`, :func:`join_url`).
+
 A crash leaves either the old file or the new one, never half of one (DESIGN.md §5): a local
 file is written under a temporary name in its directory and renamed (:func:`atomic_write`), a
 local directory is staged beside its target and renamed; an object store's put of one object is
@@ -28,19 +31,11 @@ _TEMPORARY_NAME = re.compile(r"\..+\.[a-z0-9_]{8}")  # mkstemp(prefix=".NAME."):
 
 
 class Location:
-    """A directory by URL; its files are named relative to it (``checkpoints/step_000004``).
-
-    fsspec (asyncio with it) is imported when the first one is made, not by every process that
-    imports this module for :func:`atomic_write` (a prepare worker).
-    """
+    """A directory by URL; its files are named relative to it (``checkpoints/step_000004``)."""
 
     def __init__(self, url: str) -> None:
-        import fsspec
-
         self.url = url.rstrip("/")
-        # Several processes write here at once (ranks, actors, the driver): a cached listing,
-        # fsspec's default for object stores, would hide what they wrote or removed since.
-        self.fs, self.path = fsspec.core.url_to_fs(self.url, use_listings_cache=False)
+        self.fs, self.path = _filesystem(self.url)
         self.local = "file" in self.fs.protocol
 
     def join(self, name: str) -> str:
@@ -49,6 +44,13 @@ class Location:
 
     def exists(self, name: str = "") -> bool:
         return bool(self.fs.exists(self._path(name)))
+
+    def is_file(self, name: str = "") -> bool:
+        return bool(self.fs.isfile(self._path(name)))
+
+    def makedirs(self) -> None:
+        """Create the directory and its parents (an object store: its bucket) if missing."""
+        self.fs.makedirs(self.path, exist_ok=True)
 
     def open(self, name: str, mode: str = "rb", **options: Any) -> IO[Any]:
         handle: IO[Any] = self.fs.open(self._path(name), mode, **options)
@@ -113,6 +115,11 @@ class Location:
         self.fs.get(self._path(name), str(local), recursive=True)
         return local
 
+    def download(self, name: str, local: Path) -> None:
+        """Copy the file ``name`` to the local file ``local``, a copy even when this is local."""
+        local.parent.mkdir(parents=True, exist_ok=True)
+        self.fs.get_file(self._path(name), str(local))
+
     def copy(self, source: str, name: str) -> None:
         """Copy the directory ``source`` to ``name``, replacing it."""
         if self.local:
@@ -134,6 +141,20 @@ class Location:
     def subdirectories(self, name: str = "") -> list[str]:
         """The directories directly under ``name``, by name; none if it does not exist."""
         return sorted(entry for entry, kind in self._listing(name) if kind == "directory")
+
+    def files(self, pattern: str = "") -> list[str]:
+        """Every file under this directory, or those matching the glob ``pattern``, by name
+        relative to it (``sub/b.txt``); none if it does not exist."""
+        if pattern:
+            found = self.fs.glob(self._path(pattern), detail=True)
+        else:
+            found = self.fs.find(self.path, detail=True)
+        root = self.path.rstrip("/") + "/"
+        return sorted(
+            path.removeprefix(root)
+            for path, info in found.items()
+            if path.startswith(root) and info["type"] == "file"
+        )
 
     def sha256(self, name: str) -> str | None:
         """The file's sha256; None when it does not exist."""
@@ -230,11 +251,10 @@ def _current_umask() -> int:
 
 
 def sha256_of(handle: IO[bytes]) -> str:
-    """The hex sha256 of what ``handle`` reads, in 4 MiB blocks (a shard never whole in memory)."""
-    digest = hashlib.sha256()
-    while block := handle.read(1 << 22):
-        digest.update(block)
-    return digest.hexdigest()
+    """The hex sha256 of what ``handle`` reads, block by block (a shard never whole in memory):
+    the one place a file's bytes are hashed."""
+    readable: Any = handle  # open()'s and fsspec's files have readinto; IO[bytes] does not say so
+    return hashlib.file_digest(readable, "sha256").hexdigest()
 
 
 def sha256_file(path: Path) -> str:
@@ -243,8 +263,35 @@ def sha256_file(path: Path) -> str:
         return sha256_of(handle)
 
 
+def join_url(root: str, relative: str) -> str:
+    """``root/relative`` for a local path or any fsspec URL."""
+    return f"{root.rstrip('/')}/{relative}"
+
+
 def open_url(url: str, mode: str = "rb", **options: Any) -> IO[Any]:
-    """``fsspec.open(url, mode).open()``: one file, a local path or any fsspec URL."""
+    """One file, a local path or any fsspec URL, opened (FileNotFoundError when missing)."""
+    fs, path = _filesystem(url)
+    handle: IO[Any] = fs.open(path, mode, **options)
+    return handle
+
+
+def file_version(url: str) -> str:
+    """What changes when the file at ``url`` does: its size and modification time (an object
+    store's ETag where it keeps no time); FileNotFoundError when it is not there."""
+    fs, path = _filesystem(url)
+    info = fs.info(path)
+    return f"{info.get('size')}:{info.get('mtime') or info.get('LastModified') or info.get('ETag')}"
+
+
+def _filesystem(url: str) -> tuple[Any, str]:
+    """The fsspec filesystem of ``url`` and the path in it.
+
+    fsspec (asyncio with it) is imported on the first call, not by every process that imports
+    this module for :func:`atomic_write` (a prepare worker). Several processes write at once
+    (ranks, actors, the driver): a cached listing, fsspec's default for object stores, would
+    hide what they wrote or removed since.
+    """
     import fsspec
 
-    return fsspec.open(url, mode, **options).open()
+    fs, path = fsspec.core.url_to_fs(url, use_listings_cache=False)
+    return fs, path

@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import fsspec
 from prefect.cache_policies import CachePolicy
 from prefect.context import TaskRunContext
 
 import elmo_core
 import pipelines.prepare
-from elmo_core.data.manifest import MANIFEST_NAME, join_url
+from elmo_core.data.manifest import MANIFEST_NAME
+from elmo_core.location import Location, sha256_file
 from flows.params import DataParams
 
 
@@ -41,13 +41,14 @@ def code_files() -> list[Path]:
 
 
 def code_version(files: list[Path] | None = None, root: Path | None = None) -> str:
-    """sha256 over the names (relative to ``root``) and contents of ``files`` (default: the
+    """sha256 over the names (relative to ``root``) and sha256s of ``files`` (default: the
     prepare code, relative to the directory holding the packages)."""
     base = root or Path(elmo_core.__file__).parent.parent
-    digest = hashlib.sha256()
-    for path in code_files() if files is None else files:
-        digest.update(f"{path.relative_to(base)}\0".encode() + path.read_bytes() + b"\0")
-    return digest.hexdigest()
+    listing = [
+        f"{path.relative_to(base)}\0{sha256_file(path)}\0"
+        for path in (code_files() if files is None else files)
+    ]
+    return hashlib.sha256("".join(listing).encode()).hexdigest()
 
 
 def prepare_cache_key(data: DataParams, version: str | None = None) -> str:
@@ -63,9 +64,7 @@ def prepare_cache_key(data: DataParams, version: str | None = None) -> str:
 
 def dataset_exists(dataset: str) -> bool:
     """A dataset is complete once its manifest exists (prepare writes it last)."""
-    url = join_url(dataset, MANIFEST_NAME)
-    fs, path = fsspec.core.url_to_fs(url)
-    return bool(fs.exists(path))
+    return Location(dataset).exists(MANIFEST_NAME)
 
 
 @dataclass

@@ -154,6 +154,16 @@ def test_pipelines_package_inits_import_nothing() -> None:
     assert offenders == []
 
 
+def test_only_location_imports_fsspec() -> None:
+    """Storage in one place: every other module reads and writes through elmo_core.location."""
+    offenders = sorted(
+        module
+        for module in MODULES
+        if module != "elmo_core.location" and "fsspec" in _top_level(_imported_names(module))
+    )
+    assert offenders == []
+
+
 def test_no_import_cycles() -> None:
     assert _cycles(_graph()) == []
 

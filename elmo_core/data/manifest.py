@@ -7,7 +7,6 @@ run lengths from it (``splits.train.num_tokens``), never from a hard-coded corpu
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any
 
@@ -15,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from elmo_core.config import CorpusFormat, PrepareConfig
 from elmo_core.errors import DataError
-from elmo_core.location import open_url
+from elmo_core.location import join_url, open_url, sha256_of
 
 MANIFEST_SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -119,11 +118,6 @@ class Manifest(_Record):
             raise DataError(f"key '{key}': {first['msg']}", path=where) from None
 
 
-def join_url(root: str, relative: str) -> str:
-    """``root/relative`` for a local path or any fsspec URL."""
-    return f"{root.rstrip('/')}/{relative}"
-
-
 def load_manifest(dataset_url: str) -> Manifest:
     """The manifest of a prepared dataset (local directory or fsspec URL such as ``s3://...``)."""
     url = join_url(dataset_url, MANIFEST_NAME)
@@ -142,7 +136,7 @@ def manifest_sha256(dataset_url: str) -> str:
     identifies the dataset's content."""
     url = join_url(dataset_url, MANIFEST_NAME)
     try:
-        with open_url(url, "rb") as handle:
-            return hashlib.sha256(handle.read()).hexdigest()
+        with open_url(url) as handle:
+            return sha256_of(handle)
     except FileNotFoundError:
         raise DataError("no manifest.json: not a prepared dataset", path=url) from None

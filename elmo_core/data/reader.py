@@ -13,15 +13,14 @@ import fnmatch
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from elmo_core.data.manifest import Manifest, ShardInfo, join_url, load_manifest
+from elmo_core.data.manifest import Manifest, ShardInfo, load_manifest
 from elmo_core.data.shards import SHARD_FORMAT_VERSION, char_ids_matrix, flat_lists, target_ids
 from elmo_core.errors import DataError
-from elmo_core.location import sha256_of
+from elmo_core.location import file_version, join_url, open_url, sha256_of
 from elmo_core.text.vocab import Vocabulary, read_vocab, read_vocab_counts
 
 __all__ = [
@@ -89,7 +88,7 @@ def load_word_types(dataset_url: str, manifest: Manifest | None = None) -> WordT
     info = manifest.word_types
     url = join_url(dataset_url, info.path)
     _verify_shard(url, info.sha256)
-    with fsspec.open(url, "rb") as handle:
+    with open_url(url) as handle:
         table = pq.read_table(handle)
     return WordTypes(
         tokens=table["token"].combine_chunks(),
@@ -162,7 +161,7 @@ def partition_split(
         return [ReadUnit(shard, group) for shard, group in groups[rank::world_size]]
     units, offset = [], 0  # sentence i of the split (in shard, group order) goes to i % world_size
     for shard in shards:
-        with fsspec.open(join_url(dataset_url, shard.path), "rb") as handle:
+        with open_url(join_url(dataset_url, shard.path)) as handle:
             metadata = pq.ParquetFile(handle).metadata
         for group in range(shard.num_row_groups):
             first = (rank - offset) % world_size
@@ -212,7 +211,7 @@ def read_unit(
     """
     url = join_url(dataset_url, unit.shard.path)
     _verify_shard(url, unit.shard.sha256)
-    with fsspec.open(url, "rb") as handle:
+    with open_url(url) as handle:
         table = pq.ParquetFile(handle).read_row_group(unit.group)
     batch = _to_batch(table, unit.shard.path, unit.group, vocab_size)
     if unit.step > 1:
@@ -230,18 +229,14 @@ _VERIFIED: set[tuple[str, str, str]] = set()
 
 def _verify_shard(url: str, sha256: str) -> None:
     try:
-        fs, path = fsspec.core.url_to_fs(url)
-        info = fs.info(path)
+        version = file_version(url)
     except FileNotFoundError:
         raise DataError(
             "shard listed in the manifest is missing: re-run prepare, which repairs it", path=url
         ) from None
-    version = (
-        f"{info.get('size')}:{info.get('mtime') or info.get('LastModified') or info.get('ETag')}"
-    )
     if (url, sha256, version) in _VERIFIED:
         return
-    with fs.open(path, "rb") as handle:
+    with open_url(url) as handle:
         digest = sha256_of(handle)
     if digest != sha256:
         raise DataError(

@@ -9,12 +9,12 @@ must see the input at the same path.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from elmo_core.errors import DataError
+from elmo_core.location import sha256_file
 from pipelines.common.console import console_progress
 
 PROGRESS_BYTES = 1 << 20  # update the bar once per MiB read, not once per line
@@ -88,11 +88,9 @@ def plan_chunks(files: Sequence[Path], sentences_per_chunk: int) -> InputPlan:
     total = sum(path.stat().st_size for path in files)
     with console_progress(total, "reading input") as bar:
         for path in files:
-            digest = hashlib.sha256()
             offset = 0
             with open(path, "rb") as handle:
                 for number, raw in enumerate(handle, start=1):
-                    digest.update(raw)
                     if _decoded(raw, path, number).strip():
                         chunker.add(path, offset, offset + len(raw), line_id)
                     else:
@@ -104,7 +102,7 @@ def plan_chunks(files: Sequence[Path], sentences_per_chunk: int) -> InputPlan:
                         bar.update(unreported)
                         unreported = 0
             chunker.close()
-            described.append(InputFile(path.name, offset, digest.hexdigest()))
+            described.append(InputFile(path.name, offset, sha256_file(path)))
         bar.update(unreported)
     num_sentences = sum(chunk.num_sentences for chunk in chunker.chunks)
     if not num_sentences:

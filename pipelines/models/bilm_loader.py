@@ -14,13 +14,11 @@ from __future__ import annotations
 import json
 import logging
 import re
-import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import fsspec
 import mlflow
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
@@ -28,8 +26,8 @@ from mlflow.models import Model
 from pydantic import BaseModel, ConfigDict
 
 from elmo_core.config import ModelConfig
-from elmo_core.data.manifest import join_url
 from elmo_core.errors import ConfigError, WeightsError
+from elmo_core.location import Location, join_url
 from elmo_core.model import serialization
 from elmo_core.model.bilm import BiLM
 from elmo_core.model.serialization import CONFIG_FILE, MODEL_DIR, WEIGHTS_FILE, find_model_dir
@@ -210,8 +208,7 @@ def _remote_reference(url: str) -> BiLMReference:
     """A remote model directory, or a checkpoint holding one as ``model/``."""
     url = url.rstrip("/")
     for candidate in (url, join_url(url, MODEL_DIR)):
-        fs, path = fsspec.core.url_to_fs(join_url(candidate, CONFIG_FILE))
-        if fs.isfile(path):
+        if Location(candidate).is_file(CONFIG_FILE):
             return BiLMReference(kind="remote", location=candidate, tags={URI_TAG: url})
     raise WeightsError(
         f"no biLM at this URL ({CONFIG_FILE} or {MODEL_DIR}/{CONFIG_FILE}; a remote run "
@@ -226,12 +223,10 @@ def _remote_reference(url: str) -> BiLMReference:
 def _copy_remote(url: str, target: Path) -> Path:
     """The files of a remote model directory (the warm-up sentences where it has them), copied
     into ``target``."""
-    target.mkdir(parents=True, exist_ok=True)
-    warmup = join_url(url, WARMUP_FILE)
-    optional = [WARMUP_FILE] if fsspec.core.url_to_fs(warmup)[0].exists(warmup) else []
+    source = Location(url)
+    optional = [WARMUP_FILE] if source.exists(WARMUP_FILE) else []
     for name in (CONFIG_FILE, WEIGHTS_FILE, *optional):
-        with fsspec.open(join_url(url, name), "rb") as remote, open(target / name, "wb") as local:
-            shutil.copyfileobj(remote, local)
+        source.download(name, target / name)
     return target
 
 

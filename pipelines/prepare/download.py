@@ -20,11 +20,11 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import IO, BinaryIO
 
 from elmo_core.errors import DataError
-from elmo_core.location import sha256_file
+from elmo_core.location import Location, open_url, sha256_file
 from pipelines.common.console import console_progress
 
 CHUNK_BYTES = 1 << 20
@@ -181,14 +181,12 @@ def fetch_file(url: str, dest_dir: Path, sha256: str | None) -> Path:
     """Download one file: http(s) with resume, any other fsspec URL by copying to a ``.part``."""
     if is_http_url(url):
         return download(url, dest_dir, sha256=sha256)
-    import fsspec
-
     dest_dir.mkdir(parents=True, exist_ok=True)
     final = dest_dir / url_file_name(url)
     if not final.is_file():
         part = final.with_name(final.name + ".part")
         try:
-            with fsspec.open(url, "rb") as src, part.open("wb") as out:
+            with open_url(url) as src, part.open("wb") as out:
                 shutil.copyfileobj(src, out, 1 << 20)
         except FileNotFoundError:
             part.unlink(missing_ok=True)
@@ -201,25 +199,16 @@ def fetch_file(url: str, dest_dir: Path, sha256: str | None) -> Path:
 
 def mirror_remote(url: str, cache_dir: Path) -> Path:
     """Copy the files named by an fsspec URL (file, directory or glob) into the cache, once."""
-    import fsspec
-
     target = cache_entry_dir(cache_dir / "remote", url_file_name(url.rstrip("/*")), key=url)
     if (target / COMPLETE_MARKER).is_file():
         return target
-    fs, path = fsspec.core.url_to_fs(url)
-    magic = glob.has_magic(path)
-    base = path.split("*")[0].rsplit("/", 1)[0] if magic else path.rstrip("/")
-    names = fs.glob(path) if magic else (fs.find(path) if fs.isdir(path) else fs.glob(path))
-    names = sorted(n for n in names if fs.isfile(n))
-    names = [n for n in names if not any(part.startswith(".") for part in _relative(n, base))]
+    source, names = _remote_files(url)
     if not names:
         raise DataError("remote corpus has no files", path=url)
     tmp = target.with_name(f".{target.name}.tmp-{uuid.uuid4().hex[:8]}")
     try:
         for name in names:
-            local = tmp.joinpath(*(_relative(name, base) or [PurePosixPath(name).name]))
-            local.parent.mkdir(parents=True, exist_ok=True)
-            fs.get_file(name, str(local))
+            source.download(name, tmp.joinpath(*name.split("/")))
         (tmp / COMPLETE_MARKER).write_text(json.dumps({"source": url}) + "\n", encoding="utf-8")
         publish_dir(tmp, target)
     finally:
@@ -227,9 +216,21 @@ def mirror_remote(url: str, cache_dir: Path) -> Path:
     return target
 
 
-def _relative(name: str, base: str) -> list[str]:
-    name, base = name.strip("/"), base.strip("/")
-    return [p for p in name[len(base) :].split("/") if p] if name.startswith(base) else []
+def _remote_files(url: str) -> tuple[Location, list[str]]:
+    """The directory holding the files ``url`` names (a file, a directory or a glob), and
+    their names relative to it; a directory's or glob's hidden files (a part starting with
+    ``.``) left out."""
+    if glob.has_magic(url):
+        root = url.split("*")[0].rsplit("/", 1)[0]
+        source = Location(root)
+        names = source.files(url[len(root) :].lstrip("/"))
+    else:
+        source = Location(url)
+        if source.is_file():
+            parent, name = source.url.rsplit("/", 1)
+            return Location(parent), [name]
+        names = source.files()
+    return source, [name for name in names if not any(p.startswith(".") for p in name.split("/"))]
 
 
 def cache_entry_dir(parent: Path, file_name: str, *, key: str) -> Path:

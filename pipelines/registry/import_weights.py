@@ -21,6 +21,7 @@ import typer
 
 from elmo_core.errors import ConfigError, DataError
 from elmo_core.interop.bilm_tf import read_bilm_tf
+from elmo_core.location import sha256_file
 from elmo_core.model.serialization import write_bilm_dir
 from elmo_core.text.tokenize import Tokenizer
 from elmo_core.text.vocab import read_vocab, vocab_text
@@ -121,7 +122,7 @@ def describe_import(
     }
     manifest = target / "manifest.json"
     manifest.write_text(json.dumps(description, indent=2), encoding="utf-8")
-    manifest_sha256 = hashlib.sha256(manifest.read_bytes()).hexdigest()
+    manifest_sha256 = sha256_file(manifest)
     return DatasetFiles(
         url=f"bilm-tf:{sources[WEIGHTS_TAG]}",
         vocab=vocab_path,

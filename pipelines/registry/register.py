@@ -10,7 +10,6 @@ and decision recorded the first time. Imported weights enter through :func:`regi
 
 from __future__ import annotations
 
-import hashlib
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -18,7 +17,6 @@ from importlib.metadata import version as package_version
 from pathlib import Path
 from typing import Annotated
 
-import fsspec
 import mlflow
 import torch
 import typer
@@ -28,8 +26,9 @@ from mlflow.entities.model_registry import ModelVersion
 from mlflow.models import Model
 from mlflow.models.model import ModelInfo
 
-from elmo_core.data.manifest import MANIFEST_NAME, join_url, load_manifest
+from elmo_core.data.manifest import MANIFEST_NAME, load_manifest
 from elmo_core.errors import ConfigError, DataError
+from elmo_core.location import Location, join_url, sha256_file
 from elmo_core.model.bilm import BiLM
 from pipelines.common.cli_runner import run_command
 from pipelines.evaluate.result import EvaluationResult
@@ -333,15 +332,12 @@ def fetch_dataset_files(dataset_url: str, target: Path) -> DatasetFiles:
     would be registered against the wrong ids.
     """
     manifest = load_manifest(dataset_url)
-    target.mkdir(parents=True, exist_ok=True)
+    dataset = Location(dataset_url)
     copies = {}
     for relative in (MANIFEST_NAME, manifest.vocab.path):
-        url = join_url(dataset_url, relative)
-        with fsspec.open(url, "rb") as handle:
-            data = handle.read()
         local = target / Path(relative).name
-        local.write_bytes(data)
-        copies[relative] = (local, hashlib.sha256(data).hexdigest())
+        dataset.download(relative, local)
+        copies[relative] = (local, sha256_file(local))
     vocab, vocab_sha256 = copies[manifest.vocab.path]
     if vocab_sha256 != manifest.vocab.sha256:
         raise DataError(

@@ -15,12 +15,12 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-import fsspec
 from pydantic import BaseModel
 
-from elmo_core.data.manifest import Manifest, join_url, load_manifest, manifest_sha256
+from elmo_core.data.manifest import Manifest, load_manifest, manifest_sha256
 from elmo_core.data.reader import load_word_types
 from elmo_core.errors import ConfigError, DataError
+from elmo_core.location import Location, join_url
 from pipelines.common.locations import absolute_location
 from pipelines.models.bilm_loader import BiLMReference, initial_bilm, resolve_bilm
 from pipelines.registry.tags import CHECKPOINT_STEP_TAG, CHECKPOINT_TAG
@@ -160,10 +160,10 @@ def validation_windows(manifest: Manifest, cfg: TrainJobConfig) -> int:
 def _check_dataset(data: str, manifest: Manifest, num_workers: int) -> None:
     """The word types load, every shard the manifest lists exists, and every rank gets data."""
     load_word_types(data, manifest)
-    fs, root = fsspec.core.url_to_fs(data)
+    dataset = Location(data)
     for split in ("train", "heldout"):
         for shard in manifest.split(split).shards:
-            if not fs.exists(f"{root}/{shard.path}"):
+            if not dataset.exists(shard.path):
                 raise DataError(
                     "shard listed in the manifest is missing: re-run prepare with the same "
                     "options, which repairs the dataset",
@@ -180,7 +180,7 @@ def _check_dataset(data: str, manifest: Manifest, num_workers: int) -> None:
 
 def _check_writable(run_dir: RunDirectory) -> None:
     try:
-        run_dir.fs.makedirs(run_dir.path, exist_ok=True)
+        run_dir.makedirs()
     except OSError as err:
         raise ConfigError(
             f"cannot create the run directory {run_dir.url}: {err}", key="run.storage_path"

@@ -13,7 +13,10 @@ import pytest
 from elmo_core.location import (
     Location,
     atomic_write,
+    file_version,
+    join_url,
     make_staging_dir,
+    open_url,
     remove_temporaries,
     sha256_file,
 )
@@ -118,10 +121,34 @@ def test_directories_are_put_whole_copied_fetched_and_removed(
 
 
 def test_a_files_sha256_is_streamed_from_where_it_is(location: Location, tmp_path: Path) -> None:
-    (tmp_path / "part").write_bytes(b"x" * (5 << 20))  # more than one 4 MiB block
+    (tmp_path / "part").write_bytes(b"x" * (5 << 20))  # more than one block
     location.put_file(tmp_path / "part", "shards/part")
     assert location.sha256("shards/part") == hashlib.sha256(b"x" * (5 << 20)).hexdigest()
     assert location.sha256("shards/absent") is None
+
+
+def test_files_are_listed_matched_and_downloaded(location: Location, tmp_path: Path) -> None:
+    for name in ("a.txt", "sub/b.txt", "sub/c.bin"):
+        location.write_text(name, name)
+    assert location.files() == ["a.txt", "sub/b.txt", "sub/c.bin"]
+    assert location.files("sub/*.txt") == ["sub/b.txt"]
+    assert location.is_file("a.txt") and not location.is_file("sub")
+    location.download("sub/b.txt", tmp_path / "copy" / "b.txt")
+    assert (tmp_path / "copy" / "b.txt").read_text() == "sub/b.txt"
+    assert Location(location.join("absent")).files() == []
+
+
+def test_a_url_opens_and_its_version_changes_with_the_file(location: Location) -> None:
+    location.write_text("x.txt", "one")
+    url = join_url(location.url + "/", "x.txt")
+    assert url == location.join("x.txt")
+    with open_url(url, "rt", encoding="utf-8") as handle:
+        assert handle.read() == "one"
+    before = file_version(url)
+    location.write_text("x.txt", "three")
+    assert file_version(url) != before
+    with pytest.raises(FileNotFoundError):
+        file_version(location.join("absent"))
 
 
 def test_a_local_location_is_written_with_renames_only(tmp_path: Path) -> None:
