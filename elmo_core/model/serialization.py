@@ -12,7 +12,6 @@ machine without CUDA, to run the fused one (:func:`_loop_for_cpu`).
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import torch
@@ -26,10 +25,10 @@ from elmo_core.model.warm_start import read_warmup, warm_up, write_warmup
 CONFIG_FILE = "model_config.json"
 WEIGHTS_FILE = "model.pt"
 FORMAT_VERSION = 1
-# How training lays out a run: run_dir/checkpoint_*/model/ (and LATEST naming the newest).
+# How training lays out a run (pipelines.train.checkpoint writes it): the final model in model/,
+# each checkpoint's in checkpoints/step_NNNNNN/model/, and LATEST naming the newest checkpoint.
 MODEL_DIR = "model"
 LATEST_FILE = "LATEST"
-CHECKPOINT_PREFIX = "checkpoint_"
 
 
 def write_bilm_dir(bilm: BiLM, directory: str | Path) -> Path:
@@ -101,7 +100,8 @@ def _loop_for_cpu(config: ModelConfig) -> ModelConfig:
 
 
 def find_model_dir(path: Path) -> Path:
-    """Our model directory in a model, checkpoint or run directory (its latest checkpoint)."""
+    """Our model directory in a model, checkpoint or run directory: itself, its ``model/``, or
+    that of the checkpoint its ``LATEST`` names (a run still training)."""
     if (path / CONFIG_FILE).is_file():
         return path
     if (path / MODEL_DIR / CONFIG_FILE).is_file():
@@ -109,19 +109,11 @@ def find_model_dir(path: Path) -> Path:
     if not path.is_dir():
         raise WeightsError("no such checkpoint directory", path=path)
     latest = path / LATEST_FILE
-    if latest.is_file():
-        named = Path(latest.read_text(encoding="utf-8").strip())
-        return find_model_dir(named if named.is_absolute() else path / named)
-    checkpoints = [p for p in path.iterdir() if p.is_dir() and p.name.startswith(CHECKPOINT_PREFIX)]
-    if not checkpoints:
+    if not latest.is_file():
         raise WeightsError(
-            f"not a model, checkpoint or run directory (no {CONFIG_FILE}, "
-            f"{MODEL_DIR}/ or {CHECKPOINT_PREFIX}* inside)",
+            f"not a model, checkpoint or run directory (no {CONFIG_FILE}, {MODEL_DIR}/ or "
+            f"{LATEST_FILE} inside)",
             path=path,
         )
-    return find_model_dir(max(checkpoints, key=_checkpoint_order))
-
-
-def _checkpoint_order(path: Path) -> tuple[int, ...]:
-    """``checkpoint_000012`` → (12,); a timestamped name sorts by its numbers in order."""
-    return tuple(int(number) for number in re.findall(r"\d+", path.name))
+    named = Path(latest.read_text(encoding="utf-8").strip())
+    return find_model_dir(named if named.is_absolute() else path / named)

@@ -31,10 +31,9 @@ import torch
 
 from elmo_core.model.bilm import BiLM, BiLMState
 from elmo_core.model.lstm import LSTMState
-from elmo_core.model.serialization import LATEST_FILE, write_bilm_dir
+from elmo_core.model.serialization import LATEST_FILE, MODEL_DIR, write_bilm_dir
 from pipelines.train.run_directory import RunDirectory
 
-MODEL_DIR = "model"
 TRAINER_FILE = "trainer.pt"
 CHECKPOINTS_DIR = "checkpoints"
 COMPLETE_FILE = "COMPLETE"

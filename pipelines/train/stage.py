@@ -38,6 +38,7 @@ import typer
 from ray.train.torch import TorchTrainer
 
 from elmo_core.errors import ConfigError
+from elmo_core.model.serialization import MODEL_DIR
 from pipelines.common.cli_runner import run_command
 from pipelines.common.locations import absolute_location
 from pipelines.common.ray_cluster import connect_ray
@@ -61,13 +62,7 @@ from pipelines.train.checkpoint import CheckpointStore, StoredCheckpoint
 from pipelines.train.job_config import TrainJobConfig, Where, resolve_train_config
 from pipelines.train.preflight import HandOn, TrainPlan, TrainResult, plan_training
 from pipelines.train.ray_job import read_job_config, train_as_job
-from pipelines.train.run_directory import (
-    BEST_DIR,
-    FINISHED_FILE,
-    MODEL_DIR,
-    RUN_ID_FILE,
-    RunDirectory,
-)
+from pipelines.train.run_directory import BEST_DIR, FINISHED_FILE, RUN_ID_FILE, RunDirectory
 from pipelines.train.supervision import TrainingInterrupted, supervise
 from pipelines.train.worker import WorkerConfig, train_loop_per_worker
 

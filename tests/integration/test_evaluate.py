@@ -113,15 +113,17 @@ def test_selected_files_change_the_heldout_hash_and_the_count(store, dataset, mo
 def test_a_run_directory_resolves_to_its_latest_checkpoint(store, dataset, tmp_path):
     run_dir = tmp_path / "run"
     early, late = _model(dataset, 1), _model(dataset, 2)
-    write_bilm_dir(early, run_dir / "checkpoint_000002" / "model")
-    write_bilm_dir(late, run_dir / "checkpoint_000010" / "model")
-    assert find_model_dir(run_dir) == run_dir / "checkpoint_000010" / "model"
+    checkpoints = run_dir / "checkpoints"
+    write_bilm_dir(early, checkpoints / "step_000002" / "model")
+    write_bilm_dir(late, checkpoints / "step_000010" / "model")
+    (run_dir / "LATEST").write_text("checkpoints/step_000010\n")
+    assert find_model_dir(run_dir) == checkpoints / "step_000010" / "model"
     result = evaluate_bilm(str(run_dir), dataset)
-    expected = _direct(run_dir / "checkpoint_000010" / "model", dataset)
+    expected = _direct(checkpoints / "step_000010" / "model", dataset)
     assert result.perplexity == pytest.approx(expected.perplexity)
-    (run_dir / "LATEST").write_text("checkpoint_000002\n")
-    assert find_model_dir(run_dir) == run_dir / "checkpoint_000002" / "model"
-    assert find_model_dir(run_dir / "checkpoint_000010") == run_dir / "checkpoint_000010" / "model"
+    (run_dir / "LATEST").write_text("checkpoints/step_000002\n")
+    assert find_model_dir(run_dir) == checkpoints / "step_000002" / "model"
+    assert find_model_dir(checkpoints / "step_000010") == checkpoints / "step_000010" / "model"
 
 
 def test_an_mlflow_run_uri_is_downloaded_and_evaluated(store, dataset, model_dir):

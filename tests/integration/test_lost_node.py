@@ -22,11 +22,11 @@ import s3fs
 import torch
 
 from elmo_core.config import PrepareConfig
-from elmo_core.model.serialization import read_bilm_dir
+from elmo_core.model.serialization import MODEL_DIR, read_bilm_dir
 from pipelines.prepare.corpus_sources import CorpusFiles
 from pipelines.prepare.stage import prepare_files
 from pipelines.train.job_config import resolve_train_config
-from pipelines.train.run_directory import MODEL_DIR, RunDirectory
+from pipelines.train.run_directory import RunDirectory
 from pipelines.train.stage import train
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

@@ -84,8 +84,9 @@ def test_elmo_is_built_from_a_training_run_directory(tmp_path):
     torch.manual_seed(0)
     bilm = BiLM(tiny(), vocab_size=100).eval()
     for step in (2, 10):
-        write_bilm_dir(bilm, tmp_path / "run" / f"checkpoint_{step:06d}" / "model")
-    assert find_model_dir(tmp_path / "run") == tmp_path / "run" / "checkpoint_000010" / "model"
+        write_bilm_dir(bilm, tmp_path / "run" / "checkpoints" / f"step_{step:06d}" / "model")
+    (tmp_path / "run" / "LATEST").write_text("checkpoints/step_000010\n")
+    assert find_model_dir(tmp_path / "run") == tmp_path / "run/checkpoints/step_000010/model"
     elmo = Elmo.from_checkpoint(tmp_path / "run", num_output_representations=2, dropout=0.0).eval()
     out = elmo(batch_to_ids([["The", "cat"], ["Hi"]]))
     assert len(out["elmo_representations"]) == 2

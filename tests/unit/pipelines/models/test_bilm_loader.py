@@ -57,13 +57,16 @@ def test_a_relative_path_is_made_absolute_and_loads_in_another_directory(
 
 def test_a_run_directory_is_pinned_to_its_latest_checkpoint(tmp_path: Path) -> None:
     early, late = _bilm(1), _bilm(2)
-    write_bilm_dir(early, tmp_path / "run" / "checkpoint_000002" / "model")
-    write_bilm_dir(late, tmp_path / "run" / "checkpoint_000010" / "model")
+    checkpoints = tmp_path / "run" / "checkpoints"
+    write_bilm_dir(early, checkpoints / "step_000002" / "model")
+    write_bilm_dir(late, checkpoints / "step_000010" / "model")
+    (tmp_path / "run" / "LATEST").write_text("checkpoints/step_000010\n")
     reference = resolve_bilm(tmp_path / "run")
-    assert reference.location == str(tmp_path / "run" / "checkpoint_000010" / "model")
-    write_bilm_dir(_bilm(3), tmp_path / "run" / "checkpoint_000012" / "model")  # training goes on
+    assert reference.location == str(checkpoints / "step_000010" / "model")
+    write_bilm_dir(_bilm(3), checkpoints / "step_000012" / "model")  # training goes on
+    (tmp_path / "run" / "LATEST").write_text("checkpoints/step_000012\n")
     loaded = load_bilm(reference)
-    assert loaded.model_dir == tmp_path / "run" / "checkpoint_000010" / "model"
+    assert loaded.model_dir == checkpoints / "step_000010" / "model"
     _assert_same_weights(loaded.bilm, late)
     assert not loaded.bilm.training and loaded.tokenizer is None
 

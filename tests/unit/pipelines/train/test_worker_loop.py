@@ -12,11 +12,11 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from elmo_core.model.serialization import read_bilm_dir
+from elmo_core.model.serialization import MODEL_DIR, read_bilm_dir
 from elmo_core.model.warm_start import WARMUP_FILE, WARMUP_TOKENS
 from pipelines.tracking import stage_runs
 from pipelines.tracking.flow_runs import TRAIN_LOSS_METRIC, VALIDATION_SECTION
-from pipelines.train.checkpoint import MODEL_DIR, CheckpointStore
+from pipelines.train.checkpoint import CheckpointStore
 from pipelines.train.job_config import resolve_train_config
 from pipelines.train.run_directory import RunDirectory
 from pipelines.train.worker import LocalRuntime, Metrics, WorkerConfig, train_loop
