@@ -19,7 +19,7 @@ import pyarrow as pa
 from elmo_core.config import PrepareConfig
 from elmo_core.data.manifest import ShardInfo
 from elmo_core.data.shards import HELDOUT_SCHEMA, TypeIndex, sentence_table, train_shard_of
-from pipelines.prepare.inputs import FileTask, InputFile
+from pipelines.prepare.inputs import FileTask, SourceFile
 from pipelines.prepare.shuffle import ShardSpill, write_shard
 from pipelines.prepare.word_types import read_type_tokens
 
@@ -55,7 +55,7 @@ class EncodeTask:
 class EncodedFile:
     """Pass-2 result of one file: the heldout parts it wrote (its training rows are spilled)."""
 
-    file: InputFile
+    file: SourceFile
     heldout_parts: list[ShardInfo]
 
 

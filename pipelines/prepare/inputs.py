@@ -1,17 +1,19 @@
-"""Prepare's input files, and how both passes read one: tokenized and dictionary-encoded blocks.
+"""Prepare's input files, how both passes read one, and pass 1: counting each file's word types.
 
 Pass 1 reads an input file block by block (:meth:`FileTask.read`): the tokenizer splits each
 block's lines and Arrow dictionary-encodes the tokens (one hash of every token), giving an
-:class:`EncodedChunk`. It spills the chunks (:class:`TokenSpill`, an Arrow IPC stream per file)
-so that pass 2 reads them back (:meth:`FileTask.reread`) instead of tokenizing again. A spill is
-renamed into place only when complete, so a crash never leaves one that looks finished.
+:class:`EncodedChunk`. :func:`count_file` counts each block's dictionary entries per split and
+spills the chunks (:class:`TokenSpill`, an Arrow IPC stream per file) so that pass 2 reads them
+back (:meth:`FileTask.reread`) instead of tokenizing again. A spill is renamed into place only
+when complete, so a crash never leaves one that looks finished. The parent sums the files' counts
+(:class:`~elmo_core.text.type_counts.TypeCounts`) into the vocabulary and the type order.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
@@ -23,6 +25,7 @@ import pyarrow.compute as pc
 from elmo_core.config import PrepareConfig
 from elmo_core.data.shards import FileStats, SentenceChunk, flat_lists, heldout_mask, read_sentences
 from elmo_core.text.tokenize import Tokenizer
+from elmo_core.text.type_counts import TypeCounts
 
 TOKENS_SCHEMA = pa.schema(
     [("tokens", pa.list_(pa.dictionary(pa.int32(), pa.string()))), ("line", pa.int64())]
@@ -30,7 +33,7 @@ TOKENS_SCHEMA = pa.schema(
 
 
 @dataclass(frozen=True)
-class InputFile:
+class SourceFile:
     """One input file: its position in the corpus (hash salt), local path, name and role."""
 
     index: int
@@ -86,7 +89,7 @@ class EncodedChunk:
 class FileTask:
     """What a worker needs to read one file the same way in both passes."""
 
-    file: InputFile
+    file: SourceFile
     cfg: PrepareConfig
     tokenizer: dict[str, Any]
     heldout_by_fraction: bool  # text corpora without heldout files: a seeded fraction of sentences
@@ -147,3 +150,35 @@ class TokenSpill:
             os.replace(self.temporary, self.path)
         else:
             self.temporary.unlink(missing_ok=True)
+
+
+# --- pass 1 ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class FileCounts:
+    """Pass-1 result of one file: type counts and sizes per split, and what was skipped."""
+
+    file: SourceFile
+    stats: FileStats
+    counts: pa.Table  # COUNT_SCHEMA; first_seen counts entries of the file's block dictionaries
+    num_sentences: dict[str, int] = field(default_factory=dict)
+
+
+def count_file(task: FileTask) -> FileCounts:
+    """Pass 1 on one file: word-type counts per split, and the spill of its encoded sentences."""
+    stats = FileStats()
+    counts = TypeCounts()
+    sentences = {"train": 0, "heldout": 0}
+    first_seen = 0  # a block's dictionary is in first-occurrence order: keys run on over blocks
+    with TokenSpill(task.tokens) as spill:
+        for chunk in task.read(stats):
+            spill.write(chunk)
+            heldout = task.heldout_rows(chunk.index)
+            keys = np.arange(first_seen, first_seen + len(chunk.dictionary), dtype=np.int64)
+            first_seen += len(chunk.dictionary)
+            for split, rows in (("train", ~heldout), ("heldout", heldout)):
+                if rows.any():
+                    counts.add(chunk.dictionary, chunk.counts(rows), keys, split)
+                    sentences[split] += int(rows.sum())
+    return FileCounts(task.file, stats, counts.table(), sentences)

@@ -3,8 +3,10 @@
 Every file is first written under ``local_root`` with a temporary name and renamed (atomic on one
 filesystem); for a remote output ``local_root`` is a staging directory under ``ELMO_HOME`` and each
 finished file is then uploaded whole (an object store never shows a partial object). The state
-record (:mod:`pipelines.prepare.state`) lists the finished shards and word-type table with their
-sha256; a re-run verifies each one and redoes what is missing or no longer matches.
+record, ``prepare_state.json`` (:class:`PrepareState`), names the run by its fingerprint, keeps
+pass 1's outcome so that a resumed run need not count again, and lists the finished shards and
+word-type table with their sha256; a re-run verifies each one and redoes what is missing or no
+longer matches.
 
 An output that holds another dataset (another fingerprint) is refused unless ``overwrite`` asks
 for it to be replaced, and one that holds files prepare did not write is always refused
@@ -18,9 +20,9 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from elmo_core.data.manifest import MANIFEST_NAME, Manifest, ShardInfo
+from elmo_core.data.manifest import MANIFEST_NAME, Manifest, ShardInfo, SplitStats
 from elmo_core.errors import DataError
 from elmo_core.location import (
     Location,
@@ -30,7 +32,6 @@ from elmo_core.location import (
     sha256_file,
 )
 from pipelines.common.settings import elmo_home
-from pipelines.prepare.state import PrepareState
 
 STATE_NAME = "prepare_state.json"
 WORK_NAME = ".prepare-work"
@@ -40,6 +41,37 @@ SHARD_DIRS = ("train", "heldout")
 DATASET_ENTRIES = frozenset(
     {MANIFEST_NAME, STATE_NAME, WORK_NAME, WORD_TYPES_NAME, "vocab.txt", "vocab_counts.tsv"}
 ) | frozenset(SHARD_DIRS)
+
+
+class CountSummary(BaseModel):
+    """Pass-1 outcome: what the manifest needs from the counting, and which type order it made."""
+
+    stats: dict[str, SplitStats]
+    num_sentences: dict[str, int]
+    num_tokens: dict[str, int]
+    num_oov_tokens: dict[str, int]
+    heldout_sentences: list[int]  # per input file, in input order
+    vocab_size: int
+    num_types: int
+    imported_vocab: str | None
+    checksums: dict[str, str]  # vocab.txt, vocab_counts.tsv
+    type_order: str  # sha256 of the type order file: which word-type table the shards index
+
+
+class PrepareState(BaseModel):
+    """Which run (fingerprint), its counting result, and its finished files."""
+
+    fingerprint: str
+    count: CountSummary | None = None
+    word_types: str | None = None  # sha256 of the finished word_types.parquet
+    shards: dict[str, ShardInfo] = {}
+
+    def restart_with(self, count: CountSummary) -> None:
+        """A new counting result: what was built from another type order is void."""
+        if self.count is None or self.count.type_order != count.type_order:
+            self.shards = {}
+            self.word_types = None
+        self.count = count
 
 
 class DatasetOutput:

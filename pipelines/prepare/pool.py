@@ -1,12 +1,21 @@
-"""The pool prepare's tasks run in: local worker processes, or Ray tasks (``executor: ray``).
+"""Where prepare's tasks run, and how those processes are tuned.
 
-Tasks are picklable and pass paths, not data (:mod:`pipelines.prepare.count`,
-:mod:`pipelines.prepare.encode`, :mod:`pipelines.prepare.shuffle`); each worker process is tuned
-as :mod:`pipelines.prepare.tuning` says.
+Tasks are picklable and pass paths, not data (:mod:`pipelines.prepare.inputs`,
+:mod:`pipelines.prepare.encode`, :mod:`pipelines.prepare.shuffle`). They run in local worker
+processes (:class:`LocalTaskPool`) or as Ray tasks (:class:`RayTaskPool`, ``executor: ray``).
+Prepare is a stream of large, short-lived NumPy and Arrow temporaries; :func:`tune_process` keeps
+that cheap in a worker process and in the ``elmo prepare`` command's own process, never in a
+caller's (a flow's) that merely calls :func:`pipelines.prepare.stage.prepare` in-process.
 """
 
 from __future__ import annotations
 
+import ctypes
+import gc
+import importlib.abc
+import itertools
+import os
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -16,27 +25,31 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import pyarrow as pa
 
-from pipelines.prepare.tuning import cores_per_worker, set_worker_threads, tune_process
+from elmo_core.errors import DataError
 
 T = TypeVar("T")
 R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
 
+# glibc mallopt parameters (malloc.h) and the values prepare uses.
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+MMAP_THRESHOLD_MAX = 32 << 20  # glibc's ceiling on 64-bit: larger requests are always mapped
+TRIM_THRESHOLD = 1 << 30  # free heap kept before glibc returns memory to the kernel
 
-class WorkerPool:
+
+class LocalTaskPool:
     """``workers`` spawned processes (created on first use), each with its share of the cores
-    for Arrow's threads (:func:`~pipelines.prepare.tuning.cores_per_worker`); or, when
-    ``workers == 1``, this process, running as many tasks at once as it has cores, on threads:
-    the tasks' time is in Arrow and NumPy kernels, which release the GIL. A worker holds a
-    block of text per task it runs, so one worker on two cores peaks at about the memory of two
-    worker processes."""
+    for Arrow's threads (:func:`cores_per_worker`); or, when ``workers == 1``, this process,
+    running as many tasks at once as it has cores, on threads: the tasks' time is in Arrow and
+    NumPy kernels, which release the GIL. A worker holds a block of text per task it runs, so
+    one worker on two cores peaks at about the memory of two worker processes."""
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
         self._pool: Any = None
         self._saved = (pa.cpu_count(), pa.io_thread_count())
 
-    def __enter__(self) -> WorkerPool:
+    def __enter__(self) -> LocalTaskPool:
         if self.workers == 1:
             set_worker_threads(cores_per_worker(1))
         return self
@@ -85,8 +98,7 @@ def _on_threads(function: Callable[[T], R], tasks: Sequence[T], threads: int) ->
 
 
 class TaskPool(Protocol):
-    """Where prepare's tasks run: :class:`WorkerPool`, or Ray's
-    :class:`~pipelines.prepare.ray_pool.RayTaskPool`."""
+    """Where prepare's tasks run: :class:`LocalTaskPool` or :class:`RayTaskPool`."""
 
     def imap(self, function: Callable[[T], R], tasks: Sequence[T]) -> Iterator[R]: ...
 
@@ -96,10 +108,8 @@ class TaskPool(Protocol):
 def task_pool(executor: str, workers: int) -> AbstractContextManager[TaskPool]:
     """The pool of ``executor`` (``processes`` or ``ray``) with ``workers`` tasks at once."""
     if executor == "ray":
-        from pipelines.prepare.ray_pool import RayTaskPool
-
         return RayTaskPool(workers)
-    return WorkerPool(workers)
+    return LocalTaskPool(workers)
 
 
 class Pending(Protocol[R_co]):
@@ -133,5 +143,164 @@ def _start_method() -> Any:
     if threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("fork")
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["pipelines.prepare.count", "pipelines.prepare.encode"])
+    context.set_forkserver_preload(["pipelines.prepare.inputs", "pipelines.prepare.encode"])
     return context
+
+
+# --- on Ray ---------------------------------------------------------------------------------------
+
+
+class RayTaskPool:
+    """Prepare's task pool on Ray: at most ``workers`` tasks at once, or one per CPU of the
+    cluster when ``workers`` is 1.
+
+    Tasks pass paths, not data, so every node must see the corpus and the output at the same
+    paths (a shared filesystem, or a single-node Ray); a remote output is staged under
+    ``ELMO_HOME``, which several nodes must then share too. Only results travel through the
+    object store: each file's type counts (a few MB) and the records of written shards.
+    """
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self.in_flight = workers
+        self._remote: Any = None
+
+    def __enter__(self) -> RayTaskPool:
+        import ray
+
+        from pipelines.common.ray_cluster import connect_ray
+
+        connect_ray()
+        if self.workers == 1:
+            self.in_flight = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        self._remote = ray.remote(run_on_node).options(num_cpus=1)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._remote = None
+
+    def imap(self, function: Callable[[T], R], tasks: Sequence[T]) -> Iterator[R]:
+        """Results as they finish (any order); a task starts as soon as one finishes."""
+        import ray
+
+        from pipelines.common.ray_cluster import ray_get
+
+        waiting = iter(tasks)
+        running = [
+            self._remote.remote(function, task)
+            for task in itertools.islice(waiting, self.in_flight)
+        ]
+        try:
+            while running:
+                [finished], running = ray.wait(running, num_returns=1)
+                running += [
+                    self._remote.remote(function, task) for task in itertools.islice(waiting, 1)
+                ]
+                yield ray_get(finished)
+        finally:
+            for ref in running:
+                ray.cancel(ref)
+
+    def submit(self, function: Callable[[T], R], task: T) -> RayPending[R]:
+        """Run one task beside those of later :meth:`imap` calls."""
+        return RayPending(self._remote.remote(function, task))
+
+
+class RayPending(Generic[R]):
+    """A Ray task's result to come."""
+
+    def __init__(self, ref: Any) -> None:
+        self.ref = ref
+
+    def get(self) -> R:
+        from pipelines.common.ray_cluster import ray_get
+
+        return ray_get(self.ref)
+
+
+def run_on_node(function: Callable[[T], R], task: T) -> R:
+    """Run a prepare task in a Ray worker: one Arrow thread, the task's one CPU (the parallelism
+    is over tasks); a path this node cannot see is a user error naming the node."""
+    set_worker_threads(1)
+    try:
+        return function(task)
+    except FileNotFoundError as err:
+        import ray
+
+        node = ray.util.get_node_ip_address()
+        raise DataError(
+            f"not found on Ray node {node}: with executor=ray every node must see the corpus "
+            "and the output at the same paths (a shared filesystem)",
+            path=err.filename,
+        ) from None
+
+
+# --- tuning a process that prepares ---------------------------------------------------------------
+
+
+def cores_per_worker(workers: int) -> int:
+    """A worker's share of the cores this process may run on (at least one)."""
+    return max(1, len(os.sched_getaffinity(0)) // workers)
+
+
+def set_worker_threads(threads: int) -> None:
+    """``threads`` Arrow compute threads (what a worker's kernels may use at once), one I/O."""
+    pa.set_cpu_count(threads)
+    pa.set_io_thread_count(1)
+
+
+def keep_freed_memory() -> bool:
+    """Let glibc serve blocks up to 32 MB from its heap and keep what is freed there.
+
+    By default glibc maps each allocation over its (adaptive) threshold on its own and unmaps it
+    on free, so a block's temporaries are page-faulted again for the next block. Returns
+    whether the settings took (False off glibc, where nothing is changed).
+    """
+    if sys.platform != "linux":
+        return False
+    libc = ctypes.CDLL(None)  # the process's own symbols: the C library it runs on
+    if not hasattr(libc, "mallopt") or not hasattr(libc, "gnu_get_libc_version"):
+        return False
+    applied = libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX) == 1
+    return libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1 and applied
+
+
+def keep_pandas_out() -> None:
+    """Spare a process that only prepares the import of pandas.
+
+    pyarrow imports pandas on its first ``pa.array`` call merely to ask whether the input is a
+    pandas object; prepare never passes one. Failing the import for that one call makes pyarrow
+    record "no pandas"; pandas stays importable afterwards (pyarrow retries when it needs it).
+    """
+    if "pandas" in sys.modules:
+        return
+    blocker = _ImportBlocker("pandas")
+    sys.meta_path.insert(0, blocker)
+    try:
+        pa.array([0])
+    finally:
+        sys.meta_path.remove(blocker)
+
+
+class _ImportBlocker(importlib.abc.MetaPathFinder):
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> None:
+        if fullname == self.name:
+            raise ModuleNotFoundError(f"{fullname} is not imported here", name=fullname)
+
+
+def freeze_loaded_objects() -> None:
+    """Move the objects that exist now (the imported modules') out of the garbage collector's
+    reach: they live as long as the process, yet every full collection walks them, and so do
+    the collections at interpreter exit, in a prepare command's serial time."""
+    gc.freeze()
+
+
+def tune_process(threads: int = 1) -> None:
+    """Everything above, for a process that exists to run prepare with ``threads`` threads."""
+    set_worker_threads(threads)
+    keep_freed_memory()
+    keep_pandas_out()
+    freeze_loaded_objects()

@@ -29,15 +29,23 @@ from elmo_core.data.manifest import (
 from elmo_core.data.shards import SHARD_FORMAT, SHARD_FORMAT_VERSION, FileStats
 from elmo_core.location import sha256_file
 from elmo_core.text.type_counts import TypeCounts, split_totals
-from elmo_core.text.vocab import build_vocab, read_vocab, vocab_counts_text, vocab_text, with_counts
+from elmo_core.text.vocab import (
+    BOS_ID,
+    EOS_ID,
+    UNK_ID,
+    Vocabulary,
+    build_vocab,
+    read_vocab,
+    vocab_counts_text,
+    vocab_text,
+    with_counts,
+)
 from pipelines.common.console import console_progress
-from pipelines.prepare.count import FileCounts, count_file, vocab_with_marker_counts
 from pipelines.prepare.encode import EncodeTask, encode_file
-from pipelines.prepare.inputs import FileTask
-from pipelines.prepare.output import WORD_TYPES_NAME, DatasetOutput
+from pipelines.prepare.inputs import FileCounts, FileTask, count_file
+from pipelines.prepare.output import WORD_TYPES_NAME, CountSummary, DatasetOutput, PrepareState
 from pipelines.prepare.pool import TaskPool
 from pipelines.prepare.shuffle import GatherTask, gather_shard, train_shard_name
-from pipelines.prepare.state import CountSummary, PrepareState
 from pipelines.prepare.word_types import (
     WordTypesTask,
     build_type_order,
@@ -299,6 +307,14 @@ def heldout_part_names(
         )
         next_part += num
     return names
+
+
+def vocab_with_marker_counts(vocab: Vocabulary, num_sentences: int, num_oov: int) -> Vocabulary:
+    """Counts for ``vocab_counts.tsv``: markers once per sentence, ``<UNK>`` per OOV token."""
+    counts = vocab.counts.copy()
+    counts[BOS_ID] = counts[EOS_ID] = num_sentences
+    counts[UNK_ID] += num_oov
+    return Vocabulary(tokens=vocab.tokens, counts=counts)
 
 
 def num_train_shards(count: CountSummary, cfg: PrepareConfig) -> int:

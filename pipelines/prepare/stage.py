@@ -29,12 +29,10 @@ from elmo_core.errors import DataError
 from elmo_core.text.tokenize import Tokenizer
 from pipelines.common.cli_runner import run_command
 from pipelines.common.locations import absolute_location
-from pipelines.prepare.inputs import FileTask, InputFile
-from pipelines.prepare.output import DatasetOutput
-from pipelines.prepare.pool import task_pool
+from pipelines.prepare.inputs import FileTask, SourceFile
+from pipelines.prepare.output import CountSummary, DatasetOutput
+from pipelines.prepare.pool import task_pool, tune_process
 from pipelines.prepare.run import PrepareRun
-from pipelines.prepare.state import CountSummary
-from pipelines.prepare.tuning import tune_process
 
 
 class CorpusInputs(Protocol):
@@ -74,7 +72,6 @@ def prepare(
     child of ``parent_run_id``'s, inside a flow)."""
     from pipelines.common.settings import elmo_home
     from pipelines.prepare.corpus_sources import locate_corpus
-    from pipelines.prepare.dataset_record import log_prepared
     from pipelines.tracking.stage_runs import location_name, stage_run, stage_run_name
 
     dataset = absolute_location(out)
@@ -126,6 +123,45 @@ def prepare_files(
     )
 
 
+def log_prepared(
+    cfg: PrepareConfig,
+    corpus: str,
+    dataset: str,
+    manifest: Manifest,
+    seconds: dict[str, float],
+    num_shards: tuple[int, int],
+) -> None:
+    """Log into the active run: the config, the corpus, per-split sizes, the vocabulary, the
+    phases' seconds and the shards (written, reused) of a finished prepare. A split's
+    ``_tokens`` are its words, as the tokenizer split them (the evaluate run's
+    ``_predicted_tokens`` add one end per sentence). The dataset it wrote is the run's input in
+    MLflow's Datasets panel (the same digest as the runs that read it), its manifest an
+    artifact."""
+    import mlflow
+
+    from pipelines.tracking.stage_runs import log_config, log_dataset
+
+    log_config(cfg, "prepare_config.json")
+    mlflow.log_params({"corpus": corpus, "dataset": dataset})
+    metrics = {
+        "vocabulary_size": float(manifest.vocab.size),
+        "word_types": float(manifest.word_types.num_types),
+        "shards_written": float(num_shards[0]),
+        "shards_reused": float(num_shards[1]),
+        **{f"seconds_{phase}": value for phase, value in seconds.items()},
+    }
+    for name, split in manifest.splits.items():
+        metrics |= {
+            f"{name}_sentences": float(split.num_sentences),
+            f"{name}_tokens": float(split.num_tokens),
+            f"{name}_oov_rate": split.oov_rate,
+            f"{name}_invalid_utf8_replacements": float(split.stats.invalid_utf8_replacements),
+        }
+    mlflow.log_metrics(metrics)
+    mlflow.log_text(manifest.to_json(), MANIFEST_NAME)
+    log_dataset(dataset, "prepared")
+
+
 def warn_replaced_bytes(summary: CountSummary) -> None:
     """One line on the console when invalid UTF-8 was replaced: the manifest alone keeps the count,
     and nobody reads a manifest to learn that their corpus has a wrong encoding."""
@@ -139,7 +175,7 @@ def warn_replaced_bytes(summary: CountSummary) -> None:
         )
 
 
-def plan_inputs(train: Sequence[Path], heldout: Sequence[Path]) -> list[InputFile]:
+def plan_inputs(train: Sequence[Path], heldout: Sequence[Path]) -> list[SourceFile]:
     """Number the inputs (train then heldout) and name them relative to their common root."""
     paths = [Path(path) for path in (*train, *heldout)]
     if not train:
@@ -149,7 +185,7 @@ def plan_inputs(train: Sequence[Path], heldout: Sequence[Path]) -> list[InputFil
             raise DataError("input file not found", path=path)
     root = os.path.commonpath([str(path.parent.absolute()) for path in paths])
     return [
-        InputFile(
+        SourceFile(
             index=index,
             path=path,
             name=os.path.relpath(path.absolute(), root).replace(os.sep, "/"),
@@ -161,7 +197,7 @@ def plan_inputs(train: Sequence[Path], heldout: Sequence[Path]) -> list[InputFil
 
 def file_tasks(
     cfg: PrepareConfig,
-    inputs: list[InputFile],
+    inputs: list[SourceFile],
     tokenizer: dict[str, Any],
     output: DatasetOutput,
     by_fraction: bool,
@@ -178,7 +214,7 @@ def file_tasks(
 
 
 def fingerprint(
-    cfg: PrepareConfig, source: str, tokenizer: dict[str, Any], inputs: list[InputFile]
+    cfg: PrepareConfig, source: str, tokenizer: dict[str, Any], inputs: list[SourceFile]
 ) -> str:
     """What makes two runs the same run: config (less where it runs), tokenizer and input files."""
     files = []

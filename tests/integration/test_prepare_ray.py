@@ -11,7 +11,7 @@ import pytest
 
 from elmo_core.config import PrepareConfig
 from elmo_core.errors import DataError
-from pipelines.prepare.ray_pool import RayTaskPool
+from pipelines.prepare.pool import RayTaskPool
 from pipelines.prepare.stage import prepare_files
 
 pytestmark = pytest.mark.integration

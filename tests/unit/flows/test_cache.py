@@ -22,7 +22,7 @@ def test_code_files_cover_elmo_core_and_the_prepare_package_only() -> None:
     core = {p.relative_to(root).as_posix() for p in (root / "elmo_core").rglob("*.py")}
 
     assert core <= names
-    prepare = {"stage.py", "run.py", "count.py", "encode.py", "output.py", "download.py"}
+    prepare = {"stage.py", "run.py", "inputs.py", "encode.py", "output.py", "download.py"}
     assert {f"pipelines/prepare/{name}" for name in prepare} <= names
     assert "pipelines/prepare/sample_corpus.py" in names
     assert not {n for n in names if n.startswith(("pipelines/train/", "pipelines/adapt/"))}

@@ -1,4 +1,5 @@
-"""DatasetOutput: what prepare may write over, what a resumed run trusts, and publishing."""
+"""DatasetOutput: what prepare may write over, what a resumed run trusts, and publishing; the
+resumption record: typed, round-trips through JSON, and a new type order voids its files."""
 
 from __future__ import annotations
 
@@ -7,11 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from elmo_core.data.manifest import MANIFEST_NAME, Manifest, ShardInfo, SplitInfo
+from elmo_core.data.manifest import MANIFEST_NAME, Manifest, ShardInfo, SplitInfo, SplitStats
 from elmo_core.errors import DataError
 from elmo_core.location import Location
-from pipelines.prepare.output import STATE_NAME, WORD_TYPES_NAME, WORK_NAME, DatasetOutput
-from pipelines.prepare.state import PrepareState
+from pipelines.prepare.output import (
+    STATE_NAME,
+    WORD_TYPES_NAME,
+    WORK_NAME,
+    CountSummary,
+    DatasetOutput,
+    PrepareState,
+)
 
 
 def _shard(output: DatasetOutput, path: str, content: bytes) -> ShardInfo:
@@ -123,3 +130,43 @@ def test_word_types_are_recorded_and_dropped_when_changed(url: str) -> None:
 def _write(path: Path, content: bytes) -> str:
     path.write_bytes(content)
     return hashlib.sha256(content).hexdigest()
+
+
+def count(type_order: str) -> CountSummary:
+    return CountSummary(
+        stats={"train": SplitStats(), "heldout": SplitStats()},
+        num_sentences={"train": 4, "heldout": 1},
+        num_tokens={"train": 12, "heldout": 3},
+        num_oov_tokens={"train": 1, "heldout": 0},
+        heldout_sentences=[0, 1],
+        vocab_size=7,
+        num_types=9,
+        imported_vocab=None,
+        checksums={"vocab.txt": "a", "vocab_counts.tsv": "b"},
+        type_order=type_order,
+    )
+
+
+def shard(path: str) -> ShardInfo:
+    return ShardInfo(path=path, sha256="c", num_sentences=4, num_tokens=12, num_row_groups=1)
+
+
+def test_state_round_trips_through_json_with_its_count_typed():
+    state = PrepareState(fingerprint="f", count=count("t1"), word_types="w")
+    state.shards["train/part-00000.parquet"] = shard("train/part-00000.parquet")
+    loaded = PrepareState.model_validate_json(state.model_dump_json())
+    assert loaded == state
+    assert isinstance(loaded.count, CountSummary) and loaded.count.type_order == "t1"
+
+
+def test_the_same_type_order_keeps_finished_files_and_another_voids_them():
+    state = PrepareState(fingerprint="f", count=count("t1"), word_types="w")
+    state.shards["heldout/part-00000.parquet"] = shard("heldout/part-00000.parquet")
+    state.restart_with(count("t1"))
+    assert state.word_types == "w" and list(state.shards) == ["heldout/part-00000.parquet"]
+    state.restart_with(count("t2"))
+    assert state.word_types is None and state.shards == {}
+    assert state.count is not None and state.count.type_order == "t2"
+    fresh = PrepareState(fingerprint="f")
+    fresh.restart_with(count("t1"))
+    assert fresh.count == count("t1")

@@ -9,9 +9,9 @@ import pytest
 
 from elmo_core.config import PrepareConfig
 from elmo_core.data.manifest import ShardInfo, SplitStats
-from pipelines.prepare.inputs import FileTask, InputFile
+from pipelines.prepare.inputs import FileTask, SourceFile
+from pipelines.prepare.output import CountSummary
 from pipelines.prepare.run import PhaseClock, heldout_part_names, num_train_shards, split_info
-from pipelines.prepare.state import CountSummary
 
 CFG = PrepareConfig(format="1b-benchmark", sentences_per_shard=10)
 
@@ -33,7 +33,7 @@ def summary(heldout_sentences: list[int], num_train: int = 25) -> CountSummary:
 
 def tasks(roles: list[Literal["train", "heldout"]]) -> list[FileTask]:
     return [
-        FileTask(InputFile(i, Path(f"f{i}"), f"f{i}", role), CFG, {}, False, Path(f"s{i}"))
+        FileTask(SourceFile(i, Path(f"f{i}"), f"f{i}", role), CFG, {}, False, Path(f"s{i}"))
         for i, role in enumerate(roles)
     ]
 
