@@ -50,7 +50,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_cpu_step import model_config, time_in_turn  # noqa: E402
 from bench_step_ops import Launches  # noqa: E402
-from gpu_bilm import synthetic_windows, worker_step  # noqa: E402
+from workload import synthetic_windows, worker_step  # noqa: E402
 
 from elmo_core.config import ModelConfig, TrainConfig  # noqa: E402
 from elmo_core.model.bilm import BiLM  # noqa: E402

@@ -38,7 +38,7 @@ import torch
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gpu_bilm import synthetic_windows, worker_step  # noqa: E402
+from workload import synthetic_windows, worker_step  # noqa: E402
 
 from elmo_core.config import ModelConfig, TrainConfig  # noqa: E402
 from elmo_core.model.bilm import BiLM  # noqa: E402

@@ -50,7 +50,7 @@ from torch._library.custom_ops import OPDEFS
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gpu_bilm import synthetic_windows, training_flops_per_position, worker_step  # noqa: E402
+from workload import synthetic_windows, training_flops_per_position, worker_step  # noqa: E402
 
 from elmo_core.config import TrainConfig  # noqa: E402
 from elmo_core.model.bilm import BiLM  # noqa: E402
