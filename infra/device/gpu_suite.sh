@@ -115,7 +115,7 @@ run_part() {
             local corpus=(--corpus python-docs) size=()
             [[ -d shared/data/ptb ]] && corpus=(--corpus ptb --data-root shared/data)
             [[ -n $rehearse ]] && size=(--preset tiny --rows 256 --steps 2)
-            "$python" benchmarks/batch_recipe.py "${corpus[@]}" "${size[@]}" ;;
+            "$python" experiments/batch_recipe.py "${corpus[@]}" "${size[@]}" ;;
         *)
             echo "gpu_suite.sh: unknown part $part" >&2
             return 2 ;;
