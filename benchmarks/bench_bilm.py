@@ -380,10 +380,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(table, memory, sep="\n")
     args.results.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H%M")
+    stamp = datetime.datetime.now().strftime("%Y-%m-%dT%H%M")
     report = f"# bench_bilm {stamp}\n\n    {command}\n\n```\n{table}\n{memory}\n```\n\n"
     report += json.dumps(summary) + "\n"
-    (args.results / f"bench_bilm_{stamp}.md").write_text(report)
+    (args.results / f"bench_bilm-{stamp}.md").write_text(report)
     print(json.dumps(summary))
     return 0
 
