@@ -7,7 +7,7 @@
 * cache speed-up (``--only speed``) — the training loop of one epoch of the ELMo POS model over
   ``--speed-sentences`` sentences with the default head, at ``--speed-preset`` size (random
   init: the cost does not depend on the weights). Baseline: the biLM run live for every batch
-  (what an epoch without the cache computes); candidate: the same ``_train_epoch`` reading the
+  (what an epoch without the cache computes); candidate: the same ``train_epoch`` reading the
   memory-mapped cache. Vocabulary, model and split encoding are built once, outside the timed
   region; the two are interleaved over ``--repeats``. Live and cached activations are checked to
   agree (float16 rounding) first.
@@ -43,7 +43,13 @@ from elmo_core.tasks import TaskConfig
 from elmo_core.tasks.activation_cache import ActivationCache, live_activations
 from elmo_core.tasks.readers import AnyDataset
 from elmo_core.tasks.task_model import EncodedSplit, example_sentences
-from elmo_core.tasks.trainer import BASELINE, TaskSplit, _build, _train_epoch, train_task
+from elmo_core.tasks.trainer import (
+    BASELINE,
+    TaskSplit,
+    build_task_model,
+    train_epoch,
+    train_task,
+)
 from pipelines.adapt.stage import cache_splits, read_splits
 from pipelines.models.bilm_loader import load_bilm, resolve_bilm
 from pipelines.prepare.corpus_sources import CorpusFiles
@@ -144,7 +150,7 @@ class LiveLayers:
     """Stands in for the cache in an encoded split: every batch runs the frozen biLM now.
 
     That is what an epoch without the cache computes, so the uncached and cached epochs are the
-    same ``_train_epoch`` call over the same batches and differ only in where the layers come from.
+    same ``train_epoch`` call over the same batches and differ only in where the layers come from.
     """
 
     def __init__(self, bilm: torch.nn.Module, sentences: list[list[str]]) -> None:
@@ -168,7 +174,7 @@ def cache_speedup(
     sentences = example_sentences(train.examples)
     cached = ActivationCache(cache_dir).get_or_build(bilm, sentences, progress=False)
     live = LiveLayers(bilm, sentences)
-    model, splits = _build(task, TaskSplit(train, cached), None, None, True)
+    model, splits = build_task_model(task, TaskSplit(train, cached), None, None, True)
     cached_split = splits["train"]
     live_split = replace(cached_split, activations=live)
     check = np.arange(min(8, len(sentences)))
@@ -180,7 +186,7 @@ def cache_speedup(
 
     def epoch_seconds(split: EncodedSplit) -> float:
         started = time.perf_counter()
-        _train_epoch(model, optimizer, split, order, batch_size)
+        train_epoch(model, optimizer, split, order, batch_size)
         return time.perf_counter() - started
 
     epoch_seconds(cached_split)  # warm-up (both paths share the head's kernels)

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from elmo_core.model.bilm import BiLM, _gather_positions, _reversal_index
+from elmo_core.model.bilm import BiLM, gather_positions, reversal_index
 from elmo_core.model.softmax import SampledSoftmax
 from elmo_core.presets import model_preset
 from elmo_core.text.char_ids import BOS_TOKEN, EOS_TOKEN, UNK_TOKEN, batch_to_ids, tokens_to_ids
@@ -161,14 +161,14 @@ class StraightforwardBiLM(nn.Module):
 
     def forward(self, char_ids: torch.Tensor) -> list[torch.Tensor]:
         """Top ``[f; b]`` activations ``(B, T+2, 2P)`` as ``BiLM.forward`` returns them."""
-        ids, mask, lengths = self.model._add_sentence_markers(char_ids.long())  # (B, T+2, W)
+        ids, mask, lengths = self.model.add_sentence_markers(char_ids.long())  # (B, T+2, W)
         embedded = self.char_cnn(ids) * mask.unsqueeze(-1)  # (B, T+2, P)
-        reverse = _reversal_index(lengths, ids.shape[1])  # (B, T+2)
+        reverse = reversal_index(lengths, ids.shape[1])  # (B, T+2)
         top_forward = self.lstm(self.model.forward_lstm, embedded, mask)
         top_backward = self.lstm(
-            self.model.backward_lstm, _gather_positions(embedded, reverse), mask
+            self.model.backward_lstm, gather_positions(embedded, reverse), mask
         )
-        return [torch.cat([top_forward, _gather_positions(top_backward, reverse)], dim=-1)]
+        return [torch.cat([top_forward, gather_positions(top_backward, reverse)], dim=-1)]
 
 
 # ----------------------------------------------------------------------------- timing
@@ -265,7 +265,7 @@ def bench_preset(
         results[case] = median_seconds(slow, fast, repeats)
     model.eval()
     with torch.no_grad():
-        ids, marker_mask, _ = model._add_sentence_markers(inference.long())
+        ids, marker_mask, _ = model.add_sentence_markers(inference.long())
         results["inference"] = median_seconds(
             lambda: baseline(inference), lambda: model(inference), repeats
         )
