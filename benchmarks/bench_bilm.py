@@ -23,7 +23,6 @@ import argparse
 import datetime
 import json
 import shlex
-import statistics
 import sys
 import threading
 import time
@@ -33,6 +32,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from harness import print_summary, time_in_turn
 from torch import nn
 
 from elmo_core.model.bilm import BiLM, gather_positions, reversal_index
@@ -177,16 +177,10 @@ class StraightforwardBiLM(nn.Module):
 def median_seconds(
     slow: Callable[[], object], fast: Callable[[], object], repeats: int
 ) -> tuple[float, float]:
-    """Median wall times of ``repeats`` calls each after a warm-up, the two alternating so that
-    load from other work on the machine falls on both alike."""
-    slow(), fast()
-    times: tuple[list[float], list[float]] = ([], [])
-    for _ in range(repeats):
-        for run, into in ((slow, times[0]), (fast, times[1])):
-            start = time.perf_counter()
-            run()
-            into.append(time.perf_counter() - start)
-    return statistics.median(times[0]), statistics.median(times[1])
+    """Median wall times of ``repeats`` calls each after a warm-up, the two taking turns so that
+    load from other work on the machine falls on both alike (:func:`harness.time_in_turn`)."""
+    seconds = time_in_turn({"slow": slow, "fast": fast}, repeats)
+    return seconds["slow"], seconds["fast"]
 
 
 def backward_of(compute: Callable[[], torch.Tensor]) -> Callable[[], None]:
@@ -384,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     report = f"# bench_bilm {stamp}\n\n    {command}\n\n```\n{table}\n{memory}\n```\n\n"
     report += json.dumps(summary) + "\n"
     (args.results / f"bench_bilm-{stamp}.md").write_text(report)
-    print(json.dumps(summary))
+    print_summary(summary)
     return 0
 
 

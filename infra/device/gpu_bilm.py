@@ -29,10 +29,8 @@ import argparse
 import contextlib
 import json
 import re
-import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from unittest import mock
@@ -41,6 +39,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from bench_bilm import StraightforwardBiLM  # noqa: E402
+from harness import print_summary, seconds_per_call  # noqa: E402
 from workload import found_ahead, synthetic_windows, training_flops_per_position, worker_step  # noqa: E402
 
 from elmo_core.config import ModelConfig, TrainConfig  # noqa: E402
@@ -54,29 +53,15 @@ from elmo_core.training.step import TrainingStep  # noqa: E402
 STEPS, WARMUP = 10, 3  # timed steps, and the untimed ones before them
 
 
-def seconds_per_call(
-    run: Callable[[], object], steps: int, warmup: int, device: torch.device
-) -> float:
-    def synchronize() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-
-    for _ in range(warmup):
-        run()
-    times = []
-    for _ in range(steps):
-        synchronize()
-        start = time.perf_counter()
-        run()
-        synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def synchronizer(device: torch.device) -> Callable[[], None] | None:
+    """What makes the host wait for ``device``'s queued work before a clock is read."""
+    return torch.cuda.synchronize if device.type == "cuda" else None
 
 
 def matmul_flops_per_second(device: torch.device, size: int, dtype: torch.dtype) -> float:
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
-    return 2 * size**3 / seconds_per_call(lambda: a @ b, 10, 3, device)
+    return 2 * size**3 / seconds_per_call(lambda: a @ b, 10, 3, synchronizer(device))
 
 
 def straightforward_step(
@@ -199,7 +184,8 @@ def inference_seconds(
 
     tokens = int(lengths.sum())
     timed = {"ours": ours, "straightforward": straightforward}
-    result = {name: (seconds_per_call(run, 5, 2, device), tokens) for name, run in timed.items()}
+    sync = synchronizer(device)
+    result = {name: (seconds_per_call(run, 5, 2, sync), tokens) for name, run in timed.items()}
     model.train()
     return result
 
@@ -298,13 +284,13 @@ def main(argv: list[str] | None = None) -> int:
         args.preset, args.batch, args.window, args.vocab, args.types = "tiny", 4, 5, 200, 50
         args.steps, args.warmup = 1, 1
     if args.device == "fake-cuda" and torch.version.cuda is None:
-        print(json.dumps({"device": "fake cuda", "skipped": "this torch is built without CUDA"}))
+        print_summary({"device": "fake cuda", "skipped": "this torch is built without CUDA"})
         return 0
     if args.device == "fake-cuda":
         config = model_preset(args.preset).model_copy(
             update={"lstm_impl": args.lstm_impl, "batch_directions": args.batch_directions}
         )
-        print(json.dumps(on_fake_cuda(config, args)))
+        print_summary(on_fake_cuda(config, args))
         return 0
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     bf16 = device.type == "cuda" and not args.no_bf16  # autocast has no meta device
@@ -331,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     def timed(name: str, run: Callable[[], object]) -> float:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        value = seconds_per_call(run, args.steps, args.warmup, device)
+        value = seconds_per_call(run, args.steps, args.warmup, synchronizer(device))
         if device.type == "cuda":
             peak_memory[name] = torch.cuda.max_memory_allocated()
         return value
@@ -399,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, (value, tokens) in inference_seconds(model, baseline, 64, device, bf16).items():
             print(f"inference {name:14} {value:8.4f} s {tokens / value:12.0f} tokens/s")
             summary[f"inference_{name}_tokens_per_s"] = round(tokens / value, 1)
-    print(json.dumps(summary))
+    print_summary(summary)
     return 0
 
 
