@@ -27,8 +27,8 @@ test-integration: setup
 	$(PY) -m pytest -q tests/integration
 
 lint: setup
-	$(VENV)/bin/ruff check elmo_core pipelines flows tests benchmarks
-	$(VENV)/bin/ruff format --check elmo_core pipelines flows tests benchmarks
+	$(VENV)/bin/ruff check elmo_core pipelines flows tests benchmarks experiments infra
+	$(VENV)/bin/ruff format --check elmo_core pipelines flows tests benchmarks experiments infra
 	$(VENV)/bin/mypy
 
 # The whole pipeline on this machine: embedded Prefect, local Ray, SQLite MLflow under ELMO_HOME.

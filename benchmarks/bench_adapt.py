@@ -7,7 +7,7 @@
 * cache speed-up (``--only speed``) — the training loop of one epoch of the ELMo POS model over
   ``--speed-sentences`` sentences with the default head, at ``--speed-preset`` size (random
   init: the cost does not depend on the weights). Baseline: the biLM run live for every batch
-  (what an epoch without the cache computes); candidate: the same ``_train_epoch`` reading the
+  (what an epoch without the cache computes); candidate: the same ``train_epoch`` reading the
   memory-mapped cache. Vocabulary, model and split encoding are built once, outside the timed
   region; the two are interleaved over ``--repeats``. Live and cached activations are checked to
   agree (float16 rounding) first.
@@ -25,16 +25,16 @@ Skips cleanly (exit 0) when the data root is absent. Last line: one JSON object 
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
+from harness import check_agreement, print_summary, time_in_turn
 
 from elmo_core.config import PrepareConfig
 from elmo_core.model.bilm import BiLM
@@ -43,7 +43,13 @@ from elmo_core.tasks import TaskConfig
 from elmo_core.tasks.activation_cache import ActivationCache, live_activations
 from elmo_core.tasks.readers import AnyDataset
 from elmo_core.tasks.task_model import EncodedSplit, example_sentences
-from elmo_core.tasks.trainer import BASELINE, TaskSplit, _build, _train_epoch, train_task
+from elmo_core.tasks.trainer import (
+    BASELINE,
+    TaskSplit,
+    build_task_model,
+    train_epoch,
+    train_task,
+)
 from pipelines.adapt.stage import cache_splits, read_splits
 from pipelines.models.bilm_loader import load_bilm, resolve_bilm
 from pipelines.prepare.corpus_sources import CorpusFiles
@@ -144,7 +150,7 @@ class LiveLayers:
     """Stands in for the cache in an encoded split: every batch runs the frozen biLM now.
 
     That is what an epoch without the cache computes, so the uncached and cached epochs are the
-    same ``_train_epoch`` call over the same batches and differ only in where the layers come from.
+    same ``train_epoch`` call over the same batches and differ only in where the layers come from.
     """
 
     def __init__(self, bilm: torch.nn.Module, sentences: list[list[str]]) -> None:
@@ -168,30 +174,25 @@ def cache_speedup(
     sentences = example_sentences(train.examples)
     cached = ActivationCache(cache_dir).get_or_build(bilm, sentences, progress=False)
     live = LiveLayers(bilm, sentences)
-    model, splits = _build(task, TaskSplit(train, cached), None, None, True)
+    model, splits = build_task_model(task, TaskSplit(train, cached), None, None, True)
     cached_split = splits["train"]
     live_split = replace(cached_split, activations=live)
     check = np.arange(min(8, len(sentences)))
     max_diff = float((live.batch(check)[0] - cached.batch(check)[0]).abs().max())
-    assert max_diff < 0.05, f"cached activations differ from live ones by {max_diff}"
+    check_agreement({"max_diff": max_diff}, 0.05, "cached and live activations")
     optimizer = torch.optim.Adam(model.parameters(), lr=task.training.lr)
     order = np.random.default_rng(0).permutation(len(sentences))
     batch_size = task.training.batch_size
 
-    def epoch_seconds(split: EncodedSplit) -> float:
-        started = time.perf_counter()
-        _train_epoch(model, optimizer, split, order, batch_size)
-        return time.perf_counter() - started
+    def epoch(split: EncodedSplit) -> Callable[[], float]:
+        return lambda: train_epoch(model, optimizer, split, order, batch_size)
 
-    epoch_seconds(cached_split)  # warm-up (both paths share the head's kernels)
-    epoch_seconds(live_split)
-    live_times, cached_times = [], []
-    for _ in range(args.repeats):  # interleaved, so load from other jobs hits both sides alike
-        live_times.append(epoch_seconds(live_split))
-        cached_times.append(epoch_seconds(cached_split))
+    # One warm-up epoch each (both paths share the head's kernels), then in turn.
+    runs = {"cached": epoch(cached_split), "uncached": epoch(live_split)}
+    seconds = time_in_turn(runs, args.repeats)
     return {
-        "cached_s": statistics.median(cached_times),
-        "uncached_s": statistics.median(live_times),
+        "cached_s": seconds["cached"],
+        "uncached_s": seconds["uncached"],
         "max_diff": max_diff,
     }
 
@@ -240,7 +241,7 @@ def main() -> int:
     args = parse_args()
     if not (args.data_root / "ud_ewt").is_dir() or not (args.data_root / "cls").is_dir():
         print(f"skipped: no ud_ewt/ and cls/ under {args.data_root}")
-        print(json.dumps({"skipped": True}))
+        print_summary({"skipped": True})
         return 0
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -252,7 +253,7 @@ def main() -> int:
             summary |= speed_part(args, tasks[0], work)
         if args.only in ("all", "accuracy"):
             summary |= accuracy_part(args, tasks, work)
-    print(json.dumps(summary))
+    print_summary(summary)
     return 0
 
 

@@ -23,7 +23,6 @@ import argparse
 import datetime
 import json
 import shlex
-import statistics
 import sys
 import threading
 import time
@@ -33,9 +32,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from harness import print_summary, time_in_turn
 from torch import nn
 
-from elmo_core.model.bilm import BiLM, _gather_positions, _reversal_index
+from elmo_core.model.bilm import BiLM, gather_positions, reversal_index
 from elmo_core.model.softmax import SampledSoftmax
 from elmo_core.presets import model_preset
 from elmo_core.text.char_ids import BOS_TOKEN, EOS_TOKEN, UNK_TOKEN, batch_to_ids, tokens_to_ids
@@ -161,14 +161,14 @@ class StraightforwardBiLM(nn.Module):
 
     def forward(self, char_ids: torch.Tensor) -> list[torch.Tensor]:
         """Top ``[f; b]`` activations ``(B, T+2, 2P)`` as ``BiLM.forward`` returns them."""
-        ids, mask, lengths = self.model._add_sentence_markers(char_ids.long())  # (B, T+2, W)
+        ids, mask, lengths = self.model.add_sentence_markers(char_ids.long())  # (B, T+2, W)
         embedded = self.char_cnn(ids) * mask.unsqueeze(-1)  # (B, T+2, P)
-        reverse = _reversal_index(lengths, ids.shape[1])  # (B, T+2)
+        reverse = reversal_index(lengths, ids.shape[1])  # (B, T+2)
         top_forward = self.lstm(self.model.forward_lstm, embedded, mask)
         top_backward = self.lstm(
-            self.model.backward_lstm, _gather_positions(embedded, reverse), mask
+            self.model.backward_lstm, gather_positions(embedded, reverse), mask
         )
-        return [torch.cat([top_forward, _gather_positions(top_backward, reverse)], dim=-1)]
+        return [torch.cat([top_forward, gather_positions(top_backward, reverse)], dim=-1)]
 
 
 # ----------------------------------------------------------------------------- timing
@@ -177,16 +177,10 @@ class StraightforwardBiLM(nn.Module):
 def median_seconds(
     slow: Callable[[], object], fast: Callable[[], object], repeats: int
 ) -> tuple[float, float]:
-    """Median wall times of ``repeats`` calls each after a warm-up, the two alternating so that
-    load from other work on the machine falls on both alike."""
-    slow(), fast()
-    times: tuple[list[float], list[float]] = ([], [])
-    for _ in range(repeats):
-        for run, into in ((slow, times[0]), (fast, times[1])):
-            start = time.perf_counter()
-            run()
-            into.append(time.perf_counter() - start)
-    return statistics.median(times[0]), statistics.median(times[1])
+    """Median wall times of ``repeats`` calls each after a warm-up, the two taking turns so that
+    load from other work on the machine falls on both alike (:func:`harness.time_in_turn`)."""
+    seconds = time_in_turn({"slow": slow, "fast": fast}, repeats)
+    return seconds["slow"], seconds["fast"]
 
 
 def backward_of(compute: Callable[[], torch.Tensor]) -> Callable[[], None]:
@@ -265,7 +259,7 @@ def bench_preset(
         results[case] = median_seconds(slow, fast, repeats)
     model.eval()
     with torch.no_grad():
-        ids, marker_mask, _ = model._add_sentence_markers(inference.long())
+        ids, marker_mask, _ = model.add_sentence_markers(inference.long())
         results["inference"] = median_seconds(
             lambda: baseline(inference), lambda: model(inference), repeats
         )
@@ -380,11 +374,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(table, memory, sep="\n")
     args.results.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H%M")
+    stamp = datetime.datetime.now().strftime("%Y-%m-%dT%H%M")
     report = f"# bench_bilm {stamp}\n\n    {command}\n\n```\n{table}\n{memory}\n```\n\n"
     report += json.dumps(summary) + "\n"
-    (args.results / f"bench_bilm_{stamp}.md").write_text(report)
-    print(json.dumps(summary))
+    (args.results / f"bench_bilm-{stamp}.md").write_text(report)
+    print_summary(summary)
     return 0
 
 

@@ -10,7 +10,7 @@ the file absent: ``gpu_bilm.py``'s Zipf words), trimmed as the model trims them;
 forward and backward, each piece given the gradient that reaches it in the real backward. Models:
 the presets, or a config under ``configs/`` (``ptb-small``). "Before" is the model as of
 2026-11-25: ``amax`` over positions, the highway in float32. Per (preset, threads), all runs timed
-in turn (``bench_cpu_step.time_in_turn``), median of ``--repeats``:
+in turn (``harness.time_in_turn``), median of ``--repeats``:
 
 - share: the whole ``TrainingStep`` (for ``--step-presets``), before and now, against the char
   CNN's ``encode_types``, before and now; within the char CNN (before) the convolutions
@@ -33,7 +33,6 @@ of the padded ratios.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
@@ -48,9 +47,10 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_cpu_step import model_config, time_in_turn  # noqa: E402
+from bench_cpu_step import model_config  # noqa: E402
 from bench_step_ops import Launches  # noqa: E402
-from gpu_bilm import synthetic_windows, worker_step  # noqa: E402
+from harness import check_agreement, print_summary, time_in_turn  # noqa: E402
+from workload import synthetic_windows, worker_step  # noqa: E402
 
 from elmo_core.config import ModelConfig, TrainConfig  # noqa: E402
 from elmo_core.model.bilm import BiLM  # noqa: E402
@@ -385,8 +385,7 @@ def check(config: ModelConfig, setting: Setting, args: argparse.Namespace, batch
     """The agreement of ``max`` and padded pooling with ``amax`` (fails the run past
     :data:`AGREE`), the bf16 differences and the ops counts."""
     agreement = pool_agreement(setting)
-    if max(agreement.values()) > AGREE:
-        raise SystemExit(f"pooling disagrees with amax: {agreement}")
+    check_agreement(agreement, AGREE, "pooling and amax")
     return {
         "types": setting.trimmed.shape[0],
         "width": setting.trimmed.shape[1],
@@ -427,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = report(args, seconds, checks)
     summary["loadavg_1min_before"] = round(load_before[0], 2)
     summary["loadavg_1min_after"] = round(load_after[0], 2)
-    print(json.dumps(summary))
+    print_summary(summary)
     return 0
 
 

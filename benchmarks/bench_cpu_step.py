@@ -25,7 +25,6 @@ Last line: one JSON object; ``ratio_<setting>`` = fused positions/s over referen
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
@@ -38,7 +37,8 @@ import torch
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gpu_bilm import synthetic_windows, worker_step  # noqa: E402
+from harness import print_summary, time_in_turn  # noqa: E402
+from workload import synthetic_windows, worker_step  # noqa: E402
 
 from elmo_core.config import ModelConfig, TrainConfig  # noqa: E402
 from elmo_core.model.bilm import BiLM  # noqa: E402
@@ -74,21 +74,6 @@ def build_step(
     )
     recipe = TrainConfig(batch_size=rows, unroll_steps=window, bf16=False)
     return worker_step(TrainingStep.build(model, recipe, "sparse"), windows, token_types, targets)
-
-
-def time_in_turn(runs: dict[str, Callable[[], None]], steps: int, warmup: int) -> dict[str, float]:
-    """Median seconds per step of each run, one step of each per round, the order rotated."""
-    for run in runs.values():
-        for _ in range(warmup):
-            run()
-    names = list(runs)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for round_ in range(steps):
-        for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
-            start = time.perf_counter()
-            runs[name]()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     if ratios:
         summary["ratio"] = round(math.exp(statistics.fmean(map(math.log, ratios))), 3)
-    print(json.dumps(summary))
+    print_summary(summary)
     return 0
 
 

@@ -23,7 +23,6 @@ with 2 loader processes (a GPU worker's default).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -40,6 +39,7 @@ from elmo_core.training.batches import CandidateSpec, StepBatches, StreamSpec
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 from bench_eval_protocols import prepare_benchmark_corpus  # noqa: E402  (shared corpus setup)
+from harness import print_summary  # noqa: E402
 
 GOAL_TRAINING_RATE = 250_000  # positions/s on one H100 (issue 13)
 ORIGINAL_DRAW = CandidateSpec(vocab_size=793_471, num_samples=model_preset("original").num_samples)
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     ptb = args.data_root / "ptb"
     if args.corpus == "ptb" and not ptb.is_dir():
-        print(json.dumps({"benchmark": "data_path", "skipped": f"no PTB under {args.data_root}"}))
+        print_summary({"benchmark": "data_path", "skipped": f"no PTB under {args.data_root}"})
         return 0
     with tempfile.TemporaryDirectory(prefix="bench-data-path-") as scratch:
         dataset = prepare_benchmark_corpus(args.corpus, ptb, Path(scratch), 100)
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         "ratio": round(cpu[0] / cpu[2], 3),
         "over_twice_goal": round(rates[2] / (2 * GOAL_TRAINING_RATE), 3),
     }
-    print(json.dumps(summary))
+    print_summary(summary)
     return 0
 
 

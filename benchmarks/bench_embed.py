@@ -22,9 +22,8 @@ last line is one JSON object; ``ratio = baseline_seconds / candidate_seconds``.
 from __future__ import annotations
 
 import argparse
-import json
+import itertools
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -42,6 +41,8 @@ from elmo_core.text.tokenize import MosesTokenizer
 from pipelines.embed.embedding_shards import table_vectors
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+from harness import print_summary, time_in_turn  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     text_dir = args.data_root / "text"
     if not text_dir.is_dir():
         print(f"skipped: no text/ under {args.data_root}")
-        print(json.dumps({"benchmark": "embed", "skipped": True}))
+        print_summary({"benchmark": "embed", "skipped": True})
         return 0
     sentences = load_sentences(text_dir, args.sentences)
     num_tokens = sum(len(s) for s in sentences)
@@ -140,17 +141,18 @@ def measure(
     ray_seconds = time.perf_counter() - started
     reference = baseline(bilm, sentences, args.batch_size)  # also the baseline's warm-up
     difference = max_difference(reference, read_output(candidate("warm-up")))
-    baseline_times, candidate_times = [], []
-    for repeat in range(args.repeats):
-        started = time.perf_counter()
-        baseline(bilm, sentences, args.batch_size)
-        baseline_times.append(time.perf_counter() - started)
-        started = time.perf_counter()
-        candidate(f"run-{repeat}")
-        candidate_times.append(time.perf_counter() - started)
+    runs = itertools.count()  # each of the candidate's runs writes a folder of its own
+    seconds = time_in_turn(
+        {
+            "baseline": lambda: baseline(bilm, sentences, args.batch_size),
+            "candidate": lambda: candidate(f"run-{next(runs)}"),
+        },
+        args.repeats,
+        warmup=0,  # both warmed up above
+    )
     return {
-        "baseline_seconds": round(statistics.median(baseline_times), 3),
-        "candidate_seconds": round(statistics.median(candidate_times), 3),
+        "baseline_seconds": round(seconds["baseline"], 3),
+        "candidate_seconds": round(seconds["candidate"], 3),
         "ray_start_seconds": round(ray_seconds, 3),
         "max_abs_diff": difference,
         "workers": args.workers,
@@ -172,7 +174,7 @@ def report(summary: dict[str, object], args: argparse.Namespace) -> None:
     for label, seconds in rows:
         print(f"{label:36} {seconds:9.2f} {num / seconds:12.1f}")
     print(f"outputs agree: max |difference| {summary['max_abs_diff']:.1e}")
-    print(json.dumps({"benchmark": "embed", **summary}))
+    print_summary({"benchmark": "embed", **summary})
 
 
 if __name__ == "__main__":

@@ -20,14 +20,13 @@ Last line: one JSON object, ``ratio = baseline_seconds / candidate_seconds``.
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from harness import print_summary, seconds_per_call
 
 from elmo_core.config import CharCNNConfig, LSTMConfig, ModelConfig, PrepareConfig
 from elmo_core.data.batching import TokenStream, window_char_ids
@@ -127,12 +126,13 @@ def train_briefly(bilm: BiLM, dataset: str, steps: int) -> float:
 
 def timed(bilm: BiLM, dataset: str, repeats: int, **kwargs: object) -> tuple[PerplexitySums, float]:
     """The sums and the median wall time of ``repeats`` evaluations of the test file."""
-    seconds, sums = [], PerplexitySums()
-    for _ in range(repeats):
-        started = time.perf_counter()
-        sums = evaluate_perplexity(bilm, dataset, files=[TEST_FILE], progress=False, **kwargs)  # type: ignore[arg-type]
-        seconds.append(time.perf_counter() - started)
-    return sums, statistics.median(seconds)
+    sums = [PerplexitySums()]
+
+    def evaluate() -> None:
+        sums[0] = evaluate_perplexity(bilm, dataset, files=[TEST_FILE], progress=False, **kwargs)  # type: ignore[arg-type]
+
+    seconds = seconds_per_call(evaluate, repeats, warmup=0)
+    return sums[0], seconds
 
 
 def main() -> int:
@@ -140,7 +140,7 @@ def main() -> int:
     ptb = args.data_root / "ptb"
     if not (ptb / "ptb.train.txt").is_file():
         print(f"skipped: no PTB under {args.data_root} (pass --data-root)")
-        print(json.dumps({"benchmark": "eval_protocols", "skipped": True}))
+        print_summary({"benchmark": "eval_protocols", "skipped": True})
         return 0
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -177,24 +177,22 @@ def main() -> int:
         f"baseline and candidate agree: {agree}; original vs default: "
         f"{original.perplexity / default.perplexity - 1:+.4%}"
     )
-    print(
-        json.dumps(
-            {
-                "benchmark": "eval_protocols",
-                "data": f"ptb.test[:{args.test_sentences or 'all'}]",
-                "model": model,
-                "agree": agree,
-                "baseline_seconds": round(baseline_s, 3),
-                "candidate_seconds": round(candidate_s, 3),
-                "ratio": round(baseline_s / candidate_s, 2),
-                "perplexity_one_token": baseline.perplexity,
-                "perplexity_windows": candidate.perplexity,
-                "perplexity_original": original.perplexity,
-                "perplexity_batched": default.perplexity,
-                "tokens_original": original.num_tokens,
-                "tokens_batched": default.num_tokens,
-            }
-        )
+    print_summary(
+        {
+            "benchmark": "eval_protocols",
+            "data": f"ptb.test[:{args.test_sentences or 'all'}]",
+            "model": model,
+            "agree": agree,
+            "baseline_seconds": round(baseline_s, 3),
+            "candidate_seconds": round(candidate_s, 3),
+            "ratio": round(baseline_s / candidate_s, 2),
+            "perplexity_one_token": baseline.perplexity,
+            "perplexity_windows": candidate.perplexity,
+            "perplexity_original": original.perplexity,
+            "perplexity_batched": default.perplexity,
+            "tokens_original": original.num_tokens,
+            "tokens_batched": default.num_tokens,
+        }
     )
     return 0 if agree else 1
 

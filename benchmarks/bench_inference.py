@@ -18,7 +18,7 @@ Sentences: the first ``--sentences`` of PTB's test set, in file order, cut into 
 AllenNLP's ``elmo`` command batches a file (``:length`` sorts them by length first, as
 ``elmo embed`` does). Their top layers are checked to agree before any timing. A setting
 ``preset:B:threads[:length]`` times each batch per model and round, the models in turn, their
-order rotated every round (``bench_cpu_step.time_in_turn``); a figure is the sentences' tokens
+order rotated every round (``harness.time_in_turn``); a figure is the sentences' tokens
 over the sum of the batches' medians. ``--loaded`` settings run again on the first
 ``--loaded-sentences`` beside ``--hogs`` busy processes
 (``bench_threads_under_load.competing_load``).
@@ -30,7 +30,6 @@ where the issue asks for ``ratio`` ≥ 5.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -42,8 +41,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_bilm import StraightforwardBiLM  # noqa: E402
-from bench_cpu_step import time_in_turn  # noqa: E402
 from bench_threads_under_load import competing_load  # noqa: E402
+from harness import check_agreement, print_summary, time_in_turn  # noqa: E402
 
 from elmo_core.model.bilm import BiLM  # noqa: E402
 from elmo_core.presets import model_preset  # noqa: E402
@@ -164,8 +163,7 @@ def run_settings(
             built[setting.preset] = build_models(setting.preset)
             differences = max_differences(built[setting.preset], batch_to_ids(sentences[:8]))
             print(f"{setting.preset}: top layer, max |ours - baseline|: {differences}")
-            if max(differences.values()) > args.tolerance:
-                raise SystemExit(f"{setting.preset}: the models disagree: {differences}")
+            check_agreement(differences, args.tolerance, f"{setting.preset}: the models")
         inputs = batches(sentences, setting.batch, setting.by_length)
         seconds = time_setting(
             built[setting.preset], inputs, setting.threads, args.rounds, args.warmup
@@ -274,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         verdict = "met" if ratio >= 5 else "NOT met"
         print(f"goal: fused >= 5x baseline at {args.goal}: {ratio:.2f}x, {verdict}")
         summary["ratio"] = round(ratio, 3)
-    print(json.dumps(summary))
+    print_summary(summary)
     return 0
 
 

@@ -51,6 +51,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from harness import print_summary
 from prepare_corpus import build_corpus, corpus_files, doubled_corpus, source_files
 
 from elmo_core.data.shards import target_ids
@@ -452,7 +453,7 @@ def report(
         "load_average": round(os.getloadavg()[0], 1),
         "goals_met": all(goals.values()),
     }
-    print(json.dumps(result))
+    print_summary(result)
 
 
 def main(argv: list[str] | None = None) -> int:

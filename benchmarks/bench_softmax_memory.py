@@ -29,6 +29,7 @@ import sys
 import time
 
 import torch
+from harness import print_summary
 
 from elmo_core.model.softmax import (
     LogUniformSampler,
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         "chunk_size": default_chunk,
         "ratio": round(baseline / chunked, 2),
     }
-    print(json.dumps(summary))
+    print_summary(summary)
     return 0
 
 

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -50,7 +49,8 @@ from torch._library.custom_ops import OPDEFS
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gpu_bilm import synthetic_windows, training_flops_per_position, worker_step  # noqa: E402
+from harness import print_summary  # noqa: E402
+from workload import synthetic_windows, training_flops_per_position, worker_step  # noqa: E402
 
 from elmo_core.config import TrainConfig  # noqa: E402
 from elmo_core.model.bilm import BiLM  # noqa: E402
@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         "compiled: not countable this way (Inductor's kernels launch below the dispatcher); "
         f"goal: ≤ {GOAL_LAUNCHES} launches per step, {GOAL_POSITIONS_PER_S:,} positions/s"
     )
-    print(json.dumps(summary))
+    print_summary(summary)
     return 0
 
 

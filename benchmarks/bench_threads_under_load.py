@@ -45,6 +45,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
+from harness import print_summary
+
 from elmo_core.threads import threads_under_load
 
 SCRIPT = Path(__file__).resolve()
@@ -238,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         summary[f"ratio_{name}_2threads_passive_vs_2threads"] = round(
             rates["2-threads-passive"][0] / rates["2-threads"][0], 3
         )
-    print(json.dumps(summary))
+    print_summary(summary)
     return 0
 
 

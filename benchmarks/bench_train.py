@@ -21,7 +21,6 @@ Last line: one JSON object; ``ratio = dense_seconds / sparse_seconds`` of the ex
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import statistics
@@ -43,6 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 from bench_data_path import measure as measure_data_path  # noqa: E402
 from bench_eval_protocols import prepare_ptb, small_config  # noqa: E402  (shared PTB setup)
+from harness import print_summary  # noqa: E402
 
 BATCH_SIZE, UNROLL_STEPS = 32, 20
 
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         summary.update(measure_training(ptb, args))
     else:
         print(f"skipping training and data path: no PTB under {args.data_root}")
-    print(json.dumps(summary))
+    print_summary(summary)
     return 0
 
 

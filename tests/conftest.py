@@ -2,7 +2,7 @@
 an isolated MLflow tracking store, and the local stack's script as a module.
 
 MLflow is imported inside the fixtures that use it: the GPU suite runs tests on a device that has
-none (benchmarks/device_env.py)."""
+none (infra/device/device_env.py)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,8 @@
 
 Type ids 0..V-1 are the vocabulary, then OOV types by descending count, so ``target = type if
 type < V else 2`` (:func:`target_ids`) and the char CNN reads every type (DESIGN.md §3). Why the
-columns are stored so: benchmarks/results/2026-11-21-prepare-session3.md and -session4.md.
+columns are stored so: benchmarks/results/bench_prepare_session3-2026-11-21.md and
+bench_prepare_session4-2026-11-21.md.
 """
 
 from __future__ import annotations
@@ -339,9 +340,10 @@ def write_parquet(table: pa.Table, path: Path, rows_per_group: int) -> str:
 
     Id lists are stored BYTE_STREAM_SPLIT + zstd: splitting the int32s into byte planes puts
     the (mostly zero) high bytes of frequent ids together, so zstd at level 1 compresses them
-    smaller and faster than plain encoding (benchmarks/results/2026-11-21-prepare-session2.md;
-    BYTE_STREAM_SPLIT for INT32 is Parquet format 2.11: read by Arrow >= 16). Page statistics
-    (min/max of ids) are not written: no reader prunes on them.
+    smaller and faster than plain encoding
+    (benchmarks/results/bench_prepare_session2-2026-11-21.md; BYTE_STREAM_SPLIT for INT32 is
+    Parquet format 2.11: read by Arrow >= 16). Page statistics (min/max of ids) are not written:
+    no reader prunes on them.
     """
     id_lists = [f"{name}.list.element" for name in ID_LIST_COLUMNS if name in table.column_names]
 

@@ -148,7 +148,7 @@ class BiLM(nn.Module):
         backward one is the backward stack's final state (after reading ``<S>``), as in bilm-tf.
         Without a ``state`` (or a carried one), rows start from the model's start state.
         """
-        ids, mask, lengths = self._add_sentence_markers(char_ids.long())  # (B, T+2, W)
+        ids, mask, lengths = self.add_sentence_markers(char_ids.long())  # (B, T+2, W)
         batch_size = ids.shape[0]
         if state is None and self.stateful:
             state = self._carried_rows(batch_size, ids.device)
@@ -157,14 +157,14 @@ class BiLM(nn.Module):
             state = self.start_state(batch_size, self.forward_lstm.state_dtype)
         forward_state, backward_state = state if state is not None else (None, None)
 
-        reverse = _reversal_index(lengths, ids.shape[1])  # (B, T+2)
-        both = torch.stack([embedded, _gather_positions(embedded, reverse)])  # (2, B, T+2, P)
+        reverse = reversal_index(lengths, ids.shape[1])  # (B, T+2)
+        both = torch.stack([embedded, gather_positions(embedded, reverse)])  # (2, B, T+2, P)
         (forward_outputs, backward_outputs), (forward_state, backward_state) = self._run_lstms(
             both, mask.expand(2, -1, -1), (forward_state, backward_state)
         )
         activations = [torch.cat([embedded, embedded], dim=-1)]  # (B, T+2, 2P)
         for forward_k, backward_k in zip(forward_outputs, backward_outputs, strict=True):
-            aligned = _gather_positions(backward_k, reverse)  # (B, T+2, P): un-reversed
+            aligned = gather_positions(backward_k, reverse)  # (B, T+2, P): un-reversed
             activations.append(torch.cat([forward_k, aligned], dim=-1))  # (B, T+2, 2P)
 
         new_state = (forward_state, backward_state)
@@ -279,7 +279,7 @@ class BiLM(nn.Module):
         mean = (losses * scored.reshape(-1)).sum() / num_scored.clamp(min=1)
         return mean, num_scored
 
-    def _add_sentence_markers(
+    def add_sentence_markers(
         self, char_ids: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``<S>`` first and ``</S>`` after each row's last real token; none in an empty row.
@@ -349,7 +349,7 @@ def _build_lstm(config: ModelConfig, input_dim: int) -> ProjectedLSTM:
     return ProjectedLSTM(config.lstm, input_dim, config.dropout)
 
 
-def _reversal_index(lengths: torch.Tensor, num_positions: int) -> torch.Tensor:
+def reversal_index(lengths: torch.Tensor, num_positions: int) -> torch.Tensor:
     """Per row, position ``t < length`` reads ``length − 1 − t``; padding stays where it is.
 
     The index is its own inverse, so the same gather reverses inputs and un-reverses outputs.
@@ -359,6 +359,6 @@ def _reversal_index(lengths: torch.Tensor, num_positions: int) -> torch.Tensor:
     return torch.where(positions <= last, last - positions, positions)  # (B, T)
 
 
-def _gather_positions(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+def gather_positions(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``values (B, T, D)`` reordered along T by ``index (B, T)``."""
     return values.gather(1, index.unsqueeze(-1).expand(-1, -1, values.shape[-1]))

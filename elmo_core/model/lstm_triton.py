@@ -49,7 +49,7 @@ else:
 
 BLOCK_ROWS, BLOCK_COLS = 16, 128  # 2048 elements of each gate per program
 # 8 warps, 16 elements a thread: with 4, the cell kernel needs 255 registers on sm_90 and spills
-# in float32 (benchmarks/triton_aot.py, ptxas' account; 8 warps: 154 registers, no spill).
+# in float32 (infra/device/triton_aot.py, ptxas' account; 8 warps: 154 registers, no spill).
 NUM_WARPS = 8
 STATE_DTYPES = (torch.float32,)  # the cells' and carried state's dtypes the kernels take
 GEMM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)

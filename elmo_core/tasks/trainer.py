@@ -118,7 +118,7 @@ def train_task(
     device = torch.device(device)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
-        model, splits = _build(task, train, dev, test, use_elmo)
+        model, splits = build_task_model(task, train, dev, test, use_elmo)
         model.to(device)
         history, best_epoch = _fit(task, model, splits, seed, epoch_callback, device)
     dev_metrics = evaluate_task(model, splits["dev"], task, device) if dev is not None else {}
@@ -142,7 +142,7 @@ def train_task(
     return result
 
 
-def _build(
+def build_task_model(
     task: TaskConfig,
     train: TaskSplit,
     dev: TaskSplit | None,
@@ -194,9 +194,7 @@ def _fit(
     for epoch in range(1, settings.epochs + 1):
         order = shuffler.permutation(splits["train"].num_examples)
         metrics = {
-            "train_loss": _train_epoch(
-                model, optimizer, splits["train"], order, settings.batch_size
-            )
+            "train_loss": train_epoch(model, optimizer, splits["train"], order, settings.batch_size)
         }
         if "dev" in splits:
             dev_scores = evaluate_task(model, splits["dev"], task, device)
@@ -216,7 +214,7 @@ def _fit(
     return history, best_epoch
 
 
-def _train_epoch(
+def train_epoch(
     model: TaskModel,
     optimizer: torch.optim.Optimizer,
     split: EncodedSplit,

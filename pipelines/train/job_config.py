@@ -67,7 +67,7 @@ class TrainJobConfig(StrictModel):
 
 # A GPU run's defaults, beneath the preset, the model file, the YAML and the overrides: the layer
 # as one op with both directions batched (fewest launches: benchmarks/bench_step_ops.py), and 8×
-# bilm-tf's 128 rows at lr 0.2·√8, the square-root rule (benchmarks/batch_recipe.py; checked at
+# bilm-tf's 128 rows at lr 0.2·√8, the square-root rule (experiments/batch_recipe.py; checked at
 # `original` size by `gpu_suite.sh recipe`). Set train.lr with train.batch_size: 0.2·√(rows/128).
 GPU_DEFAULTS: dict[str, dict[str, Any]] = {
     "model": {"lstm_impl": "fused", "batch_directions": True},

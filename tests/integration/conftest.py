@@ -3,7 +3,7 @@ process to load models in, the local stack (infra/local) on free ports, and the 
 registration reads (the isolated tracking store is tests/conftest.py's).
 
 Ray and MLflow are imported inside the fixtures that use them: the GPU suite runs tests of this
-folder on a device that has neither (benchmarks/device_env.py)."""
+folder on a device that has neither (infra/device/device_env.py)."""
 
 from __future__ import annotations
 

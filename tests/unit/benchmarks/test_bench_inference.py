@@ -1,12 +1,8 @@
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_inference.py"
-MODELS = ("baseline", "reference", "fused")
 
 
 @pytest.fixture
@@ -15,20 +11,6 @@ def bench(monkeypatch):
     import bench_inference
 
     return bench_inference
-
-
-def test_smoke_run_times_the_three_models_with_and_without_load_and_ends_with_json():
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--smoke"], capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0, result.stderr
-    summary = json.loads(result.stdout.strip().splitlines()[-1])
-    assert summary["benchmark"] == "inference" and summary["tokens"] == 25
-    for setting in ("tiny_2_t1", "tiny_4_t1_loaded"):
-        rates = [summary[f"{setting}_{name}_tokens_per_s"] for name in MODELS]
-        assert all(rate > 0 for rate in rates)
-        assert summary[f"{setting}_ratio_fused"] == pytest.approx(rates[2] / rates[0], rel=1e-2)
-    assert summary["ratio"] == summary["tiny_2_t1_ratio_fused"]
 
 
 def test_a_setting_names_preset_batch_threads_and_order(bench):

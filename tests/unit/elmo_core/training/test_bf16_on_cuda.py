@@ -27,7 +27,7 @@ from pipelines.prepare.stage import prepare_files
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
-# The first-contact run (benchmarks/first_contact.py) checks 50 steps within its time box.
+# The first-contact run (infra/device/first_contact.py) checks 50 steps within its time box.
 STEPS = int(os.environ.get("ELMO_BF16_STEPS", "300"))
 LOG_EVERY, ROWS, UNROLL = 10, 128, 20
 TOLERANCE = 0.02

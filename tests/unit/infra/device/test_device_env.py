@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
-SCRIPT = REPO / "benchmarks" / "device_env.py"
-SUITE = REPO / "benchmarks" / "gpu_suite.sh"
+REPO = Path(__file__).resolve().parents[4]
+SCRIPT = REPO / "infra" / "device" / "device_env.py"
+SUITE = SCRIPT.with_name("gpu_suite.sh")
 
 
 @pytest.fixture
@@ -77,6 +77,6 @@ def test_a_wheel_left_out_of_the_carried_list_fails_the_import_naming_it(device_
 
 
 def test_the_gpu_benchmark_runs_with_only_the_devices_imports():
-    result = guarded(str(REPO / "benchmarks" / "gpu_bilm.py"), "--smoke", "--device", "meta")
+    result = guarded(str(SCRIPT.with_name("gpu_bilm.py")), "--smoke", "--device", "meta")
     assert result.returncode == 0, result.stderr[-3000:]
     assert '"device": "meta"' in result.stdout.strip().splitlines()[-1]

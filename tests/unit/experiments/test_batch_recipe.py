@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[3] / "benchmarks"
+SCRIPTS = Path(__file__).resolve().parents[3] / "experiments"
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[3] / "benchmarks"
+SCRIPTS = Path(__file__).resolve().parents[4] / "infra" / "device"
 SUITE = (SCRIPTS / "gpu_suite.sh").read_text()
 
 

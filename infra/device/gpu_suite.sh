@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # The GPU checks and figures, one part per device command (each fits its 10 minutes), on a machine
-# with one CUDA GPU and no package index; rehearsed on any CPU first (benchmarks/rehearse.py).
+# with one CUDA GPU and no package index; rehearsed on any CPU first (infra/device/rehearse.py).
 #
-#   bash benchmarks/gpu_suite.sh [--carried DIR] [--rehearse] OUT PART...
+#   bash infra/device/gpu_suite.sh [--carried DIR] [--rehearse] OUT PART...
 #
 # Parts:
-#   first-contact    the first call on a lent GPU, in 7 minutes (benchmarks/first_contact.py):
+#   first-contact    the first call on a lent GPU, in 7 minutes (infra/device/first_contact.py):
 #                    environment and matmul peak, CUDA correctness, speed at original (fused at
 #                    128 and 1,024 rows, reference, straightforward), a fused step's profile,
 #                    inference if time remains; each stage boxed, OUT/first-contact.log appended
 #                    as each ends, its last line one JSON object. The device call:
-#                      run {"command": "bash benchmarks/gpu_suite.sh --carried .device $OUT
+#                      run {"command": "bash infra/device/gpu_suite.sh --carried .device $OUT
 #                           first-contact", "carry": [".device"], "timeout_s": 480}
 #   tests            the CUDA tests: golden TensorFlow parity in fp32, CPU parity, bf16 against
 #                    fp32 over 300 steps, every LSTM variant (the fused one's Triton steps
@@ -24,13 +24,13 @@
 #   data             the data path on this machine's CPUs;
 #   recipe           300 steps of original at 128 rows against 1024 rows at two learning rates
 #                    (PTB when shared/data/ptb is in the tree, else the bundled python-docs).
-# --carried DIR: DIR/wheels/*.whl are installed as the device lacks them (benchmarks/device_env.py
+# --carried DIR: DIR/wheels/*.whl are installed as the device lacks them (infra/device/device_env.py
 #   fetch DIR makes it). The golden files travel in the tree (tests/fixtures/bilm_tf).
 # --rehearse: tiny sizes on a CPU; the meta device stands in for CUDA where the code allows it
 #   (every tensor must be on it, as on a GPU), the compiled loops compile for the CPU.
 # Each part writes OUT/PART.log (its last line JSON) and no more than 3 files in all.
 set -uo pipefail
-repo=$(cd "$(dirname "$0")/.." && pwd)
+repo=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$repo"
 carried="" rehearse=""
 while [[ $# -gt 0 && $1 == --* ]]; do
@@ -62,7 +62,7 @@ fi
         torch.__version__, 'cuda', torch.version.cuda, torch.cuda.is_available())"
 } >"$out/env.txt" 2>&1
 if [[ -z $rehearse ]] && ! "$python" -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then
-    echo "gpu_suite.sh: no CUDA device here; on a CPU, rehearse: python benchmarks/rehearse.py" >&2
+    echo "gpu_suite.sh: no CUDA device here; on a CPU, rehearse: python infra/device/rehearse.py" >&2
     exit 2
 fi
 
@@ -74,7 +74,7 @@ bilm() {  # gpu_bilm.py at original size, or tiny in a rehearsal: there the eage
         size=(--smoke)
         [[ $impl =~ ^(reference|fused)$ && " $* " != *" inference "* ]] && size+=(--device meta)
     fi
-    "$python" benchmarks/gpu_bilm.py --lstm-impl "$impl" "${size[@]}" "$@"
+    "$python" infra/device/gpu_bilm.py --lstm-impl "$impl" "${size[@]}" "$@"
 }
 
 run_part() {
@@ -85,7 +85,7 @@ run_part() {
     export TORCHINDUCTOR_CACHE_DIR
     case $part in
         first-contact)
-            "$python" benchmarks/first_contact.py "$out" ${rehearse:+--rehearse} ;;
+            "$python" infra/device/first_contact.py "$out" ${rehearse:+--rehearse} ;;
         tests)
             PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 "$python" -m pytest -q -p pytest_timeout \
                 -p no:cacheprovider --junitxml "$out/tests.xml" \
@@ -115,7 +115,7 @@ run_part() {
             local corpus=(--corpus python-docs) size=()
             [[ -d shared/data/ptb ]] && corpus=(--corpus ptb --data-root shared/data)
             [[ -n $rehearse ]] && size=(--preset tiny --rows 256 --steps 2)
-            "$python" benchmarks/batch_recipe.py "${corpus[@]}" "${size[@]}" ;;
+            "$python" experiments/batch_recipe.py "${corpus[@]}" "${size[@]}" ;;
         *)
             echo "gpu_suite.sh: unknown part $part" >&2
             return 2 ;;

@@ -10,7 +10,7 @@ device mismatch, an import the device lacks, a test file that collects no test, 
 whose last line is not JSON, a part over its time budget, more files than come back from the
 device. Last, it prints the device commands, one per part.
 
-    python benchmarks/rehearse.py [--parts tests,data] [--cache DIR]
+    python infra/device/rehearse.py [--parts tests,data] [--cache DIR]
 
 The device runs Python 3.12 with torch 2.11.0, and so does the rehearsal: PyPI's torch 2.11.0
 for Linux is the device's own CUDA 13 build, which installs with its nvidia wheels (about 5 GB,
@@ -189,7 +189,7 @@ def predict_first_contact(
         *map(str, (tree / CARRY).glob("wheels/*.whl")),
     ]
     subprocess.run(install, check=True, env=environment)
-    budget = [str(python), "benchmarks/first_contact_budget.py", "--carried", CARRY]
+    budget = [str(python), "infra/device/first_contact_budget.py", "--carried", CARRY]
     if (work / "kernels.json").is_file():
         budget += ["--kernels", str(work / "kernels.json")]
     predicted = subprocess.run(
@@ -273,11 +273,11 @@ def device_commands(timings: dict[str, float]) -> str:
     lines = [
         "Here, once before the device calls (the wheels for the device's Python;",
         f"{CARRY} is git-ignored and travels only where carry names it):",
-        f"  .venv/bin/python benchmarks/device_env.py fetch {CARRY}",
+        f"  .venv/bin/python infra/device/device_env.py fetch {CARRY}",
         "Then one device call per part (PTB for recipe: copy ../shared/data/ptb to shared/data):",
     ]
     for part, seconds in timings.items():
-        command = f"bash benchmarks/gpu_suite.sh --carried {CARRY} $OUT {part}"
+        command = f"bash infra/device/gpu_suite.sh --carried {CARRY} $OUT {part}"
         limit = FIRST_CONTACT_TIMEOUT_S if part == "first-contact" else 600
         call = json.dumps({"command": command, "carry": [CARRY], "timeout_s": limit})
         lines.append(f"  run {call}   # rehearsal: {seconds:.0f} s")
@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     tree = work / "tree"
     archive(tree)
     shutil.copytree(home / "carried", tree / CARRY)
-    suite = (tree / "benchmarks/gpu_suite.sh").read_text()
+    suite = (tree / "infra/device/gpu_suite.sh").read_text()
     failed = False
     if tools.stand_in:
         problem = check_device_wheels(home / "device-wheels", work)
@@ -321,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     environment.pop("PYTHONPATH", None)
     if not tools.stand_in:  # the device's torch brings its triton, and with it ptxas
         kernels = subprocess.run(
-            [str(python), "benchmarks/triton_aot.py"],
+            [str(python), "infra/device/triton_aot.py"],
             cwd=tree,
             env=environment | {"PYTHONPATH": str(tree)},
             capture_output=True,
@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         out = work / "out" / part
         start = time.perf_counter()
         run = subprocess.run(
-            ["bash", "benchmarks/gpu_suite.sh", "--carried", CARRY, "--rehearse", str(out), part],
+            ["bash", "infra/device/gpu_suite.sh", "--carried", CARRY, "--rehearse", str(out), part],
             cwd=tree,
             env=environment,
             capture_output=True,

@@ -6,7 +6,7 @@ each kernel of ``elmo_core.model.lstm_triton`` for every GEMM dtype the fused la
 and warps it launches with. Each compile's registers and spills (ptxas' own account) and shared
 memory are printed; a compile error or a spill fails it. Needs triton (the device's torch has it).
 
-    python benchmarks/triton_aot.py
+    python infra/device/triton_aot.py
 
 Last line: one JSON object, a row per compiled kernel.
 """

@@ -1,27 +1,26 @@
 """biLM training throughput and model FLOP utilisation on one accelerator (an H200 in mind).
 
 One process, only ``elmo_core`` and ``torch``: builds the ``original`` model with the 793,471-word
-softmax, feeds synthetic Zipf-distributed words (so the per-type char CNN sees a realistic number of
-distinct words), and times full training steps (forward + backward + Adagrad, grad-norm clip 10,
-bf16 autocast on GPU): ours is :class:`elmo_core.training.step.TrainingStep`, the very step a Ray
-Train worker runs (LSTM states carried between windows, candidates drawn ahead as its loader
-processes draw them, the softmax's rows sparse), next to the straightforward implementation of
-``bench_bilm.py`` with a dense optimiser step. Model FLOPs are counted from the config (DESIGN.md
-§4: ≈0.8 GFLOP per position for ``original``), as if the char CNN ran at every position, so the
-per-type saving shows up as utilisation; the peak is a bf16 matmul rate measured on the same
-machine.
+softmax, feeds ``benchmarks/workload.py``'s synthetic Zipf words, and times full training steps
+(forward + backward + Adagrad, grad-norm clip 10, bf16 autocast on GPU): ours is
+:class:`elmo_core.training.step.TrainingStep`, the very step a Ray Train worker runs (LSTM states
+carried between windows, candidates drawn ahead as its loader processes draw them, the softmax's
+rows sparse), next to the straightforward implementation of ``benchmarks/bench_bilm.py`` with a
+dense optimiser step. Model FLOPs are counted from the config (DESIGN.md §4: ≈0.8 GFLOP per
+position for ``original``), as if the char CNN ran at every position, so the per-type saving shows
+up as utilisation; the peak is a bf16 matmul rate measured on the same machine.
 
 Also, by option: ``--sweep`` times ours at more rows per GPU; ``--profile`` says where a step's
 time goes (torch profiler: GEMMs, fused and plain pointwise kernels, copies, kernel launches and
 host syncs); ``--inference`` times embedding 64 sentences of real lengths with the frozen biLM.
 
-    python benchmarks/gpu_bilm.py                # original, 128 × 20, on CUDA
-    python benchmarks/gpu_bilm.py --lstm-impl compiled --batch-directions --sweep 256,512,1024 \
+    python infra/device/gpu_bilm.py                # original, 128 × 20, on CUDA
+    python infra/device/gpu_bilm.py --lstm-impl compiled --batch-directions --sweep 256,512,1024 \
         --profile --inference
-    python benchmarks/gpu_bilm.py --only sweep --lstm-impl graphed --batch-directions \
+    python infra/device/gpu_bilm.py --only sweep --lstm-impl graphed --batch-directions \
         --sweep 256,512,1024
-    python benchmarks/gpu_bilm.py --smoke        # tiny sizes, any device (tested in CI)
-    python benchmarks/gpu_bilm.py --smoke --device meta  # CUDA's device rules on a CPU
+    python infra/device/gpu_bilm.py --smoke        # tiny sizes, any device (tested in CI)
+    python infra/device/gpu_bilm.py --smoke --device meta  # CUDA's device rules on a CPU
 """
 
 from __future__ import annotations
@@ -30,101 +29,39 @@ import argparse
 import contextlib
 import json
 import re
-import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from unittest import mock
 
-import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from bench_bilm import StraightforwardBiLM  # noqa: E402
+from harness import print_summary, seconds_per_call  # noqa: E402
+from workload import found_ahead, synthetic_windows, training_flops_per_position, worker_step  # noqa: E402
 
 from elmo_core.config import ModelConfig, TrainConfig  # noqa: E402
 from elmo_core.model.bilm import BiLM  # noqa: E402
-from elmo_core.model.char_cnn import TokenTypes, token_types  # noqa: E402
-from elmo_core.model.softmax import (  # noqa: E402
-    LogUniformSampler,
-    SampledCandidates,
-    SampledSoftmax,
-    touched_rows,
-)
+from elmo_core.model.char_cnn import TokenTypes  # noqa: E402
+from elmo_core.model.softmax import SampledCandidates, SampledSoftmax  # noqa: E402
 from elmo_core.presets import model_preset  # noqa: E402
 from elmo_core.training.gradient_exchange import ExchangeMode  # noqa: E402
 from elmo_core.training.step import TrainingStep  # noqa: E402
 
-CANDIDATE_SETS = 16  # distinct sets the timed steps cycle through
 STEPS, WARMUP = 10, 3  # timed steps, and the untimed ones before them
 
 
-def training_flops_per_position(config: ModelConfig) -> float:
-    """Model FLOPs of one training position, both directions: 3 × forward (forward + backward)."""
-    cnn, lstm = config.char_cnn, config.lstm
-    width, filters = cnn.max_chars_per_token, cnn.num_filters
-    char_cnn = sum(n * w * cnn.embedding_dim * (width - w + 1) for w, n in cnn.filters)
-    char_cnn += 2 * cnn.num_highway * filters**2 + filters * lstm.projection_dim
-    recurrent = sum(
-        4 * lstm.cell_dim * (2 * lstm.projection_dim) + lstm.cell_dim * lstm.projection_dim
-        for _ in range(lstm.num_layers)
-    )
-    softmax = (config.num_samples + 1) * lstm.projection_dim
-    forward_macs = 2 * (char_cnn + recurrent + softmax)  # two streams, one per direction
-    return 3 * 2 * forward_macs
-
-
-def synthetic_windows(
-    batch: int, window: int, vocab: int, num_types: int, width: int, device: torch.device
-) -> tuple[dict[str, torch.Tensor], TokenTypes, np.ndarray]:
-    """Both streams: Zipf word ids (targets) and the char ids of random lowercase words, the
-    windows' distinct token types as a worker's data loader finds them, and the targets
-    ``(2, B, T)`` on the host, where the loader finds the softmax rows."""
-    generator = torch.Generator().manual_seed(0)
-    lengths = torch.randint(1, 13, (num_types,), generator=generator)  # (U,)
-    letters = torch.randint(98, 124, (num_types, width), generator=generator)  # 'a'.. +1 ids
-    slots = torch.arange(width)  # (W,)
-    table = torch.where(slots <= lengths.unsqueeze(1), letters, 261)  # pad char, +1 convention
-    table[:, 0] = 259  # begin-of-word
-    table[torch.arange(num_types), lengths + 1] = 260  # end-of-word
-    sampler = LogUniformSampler(vocab)
-    windows, type_ids, targets = {}, [], []
-    for name in ("forward", "backward"):
-        words = sampler.draw(batch * (window + 1), generator).view(batch, window + 1)  # (B, T+1)
-        type_ids.append((words[:, :-1] % num_types).numpy())  # (B, T)
-        targets.append(words[:, 1:].numpy())  # (B, T)
-        windows[f"{name}_inputs"] = table[words[:, :-1] % num_types].to(device)  # (B, T, W)
-        windows[f"{name}_targets"] = words[:, 1:].to(device)  # (B, T)
-    char_ids, inverse, used = token_types(np.stack(type_ids), table.numpy())
-    types = TokenTypes(char_ids.to(device), inverse.to(device), used)
-    return windows, types, np.stack(targets)
-
-
-def seconds_per_call(
-    run: Callable[[], object], steps: int, warmup: int, device: torch.device
-) -> float:
-    def synchronize() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-
-    for _ in range(warmup):
-        run()
-    times = []
-    for _ in range(steps):
-        synchronize()
-        start = time.perf_counter()
-        run()
-        synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def synchronizer(device: torch.device) -> Callable[[], None] | None:
+    """What makes the host wait for ``device``'s queued work before a clock is read."""
+    return torch.cuda.synchronize if device.type == "cuda" else None
 
 
 def matmul_flops_per_second(device: torch.device, size: int, dtype: torch.dtype) -> float:
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
-    return 2 * size**3 / seconds_per_call(lambda: a @ b, 10, 3, device)
+    return 2 * size**3 / seconds_per_call(lambda: a @ b, 10, 3, synchronizer(device))
 
 
 def straightforward_step(
@@ -146,61 +83,6 @@ def straightforward_step(
         optimizer.zero_grad(set_to_none=True)  # the next step, ours or not, starts clean
 
     return step
-
-
-FoundAhead = tuple[list[SampledCandidates], list[torch.Tensor]]  # candidate sets, softmax rows
-
-
-def found_ahead(softmax: SampledSoftmax, host_targets: np.ndarray, pinned: bool) -> FoundAhead:
-    """What a worker's data loader finds on the host ahead of its steps: the candidate sets and,
-    with each pair, the softmax rows the step touches (on the CPU)."""
-    generator = torch.Generator().manual_seed(0)
-    drawn = []
-    for _ in range(CANDIDATE_SETS):
-        ids, num_tries = softmax.sampler.sample_unique(softmax.num_samples, generator)
-        drawn.append(SampledCandidates(ids.pin_memory() if pinned else ids, num_tries))
-    rows = [
-        torch.from_numpy(
-            touched_rows(
-                host_targets, drawn[i].ids.numpy(), drawn[(i + 1) % CANDIDATE_SETS].ids.numpy()
-            )
-        )
-        for i in range(CANDIDATE_SETS)
-    ]
-    return drawn, rows
-
-
-def worker_step(
-    step: TrainingStep,
-    windows: dict[str, torch.Tensor],
-    types: TokenTypes,
-    host_targets: np.ndarray,
-    ahead: FoundAhead | None = None,
-) -> Callable[[], None]:
-    """``step`` on ``windows`` as a worker calls it: each state carried into the next call, the
-    candidate sets, token types and softmax rows found ahead (by a worker's data loader; here,
-    before the timing, or as given: ``ahead``)."""
-    device = windows["forward_targets"].device
-    if ahead is None:
-        assert step.bilm.softmax is not None
-        ahead = found_ahead(step.bilm.softmax, host_targets, pinned=device.type == "cuda")
-    drawn = ahead[0]
-    rows = [row.to(device) for row in ahead[1]]
-    state, calls = None, 0
-
-    def run() -> None:
-        nonlocal state, calls
-        candidates = (drawn[calls % CANDIDATE_SETS], drawn[(calls + 1) % CANDIDATE_SETS])
-        state = step(
-            **windows,
-            state=state,
-            candidates=candidates,
-            types=types,
-            softmax_rows=rows[calls % CANDIDATE_SETS],
-        ).state
-        calls += 2
-
-    return run
 
 
 KERNEL_KINDS = (  # (kind, name pattern) in the order a kernel is classified
@@ -302,7 +184,8 @@ def inference_seconds(
 
     tokens = int(lengths.sum())
     timed = {"ours": ours, "straightforward": straightforward}
-    result = {name: (seconds_per_call(run, 5, 2, device), tokens) for name, run in timed.items()}
+    sync = synchronizer(device)
+    result = {name: (seconds_per_call(run, 5, 2, sync), tokens) for name, run in timed.items()}
     model.train()
     return result
 
@@ -401,13 +284,13 @@ def main(argv: list[str] | None = None) -> int:
         args.preset, args.batch, args.window, args.vocab, args.types = "tiny", 4, 5, 200, 50
         args.steps, args.warmup = 1, 1
     if args.device == "fake-cuda" and torch.version.cuda is None:
-        print(json.dumps({"device": "fake cuda", "skipped": "this torch is built without CUDA"}))
+        print_summary({"device": "fake cuda", "skipped": "this torch is built without CUDA"})
         return 0
     if args.device == "fake-cuda":
         config = model_preset(args.preset).model_copy(
             update={"lstm_impl": args.lstm_impl, "batch_directions": args.batch_directions}
         )
-        print(json.dumps(on_fake_cuda(config, args)))
+        print_summary(on_fake_cuda(config, args))
         return 0
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     bf16 = device.type == "cuda" and not args.no_bf16  # autocast has no meta device
@@ -434,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     def timed(name: str, run: Callable[[], object]) -> float:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        value = seconds_per_call(run, args.steps, args.warmup, device)
+        value = seconds_per_call(run, args.steps, args.warmup, synchronizer(device))
         if device.type == "cuda":
             peak_memory[name] = torch.cuda.max_memory_allocated()
         return value
@@ -502,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, (value, tokens) in inference_seconds(model, baseline, 64, device, bf16).items():
             print(f"inference {name:14} {value:8.4f} s {tokens / value:12.0f} tokens/s")
             summary[f"inference_{name}_tokens_per_s"] = round(tokens / value, 1)
-    print(json.dumps(summary))
+    print_summary(summary)
     return 0
 
 

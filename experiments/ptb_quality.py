@@ -1,6 +1,6 @@
 """Language-model quality on Penn Treebank: train a named config, report heldout perplexity.
 
-    python benchmarks/ptb_quality.py [--data-root ../shared/data] [--config configs/ptb-small.yaml]
+    python experiments/ptb_quality.py [--data-root ../shared/data] [--config configs/ptb-small.yaml]
         [--minutes 35 | --max-steps N] [--work DIR] [--set section.key=value ...]
 
 Prepares PTB with the 1B Word Benchmark's whitespace tokenizer (PTB is already tokenized, so
@@ -40,8 +40,7 @@ from pipelines.models.bilm_loader import initial_bilm
 from pipelines.prepare.corpus_sources import CorpusFiles
 from pipelines.prepare.stage import prepare_files
 from pipelines.train.job_config import TrainJobConfig, resolve_train_config
-from pipelines.train.preflight import TrainResult
-from pipelines.train.stage import train
+from pipelines.train.stage import TrainResult, train
 
 REPO = Path(__file__).resolve().parents[1]
 KIM_SMALL_TEST = 92.3

@@ -9,7 +9,8 @@ import torch
 
 from elmo_core.presets import model_preset
 
-SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "gpu_bilm.py"
+REPO = Path(__file__).resolve().parents[4]
+SCRIPT = REPO / "infra" / "device" / "gpu_bilm.py"
 
 
 @pytest.fixture
@@ -54,8 +55,8 @@ def test_smoke_run_times_both_implementations_sweeps_profiles_and_ends_with_json
 def test_the_gpu_suite_parses_and_names_files_that_exist():
     suite = SCRIPT.parent / "gpu_suite.sh"
     assert subprocess.run(["bash", "-n", str(suite)], capture_output=True).returncode == 0
-    named = re.findall(r"(?:tests|benchmarks)/[\w/]+\.py", suite.read_text())
-    assert named and all((SCRIPT.parents[1] / path).is_file() for path in named), named
+    named = re.findall(r"(?:tests|benchmarks|experiments|infra)/[\w/]+\.py", suite.read_text())
+    assert named and all((REPO / path).is_file() for path in named), named
 
 
 def test_on_the_meta_device_both_steps_keep_every_tensor_on_the_models_device(gpu_bilm, capsys):

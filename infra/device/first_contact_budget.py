@@ -17,7 +17,7 @@ here, with the device's own torch, at the device's sizes, and a stated model for
 It fails if the whole call is predicted over ``LIMIT_S`` or a stage over its box (that stage
 would be stopped, its figures lost).
 
-    python benchmarks/first_contact_budget.py [--kernels triton_aot.json] [--carried .device]
+    python infra/device/first_contact_budget.py [--kernels triton_aot.json] [--carried .device]
 
 Last line: one JSON object, the prediction per stage.
 """
@@ -36,9 +36,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from bench_step_ops import VARIANTS, count_step
 from first_contact import REPO, TOTAL_SECONDS, correctness_tests, stage_environment, stages
-from gpu_bilm import STEPS, WARMUP, synthetic_windows, training_flops_per_position
+from gpu_bilm import STEPS, WARMUP
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+from bench_step_ops import VARIANTS, count_step  # noqa: E402
+from workload import synthetic_windows, training_flops_per_position  # noqa: E402
 
 LIMIT_S = 420  # the call's timeout is 480: the rest is the margin for a rerun to fit
 LAUNCH_S, PEAK_FLOPS, EFFICIENCY = 5e-6, 800e12, 0.5  # DESIGN.md §4's model of an H100

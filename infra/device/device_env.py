@@ -6,9 +6,9 @@ is the closure of ``ROOTS``' requirements (markers evaluated for Linux and the d
 less the image's, each at the version ``constraints.txt`` pins. The rehearsal installs exactly
 these; ``guard`` runs a CPU process that sees only what the device would have.
 
-    python benchmarks/device_env.py wheels                 # name==version, one a line
-    python benchmarks/device_env.py fetch .device          # the cp312 wheels to carry
-    python benchmarks/device_env.py guard -m pytest ...    # python seeing only those packages
+    python infra/device/device_env.py wheels                 # name==version, one a line
+    python infra/device/device_env.py fetch .device          # the cp312 wheels to carry
+    python infra/device/device_env.py guard -m pytest ...    # python seeing only those packages
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONSTRAINTS = REPO / "constraints.txt"
 DEVICE_PYTHON = "3.12"
 # On the image, read there (KINDS.md): torch 2.11.0 (+cu130), numpy 2.5.2, triton 3.6.0; pyarrow and

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.unit.benchmarks.test_first_contact import SCRIPTS
+from tests.unit.infra.device.test_first_contact import SCRIPTS
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """A larger batch per GPU: what the recipe needs with it, from 300 steps against bilm-tf's 128 rows.
 
-    python benchmarks/batch_recipe.py [--preset original] [--rows 1024] [--steps 300]
+    python experiments/batch_recipe.py [--preset original] [--rows 1024] [--steps 300]
         [--corpus ptb (under --data-root) | python-docs (bundled: for a machine without data)]
 
 Three runs from the same initial weights, with the step a Ray worker runs (bf16 on CUDA) fed by

@@ -18,10 +18,10 @@ and each stage's status.
    GPU's idle gaps, launches and host syncs per step);
 5. inference, only if time remains.
 
-    python benchmarks/first_contact.py OUT [--rehearse]
+    python infra/device/first_contact.py OUT [--rehearse]
 
 ``--rehearse``: tiny sizes on a CPU (the meta device stands in for CUDA where the code allows),
-through the same stages and boxes; ``benchmarks/rehearse.py`` runs it so.
+through the same stages and boxes; ``infra/device/rehearse.py`` runs it so.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 TOTAL_SECONDS = 400  # the stages' share of the 7 minutes; installing the wheels takes the rest
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 LOG = "first-contact.log"
 TESTS_REPORT = "first-contact-tests.xml"
 CORRECTNESS_TESTS = [
@@ -50,7 +50,7 @@ CORRECTNESS_TESTS = [
 CORRECTNESS_CHECKS = "cuda or kernel or triton or buffer or bf16 or host"
 ENVIRONMENT = """
 import json, subprocess, sys, torch
-sys.path.insert(0, "benchmarks")
+sys.path.insert(0, "infra/device")
 from gpu_bilm import matmul_flops_per_second
 cuda = torch.cuda.is_available()
 figures = {"python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda}
@@ -83,7 +83,7 @@ class Stage:
 def stages(out: Path, rehearse: bool) -> list[Stage]:
     """The run's stages, at the device's sizes or, rehearsing, at tiny ones."""
     python = os.environ.get("PYTHON", sys.executable)
-    bilm = [python, "benchmarks/gpu_bilm.py"]
+    bilm = [python, "infra/device/gpu_bilm.py"]
     if rehearse:
         bilm += ["--smoke", "--device", "meta"]  # CUDA's device rules, on a CPU
     fused = [*bilm, "--lstm-impl", "fused", "--batch-directions"]

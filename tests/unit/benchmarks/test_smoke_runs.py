@@ -1,0 +1,88 @@
+"""Each timing benchmark run as a script at its ``--smoke`` size: it exits 0 and its last line is
+one JSON object with its figures (benchmarks/harness.py's protocol), so the scripts cannot rot."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"
+MODELS = ("baseline", "reference", "fused")  # bench_inference's
+
+
+def cpu_step(summary: dict) -> None:
+    assert summary["steps"] == 2
+    setting = "tiny_4x5_t1"
+    rates = [
+        summary[f"{setting}_{variant}_positions_per_s"]
+        for variant in ("reference", "fused", "fused-batched")
+    ]
+    assert all(rate > 0 for rate in rates)
+    assert summary[f"ratio_{setting}"] == pytest.approx(rates[1] / rates[0], rel=1e-2)
+    assert summary[f"ratio_batched_{setting}"] == pytest.approx(rates[2] / rates[0], rel=1e-2)
+    assert summary["ratio"] == summary[f"ratio_{setting}"]  # one setting: its own ratio
+    assert summary["loadavg_1min_before"] >= 0
+
+
+def inference(summary: dict) -> None:
+    assert summary["tokens"] == 25
+    for setting in ("tiny_2_t1", "tiny_4_t1_loaded"):
+        rates = [summary[f"{setting}_{name}_tokens_per_s"] for name in MODELS]
+        assert all(rate > 0 for rate in rates)
+        assert summary[f"{setting}_ratio_fused"] == pytest.approx(rates[2] / rates[0], rel=1e-2)
+    assert summary["ratio"] == summary["tiny_2_t1_ratio_fused"]
+
+
+def step_ops(summary: dict) -> None:
+    assert summary["device"] == "meta"
+    variants = ("reference_apart", "reference_batched", "fused_batched")
+    for rows in (4, 8):
+        launches = {v: summary[f"launches_{v}_{rows}"] for v in variants}
+        # batching the directions, then fusing each layer, each dispatch fewer ops
+        assert launches["reference_apart"] > launches["reference_batched"]
+        assert launches["reference_batched"] > launches["fused_batched"] > 0
+        assert summary[f"custom_ops_reference_apart_{rows}"] == 0
+        assert summary[f"custom_ops_fused_batched_{rows}"] == 4  # 2 layers, forward + backward
+        inside = summary[f"inside_fused_batched_{rows}"]
+        assert inside > 0
+        assert summary[f"flattened_fused_batched_{rows}"] == launches["fused_batched"] - 4 + inside
+        assert 0 < summary[f"views_fused_batched_{rows}"] < launches["fused_batched"]
+        for variant in variants:
+            assert summary[f"predicted_positions_per_s_{variant}_{rows}"] > 0
+
+
+def threads_under_load(summary: dict) -> None:
+    assert summary["hogs"] == 1
+    settings = ("1thread", "2threads", "2threads_passive", "2_under_load")
+    rates = {
+        load: {setting: summary[f"{setting}_{load}_positions_per_s"] for setting in settings}
+        for load in ("loaded", "idle")
+    }
+    for setting in settings[1:]:
+        assert summary[f"ratio_{setting}_vs_1thread"] == pytest.approx(
+            rates["loaded"][setting] / rates["loaded"]["1thread"], rel=1e-2
+        )
+    for load, rate in rates.items():
+        assert summary[f"ratio_{load}_2threads_passive_vs_2threads"] == pytest.approx(
+            rate["2threads_passive"] / rate["2threads"], rel=1e-2
+        )
+
+
+CHECKS = {"cpu_step": cpu_step, "inference": inference, "step_ops": step_ops}
+CHECKS["threads_under_load"] = threads_under_load
+
+
+@pytest.mark.parametrize("name", sorted(CHECKS))
+def test_a_smoke_run_ends_with_one_json_line_of_its_figures(name):
+    result = subprocess.run(
+        [sys.executable, str(BENCHMARKS / f"bench_{name}.py"), "--smoke"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["benchmark"] == name
+    CHECKS[name](summary)
