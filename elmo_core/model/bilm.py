@@ -111,10 +111,6 @@ class BiLM(nn.Module):
         """Layers of ``activations``: the token layer plus one per LSTM layer."""
         return self.config.lstm.num_layers + 1
 
-    def set_stateful(self, stateful: bool) -> None:
-        self.stateful = stateful
-        self.reset_states()
-
     def reset_states(self) -> None:
         """Forget the carried states: the next call starts every row from the start state."""
         self._carried = None
