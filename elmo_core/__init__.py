@@ -21,7 +21,7 @@ _LAZY = {
     "CharCNN": "elmo_core.model.char_cnn",
     "Elmo": "elmo_core.model.elmo",
     "Highway": "elmo_core.model.highway",
-    "ProjectedLSTM": "elmo_core.model.lstm",
+    "ProjectedLSTM": "elmo_core.model.lstm.reference",
     "SampledSoftmax": "elmo_core.model.softmax",
     "ScalarMix": "elmo_core.model.scalar_mix",
     "batch_to_ids": "elmo_core.text.char_ids",
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from elmo_core.model.char_cnn import CharCNN
     from elmo_core.model.elmo import Elmo
     from elmo_core.model.highway import Highway
-    from elmo_core.model.lstm import ProjectedLSTM
+    from elmo_core.model.lstm.reference import ProjectedLSTM
     from elmo_core.model.scalar_mix import ScalarMix
     from elmo_core.model.serialization import read_bilm_dir, write_bilm_dir
     from elmo_core.model.softmax import SampledSoftmax

@@ -87,11 +87,12 @@ class ModelConfig(StrictModel):
     num_samples: int = Field(8192, gt=0, description="sampled-softmax candidates per step")
     lstm_impl: Literal["auto", "reference", "cudnn", "compiled", "graphed", "fused"] = Field(
         "auto",
-        description="LSTM kernel: 'cudnn' (fused nn.LSTM) needs both clips null; 'auto' takes it "
-        "then, else 'reference'; 'compiled' is the reference loop under torch.compile (clips "
-        "kept, for GPUs); 'graphed' also replays it as CUDA graphs; 'fused' runs each layer as "
-        "one op with its own backward (clips kept, a third of the ops); the parameters are the "
-        "same either way",
+        description="LSTM kernel: 'auto' is the device's choice in elmo_core.model.lstm's table "
+        "(fused; on CUDA cudnn where both clips are null and the directions apart); 'cudnn' "
+        "(fused nn.LSTM) needs both clips null; 'compiled' is the reference loop under "
+        "torch.compile (clips kept, for GPUs); 'graphed' also replays it as CUDA graphs; 'fused' "
+        "runs each layer as one op with its own backward (clips kept, a third of the ops); the "
+        "parameters are the same either way",
     )
     conv_impl: Literal["per_width", "padded"] = Field(
         "per_width",

@@ -26,7 +26,7 @@ from elmo_core.config import ModelConfig
 from elmo_core.errors import ConfigError, WeightsError
 from elmo_core.location import atomic_write
 from elmo_core.model.bilm import BiLM
-from elmo_core.model.lstm import ProjectedLSTM, ProjectedLSTMLayer
+from elmo_core.model.lstm.reference import ProjectedLSTM, ProjectedLSTMLayer
 from elmo_core.text.char_ids import MAX_CHARS_PER_TOKEN, NUM_CHARACTERS
 
 # bilm-tf option (dotted) → our ModelConfig field (dotted); one table for both directions.

@@ -29,11 +29,9 @@ from torch import nn
 from elmo_core.config import ModelConfig
 from elmo_core.errors import ConfigError
 from elmo_core.model.char_cnn import CharCNN, TokenTypes
-from elmo_core.model.lstm import LSTMState, ProjectedLSTM
-from elmo_core.model.lstm_batched import run_both_directions
-from elmo_core.model.lstm_compiled import CompiledProjectedLSTM, GraphedProjectedLSTM
-from elmo_core.model.lstm_cudnn import CudnnProjectedLSTM
-from elmo_core.model.lstm_fused import FusedProjectedLSTM
+from elmo_core.model.lstm import build_lstm
+from elmo_core.model.lstm.directions import run_both_directions
+from elmo_core.model.lstm.reference import LSTMState
 from elmo_core.model.softmax import SampledCandidates, SampledSoftmax, SoftmaxRows
 from elmo_core.text.char_ids import BOS_IDS, EOS_IDS
 
@@ -93,8 +91,8 @@ class BiLM(nn.Module):
         self.stateful = stateful
         projection_dim = config.lstm.projection_dim
         self.token_encoder = CharCNN(config)
-        self.forward_lstm = _build_lstm(config, projection_dim)
-        self.backward_lstm = _build_lstm(config, projection_dim)
+        self.forward_lstm = build_lstm(config, projection_dim)
+        self.backward_lstm = build_lstm(config, projection_dim)
         self.dropout = nn.Dropout(config.dropout)  # on the top output, before the softmax
         self.softmax = (
             SampledSoftmax(vocab_size, projection_dim, config.num_samples)
@@ -112,10 +110,6 @@ class BiLM(nn.Module):
     def num_layers(self) -> int:
         """Layers of ``activations``: the token layer plus one per LSTM layer."""
         return self.config.lstm.num_layers + 1
-
-    def set_stateful(self, stateful: bool) -> None:
-        self.stateful = stateful
-        self.reset_states()
 
     def reset_states(self) -> None:
         """Forget the carried states: the next call starts every row from the start state."""
@@ -331,22 +325,6 @@ class BiLM(nn.Module):
                 )
             stored.append(new)
         self._carried = (stored[0], stored[1])
-
-
-def _build_lstm(config: ModelConfig, input_dim: int) -> ProjectedLSTM:
-    """One direction's stack in the implementation ``config.lstm_impl`` names (same parameters)."""
-    unclipped = config.lstm.cell_clip is None and config.lstm.proj_clip is None
-    if config.lstm_impl == "compiled":
-        return CompiledProjectedLSTM(config.lstm, input_dim, config.dropout)
-    if config.lstm_impl == "graphed":
-        return GraphedProjectedLSTM(config.lstm, input_dim, config.dropout)
-    if config.lstm_impl == "fused":
-        return FusedProjectedLSTM(config.lstm, input_dim, config.dropout)
-    if config.lstm_impl == "cudnn" or (
-        config.lstm_impl == "auto" and unclipped and not config.batch_directions
-    ):
-        return CudnnProjectedLSTM(config.lstm, input_dim, config.dropout)
-    return ProjectedLSTM(config.lstm, input_dim, config.dropout)
 
 
 def reversal_index(lengths: torch.Tensor, num_positions: int) -> torch.Tensor:

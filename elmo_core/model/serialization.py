@@ -5,8 +5,8 @@ size, ``model.pt`` the state dict (no pickled classes, so any later version of t
 it), ``warmup.txt`` the sentences stateless inference starts after
 (:mod:`elmo_core.model.warm_start`; none: from zero). Training checkpoints, the MLflow model and
 ``Elmo.from_checkpoint`` all use this one format; the bilm-tf HDF5 layout lives in
-:mod:`elmo_core.interop.bilm_tf`. A model saved to run the reference LSTM loop loads, on a
-machine without CUDA, to run the fused one (:func:`_loop_for_cpu`).
+:mod:`elmo_core.interop.bilm_tf`. A model runs the LSTM variant :mod:`elmo_core.model.lstm`'s
+table chooses for this device, whichever its file names (a swap is logged).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from elmo_core.config import ModelConfig
 from elmo_core.errors import WeightsError
 from elmo_core.location import atomic_write
 from elmo_core.model.bilm import BiLM
+from elmo_core.model.lstm import for_loading
 from elmo_core.model.warm_start import read_warmup, warm_up, write_warmup
 
 CONFIG_FILE = "model_config.json"
@@ -49,9 +50,7 @@ def write_bilm_dir(bilm: BiLM, directory: str | Path) -> Path:
     return target
 
 
-def read_bilm_dir(
-    directory: str | Path, *, stateful: bool = False, map_location: str | torch.device = "cpu"
-) -> BiLM:
+def read_bilm_dir(directory: str | Path, *, map_location: str | torch.device = "cpu") -> BiLM:
     """Rebuild the biLM :func:`write_bilm_dir` saved; a missing or foreign file: WeightsError."""
     source = Path(directory)
     config_path, weights_path = source / CONFIG_FILE, source / WEIGHTS_FILE
@@ -60,11 +59,11 @@ def read_bilm_dir(
             raise WeightsError(f"not a biLM directory: {path.name} is missing", path=source)
     try:
         description = json.loads(config_path.read_text())
-        config = _loop_for_cpu(ModelConfig.model_validate(description["model"]))
+        config = ModelConfig.model_validate(description["model"])
         vocab_size = description["vocab_size"]
     except (ValueError, KeyError) as err:
         raise WeightsError(f"unreadable model description: {err}", path=config_path) from None
-    bilm = BiLM(config, vocab_size, stateful=stateful)
+    bilm = BiLM(for_loading(config, source), vocab_size)
     state = torch.load(weights_path, map_location=map_location, weights_only=True)
     expected = bilm.state_dict()
     wrong = [
@@ -84,19 +83,6 @@ def read_bilm_dir(
             path=weights_path,
         )
     return warm_up(bilm, read_warmup(source))
-
-
-def _loop_for_cpu(config: ModelConfig) -> ModelConfig:
-    """``config`` with the fused LSTM loop where the reference loop would run (``lstm_impl``
-    ``auto`` or ``reference`` with clips), when no CUDA device is visible: every loop takes the
-    same parameters and gives the same outputs to rounding, and on the CPU the fused one embeds
-    faster (``benchmarks/results/bench_inference-2026-11-25.md``). With CUDA the saved loop runs:
-    the fused loop's Triton kernels are not yet measured on a GPU. Saved again, the model names
-    the fused loop."""
-    clipped = config.lstm.cell_clip is not None or config.lstm.proj_clip is not None
-    if config.lstm_impl not in ("auto", "reference") or not clipped or torch.cuda.is_available():
-        return config
-    return config.model_copy(update={"lstm_impl": "fused"})
 
 
 def find_model_dir(path: Path) -> Path:

@@ -13,7 +13,7 @@ import torch
 
 from elmo_core.data.manifest import Manifest
 from elmo_core.model.bilm import BiLMState
-from elmo_core.model.lstm import LSTMState
+from elmo_core.model.lstm.reference import LSTMState
 from elmo_core.training.batches import CandidateSpec, StepBatch, StepBatches, StreamSpec
 from elmo_core.training.step import StepResult, TrainingStep
 

@@ -42,8 +42,9 @@ LOG = "first-contact.log"
 TESTS_REPORT = "first-contact-tests.xml"
 CORRECTNESS_TESTS = [
     "tests/integration/test_allennlp_parity.py",
-    "tests/unit/elmo_core/model/test_lstm_fused.py",
-    "tests/unit/elmo_core/model/test_lstm_triton.py",
+    "tests/unit/elmo_core/model/lstm/test_fused_training.py",
+    "tests/unit/elmo_core/model/lstm/test_fused_inference.py",
+    "tests/unit/elmo_core/model/lstm/test_triton_kernels.py",
     "tests/unit/elmo_core/training/test_bf16_on_cuda.py",
 ]
 # Within those files, the checks on CUDA (and the Triton kernels'): their CPU tests ran in CI.

@@ -91,11 +91,12 @@ run_part() {
                 -p no:cacheprovider --junitxml "$out/tests.xml" \
                 tests/integration/test_allennlp_parity.py \
                 tests/unit/elmo_core/training \
-                tests/unit/elmo_core/model/test_lstm_cudnn.py \
-                tests/unit/elmo_core/model/test_lstm_compiled.py \
-                tests/unit/elmo_core/model/test_lstm_batched.py \
-                tests/unit/elmo_core/model/test_lstm_fused.py \
-                tests/unit/elmo_core/model/test_lstm_triton.py \
+                tests/unit/elmo_core/model/lstm/test_cudnn.py \
+                tests/unit/elmo_core/model/lstm/test_compiled.py \
+                tests/unit/elmo_core/model/lstm/test_directions.py \
+                tests/unit/elmo_core/model/lstm/test_fused_training.py \
+                tests/unit/elmo_core/model/lstm/test_fused_inference.py \
+                tests/unit/elmo_core/model/lstm/test_triton_kernels.py \
                 tests/unit/elmo_core/model/test_bilm_autocast.py ;;
         speed-reference | speed-compiled | speed-graphed | speed-fused)
             bilm "${part#speed-}" --profile && bilm "${part#speed-}" --batch-directions --profile ;;

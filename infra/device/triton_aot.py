@@ -1,7 +1,7 @@
 """The fused LSTM's Triton kernels compiled for the H100 (sm_90) ahead of time, on any machine.
 
 Triton carries its own ptxas, so a machine with no GPU compiles exactly what the device would:
-each kernel of ``elmo_core.model.lstm_triton`` for every GEMM dtype the fused layer hands it
+each kernel of ``elmo_core.model.lstm.triton_kernels`` for every GEMM dtype the fused layer hands it
 (``GEMM_DTYPES``; the cells and carried state in float32, ``STATE_DTYPES``), with the block sizes
 and warps it launches with. Each compile's registers and spills (ptxas' own account) and shared
 memory are printed; a compile error or a spill fails it. Needs triton (the device's torch has it).
@@ -106,7 +106,7 @@ def main() -> int:
     from triton.backends.nvidia import compiler as nvidia
     from triton.compiler import ASTSource
 
-    from elmo_core.model import lstm_triton
+    from elmo_core.model.lstm import triton_kernels as lstm_triton
 
     ptxas = Path(nvidia.get_ptxas(TARGET[1]).path)
     constants = {"BLOCK_ROWS": lstm_triton.BLOCK_ROWS, "BLOCK_COLS": lstm_triton.BLOCK_COLS}

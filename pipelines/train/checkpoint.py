@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from elmo_core.model.bilm import BiLM, BiLMState
-from elmo_core.model.lstm import LSTMState
+from elmo_core.model.lstm.reference import LSTMState
 from elmo_core.model.serialization import LATEST_FILE, MODEL_DIR, write_bilm_dir
 from pipelines.train.run_directory import RunDirectory
 

@@ -25,6 +25,7 @@ from pydantic import Field
 
 from elmo_core.config import ModelConfig, StrictModel, TrainConfig, resolve_config
 from elmo_core.errors import ConfigError
+from elmo_core.model.lstm import training_defaults
 from elmo_core.presets import PRESETS, model_preset
 from pipelines.common.settings import elmo_home
 
@@ -65,12 +66,12 @@ class TrainJobConfig(StrictModel):
     run: RunConfig = Field(default_factory=RunConfig)
 
 
-# A GPU run's defaults, beneath the preset, the model file, the YAML and the overrides: the layer
-# as one op with both directions batched (fewest launches: benchmarks/bench_step_ops.py), and 8×
-# bilm-tf's 128 rows at lr 0.2·√8, the square-root rule (experiments/batch_recipe.py; checked at
-# `original` size by `gpu_suite.sh recipe`). Set train.lr with train.batch_size: 0.2·√(rows/128).
+# A GPU run's defaults, beneath the preset, the model file, the YAML and the overrides: the LSTM
+# the dispatch table chooses for CUDA (elmo_core.model.lstm.CHOICES), and 8× bilm-tf's 128 rows
+# at lr 0.2·√8, the square-root rule (experiments/batch_recipe.py; checked at `original` size by
+# `gpu_suite.sh recipe`). Set train.lr with train.batch_size: 0.2·√(rows/128).
 GPU_DEFAULTS: dict[str, dict[str, Any]] = {
-    "model": {"lstm_impl": "fused", "batch_directions": True},
+    "model": training_defaults("cuda"),
     "train": {"batch_size": 1024, "lr": round(0.2 * math.sqrt(1024 / 128), 4)},
 }
 

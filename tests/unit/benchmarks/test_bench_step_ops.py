@@ -16,8 +16,8 @@ def bench_step_ops(monkeypatch):
 
 
 def test_a_custom_op_is_one_launch_and_its_inside_ops_are_counted_apart(bench_step_ops):
-    from elmo_core.model.lstm import LayerWeights
-    from elmo_core.model.lstm_fused import fused_layer
+    from elmo_core.model.lstm.fused import fused_layer
+    from elmo_core.model.lstm.reference import LayerWeights
 
     rows, window, width, cells = 2, 3, 4, 8
     weights = LayerWeights(

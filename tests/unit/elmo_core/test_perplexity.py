@@ -14,7 +14,7 @@ from elmo_core.data.batching import TokenStream, window_char_ids
 from elmo_core.data.reader import iter_sentences, load_manifest, load_word_types
 from elmo_core.errors import ConfigError
 from elmo_core.model.bilm import BiLM
-from elmo_core.model.lstm import LSTMState
+from elmo_core.model.lstm.reference import LSTMState
 from elmo_core.perplexity import PerplexitySums, evaluate_perplexity
 from elmo_core.presets import tiny
 

@@ -3,7 +3,7 @@ import torch
 
 from elmo_core.errors import ConfigError
 from elmo_core.model.bilm import BiLM, BiLMOutput, DirectionOutput
-from elmo_core.model.lstm import LSTMState
+from elmo_core.model.lstm.reference import LSTMState
 from elmo_core.presets import tiny
 from elmo_core.text.char_ids import BOS_IDS, EOS_IDS, batch_to_ids
 

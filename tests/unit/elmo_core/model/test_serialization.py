@@ -3,8 +3,8 @@ import torch
 
 from elmo_core.errors import WeightsError
 from elmo_core.model.bilm import BiLM
-from elmo_core.model.lstm import ProjectedLSTM
-from elmo_core.model.lstm_fused import FusedProjectedLSTM
+from elmo_core.model.lstm.fused import FusedProjectedLSTM
+from elmo_core.model.lstm.reference import ProjectedLSTM
 from elmo_core.model.serialization import CONFIG_FILE, read_bilm_dir, write_bilm_dir
 from elmo_core.presets import tiny
 from elmo_core.text.char_ids import batch_to_ids
@@ -29,34 +29,22 @@ def test_save_then_load_gives_identical_weights_and_outputs(tmp_path):
 
 
 @pytest.mark.parametrize("cuda", [False, True], ids=["cpu-machine", "cuda-machine"])
-def test_the_reference_loop_loads_as_the_fused_one_where_no_cuda_is_visible(
+def test_the_reference_loop_loads_as_the_device_s_choice_with_the_same_outputs(
     tmp_path, monkeypatch, cuda
 ):
     torch.manual_seed(0)
-    bilm = BiLM(tiny()).eval()  # lstm_impl auto, clipped: the reference loop
+    bilm = BiLM(tiny().model_copy(update={"lstm_impl": "reference"})).eval()
     assert type(bilm.forward_lstm) is ProjectedLSTM
     write_bilm_dir(bilm, tmp_path / "model")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     loaded = read_bilm_dir(tmp_path / "model").eval()
-    assert isinstance(loaded.forward_lstm, FusedProjectedLSTM) != cuda
-    assert loaded.config.model_copy(update={"lstm_impl": "auto"}) == bilm.config
+    assert isinstance(loaded.forward_lstm, FusedProjectedLSTM)
+    assert loaded.config.model_copy(update={"lstm_impl": "reference"}) == bilm.config
     ids = batch_to_ids([["The", "cat", "sat"], ["Hi"], []])
     with torch.inference_mode():
         expected, actual = bilm(ids).activations, loaded(ids).activations
     for left, right in zip(expected, actual, strict=True):
         torch.testing.assert_close(right, left, rtol=0, atol=1e-5)
-
-
-@pytest.mark.parametrize("update", [{"lstm_impl": "compiled"}, {"lstm": {"cell_clip": None}}])
-def test_other_loops_and_unclipped_models_load_as_saved(tmp_path, monkeypatch, update):
-    config = tiny()
-    if "lstm" in update:  # unclipped: auto takes the cuDNN kernel (nn.LSTM on a CPU)
-        lstm = config.lstm.model_copy(update={"cell_clip": None, "proj_clip": None})
-        update = {"lstm": lstm}
-    config = config.model_copy(update=update)
-    write_bilm_dir(BiLM(config), tmp_path / "model")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert read_bilm_dir(tmp_path / "model").config == config
 
 
 def test_embedding_only_model_round_trips(tmp_path):

@@ -130,7 +130,7 @@ def test_build_leaves_training_mode_and_refuses_stateful_bilm(
     bilm.train()
     ActivationCache(tmp_path).get_or_build(bilm, SENTENCES, 2, False)
     assert bilm.training
-    bilm.set_stateful(True)
+    bilm.stateful = True  # as read_bilm_tf(stateful=True) builds it
     with pytest.raises(ValueError, match="stateless"):
         live_activations(bilm, SENTENCES)
 

@@ -10,7 +10,7 @@ import torch
 from elmo_core.config import TrainConfig
 from elmo_core.data.reader import load_manifest, load_word_types
 from elmo_core.model.bilm import BiLM
-from elmo_core.model.lstm import LSTMState
+from elmo_core.model.lstm.reference import LSTMState
 from elmo_core.presets import tiny
 from elmo_core.training.loop import StateReset, carried_steps, step_batches, training_streams
 from elmo_core.training.step import TrainingStep

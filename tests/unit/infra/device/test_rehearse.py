@@ -57,15 +57,15 @@ def test_a_test_file_that_collects_nothing_is_named(rehearse, tmp_path):
     )
     found = verdict(rehearse, "1 passed", tmp_path, part="tests")
     assert "tests/unit/elmo_core/training collected no test" not in found
-    assert "tests/unit/elmo_core/model/test_lstm_batched.py collected no test" in found
+    assert "tests/unit/elmo_core/model/lstm/test_directions.py collected no test" in found
     assert "pytest wrote no report" in verdict(rehearse, "", tmp_path / "none", part="tests")[0]
 
 
 def test_a_module_skipped_whole_counts_as_collected(rehearse, tmp_path):
     (tmp_path / "tests.xml").write_text(
         '<testsuites><testsuite><testcase classname="" '
-        'name="tests.unit.elmo_core.model.test_lstm_triton"><skipped/></testcase>'
+        'name="tests.unit.elmo_core.model.lstm.test_triton_kernels"><skipped/></testcase>'
         "</testsuite></testsuites>"
     )
     found = verdict(rehearse, "1 skipped", tmp_path, part="tests")
-    assert "tests/unit/elmo_core/model/test_lstm_triton.py collected no test" not in found
+    assert "tests/unit/elmo_core/model/lstm/test_triton_kernels.py collected no test" not in found

@@ -13,7 +13,7 @@ from elmo_core.config import LSTMConfig
 from elmo_core.data.batching import TokenStream
 from elmo_core.errors import ConfigError, WeightsError
 from elmo_core.model.bilm import BiLM
-from elmo_core.model.lstm import LSTMState
+from elmo_core.model.lstm.reference import LSTMState
 from elmo_core.model.serialization import read_bilm_dir, write_bilm_dir
 from elmo_core.presets import tiny
 from pipelines.models.bilm_loader import initial_bilm, resolve_bilm

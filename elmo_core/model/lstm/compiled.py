@@ -2,9 +2,9 @@
 
 On a GPU the reference loop launches a dozen small kernels per step; compiled (Inductor, fixed
 shapes), each layer's loop becomes one graph, its pointwise work fused around the GEMMs. What is
-compiled is the reference's own :func:`~elmo_core.model.lstm.run_layer`, so the two cannot drift,
-and unlike cuDNN it keeps the clips. Each new shape compiles once (a run has one or two); the
-``graphed`` variant (``model.lstm_impl=graphed``) also captures the graphs as CUDA graphs.
+compiled is the reference's own :func:`~elmo_core.model.lstm.reference.run_layer`, so the two
+cannot drift, and unlike cuDNN it keeps the clips. Each new shape compiles once (a run has one or
+two); the ``graphed`` variant (``model.lstm_impl=graphed``) also captures them as CUDA graphs.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import functools
 
 import torch
 
-from elmo_core.model.lstm import LayerLoop, ProjectedLSTM, run_layer
+from elmo_core.model.lstm.reference import LayerLoop, ProjectedLSTM, run_layer
 
 
 @functools.cache

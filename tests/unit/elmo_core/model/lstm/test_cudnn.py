@@ -4,8 +4,8 @@ import torch
 from elmo_core.config import LSTMConfig
 from elmo_core.errors import ConfigError
 from elmo_core.model.bilm import BiLM
-from elmo_core.model.lstm import LSTMState, ProjectedLSTM
-from elmo_core.model.lstm_cudnn import CudnnProjectedLSTM
+from elmo_core.model.lstm.cudnn import CudnnProjectedLSTM
+from elmo_core.model.lstm.reference import LSTMState, ProjectedLSTM
 from elmo_core.presets import tiny
 from elmo_core.text.char_ids import batch_to_ids
 
@@ -102,22 +102,6 @@ def test_cudnn_on_gpu_matches_the_reference_in_float32():
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     _assert_same(_run(fused, inputs, mask, state), _run(reference, inputs, mask, state), 1e-4)
-
-
-@pytest.mark.parametrize(
-    ("impl", "clipped", "expected"),
-    [
-        ("auto", True, ProjectedLSTM),
-        ("auto", False, CudnnProjectedLSTM),
-        ("reference", False, ProjectedLSTM),
-        ("cudnn", False, CudnnProjectedLSTM),
-    ],
-)
-def test_bilm_builds_the_configured_stack(impl, clipped, expected):
-    clip = 3.0 if clipped else None
-    lstm = tiny().lstm.model_copy(update={"cell_clip": clip, "proj_clip": clip})
-    bilm = BiLM(tiny().model_copy(update={"lstm": lstm, "lstm_impl": impl}))
-    assert type(bilm.forward_lstm) is expected and type(bilm.backward_lstm) is expected
 
 
 def test_bilm_gives_the_same_activations_with_either_stack():

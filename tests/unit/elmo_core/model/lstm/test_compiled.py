@@ -4,14 +4,14 @@ import pytest
 import torch
 
 from elmo_core.config import LSTMConfig, TrainConfig
-from elmo_core.model import lstm_compiled
 from elmo_core.model.bilm import BiLM
-from elmo_core.model.lstm import LSTMState, ProjectedLSTM, ProjectedLSTMLayer
-from elmo_core.model.lstm_batched import run_both_directions
-from elmo_core.model.lstm_compiled import CompiledProjectedLSTM, GraphedProjectedLSTM
-from elmo_core.model.replay_check import OVERWRITTEN, emulate_graph_replays
+from elmo_core.model.lstm import compiled as lstm_compiled
+from elmo_core.model.lstm.compiled import CompiledProjectedLSTM, GraphedProjectedLSTM
+from elmo_core.model.lstm.directions import run_both_directions
+from elmo_core.model.lstm.reference import LSTMState, ProjectedLSTM, ProjectedLSTMLayer
 from elmo_core.presets import tiny
 from elmo_core.training.step import TrainingStep
+from tests.unit.elmo_core.model.lstm.replay_check import OVERWRITTEN, emulate_graph_replays
 
 B, T, P, H = 4, 3, 6, 8  # layer 0's input is P wide too: every layer shares one compiled graph
 CLIPPED = LSTMConfig(cell_dim=H, projection_dim=P, num_layers=2, cell_clip=0.5, proj_clip=0.4)

@@ -1,8 +1,8 @@
 """The Triton step kernels, run on CPU by the Triton interpreter, equal the fused torch path.
 
 ``TRITON_INTERPRET`` is read when a kernel is decorated, so it is set only while
-:mod:`elmo_core.model.lstm_triton` is reloaded for these tests, and put back at once; the module
-is reloaded again after them, so no other test sees interpreted kernels. The fused op takes
+:mod:`elmo_core.model.lstm.triton_kernels` is reloaded for these tests, and put back at once; the
+module is reloaded again after them, so no other test sees interpreted kernels. The fused op takes
 the Triton path on CPU tensors only where a test patches its switch.
 """
 
@@ -13,15 +13,17 @@ import torch
 
 pytest.importorskip("triton", reason="triton is not installed: the CUDA step kernels are untested")
 
-from elmo_core.model import lstm_fused  # noqa: E402
-from elmo_core.model.lstm import LayerWeights, run_layer  # noqa: E402
+from elmo_core.model.lstm import fused_steps  # noqa: E402
+from elmo_core.model.lstm.fused import fused_layer  # noqa: E402
+from elmo_core.model.lstm.fused_training import lstm_layer, lstm_layer_backward  # noqa: E402
+from elmo_core.model.lstm.reference import LayerWeights, run_layer  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)
 def lstm_triton():
-    """:mod:`lstm_triton` with its kernels decorated under ``TRITON_INTERPRET=1`` for this
+    """:mod:`triton_kernels` with its kernels decorated under ``TRITON_INTERPRET=1`` for this
     module's tests, then decorated afresh as they would be without it."""
-    module = importlib.import_module("elmo_core.model.lstm_triton")
+    module = importlib.import_module("elmo_core.model.lstm.triton_kernels")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TRITON_INTERPRET", "1")
         importlib.reload(module)
@@ -38,7 +40,7 @@ DIRECTIONS = pytest.mark.parametrize("lead", [(), (2,)], ids=["one-stack", "dire
 @pytest.fixture
 def on_triton(monkeypatch):
     """The fused op's step loops through the (interpreted) kernels, on CPU tensors."""
-    monkeypatch.setattr(lstm_fused, "_steps_on_triton", lambda gates, state: True)
+    monkeypatch.setattr(fused_steps, "on_triton", lambda gates, state: True)
 
 
 def _randn(*shape: int, seed: int, scale: float = 1.0) -> torch.Tensor:
@@ -138,14 +140,14 @@ def test_every_buffer_of_the_op_equals_the_torch_path(lead, monkeypatch):
     (inputs, mask, h, c, weights, *clips), _ = _layer_arguments(lead, (CELL_CLIP, PROJ_CLIP))
     arguments = (inputs.detach(), mask, h.detach(), c.detach(), *weights, *clips)
     grads = (_randn(*lead, B, T, P, seed=10), _randn(*lead, B, P, seed=11), None)
-    torch_forward = lstm_fused._lstm_layer(*arguments)
-    torch_backward = lstm_fused._lstm_layer_backward(
+    torch_forward = lstm_layer(*arguments)
+    torch_backward = lstm_layer_backward(
         *grads, inputs.detach(), mask, weights.input, weights.recurrent, weights.projection,
         *torch_forward[3:], *clips,
     )  # fmt: skip
-    monkeypatch.setattr(lstm_fused, "_steps_on_triton", lambda gates, state: True)
-    triton_forward = lstm_fused._lstm_layer(*arguments)
-    triton_backward = lstm_fused._lstm_layer_backward(
+    monkeypatch.setattr(fused_steps, "on_triton", lambda gates, state: True)
+    triton_forward = lstm_layer(*arguments)
+    triton_backward = lstm_layer_backward(
         *grads, inputs.detach(), mask, weights.input, weights.recurrent, weights.projection,
         *torch_forward[3:], *clips,
     )  # fmt: skip
@@ -163,7 +165,7 @@ def test_every_buffer_of_the_op_equals_the_torch_path(lead, monkeypatch):
 def test_the_layer_on_triton_equals_the_reference_loop(lead, clips, on_triton):
     """Outputs, final state and every gradient, as :func:`run_layer` gives them."""
     results = []
-    for loop in (run_layer, lstm_fused.fused_layer):
+    for loop in (run_layer, fused_layer):
         arguments, leaves = _layer_arguments(lead, clips)
         outputs, h, c = loop(*arguments)
         scales = [_randn(*x.shape, seed=20 + k) for k, x in enumerate((outputs, h, c))]

@@ -1,28 +1,8 @@
-"""One direction's stack of clipped, projected LSTM layers with TF ``LSTMCell`` semantics.
+"""The reference projected LSTM: one direction's stack of clipped layers, TF ``LSTMCell``'s cell.
 
-Per layer and step (DESIGN.md §3), with ``x`` the layer input and ``(h, c)`` the carried state::
-
-    i, f, g, o = x·W_inputᵀ + h·W_recurrentᵀ + b          (PyTorch gate order)
-    c' = clip(σ(f)·c + σ(i)·tanh(g), ±cell_clip)
-    h' = clip((σ(o)·tanh(c'))·W_projectionᵀ, ±proj_clip)
-
-The carried state is ``(h' (P), c' (H))``. Layers ≥ 1 add their (dropped-out) input to the clipped
-output when ``use_skip_connections`` (bilm-tf's ``ResidualWrapper``, so those outputs may exceed
-``±proj_clip``); dropout (train mode only) applies to every layer's input, the token embedding
-entering layer 0 included (bilm-tf's ``DropoutWrapper(input_keep_prob)``). Dropout on the top
-output is the caller's (the biLM applies it before the softmax).
-
-Parameter layout versus bilm-tf, mapped only by :mod:`elmo_core.interop.bilm_tf`:
-
-* ``input_weight (4H, in)`` and ``recurrent_weight (4H, P)`` are the two row blocks of TF's
-  ``W_0 (in + P, 4H)``, transposed; TF's gate blocks are ordered (i, j, f, o), ours (i, f, g, o).
-* ``bias (4H)`` is the *effective* bias: TF stores ``B`` without the forget bias and adds 1.0 at
-  run time, whereas ours holds it (the forget slice is initialised to 1.0) and nothing is added
-  at run time. The interop adds 1.0 on import and subtracts it on export.
-* ``projection_weight (P, H)`` is TF's ``W_P_0 (H, P)`` transposed.
-
-Masking: where ``mask`` is False the state is copied through and the output is zero, so padding
-never changes real tokens' outputs and a row's final state is the state at its last real token.
+Every variant (:mod:`elmo_core.model.lstm`) subclasses :class:`ProjectedLSTM` and keeps its
+parameters; its loop, :func:`run_layer`, is what their parity tests compare against. The cell and
+the masking rule are DESIGN.md §3's; the bilm-tf layout mapping is :class:`ProjectedLSTMLayer`'s.
 
 Shape legend: B rows, T window, P projection, H cell, L layers, I layer input width.
 """
@@ -67,7 +47,7 @@ class LSTMState(NamedTuple):
 
 class LayerWeights(NamedTuple):
     """One layer's parameters as its step loop multiplies by them; with a leading ``D`` when the
-    two directions' layers run together (:mod:`elmo_core.model.lstm_batched`)."""
+    two directions' layers run together (:mod:`elmo_core.model.lstm.directions`)."""
 
     input: torch.Tensor  # (I, 4H) or (D, I, 4H): input_weightᵀ
     recurrent: torch.Tensor  # (P, 4H) or (D, P, 4H): recurrent_weightᵀ
@@ -142,7 +122,21 @@ def _add_product(base: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> t
 
 
 class ProjectedLSTMLayer(nn.Module):
-    """One clipped, projected LSTM layer: its parameters, run by :func:`run_layer`."""
+    """One clipped, projected LSTM layer: its parameters, run by :func:`run_layer`.
+
+    Per step, with ``x`` the layer input and ``(h, c)`` the carried state::
+
+        i, f, g, o = x·W_inputᵀ + h·W_recurrentᵀ + b          (PyTorch gate order)
+        c' = clip(σ(f)·c + σ(i)·tanh(g), ±cell_clip)
+        h' = clip((σ(o)·tanh(c'))·W_projectionᵀ, ±proj_clip)
+
+    Where the mask is False the state is copied through and the output is zero, so padding never
+    changes real tokens' outputs. Against bilm-tf (mapped only by :mod:`elmo_core.interop.bilm_tf`):
+    ``input_weight (4H, in)`` and ``recurrent_weight (4H, P)`` are the row blocks of TF's
+    ``W_0 (in + P, 4H)`` transposed, TF's gates ordered (i, j, f, o); ``bias`` is the effective
+    bias, TF's ``B`` plus the forget bias 1.0 it adds at run time; ``projection_weight (P, H)`` is
+    ``W_P_0 (H, P)`` transposed.
+    """
 
     def __init__(
         self,
@@ -193,7 +187,10 @@ class ProjectedLSTM(nn.Module):
     """``num_layers`` projected LSTM layers of one direction, with input dropout and residuals.
 
     ``forward`` returns every layer's output (before any top-output dropout) and the new state;
-    the state is an argument and a return value, never kept in the module.
+    the state is an argument and a return value, never kept in the module. Dropout applies to
+    every layer's input, the token embedding included (bilm-tf's ``DropoutWrapper``); layers ≥ 1
+    add that input to their clipped output when ``use_skip_connections`` (its
+    ``ResidualWrapper``, so those outputs may exceed ``±proj_clip``).
     """
 
     def __init__(self, config: LSTMConfig, input_dim: int, dropout: float = 0.0) -> None:

@@ -16,8 +16,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_leaves
 
-from elmo_core.model import lstm_compiled
-from elmo_core.model.lstm import LayerLoop
+from elmo_core.model.lstm import compiled as lstm_compiled
+from elmo_core.model.lstm.reference import LayerLoop
 
 OVERWRITTEN = "accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run"
 

@@ -9,8 +9,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from elmo_core.config import LSTMConfig, ModelConfig
 from elmo_core.model.bilm import BiLM
-from elmo_core.model.lstm import LSTMState, ProjectedLSTM, ProjectedLSTMLayer, run_layer
-from elmo_core.model.lstm_batched import run_both_directions
+from elmo_core.model.lstm.directions import run_both_directions
+from elmo_core.model.lstm.reference import LSTMState, ProjectedLSTM, ProjectedLSTMLayer, run_layer
 from elmo_core.presets import tiny
 
 B, T, P, H = 4, 5, 6, 8

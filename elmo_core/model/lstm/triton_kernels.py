@@ -1,30 +1,11 @@
-"""Triton kernels for the pointwise work of a step of :mod:`~elmo_core.model.lstm_fused` on CUDA.
+"""Triton kernels for the pointwise work of a fused step (:mod:`~elmo_core.model.lstm.fused_steps`).
 
-A fused step in torch is a dozen pointwise launches around its two GEMMs, each reading and
-writing the whole ``(…, B, 4H)`` step; here it is two kernels, one on each side of the
-projection GEMM, which cannot be fused into them (it needs every cell of a row):
-
-- :func:`cell_step`, after the recurrent GEMM: σ/tanh of the gate pre-activations (written back
-  in place, as the backward reads them), the new cell and its clip, its tanh, the hidden
-  ``σ(o)·tanh(c)`` that feeds the projection GEMM, and the masked carry of ``c``;
-- :func:`projection_step`, after it: the projection clip, the masked output and the carry of
-  ``h``.
-
-The backward's per-step pointwise work, after the ``d(hidden)`` GEMM, is one kernel too:
-:func:`cell_grad_step`. They write exactly the buffers the torch path writes, so the saved
-tensors and the backward do not depend on which path ran. Each program takes a
-``BLOCK_ROWS × BLOCK_COLS`` tile of one direction's ``(B, X)`` step, the grid
-``(⌈B/BLOCK_ROWS⌉, ⌈X/BLOCK_COLS⌉, D)``; every tensor is passed with its direction and row
-strides (its last dimension contiguous), as the step slices of the time-major buffers, the
-final state and the batch-major outputs are laid out differently. The arithmetic is float32,
-values rounded to their buffer's dtype where the torch path rounds them (the gates in the GEMMs'
-dtype), so the float32 results agree with it to rounding.
-
-triton is optional: where it does not import (CPU-only images) :data:`AVAILABLE` is false and
-the kernels are never launched. To run them on CPU tensors in Triton's interpreter,
-``TRITON_INTERPRET=1`` must be set while this module is imported (or reloaded): it is read when a
-kernel is decorated. σ and tanh are written here with ``exp``, as the interpreter has no libdevice
-and ``tl.sigmoid`` is decorated when triton itself is imported.
+Two kernels a forward step, one each side of the projection GEMM (:func:`cell_step`,
+:func:`projection_step`), and one a backward step (:func:`cell_grad_step`), writing exactly the
+buffers the torch path writes, in float32 arithmetic rounded where the torch path rounds. A
+program takes a ``BLOCK_ROWS × BLOCK_COLS`` tile of one direction's ``(B, X)`` step. triton is
+optional (:data:`AVAILABLE`); ``TRITON_INTERPRET=1`` set while this module is imported runs the
+kernels on CPU tensors, so σ and tanh are written with ``exp`` (the interpreter has no libdevice).
 
 Shape legend: D = 2 directions (or none), B rows, P projection, H cell.
 """
@@ -40,7 +21,7 @@ from torch import Tensor
 try:
     import triton
     import triton.language as tl
-except ImportError:  # CPU-only images: lstm_fused keeps to its torch path and never calls in here
+except ImportError:  # CPU-only images: the fused ops keep to their torch path, never call in
     AVAILABLE = False
     _jit: Callable[[Any], Any] = lambda fn: fn  # noqa: E731
 else:
@@ -129,7 +110,7 @@ def cell_grad_step(
     hidden_factor: Tensor,
     carry: Tensor,
 ) -> None:
-    """The backward's step after the ``d(hidden)`` GEMM, as lstm_fused's torch loop does it:
+    """The backward's step after the ``d(hidden)`` GEMM, as the training op's torch loop does it:
     ``d_c (…, B, H)``, the new cell's gradient from later steps in, the entering cell's out;
     ``d_gates (…, B, 4H)`` written; ``cell_factors (…, B, 3, H)`` and the ``(…, B, H)``
     ``d_hidden``, ``out_factor``, ``hidden_factor`` and ``carry`` read."""

@@ -3,8 +3,9 @@
 ``nn.LSTM(proj_size=P)`` computes exactly our cell without the two clips (DESIGN.md §4), and our
 parameters map onto it one to one (``input_weight``, ``recurrent_weight``, ``bias`` with a zero
 ``bias_hh_l0``, ``projection_weight``), so this variant keeps
-:class:`~elmo_core.model.lstm.ProjectedLSTM`'s parameters and stack loop and overrides only the
-layer call. Right-padded rows are packed by length; any other mask falls back to the reference loop.
+:class:`~elmo_core.model.lstm.reference.ProjectedLSTM`'s parameters and stack loop and overrides
+only the layer call. Right-padded rows are packed by length; any other mask falls back to the
+reference loop.
 
 Shape legend: B rows, T window, P projection, H cell, L layers, I layer input width.
 """
@@ -21,7 +22,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from elmo_core.config import LSTMConfig
 from elmo_core.errors import ConfigError
-from elmo_core.model.lstm import LayerCall, ProjectedLSTM, ProjectedLSTMLayer
+from elmo_core.model.lstm.reference import LayerCall, ProjectedLSTM, ProjectedLSTMLayer
 
 # Our weights are separate parameters, not one flattened buffer, and the CPU kernel has no oneDNN
 # path with projections; both are expected here and only cost a copy or a slower CPU kernel.

@@ -5,7 +5,7 @@ from torch import nn
 from torch.func import functional_call
 
 from elmo_core.config import LSTMConfig
-from elmo_core.model.lstm import LSTMState, ProjectedLSTM, ProjectedLSTMLayer
+from elmo_core.model.lstm.reference import LSTMState, ProjectedLSTM, ProjectedLSTMLayer
 
 B, T, IN, H, P = 3, 5, 6, 8, 6
 

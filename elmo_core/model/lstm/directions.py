@@ -3,8 +3,8 @@
 The two stacks have the same shapes and, in a training step, windows of the same shape, so each
 GEMM runs for both as one batched GEMM and each pointwise kernel covers both: half the launches,
 GEMMs twice as large (``model.batch_directions``). Parameters and state dict stay each stack's own
-(stacked at each call), and the layer loop is the reference's
-:func:`~elmo_core.model.lstm.run_layer`: only dropout draws its masks for both at once.
+(stacked at each call), and the layer loop is the stack's own: only dropout draws its masks for
+both at once.
 
 Shape legend: D = 2 directions, B rows, T window, P projection, H cell, L layers, I input width.
 """
@@ -13,7 +13,12 @@ from __future__ import annotations
 
 import torch
 
-from elmo_core.model.lstm import LayerWeights, LSTMState, ProjectedLSTM, ProjectedLSTMLayer
+from elmo_core.model.lstm.reference import (
+    LayerWeights,
+    LSTMState,
+    ProjectedLSTM,
+    ProjectedLSTMLayer,
+)
 
 Pair = tuple[ProjectedLSTM, ProjectedLSTM]
 

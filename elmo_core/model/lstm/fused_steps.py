@@ -1,0 +1,180 @@
+"""What the fused ops' forwards share: the step loop, its torch pointwise work, small tensor ops.
+
+Both ops run a step the same way, into the buffers they pass: the recurrent GEMM, the cell's
+pointwise work, the projection GEMM, the projection's. The pointwise work runs in
+:mod:`~elmo_core.model.lstm.triton_kernels` on CUDA where triton imports, else in the torch ops
+below, which write the same slices; :func:`on_triton` is the one switch.
+
+Shape legend: D = 2 directions (or none), B rows, n running rows, P projection, H cell.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+Tensors3 = tuple[Tensor, Tensor, Tensor]
+StepKernel = Callable[..., None]
+
+
+class Step(NamedTuple):
+    """One step's slices ``(…, n, X)`` of ``n`` rows, for :func:`run_steps`."""
+
+    gates: Tensor  # (…, n, 4H): the input GEMM's part in, σ(i), σ(f), tanh(g), σ(o) out
+    keep: Tensor  # (…, n) bool: the step's mask
+    h_prev: Tensor  # (…, n, P): the state entering the step
+    c_prev: Tensor  # (…, n, H)
+    h_next: Tensor  # (…, n, P): the state leaving it (h_prev itself when updated in place)
+    c_next: Tensor  # (…, n, H)
+    cell: Tensor  # (…, n, H): the new cell before the clip
+    tanh_cell: Tensor  # (…, n, H): its tanh after it
+    hidden: Tensor  # (…, n, H): σ(o)·tanh(c), the projection GEMM's input
+    projection: Tensor  # (…, n, P): before the clip
+    output: Tensor  # (…, n, P): clipped, zero where masked
+
+
+def run_steps(
+    steps: Iterable[Step],
+    recurrent_weight: Tensor,
+    projection_weight: Tensor,
+    cell_clip: float | None,
+    proj_clip: float | None,
+    kernels: tuple[StepKernel, StepKernel],
+) -> None:
+    """The recurrence, each step written into its slices by ``kernels`` (:func:`step_kernels`)."""
+    cell_step, projection_step = kernels
+    dtype = recurrent_weight.dtype
+    for step in steps:
+        accumulate(step.gates, cast(step.h_prev, dtype), recurrent_weight)  # (…, n, 4H)
+        cell_step(
+            step.gates,
+            step.c_prev,
+            step.keep,
+            step.cell,
+            step.tanh_cell,
+            step.hidden,
+            step.c_next,
+            cell_clip,
+        )
+        product(step.hidden, projection_weight, out=step.projection)  # (…, n, P)
+        projection_step(
+            step.projection, step.keep, step.h_prev, step.h_next, step.output, proj_clip
+        )
+
+
+def on_triton(gates: Tensor, state: Tensor) -> bool:
+    """Whether the steps' pointwise work runs in the Triton kernels: on CUDA, where triton
+    imports, for the dtypes they take. (The parity tests patch this to run them on CPU under the
+    Triton interpreter.)"""
+    if not gates.is_cuda:
+        return False
+    from elmo_core.model.lstm.triton_kernels import AVAILABLE, GEMM_DTYPES, STATE_DTYPES
+
+    return AVAILABLE and gates.dtype in GEMM_DTYPES and state.dtype in STATE_DTYPES
+
+
+def step_kernels(gates: Tensor, state: Tensor) -> tuple[StepKernel, StepKernel]:
+    """A step's pointwise work, each side of the projection GEMM: in Triton or in torch."""
+    if not on_triton(gates, state):
+        return cell_step, projection_step
+    import elmo_core.model.lstm.triton_kernels as triton_kernels  # imports triton: CUDA only
+
+    return triton_kernels.cell_step, triton_kernels.projection_step
+
+
+def grad_step_kernel(d_gates: Tensor, d_c: Tensor) -> StepKernel | None:
+    """The backward's per-step Triton kernel, or None where its torch ops run."""
+    if not on_triton(d_gates, d_c):
+        return None
+    import elmo_core.model.lstm.triton_kernels as triton_kernels  # imports triton: CUDA only
+
+    return triton_kernels.cell_grad_step
+
+
+def cell_step(
+    gates: Tensor,
+    c_prev: Tensor,
+    keep: Tensor,
+    cell: Tensor,
+    tanh_cell: Tensor,
+    hidden: Tensor,
+    c_next: Tensor,
+    cell_clip: float | None,
+) -> None:
+    """:func:`~elmo_core.model.lstm.triton_kernels.cell_step` in torch ops, the same slices
+    written."""
+    width = c_prev.shape[-1]
+    gates[..., : 2 * width].sigmoid_()  # σ(i), σ(f): one sigmoid for both
+    in_gate, forget_gate, candidate, out_gate = gates.chunk(4, dim=-1)  # 4 × (…, n, H)
+    tanh(candidate, out=candidate)
+    out_gate.sigmoid_()
+    torch.mul(forget_gate, c_prev, out=cell).addcmul_(in_gate, candidate)
+    new_c = clip(cell, cell_clip)  # (…, n, H)
+    torch.mul(out_gate, tanh(new_c, out=tanh_cell), out=hidden)
+    torch.where(keep.unsqueeze(-1), new_c, c_prev, out=c_next)
+
+
+def projection_step(
+    projection: Tensor,
+    keep: Tensor,
+    h_prev: Tensor,
+    h_next: Tensor,
+    output: Tensor,
+    proj_clip: float | None,
+) -> None:
+    """:func:`~elmo_core.model.lstm.triton_kernels.projection_step` in torch ops."""
+    new_h = clip(projection, proj_clip)  # (…, n, P)
+    kept = keep.unsqueeze(-1)  # (…, n, 1)
+    torch.where(kept, new_h, h_prev, out=h_next)
+    torch.mul(new_h, kept, out=output)  # zero where masked
+
+
+def result_buffers(
+    inputs: Tensor, h: Tensor, c: Tensor, input_weight: Tensor, projection_weight: Tensor
+) -> Tensors3:
+    """The results of either op's forward, unfilled: outputs ``(…, B, T, P)``, h and c."""
+    *lead, batch, steps = inputs.shape[:-1]
+    state = torch.promote_types(input_weight.dtype, c.dtype)
+    return (
+        inputs.new_empty(
+            (*lead, batch, steps, projection_weight.shape[-1]), dtype=input_weight.dtype
+        ),
+        h.new_empty(h.shape, dtype=state),
+        c.new_empty(c.shape, dtype=state),
+    )
+
+
+def cast(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """``x`` in ``dtype``, with no op dispatched when it already is (most steps, most runs)."""
+    return x if x.dtype == dtype else x.to(dtype)
+
+
+def tanh(x: Tensor, out: Tensor) -> Tensor:
+    """``tanh(x)`` into ``out`` (``x`` itself for in place); on the CPU in float32 as 2σ(2x) − 1,
+    as torch's tanh there runs several times slower than its sigmoid. The identity is exact,
+    its rounding within 3e-7."""
+    if x.is_cuda or x.dtype != torch.float32:
+        return torch.tanh(x, out=out)
+    return torch.sigmoid(torch.mul(x, 2.0, out=out), out=out).mul_(2.0).sub_(1.0)
+
+
+def clip(x: Tensor, bound: float | None) -> Tensor:
+    return x if bound is None else x.clamp(-bound, bound)
+
+
+def product(x: Tensor, weight: Tensor, out: Tensor | None = None) -> Tensor:
+    """``x·weight``, batched over the directions when ``x`` is 3-D."""
+    return (torch.mm if x.dim() == 2 else torch.bmm)(x, weight, out=out)
+
+
+def add_product(base: Tensor, x: Tensor, weight: Tensor, out: Tensor | None = None) -> Tensor:
+    """``base + x·weight`` into ``out``, the addition done by the GEMM."""
+    return (torch.addmm if x.dim() == 2 else torch.baddbmm)(base, x, weight, out=out)
+
+
+def accumulate(base: Tensor, x: Tensor, weight: Tensor) -> Tensor:
+    """``base += x·weight`` in place."""
+    return base.addmm_(x, weight) if x.dim() == 2 else base.baddbmm_(x, weight)
