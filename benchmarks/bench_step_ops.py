@@ -62,6 +62,7 @@ VARIANTS = {  # name: (lstm_impl, batch_directions)
     "reference_apart": ("reference", False),
     "reference_batched": ("reference", True),
     "fused_batched": ("fused", True),
+    "fused_apart": ("fused", False),
 }
 GOAL_LAUNCHES = 600  # per step (issue 23)
 GOAL_POSITIONS_PER_S = 250_000  # one H100 (issue 13)
