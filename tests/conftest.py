@@ -39,6 +39,16 @@ STACK = Path(__file__).resolve().parents[1] / "infra" / "local" / "stack.py"
 torch.set_num_threads(1)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked ``gpu`` are skipped where torch sees no CUDA device (CI, laptops)."""
+    if torch.cuda.is_available():
+        return
+    needs_cuda = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            item.add_marker(needs_cuda)
+
+
 @pytest.fixture
 def make_dataset(tmp_path: Path) -> MakeDataset:
     """``make_dataset(train_lines, heldout={"file.txt": lines}, **prepare_keys) -> dataset dir``.

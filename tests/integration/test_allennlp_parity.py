@@ -94,7 +94,7 @@ def test_the_dump_depends_on_the_carried_state():
     assert min(differences[1:]) > 100 * TOLERANCE, differences
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.gpu
 def test_on_cuda_in_float32_the_outputs_match_tensorflow(monkeypatch):
     """fp32 on the GPU: TF32 off (cuDNN's convolutions would take it by default)."""
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
@@ -102,7 +102,7 @@ def test_on_cuda_in_float32_the_outputs_match_tensorflow(monkeypatch):
     assert max(_max_difference(_released(stateful=True), "cuda")) < TOLERANCE
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.gpu
 def test_on_cuda_in_float32_every_layer_equals_the_cpu(monkeypatch):
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)

@@ -25,7 +25,7 @@ from elmo_core.training.step import TrainingStep
 from pipelines.prepare.corpus_sources import SAMPLE_CORPUS, locate_corpus
 from pipelines.prepare.stage import prepare_files
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+pytestmark = pytest.mark.gpu
 
 # The first-contact run (infra/device/first_contact.py) checks 50 steps within its time box.
 STEPS = int(os.environ.get("ELMO_BF16_STEPS", "300"))

@@ -70,7 +70,7 @@ def test_both_directions_compiled_together_equal_the_reference_stacks_alone():
         torch.testing.assert_close(states[index].c, ref_state.c, rtol=0, atol=1e-5)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+@pytest.mark.gpu
 def test_training_steps_replayed_as_cuda_graphs_equal_the_compiled_ones():
     """Captured graphs replayed across steps, the LSTM state carried between them, backward and
     Adagrad in between: the same weights as the compiled loop launched kernel by kernel."""

@@ -94,7 +94,7 @@ def test_kernel_modules_are_not_part_of_the_state_dict():
     assert all(parameter.device.type == "cpu" for parameter in fused.parameters())
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (cuDNN)")
+@pytest.mark.gpu
 def test_cudnn_on_gpu_matches_the_reference_in_float32():
     reference, fused = _pair(device="cuda", dtype=torch.float32)
     mask = _right_padded_mask("cuda")

@@ -47,7 +47,7 @@ def test_outputs_states_and_every_gradient_equal_the_reference_over_two_windows(
         torch.testing.assert_close(grad, ref_grad, rtol=0, atol=1e-5, msg=name)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton steps run on CUDA")
+@pytest.mark.gpu
 @pytest.mark.parametrize("directions", [None, 2], ids=["one-stack", "directions-batched"])
 def test_on_cuda_the_triton_steps_equal_the_reference_on_the_cpu(directions):
     from elmo_core.model.lstm import triton_kernels as lstm_triton
