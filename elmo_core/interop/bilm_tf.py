@@ -1,11 +1,8 @@
 """Read and write the original bilm-tf release format: ``options.json`` plus an HDF5 of weights.
 
-Every difference between that layout (DESIGN.md §3, "bilm-tf HDF5 layout") and our modules is
-handled here and nowhere else: the 261-row char table (ours has a padding row 0), TF conv and
-row-vector kernels, the LSTM's joint ``W_0`` in TF gate order (i, j, f, o) and its bias stored
-without the +1.0 forget offset. bilm-tf's HDF5 has no softmax; an optional file of our own
-(``softmax/W (V, P)``, ``softmax/b (V)``) carries it. Save → load is bit for bit, except the
-forget offset's float32 arithmetic (within one ulp of ``max(1, |b|)``).
+Every difference between that layout (DESIGN.md §3) and our modules is handled here and nowhere
+else: the 261-row char table, TF's row-vector kernels, the LSTM's joint ``W_0`` in gate order
+(i, j, f, o) and its bias without the +1 forget offset.
 """
 
 from __future__ import annotations
@@ -101,7 +98,12 @@ def write_bilm_tf(
     weight_file: str | Path,
     softmax_file: str | Path | None = None,
 ) -> None:
-    """Write ``bilm`` as bilm-tf would (options + HDF5); each file appears whole or not at all."""
+    """Write ``bilm`` as bilm-tf would (options + HDF5); each file appears whole or not at all.
+
+    bilm-tf's HDF5 has no softmax: ``softmax_file`` is one of our own (``softmax/W (V, P)``,
+    ``softmax/b (V)``). Reading back gives the same weights bit for bit, except the forget bias
+    offset's float32 arithmetic (within one ulp of ``max(1, |b|)``).
+    """
     if softmax_file is not None and bilm.softmax is None:
         raise WeightsError("this biLM has no softmax to save", path=softmax_file)
     projection = bilm.token_encoder.projection

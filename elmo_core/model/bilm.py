@@ -1,21 +1,10 @@
 """The bidirectional language model: char-CNN token encoder, two projected LSTM stacks, softmax.
 
-Two entry points, matching the two ways bilm-tf runs the same weights (DESIGN.md §3):
+``forward`` gives ELMo's layers, stateless by default so a sentence always gives the same vectors;
+``score_window`` runs the language model on two streams of windows with the state carried by the
+caller, so training and perplexity share one per-direction forward (DESIGN.md §3).
 
-* ``forward(char_ids)`` — representations for ELMo. Sentences come without markers (as
-  :func:`~elmo_core.text.char_ids.batch_to_ids` makes them, padded on the right); ``<S>`` and
-  ``</S>`` are added per row, the backward stack reads each row's real tokens reversed, and the
-  layers ``[x; x]``, ``[f_k; b_k]`` come back aligned by position. Stateless by default, so the
-  same sentence always gives the same vectors; ``stateful=True`` carries each row's final states
-  to the next call as bilm-tf's inference graph did.
-* ``score_window(...)`` — the language model on two independent streams of windows (the
-  backward stream is already reversed), with the LSTM state carried by the caller: each
-  direction's top layer, handed to a scoring function. ``training_loss`` scores it with the
-  sampled softmax, :mod:`elmo_core.perplexity` with the full one, so training and evaluation run
-  the same per-direction forward.
-
-Shape legend: B rows, T window, W chars per token, P projection, H cell, L layers, V vocabulary,
-N scored positions.
+Shape legend: B rows, T window, W chars per token, P projection, H cell, L layers, V vocabulary.
 """
 
 from __future__ import annotations
@@ -77,7 +66,11 @@ class LossOutput(NamedTuple):
 
 
 class BiLM(nn.Module):
-    """The biLM of Peters et al. 2018; ``softmax`` exists only when ``vocab_size`` is given."""
+    """The biLM of Peters et al. 2018; ``softmax`` exists only when ``vocab_size`` is given.
+
+    ``stateful=True`` carries each row's final states to the next ``forward``, as bilm-tf's
+    inference graph did.
+    """
 
     bos_ids: torch.Tensor  # (W,) the <S> marker, +1 convention
     eos_ids: torch.Tensor  # (W,) the </S> marker

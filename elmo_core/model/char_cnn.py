@@ -1,15 +1,10 @@
 """The character-CNN token encoder shared by both LSTM directions (bilm-tf ``char_cnn``).
 
-Per token (DESIGN.md §3): char embedding (E) → for each filter of width w with n maps, a valid
-convolution over the W chars → max over positions → activation (ReLU in the released models;
-bilm-tf takes the max *before* the activation) → concat (F) → highway layers → linear projection
-to P. ``ModelConfig.conv_impl`` picks how the filters run: one Conv1d per width (``per_width``)
-or all widths as one convolution (``padded``); the same features either way. Char ids use the +1
-convention: 262 rows, row 0 is padding and stays zero. A token of all-zero ids (padding) still
-goes through the network; callers mask its output.
+Per token (DESIGN.md §3): char embedding → convolutions of several widths → max over positions
+(before the activation, as in bilm-tf) → highway layers → projection. Callers mask padding tokens.
 
-Shape legend: B rows, T window, W chars per token (W' after trimming the tail), E char embedding,
-F filters, P projection, N tokens (flattened), U unique word types.
+Shape legend: B rows, T window, W (W' trimmed) chars per token, E char embedding, F filters,
+P projection, N tokens (flattened), U unique word types.
 """
 
 from __future__ import annotations

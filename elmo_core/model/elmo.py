@@ -1,11 +1,7 @@
 """ELMo: task-specific scalar mixes of a (usually frozen) biLM's layers (Peters et al. 2018, §3.2).
 
-Follows AllenNLP's ``Elmo`` module and bilm-tf's ``weight_layers``: the biLM runs on sentences
-without markers (it adds ``<S>``/``</S>`` itself), each output representation is its own
-:class:`ScalarMix` over the ``L + 1`` layers, and dropout follows the mix. The boundary positions
-are stripped *before* the mix, as bilm-tf does, so the optional layer norm's statistics cover the
-real tokens only (AllenNLP includes the markers); with ``keep_sentence_boundaries`` the mix sees
-the markers too.
+Follows AllenNLP's ``Elmo``, except that, as bilm-tf's ``weight_layers`` does, the boundary
+positions are stripped *before* the mix, so the optional layer norm sees the real tokens only.
 
 Shapes: B rows, T tokens, W chars per token, P projection, L LSTM layers, R representations.
 """

@@ -1,19 +1,5 @@
 """Highway layers of the token encoder (Srivastava et al. 2015), as bilm-tf computes them.
 
-Per layer, with row vectors and the gate called "carry" as in the original::
-
-    g = σ(x·W_carry + b_carry)
-    y = g ⊙ relu(x·W_transform + b_transform) + (1 − g) ⊙ x
-
-The original's "carry" gate multiplies the *transform* branch (DESIGN.md §3). A torch ``Linear``
-stores ``W`` transposed (``weight = Wᵀ``); the matrices are square, so a missing transpose in
-weight interop would pass every shape check — the tests use non-symmetric weights for that reason.
-
-With ``cpu_bf16`` a training forward on a CPU with bf16 GEMMs runs under bf16 autocast (float32
-weights, GEMMs accumulating in float32): the two F² GEMMs per layer are the largest piece of a CPU
-step's char CNN, and the loss moves far less than the bf16 tolerance the GPU step already trains
-with. An evaluation (``eval()``) stays float32, so inference and parity with bilm-tf are unchanged.
-
 Shape legend: B rows, T window, F filters (the highway width).
 """
 
@@ -46,12 +32,20 @@ class Highway(nn.Module):
         std = math.sqrt(1.0 / self.dim)
         for transform, carry in zip(self.transform, self.carry, strict=True):
             assert isinstance(transform, nn.Linear) and isinstance(carry, nn.Linear)
+            # Square matrices: a missing transpose in weight interop would pass every shape
+            # check, so the tests use non-symmetric weights.
             nn.init.normal_(transform.weight, std=std)
             nn.init.zeros_(transform.bias)
             nn.init.normal_(carry.weight, std=std)
             nn.init.constant_(carry.bias, CARRY_BIAS_INIT)
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        """Per layer ``g = σ(carry(x))``, ``y = g ⊙ relu(transform(x)) + (1 − g) ⊙ x``.
+
+        bilm-tf's "carry" gate multiplies the *transform* branch (DESIGN.md §3). With
+        ``cpu_bf16`` a CPU training forward with bf16 GEMMs runs under bf16 autocast; ``eval()``
+        stays float32, so inference and parity with bilm-tf are unchanged.
+        """
         in_bf16 = (
             self.cpu_bf16 and self.training and inputs.device.type == "cpu" and CPU_HAS_BF16_GEMMS
         )

@@ -1,8 +1,7 @@
 """The task-specific weighting of biLM layers: ``ELMo = γ · Σ_j softmax(w)_j · h_j`` (Eq. 1).
 
-Matches bilm-tf's ``weight_layers`` and AllenNLP's ``ScalarMix``: ``w`` starts at 0 (a uniform
-average), ``γ`` at 1; the optional layer norm uses one mean and variance over all unmasked
-elements of a layer, with no affine parameters and ``eps = 1e-12``.
+Matches bilm-tf's ``weight_layers`` and AllenNLP's ``ScalarMix``, including the optional layer
+norm: one mean and variance over all unmasked elements of a layer, no affine, ``eps = 1e-12``.
 
 Shapes: B rows, T window, D layer width (2P for the biLM), L layers.
 """

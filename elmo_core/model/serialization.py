@@ -1,12 +1,7 @@
-"""Our own biLM file format: a directory with the model config and the weights.
+"""Our own biLM file format: a directory with the model config, the weights and the warm-up.
 
-``model_config.json`` holds the resolved :class:`~elmo_core.config.ModelConfig` and the vocabulary
-size, ``model.pt`` the state dict (no pickled classes, so any later version of the code can read
-it), ``warmup.txt`` the sentences stateless inference starts after
-(:mod:`elmo_core.model.warm_start`; none: from zero). Training checkpoints, the MLflow model and
-``Elmo.from_checkpoint`` all use this one format; the bilm-tf HDF5 layout lives in
-:mod:`elmo_core.interop.bilm_tf`. A model runs the LSTM variant :mod:`elmo_core.model.lstm`'s
-table chooses for this device, whichever its file names (a swap is logged).
+The weights are a state dict (no pickled classes), so any later version of the code can read
+them. Training checkpoints, the MLflow model and ``Elmo.from_checkpoint`` all use this format.
 """
 
 from __future__ import annotations
@@ -33,7 +28,11 @@ LATEST_FILE = "LATEST"
 
 
 def write_bilm_dir(bilm: BiLM, directory: str | Path) -> Path:
-    """Write ``bilm`` into ``directory`` (created); each file appears whole or not at all."""
+    """Write ``bilm`` into ``directory`` (created); each file appears whole or not at all.
+
+    ``model_config.json``: the resolved config and the vocabulary size; ``model.pt``: the state
+    dict; ``warmup.txt``: the sentences inference starts after (none: from zero).
+    """
     target = Path(directory)
     target.mkdir(parents=True, exist_ok=True)
     description = {

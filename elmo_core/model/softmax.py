@@ -1,10 +1,8 @@
 """The output softmax of the biLM: sampled for training, exact (chunked) for evaluation.
 
-Matches bilm-tf (DESIGN.md §3): one ``W (V, P)``, ``b (V)`` shared by both directions; training
-uses ``tf.nn.sampled_softmax_loss`` with its default sampler, ``log_uniform_candidate_sampler(
-unique=True)``, ``subtract_log_q=True`` and ``remove_accidental_hits=True``; perplexity uses the
-full softmax, computed over chunks of the vocabulary so ``N × V`` logits never exist at once; the
-sampled loss is computed over chunks of positions so its ``N × (1+K)`` logits never exist either.
+Matches bilm-tf's ``sampled_softmax_loss`` with its default log-uniform sampler (DESIGN.md §3).
+Both losses run in chunks, of positions or of the vocabulary, so neither the ``N × (1+K)`` nor
+the ``N × V`` logits ever exist at once.
 
 Shapes: N positions (rows × window, flattened), P projection, V vocabulary, K sampled, C chunk.
 """

@@ -1,13 +1,9 @@
 """The state stateless inference starts from: the biLM's own state after a few whole sentences.
 
-Training carries each row's state from sentence to sentence, so a sentence's ``<S>`` arrives after
-the previous one's ``</S>``. Stateless inference started every row from zero instead, a state
-training sees once, at step 1, and a forward LSTM can learn a trap it falls into only from there
-(cells locked at the clip on sentences opening with a quote). Reading a few sentences first puts
-each row where training leaves it between sentences. The sentences are stored with the model
-(``warmup.txt``, one per line) and the state is read from them on load, so every load gives the
-same start and the same sentence always gives the same vectors. A model without the file (a
-bilm-tf import, an older directory) starts from zero, as bilm-tf does.
+Training reaches a sentence's ``<S>`` after the previous ``</S>``, from zero only at step 1, and a
+forward LSTM can learn a trap it falls into only from zero (cells locked at the clip on sentences
+opening with a quote). The sentences are stored with the model, so every load starts the same; a
+model without them (a bilm-tf import) starts from zero, as bilm-tf does.
 """
 
 from __future__ import annotations

@@ -1,16 +1,14 @@
 """The projected LSTM's variants and the one table of which runs where, :data:`CHOICES`.
 
-All keep the reference :class:`~.reference.ProjectedLSTM`'s parameters and pass its parity tests;
-a device's choice is the fastest that does (figures: benchmarks/results/, README). ``auto``
-resolves here, a GPU run's defaults come from here, and a loaded model runs this device's choice.
+Every variant keeps :class:`~.reference.ProjectedLSTM`'s parameters and passes its parity tests;
+a device's choice is the fastest that does (figures: benchmarks/results/).
 
-| variant   | CPU                                  | CUDA                                         |
-| fused     | chosen: fastest measured, both to    | chosen, directions batched: PREDICTED from   |
-|           | embed and to train                   | launch counts, not yet measured on a GPU     |
-| cudnn     | runs, no clips; slower than fused    | chosen where no clips and directions apart   |
-| reference | runs: the parity baseline            | runs                                         |
-| compiled  | runs (Inductor's CPU backend)        | runs, one compile per shape                  |
-| graphed   | runs as compiled                     | runs, CUDA graphs while training             |
+| variant   | CPU                                | CUDA                                          |
+| fused     | chosen: fastest to embed and train | chosen, directions batched (not yet measured) |
+| cudnn     | runs, no clips; slower than fused  | chosen where no clips and directions apart    |
+| reference | runs: the parity baseline          | runs                                          |
+| compiled  | runs (Inductor's CPU backend)      | runs, one compile per shape                   |
+| graphed   | runs as compiled                   | runs, CUDA graphs while training              |
 """
 
 from __future__ import annotations

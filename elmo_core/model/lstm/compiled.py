@@ -1,10 +1,7 @@
 """The projected LSTM stack with each layer's step loop compiled by ``torch.compile``.
 
-On a GPU the reference loop launches a dozen small kernels per step; compiled (Inductor, fixed
-shapes), each layer's loop becomes one graph, its pointwise work fused around the GEMMs. What is
-compiled is the reference's own :func:`~elmo_core.model.lstm.reference.run_layer`, so the two
-cannot drift, and unlike cuDNN it keeps the clips. Each new shape compiles once (a run has one or
-two); the ``graphed`` variant (``model.lstm_impl=graphed``) also captures them as CUDA graphs.
+It compiles the reference's own :func:`~elmo_core.model.lstm.reference.run_layer`, so the two
+cannot drift, and unlike cuDNN it keeps the clips. Each new shape compiles once.
 """
 
 from __future__ import annotations

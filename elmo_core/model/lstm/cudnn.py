@@ -1,11 +1,8 @@
 """The projected LSTM stack run by PyTorch's fused LSTM kernel (cuDNN on GPU), for unclipped models.
 
-``nn.LSTM(proj_size=P)`` computes exactly our cell without the two clips (DESIGN.md §4), and our
-parameters map onto it one to one (``input_weight``, ``recurrent_weight``, ``bias`` with a zero
-``bias_hh_l0``, ``projection_weight``), so this variant keeps
-:class:`~elmo_core.model.lstm.reference.ProjectedLSTM`'s parameters and stack loop and overrides
-only the layer call. Right-padded rows are packed by length; any other mask falls back to the
-reference loop.
+``nn.LSTM(proj_size=P)`` is exactly our cell without the two clips (DESIGN.md §4) and our
+parameters map onto it one to one, so only the layer call is overridden. Right-padded rows are
+packed by length; any other mask falls back to the reference loop.
 
 Shape legend: B rows, T window, P projection, H cell, L layers, I layer input width.
 """

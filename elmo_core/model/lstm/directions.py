@@ -1,10 +1,7 @@
 """Both directions' LSTM stacks run as one: each GEMM of a layer batched over the two directions.
 
-The two stacks have the same shapes and, in a training step, windows of the same shape, so each
-GEMM runs for both as one batched GEMM and each pointwise kernel covers both: half the launches,
-GEMMs twice as large (``model.batch_directions``). Parameters and state dict stay each stack's own
-(stacked at each call), and the layer loop is the stack's own: only dropout draws its masks for
-both at once.
+Half the kernel launches, GEMMs twice as large. Parameters and state dict stay each stack's own
+(stacked at each call); only dropout draws its masks for both at once.
 
 Shape legend: D = 2 directions, B rows, T window, P projection, H cell, L layers, I input width.
 """

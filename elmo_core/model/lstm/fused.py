@@ -1,11 +1,7 @@
 """The fused variant: each layer's step loop as one op, the training op or the inference op.
 
-A layer is ``elmo::lstm_layer`` (:mod:`~elmo_core.model.lstm.fused_training`) where a gradient
-can reach its inputs, state or weights, else ``elmo::lstm_layer_inference``
-(:mod:`~elmo_core.model.lstm.fused_inference`), which keeps nothing for a backward. The
-parameters, dropout and residuals are :class:`~elmo_core.model.lstm.reference.ProjectedLSTM`'s;
-the weights are cast as autocast would (:meth:`~elmo_core.model.lstm.reference.LayerWeights.
-for_autocast`), as custom ops run below it.
+The inference op runs where no gradient can reach the layer's inputs, state or weights, and keeps
+nothing for a backward. Custom ops run below autocast, so here the weights are cast as it would.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """``elmo::lstm_layer_inference``: a layer's step loop where no gradient is taken.
 
-``elmo embed``, the pyfunc models and evaluation run here: the same steps as the training op,
-keeping nothing for a backward, the state updated in place. On the CPU the ``k``-th step reads
-each row's ``k``-th real token, so a step runs only the rows with tokens left, none masked (as
-AllenNLP's ``LstmCellWithProjection`` drops ended sentences): padding costs nothing. On CUDA every
-row runs every step, masked, as reading the rows' lengths back would stall the kernel queue.
+On the CPU step ``k`` runs only the rows with a ``k``-th real token, so padding costs nothing; on
+CUDA every row runs every step, masked, as reading lengths back would stall the kernel queue.
 
-Shape legend: D = 2 directions (or none), B rows, T window, I input width, P projection, H cell,
+Shape legend: D = 2 directions (or none), B rows, T window, I input, P projection, H cell,
 N running (row, step) pairs.
 """
 

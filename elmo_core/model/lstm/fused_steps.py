@@ -1,9 +1,7 @@
-"""What the fused ops' forwards share: the step loop, its torch pointwise work, small tensor ops.
+"""What the fused ops' forwards share: the step loop, its pointwise work, small tensor ops.
 
-Both ops run a step the same way, into the buffers they pass: the recurrent GEMM, the cell's
-pointwise work, the projection GEMM, the projection's. The pointwise work runs in
-:mod:`~elmo_core.model.lstm.triton_kernels` on CUDA where triton imports, else in the torch ops
-below, which write the same slices; :func:`on_triton` is the one switch.
+The pointwise work runs in :mod:`~elmo_core.model.lstm.triton_kernels` on CUDA where triton
+imports, else in torch ops that write the same slices; :func:`on_triton` is the one switch.
 
 Shape legend: D = 2 directions (or none), B rows, n running rows, P projection, H cell.
 """

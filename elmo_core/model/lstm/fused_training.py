@@ -1,12 +1,8 @@
 """``elmo::lstm_layer``: a layer's step loop as one op with its own backward, for training.
 
-Autograd through the reference loop records a dozen ops a step and replays their backward one by
-one. This op's forward runs the steps into buffers and keeps only what its backward reads (gates,
-cells before the clip and their tanh after it, projections before the clip, the state entering
-each step); ``elmo::lstm_layer_backward`` walks the steps back once, then takes each weight's
-gradient as one GEMM over all ``T·B`` rows. Both have fake implementations, so ``torch.compile``
-keeps them whole. Custom ops run below autocast, so dtypes are explicit: the backward runs in at
-least float32 and returns each gradient in its input's dtype.
+The forward keeps only what the backward reads. Both ops have fake implementations, so
+``torch.compile`` keeps them whole; they run below autocast, so the backward computes in at least
+float32 and returns each gradient in its input's dtype.
 
 Shape legend: D = 2 directions (or none), B rows, T window, I input width, P projection, H cell.
 """

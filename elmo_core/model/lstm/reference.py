@@ -1,8 +1,7 @@
 """The reference projected LSTM: one direction's stack of clipped layers, TF ``LSTMCell``'s cell.
 
-Every variant (:mod:`elmo_core.model.lstm`) subclasses :class:`ProjectedLSTM` and keeps its
-parameters; its loop, :func:`run_layer`, is what their parity tests compare against. The cell and
-the masking rule are DESIGN.md §3's; the bilm-tf layout mapping is :class:`ProjectedLSTMLayer`'s.
+Every variant subclasses :class:`ProjectedLSTM`; :func:`run_layer` is what their parity tests
+compare against. The cell and the masking rule are DESIGN.md §3's.
 
 Shape legend: B rows, T window, P projection, H cell, L layers, I layer input width.
 """

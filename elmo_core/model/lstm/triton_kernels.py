@@ -1,11 +1,7 @@
 """Triton kernels for the pointwise work of a fused step (:mod:`~elmo_core.model.lstm.fused_steps`).
 
-Two kernels a forward step, one each side of the projection GEMM (:func:`cell_step`,
-:func:`projection_step`), and one a backward step (:func:`cell_grad_step`), writing exactly the
-buffers the torch path writes, in float32 arithmetic rounded where the torch path rounds. A
-program takes a ``BLOCK_ROWS × BLOCK_COLS`` tile of one direction's ``(B, X)`` step. triton is
-optional (:data:`AVAILABLE`); ``TRITON_INTERPRET=1`` set while this module is imported runs the
-kernels on CPU tensors, so σ and tanh are written with ``exp`` (the interpreter has no libdevice).
+They write the buffers the torch path writes, rounded where it rounds. ``TRITON_INTERPRET=1``
+runs them on CPU tensors, so σ and tanh are written with ``exp`` (no libdevice there).
 
 Shape legend: D = 2 directions (or none), B rows, P projection, H cell.
 """
