@@ -1,11 +1,8 @@
-"""Linear probes: how much of a tag (POS) each frozen biLM layer holds on its own.
+"""Linear probes: how much of a tag (POS) each frozen biLM layer holds (Peters et al. 2018, §5.3).
 
-Peters et al. (2018, §5.3, Table 6) train a linear classifier per layer. All ``L`` maps ``D → K``
-train in one batched einsum; they share nothing and AdamW is elementwise, so each follows the path
-it would alone. Features are standardised per layer with training statistics (so one learning rate
-suits every layer), weights start at zero (the problem is convex; the seed only orders the
-minibatches), and activations are read from the memory-mapped cache in chunks, never whole.
-
+All layers' probes train as one batched einsum; they share nothing and AdamW is elementwise, so
+each follows the path it would alone. Features are standardised per layer, so one learning rate
+suits every layer.
 Shapes: B tokens of a batch, L layers, D layer width, K tags, N tokens of a split.
 """
 

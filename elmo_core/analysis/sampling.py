@@ -1,11 +1,8 @@
 """Training-set fractions for the sample-efficiency curve (Peters et al. 2018, §5.5, Figure 1).
 
-A subset is a list of example indices in the split's order: ``floor(fraction × count)`` of each
-label for classification and pairs (the split's proportions), ``floor(fraction × S)`` sentences
-for tagging. One seed's subsets are nested (prefixes of one shuffled order), so the curve reads as
-data added, not as unrelated draws. Floor rather than one per label, so rare labels are not
-over-represented; a fraction that leaves a label with no example is a :class:`DataError`
-(:func:`check_fractions` checks the whole list before training).
+One seed's subsets are nested (prefixes of one shuffled order), so the curve reads as data added,
+not as unrelated draws. Each label keeps ``floor(fraction × count)`` of its examples (tagging:
+of the sentences), so rare labels are not over-represented.
 """
 
 from __future__ import annotations

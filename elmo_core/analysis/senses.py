@@ -1,14 +1,7 @@
 """A nearest-neighbour word-sense probe per biLM layer (Peters et al. 2018, §5.3).
 
 A test word takes the nearest of its lemma's sense centroids (mean training vectors), per layer.
-Sense file: UTF-8, one example a line, blank and ``#`` lines skipped; train and test apart::
-
-    sense<TAB>index<TAB>tokenized sentence
-    bank%money<TAB>3<TAB>she opened an account at the bank last week .
-
-``sense`` is ``lemma%name``; ``index`` is the target's 0-based token position. Every test lemma
-needs training examples (the paper's WordNet fallback is not used).
-
+Every test lemma needs training examples: the paper's WordNet fallback is not used.
 Shapes: N examples, L layers (LSTM layers + 1), D layer width, S senses of one lemma.
 """
 
@@ -70,7 +63,12 @@ class SenseProbeResult:
 
 
 def read_senses(path: str | Path) -> list[SenseExample]:
-    """Read a sense file (format in the module docstring); a malformed line is a ``DataError``."""
+    """Read a sense file; a malformed line is a ``DataError``.
+
+    UTF-8, one ``lemma%name<TAB>index<TAB>tokenized sentence`` a line, ``index`` being the target's
+    0-based token position (``bank%money<TAB>6<TAB>she opened an account at the bank .``); blank
+    and ``#`` lines are skipped.
+    """
     examples = [
         _parse_line(text, path, number)
         for number, text in iter_lines(path)

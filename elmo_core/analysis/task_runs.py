@@ -1,15 +1,8 @@
 """The task runs behind the paper's §5 comparisons, each over several seeds.
 
-- **Sample efficiency** (§5.5): the task trained on fractions of its training examples, with and
-  without ELMo. The fractions of one seed are nested, so the curve reads as data added; each
-  fraction trains for as many updates as the whole split (more epochs, early stopping on dev).
-- **Per layer** (§5.3, Table 5/6 style): the ELMo model on one biLM layer alone, and on the learned
-  mix of all of them, whose weights (§5.6) are kept.
-- **Placement** (§5.2): ELMo at the task RNN's input, and at its input and output.
-
-A run is :func:`~elmo_core.tasks.trainer.train_task` on a variant of the task's config or training
-split; its score is the main metric on test (dev when the task has no test split). The full-data
-ELMo run with the mix at the input is shared by all three comparisons, so it runs once per seed.
+Sample efficiency (§5.5), one biLM layer against the learned mix (§5.3), and where ELMo enters
+the task model (§5.2). A fraction trains for as many updates as the whole split; the full-data
+ELMo run with the mix at the input serves all three comparisons, so it runs once per seed.
 """
 
 from __future__ import annotations

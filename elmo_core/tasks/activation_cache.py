@@ -1,11 +1,8 @@
 """The frozen biLM's layer activations for a task's sentences, computed once and kept on disk.
 
-Adapting trains only the mix and the head (Peters et al. 2018, §3.3), so rerunning the fixed biLM
-every epoch is waste. An entry is a memory-mapped ``(num_tokens, L, D)`` array (boundary markers
-stripped) plus ``offsets``, named by a hash of the biLM's weights, the tokens and the dtype, and
-renamed into place whole. One whose sizes disagree is rebuilt; contents are not checked, since
-that would read the whole array on every open.
-
+Adapting trains only the mix and the head, so the fixed biLM runs once, not every epoch. An entry
+is named by a hash of the weights, the tokens and the dtype; one whose sizes disagree is rebuilt,
+but contents are not checked, since that would read the whole array on every open.
 Shapes: B rows, T tokens, L layers (LSTM layers + 1), D layer width (2P), N tokens of a split.
 """
 

@@ -1,15 +1,4 @@
-"""Single-sentence classification readers for plain-text formats.
-
-``label_text``: ``label<space>sentence`` per line, the label being the first whitespace-separated
-field, as in TREC (Li & Roth 2002):
-``DESC:manner How did serfdom develop in and then leave Russia ?``.
-
-``tsv``: exactly two tab-separated fields per line, ``label\\tsentence`` or ``sentence\\tlabel``
-(``label_column``), optionally after one header line (GLUE's SST-2 ``sentence\\tlabel``).
-
-In both, sentences are split on whitespace (the files are distributed pre-tokenized) and blank
-lines are ignored; a line without a sentence is an error.
-"""
+"""Single-sentence classification readers: ``label sentence`` lines, and two-column TSV."""
 
 from __future__ import annotations
 
@@ -23,7 +12,10 @@ LabelColumn = Literal["first", "last"]
 
 
 def read_label_text(path: str | Path) -> TaskDataset[ClassificationExample]:
-    """Read ``label sentence`` lines."""
+    """Read ``label sentence`` lines, the label being the first whitespace-separated field (TREC).
+
+    Sentences are split on whitespace (the files come pre-tokenized); blank lines are ignored.
+    """
     examples: list[ClassificationExample] = []
     for number, line in iter_lines(path):
         fields = line.split()
@@ -40,7 +32,11 @@ def read_label_text(path: str | Path) -> TaskDataset[ClassificationExample]:
 def read_tsv(
     path: str | Path, *, label_column: LabelColumn = "first", header: bool = False
 ) -> TaskDataset[ClassificationExample]:
-    """Read two-column TSV lines; ``header`` skips the first line (``skipped["header"]``)."""
+    """Read two-column TSV lines; ``header`` skips the first line (``skipped["header"]``).
+
+    ``label\tsentence``, or ``sentence\tlabel`` (GLUE's SST-2) with ``label_column="last"``;
+    sentences are split on whitespace and blank lines are ignored.
+    """
     examples: list[ClassificationExample] = []
     skipped = {"header": 0}
     for number, line in iter_lines(path):

@@ -1,16 +1,7 @@
 """Sequence-labelling readers: CoNLL-2003 named entities and CoNLL-U part-of-speech tags.
 
-CoNLL-2003 (Tjong Kim Sang & De Meulder 2003): one token per line, whitespace-separated columns
-``word POS chunk NER`` (the released files) or ``word NER`` (a common reduced form); the tag is
-always the last column. A blank line ends a sentence; ``-DOCSTART-`` lines mark documents and are
-skipped. The released English files use IOB1 (``I-X`` opens an entity, ``B-X`` only separates two
-adjacent entities of the same type); many redistributions use IOB2/BIO. The reader keeps tags as
-they are and only checks their shape; :func:`elmo_core.tasks.metrics.tags_to_spans` reads both.
-
-CoNLL-U (Universal Dependencies, https://universaldependencies.org/format.html): ten tab-separated
-columns ``ID FORM LEMMA UPOS XPOS FEATS HEAD DEPREL DEPS MISC``; ``#`` lines are comments,
-``1-2`` ids are multiword tokens (their parts follow as ordinary words) and ``8.1`` ids are empty
-nodes of enhanced graphs; both are skipped so that tokens are the syntactic words.
+Tags are kept as written, IOB1 or IOB2, and only their shape is checked:
+:func:`~elmo_core.tasks.metrics.tags_to_spans` reads both.
 """
 
 from __future__ import annotations
@@ -34,6 +25,9 @@ def read_conll2003(
     path: str | Path, *, tag_scheme: TagScheme = "iob1"
 ) -> TaskDataset[TaggingExample]:
     """Read a CoNLL-2003 NER file (4 or 2 columns; every token line of a file has the same count).
+
+    One token a line, ``word POS chunk NER`` (the released files) or ``word NER``; the tag is the
+    last column, a blank line ends a sentence and ``-DOCSTART-`` lines are skipped.
 
     ``tag_scheme`` ``iob1``/``iob2`` requires tags of the form ``O``, ``B-TYPE`` or ``I-TYPE``;
     ``none`` accepts any tag. Skipped items are counted under ``skipped["docstart"]``.
@@ -82,7 +76,8 @@ def read_conll2003(
 def read_conllu(path: str | Path, *, column: ConlluColumn = "upos") -> TaskDataset[TaggingExample]:
     """Read a CoNLL-U file as (FORM, UPOS) or (FORM, XPOS) sentences.
 
-    Skipped lines are counted under ``skipped["multiword_token"]`` and ``skipped["empty_node"]``
+    Multiword tokens (``1-2``) and empty nodes (``8.1``) are skipped, so that tokens are the
+    syntactic words, and counted under ``skipped["multiword_token"]`` and ``skipped["empty_node"]``
     (comments are not counted). An unspecified tag (``_``) in the chosen column is an error:
     some treebanks have no XPOS, and training on ``_`` would silently learn nothing.
     """

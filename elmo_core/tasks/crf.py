@@ -1,13 +1,8 @@
 """A linear-chain conditional random field over per-token tag scores (Lafferty et al. 2001).
 
-The tagging output layer of the paper's NER model (Peters et al. 2018, §5, after Peters et al.
-2017): a sentence's score is ``start[y_1] + Σ_t emission[t, y_t] + Σ_t transition[y_{t-1}, y_t]
-+ end[y_n]``; training maximises ``score(gold) − log Σ_y exp score(y)`` (the forward algorithm)
-and decoding takes the best-scoring sequence (Viterbi). Both loop over time only, every step
-batched over rows and tags.
-
-Shapes: B rows, T tokens, K tags. Masks are right-padded (a row's real tokens come first) and
-every row has at least one real token.
+The tagging output layer of the paper's NER model (Peters et al. 2018, §5). The forward algorithm
+and Viterbi loop over time only, every step batched over rows and tags.
+Shapes: B rows, T tokens, K tags. Masks are right-padded and every row has a real token.
 """
 
 from __future__ import annotations
@@ -17,7 +12,11 @@ from torch import nn
 
 
 class CRF(nn.Module):
-    """Transition, start and end scores for ``num_tags`` tags, learnt with the tagger."""
+    """Transition, start and end scores for ``num_tags`` tags, learnt with the tagger.
+
+    A sequence scores ``start[y_1] + Σ_t emission[t, y_t] + Σ_t transition[y_{t-1}, y_t] +
+    end[y_n]``.
+    """
 
     def __init__(self, num_tags: int) -> None:
         super().__init__()

@@ -1,9 +1,8 @@
 """What every task reader returns: typed examples plus counts of what it skipped.
 
-Readers are strict: a malformed line raises :class:`~elmo_core.errors.DataError` naming the file
-and line, while items the format itself marks as unusable (SNLI pairs without a gold label,
-CoNLL ``-DOCSTART-`` lines, CoNLL-U multiword tokens) are skipped and counted in
-:attr:`TaskDataset.skipped` so that a run can log how much of a file it used.
+Readers are strict: a malformed line is a :class:`~elmo_core.errors.DataError` naming the file and
+line, while items the format marks as unusable are skipped and counted in
+:attr:`TaskDataset.skipped`, so a run can log how much of a file it used.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Task heads: what sits on a task's token vectors ``[word embedding; ELMo]`` (Peters et al. 2018).
 
-Every head starts with a BiLSTM encoder (with ``elmo_at_output`` a second ELMo vector joins its
-output, as the paper does for SNLI and SQuAD, §3.3), then :class:`TaggingHead` (token scores,
-cross-entropy or a :class:`CRF`), :class:`ClassificationHead` (pooling, a linear layer) or
-:class:`PairHead` (ESIM, the paper's SNLI baseline, Chen et al. 2017; or the cheaper ``match``).
-
+A BiLSTM encoder (with ``elmo_at_output`` a second ELMo vector joins its output, §3.3), then a
+tagging, classification or pair head (ESIM, Chen et al. 2017, the paper's SNLI baseline).
 Shapes: B rows, T tokens (Ta, Tb the two sides of a pair), I input width, E encoder output width
 (2·hidden, plus D with ELMo at the output), H hidden, K labels.
 """

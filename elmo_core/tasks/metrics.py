@@ -1,10 +1,7 @@
 """Task metrics: CoNLL span F1 (as conlleval computes it), accuracy, and the confusion matrix.
 
-Span F1 (Tjong Kim Sang & De Meulder 2003) counts an entity only when its type, first and last
-token match a gold one; micro-averaged, and per type. Spans follow conlleval's chunk rules, right
-for IOB1 and IOB2: a span starts at ``B-X`` or at an ``I-X`` that continues no ``X`` span, and ends
-before ``O``, any ``B-``, another type, or the sentence's end. :func:`confusion_matrix` and
-:func:`label_scores` give each label's precision, recall and F1.
+Spans follow conlleval's chunk rules, right for IOB1 and IOB2: a span starts at ``B-X`` or at an
+``I-X`` that continues no ``X`` span, and ends before ``O``, any ``B-``, another type, or the end.
 """
 
 from __future__ import annotations

@@ -1,9 +1,4 @@
-"""Read a task's split with the reader its config names, and settle its label set.
-
-The readers themselves live by format family: :mod:`~elmo_core.tasks.conll` (CoNLL-2003,
-CoNLL-U), :mod:`~elmo_core.tasks.sst`, :mod:`~elmo_core.tasks.classification` (label_text, tsv)
-and :mod:`~elmo_core.tasks.snli`.
-"""
+"""Read a task's split with the reader its config names, and settle its label set."""
 
 from __future__ import annotations
 

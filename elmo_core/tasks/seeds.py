@@ -1,8 +1,7 @@
 """Scores over seeds: a task model's score is a mean with a spread, never one lucky draw.
 
-On small task sets two seeds of the same model differ by more than ELMo's gain can (the bundled
-tasks: several points), so every comparison of ELMo against the baseline trains each over the
-same seeds and says whether the difference of the means exceeds the spread of that difference.
+On small task sets two seeds differ by more than ELMo's gain can, so ELMo and the baseline train
+over the same seeds, and a comparison says whether the difference exceeds its spread.
 """
 
 from __future__ import annotations

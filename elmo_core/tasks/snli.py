@@ -1,16 +1,4 @@
-"""Sentence-pair reader for SNLI (Bowman et al. 2015) jsonl files; MultiNLI uses the same fields.
-
-Each line is a JSON object with ``sentence1`` (premise), ``sentence2`` (hypothesis) and
-``gold_label``. Pairs whose annotators reached no consensus have ``gold_label`` ``-``; they are not
-used for training or evaluation by convention, so they are skipped and counted as
-``skipped["no_gold_label"]``. Pairs with an empty sentence are counted as
-``skipped["empty_sentence"]``.
-
-Tokenization: with ``tokenization="binary_parse"`` (the default) the tokens are the leaves of
-``sentence1_binary_parse`` / ``sentence2_binary_parse`` (the Stanford PTB tokenization the
-corpus ships, e.g. ``playing .`` rather than ``playing.``); when a line has no parse field its
-sentence is split on whitespace. ``tokenization="whitespace"`` always splits the raw sentences.
-"""
+"""Sentence-pair reader for SNLI (Bowman et al. 2015) jsonl files; MultiNLI uses the same fields."""
 
 from __future__ import annotations
 
@@ -28,7 +16,13 @@ NO_GOLD_LABEL = "-"
 def read_snli(
     path: str | Path, *, tokenization: Tokenization = "binary_parse"
 ) -> TaskDataset[PairExample]:
-    """Read an SNLI/MultiNLI jsonl file into premise/hypothesis/label examples."""
+    """Read an SNLI/MultiNLI jsonl file into premise/hypothesis/label examples.
+
+    Pairs without a consensus label (``gold_label`` ``-``) are skipped by convention, counted as
+    ``skipped["no_gold_label"]``; pairs with an empty sentence as ``skipped["empty_sentence"]``.
+    ``binary_parse`` takes the tokens from the ``sentence*_binary_parse`` leaves (the corpus's own
+    PTB tokenization; whitespace where a line has none), ``whitespace`` splits the raw sentences.
+    """
     examples: list[PairExample] = []
     skipped = {"no_gold_label": 0, "empty_sentence": 0}
     for number, line in iter_lines(path):

@@ -1,10 +1,7 @@
-"""Stanford Sentiment Treebank reader (Socher et al. 2013), PTB tree format, one tree per line.
+"""Stanford Sentiment Treebank reader (Socher et al. 2013): PTB trees, one per line.
 
-``(3 (2 It) (4 (4 (2 's) (4 (3 (2 a) ...``: every node is ``(label children...)`` with an integer
-label (0-4 for SST-5), and the leaves are the tokens. The sentence label is the root's. With
-``phrases=True`` every subtree becomes an example of its own (root first, then pre-order, including
-single-word phrases and repeated phrases), the phrase-level training set of the paper and of
-AllenNLP's ``use_subtrees``. Tokens are kept as written (``-LRB-``/``-RRB-`` included).
+A sentence takes its root's label; with ``phrases`` every subtree is an example of its own, the
+paper's phrase-level training set (AllenNLP's ``use_subtrees``).
 """
 
 from __future__ import annotations
@@ -46,7 +43,11 @@ class Tree:
 
 
 def read_sst(path: str | Path, *, phrases: bool = False) -> TaskDataset[ClassificationExample]:
-    """Read SST trees as sentence examples, or as every phrase when ``phrases`` is true."""
+    """Read SST trees as sentence examples, or as every phrase when ``phrases`` is true.
+
+    Phrases come root first, then in pre-order, single words and repeats included; tokens are
+    kept as written (``-LRB-``/``-RRB-``).
+    """
     examples: list[ClassificationExample] = []
     for number, line in iter_lines(path):
         if not line.strip():

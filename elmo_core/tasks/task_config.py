@@ -1,10 +1,7 @@
 """A downstream task declared in YAML: data files and format, reader options, head, training.
 
-A new task needs no code, only a file such as ``examples/tasks/ner.yaml``: ``name``, ``type``,
-``format``, ``train``/``dev``/``test`` paths (relative to the YAML file) and optional ``reader``,
-``head`` and ``training`` sections. :func:`load_task_config` reads it through
-:func:`~elmo_core.config.resolve_config`, like every config, so an unknown key fails with its
-dotted path.
+A new task needs no code, only a file such as ``examples/tasks/ner.yaml``, read through
+:func:`~elmo_core.config.resolve_config` like every config; its paths are relative to the file.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """The task model: scalar mix of frozen biLM layers, word embeddings, head (Peters et al. 2018).
 
-As in the paper (§3.3), ``[x_k; ELMo_task]`` feeds the task RNN, optionally with a second mix at
-its output; ``x_k`` is a word embedding trained with the task, and ``use_elmo=False`` gives the
-baseline. The biLM's layers arrive as a tensor (from the activation cache or a live pass), so the
-biLM is never in the training graph; a split is held as flat arrays aligned with the cache's
-``offsets``, so a batch is one vectorised gather.
-
+The biLM's layers arrive as a tensor (from the activation cache or a live pass), so the biLM is
+never in the training graph; a split is held as flat arrays aligned with the cache's ``offsets``,
+so a batch is one vectorised gather.
 Shapes: B rows, T tokens, L layers, D layer width (2P), E word embedding width, K labels.
 """
 

@@ -1,14 +1,8 @@
 """Train a task model on cached biLM activations; evaluate it; predict on new sentences.
 
 The recipe of the paper's task experiments (Peters et al. 2018, §5 and supplement): Adam, dropout
-in the head and after the mix, ``λ = 0.001`` on the mix weights, the epoch with the best
-development score kept (early stopping after ``patience`` epochs without improvement). The score
-is CoNLL span F1 for tagging tasks with IOB tags (conlleval's counting, as the paper reports NER)
-and accuracy otherwise. ``use_elmo=False`` trains the same model without ELMo: the baseline every
-job reports the ELMo gain against.
-
-Seeded runs are reproducible: model initialisation, shuffling and dropout draw from generators
-seeded by ``seed`` inside a forked RNG, so training leaves the caller's global RNG untouched.
+in the head and after the mix, ``λ = 0.001`` on the mix weights, early stopping on the dev score.
+Seeded generators in a forked RNG make runs reproducible and leave the caller's RNG untouched.
 """
 
 from __future__ import annotations
