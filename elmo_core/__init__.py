@@ -1,11 +1,7 @@
 """ELMo: deep contextualized word representations from a character-CNN biLSTM language model.
 
-The science of the platform, usable on its own (no Ray, Prefect or MLflow)::
-
-    from elmo_core import Elmo, batch_to_ids
-
-The model classes are imported on first use, so tools that only read or write data (``elmo
-prepare`` and its worker processes) do not pay for importing torch.
+Usable without Ray, Prefect or MLflow. The model classes are imported on first use, so tools that
+only read or write data (``elmo prepare``'s workers) do not pay for importing torch.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Typed configuration: pydantic models that reject unknown keys, and their one resolution path.
 
-Every entry point (CLI, flows, tests) resolves a config the same way, in this order: preset
-(a plain dict from :mod:`elmo_core.presets`) → YAML file → ``--set dotted.key=value`` overrides.
-A misspelt or ill-typed key fails with a :class:`~elmo_core.errors.ConfigError` naming its dotted
-path and where the value came from (the preset, the YAML file, or the override).
+Every entry point resolves a config the same way: preset → YAML file → ``--set key=value``
+overrides. A misspelt or ill-typed key fails with a :class:`~elmo_core.errors.ConfigError`
+naming its dotted path and where the value came from.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """One exception family for errors a user can cause.
 
-Everything a user can get wrong (a path, a malformed line, a config key, weights that do not match
-their options) raises a subclass of :class:`ElmoError` whose message names the file and line or the
-dotted config key, so the CLI can print it without a traceback.
+Each message names the file and line or the dotted config key, so the CLI can print it without a
+traceback.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """Where files are kept: a local directory or any fsspec URL (``s3://...``), each file whole.
 
-The one module that talks to fsspec: every other reads and writes through :class:`Location` and
-the URL functions below it (:func:`open_url`, :func:`file_version`, :func:`join_url`).
-
-A crash leaves either the old file or the new one, never half of one (DESIGN.md §5): a local
-file is written under a temporary name in its directory and renamed (:func:`atomic_write`), a
-local directory is staged beside its target and renamed; an object store's put of one object is
-atomic, so a remote file is written locally and put whole. A remote directory is many objects:
-who needs one whole commits it with a marker written after its parts.
-
-``tempfile`` creates its files 0600 and directories 0700 whatever the umask; what it stages is
-given the mode an ordinary ``open``/``mkdir`` would have (:func:`follow_umask`), so a team's
-shared dataset or run directory is readable by whom the umask allows.
+The one module that talks to fsspec. A crash leaves the old file or the new one, never half of one
+(DESIGN.md §5): locally, files and directories are staged beside their target and renamed; a
+remote file is written locally and put whole, as an object store's put is atomic. A remote
+directory is many objects: who needs one whole commits it with a marker written after its parts.
 """
 
 from __future__ import annotations
@@ -227,7 +219,11 @@ def make_staging_dir(parent: Path, prefix: str) -> Path:
 
 def follow_umask(path: Path) -> None:
     """Give ``path`` (a file, or a directory and all under it) the mode the umask allows:
-    0666 for files, 0777 for directories, less the umask."""
+    0666 for files, 0777 for directories, less the umask.
+
+    ``tempfile`` stages files 0600 and directories 0700 whatever the umask; without this a team's
+    shared dataset or run directory would be readable by its writer alone.
+    """
     mask = _current_umask()
     if not path.is_dir():
         path.chmod(0o666 & ~mask)

@@ -1,11 +1,8 @@
-"""Heldout perplexity of a biLM: full softmax, state carried across windows, every target scored.
+"""Heldout perplexity of a biLM, as bilm-tf's ``test`` computes it (DESIGN.md §3, "Perplexity").
 
-Matches bilm-tf's ``test`` (DESIGN.md §3, "Perplexity"): both directions' streams, each row's
-state carried between windows, the exact softmax in chunks, ``</S>`` and ``<UNK>`` scored, no
-dropout. Protocols ``"batched"`` (default: 128 rows, windows of 20, partial windows scored) and
-``"original"`` (bilm-tf's 256 rows, one token per step, stopping at the first step a row cannot
-fill) read the same streams for the same B (:mod:`elmo_core.data.batching`).
-
+Both directions' streams, state carried between windows, the exact softmax, ``</S>`` and
+``<UNK>`` scored, no dropout. Protocol ``"original"`` is bilm-tf's (256 rows, one token per
+step); the default ``"batched"`` reads the same streams for the same B, in windows of 20.
 Shapes: B rows, T window, W chars per token, P projection, N scored positions.
 """
 
@@ -100,7 +97,8 @@ def evaluate_perplexity(
     """This rank's perplexity sums on ``split`` (all of it, or the heldout ``files``).
 
     ``batch_size``/``unroll_steps`` default to the protocol's (128 × 20 batched, 256 × 1
-    original); the original protocol always runs one token per step. Every row starts from the
+    original); the original protocol always runs one token per step and stops at the first step
+    a row cannot fill, the batched one scores partial windows. Every row starts from the
     zero state, as bilm-tf's test does; ``carry_state=False`` restarts it at every window, which
     measures what starting cold costs. The sums count the rows whose state locked up.
     """

@@ -1,11 +1,8 @@
-"""Torch's intra-op threads in a process: its share of the cores, fewer while the machine is
-oversubscribed.
+"""Torch's intra-op threads in a process: its share of the cores, fewer while the machine is busy.
 
-Threads that meet at a barrier after every operation wait for whichever one the scheduler has set
-aside, so beside more runnable work than cores (a loaded laptop, a shared node) more threads are
-slower; a passive OpenMP wait policy is no cure (``benchmarks/results/bench_threads_under_load-*``).
-The load is the larger of the last minute's average and the work runnable right now, so a load
-that began seconds ago counts as well.
+Threads that meet at a barrier after every op wait for whichever one the scheduler set aside, so
+on an oversubscribed machine more threads are slower. The load counted is the larger of the last
+minute's average and the work runnable now, so a load that began seconds ago counts too.
 """
 
 from __future__ import annotations

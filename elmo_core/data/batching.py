@@ -1,12 +1,8 @@
 """Stream batching of bilm-tf: B independent rows of sentences cut into windows of T tokens.
 
-Each row is a stream of ``<S> w1 .. wn </S>`` (the backward stream reads each sentence reversed)
-that pulls its next sentence from one shared source when it runs out, as bilm-tf's ``_get_batch``
-does, and keeps its LSTM state across windows. Unlike bilm-tf, rows pull in time order, so the
+Each row pulls its next sentence from one shared source when it runs out and keeps its LSTM state
+across windows, as bilm-tf's ``_get_batch`` does. Unlike bilm-tf, rows pull in time order, so the
 streams do not depend on T: an evaluation with T = 20 scores bilm-tf's one-token-per-step test.
-The source is this rank's units of the split (:func:`partition_split`), reshuffled per epoch from
-``(seed, epoch)`` with ``shuffle`` and endless with ``repeat``.
-
 Shapes: B rows, T window, W chars per token.
 """
 

@@ -1,8 +1,6 @@
 """``manifest.json``: what a prepared dataset holds, how it was made, and every shard's checksum.
 
-Written last by prepare (atomically), so a dataset directory with a manifest is complete. Readers
-trust only the files it lists and verify each shard's sha256 when they open it. Later stages read
-run lengths from it (``splits.train.num_tokens``), never from a hard-coded corpus size.
+Written last by prepare, atomically, so a dataset directory with a manifest is complete.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Stream a prepared dataset's split as token-id arrays, partitioned over workers.
 
-The one way later stages read shards: :func:`iter_sentences` yields a :class:`SentenceBatch` (flat
-int32 ``types`` and ``targets``, ``(S+1,)`` offsets) per Parquet row group, or this rank's rows of
-it. Ranks split by shard, by row group, or by sentence for a small split, so every worker gets
-data and the ranks' union is the split, each sentence once. Each shard's sha256 is checked against
-the manifest on open; a mismatch is a :class:`DataError` naming the shard.
+Ranks split by shard, by row group, or by sentence for a small split, so every worker gets data
+and the ranks' union is the split, each sentence once.
 """
 
 from __future__ import annotations

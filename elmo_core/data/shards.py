@@ -1,16 +1,8 @@
-"""The Parquet shard format of prepared datasets (``elmo-shards`` version 3), and its kernels.
+"""The Parquet shard format of prepared datasets (``elmo-shards``), and its kernels.
 
-- ``train/part-NNNNN.parquet``: ``types: list<int32 not null> not null``, a sentence's word-type
-  ids without ``<S>``/``</S>`` (readers add them); targets are derived, not stored.
-- ``heldout/part-NNNNN.parquet``: the same plus ``source_file`` and ``line`` (1-based).
-- ``word_types.parquet``: a row per type (``type_id`` = row): ``token``, ``count``,
-  ``heldout_count``, ``vocab_id`` and ``char_ids`` (50 little-endian int16 each, read back by
-  :func:`char_ids_matrix`).
-
-Type ids 0..V-1 are the vocabulary, then OOV types by descending count, so ``target = type if
-type < V else 2`` (:func:`target_ids`) and the char CNN reads every type (DESIGN.md §3). Why the
-columns are stored so: benchmarks/results/bench_prepare_session3-2026-11-21.md and
-bench_prepare_session4-2026-11-21.md.
+A sentence is stored as its word-type ids without ``<S>``/``</S>``. Type ids 0..V-1 are the
+vocabulary, then OOV types by descending count, so targets are derived (:func:`target_ids`), not
+stored, and the char CNN reads every type (DESIGN.md §3).
 """
 
 from __future__ import annotations

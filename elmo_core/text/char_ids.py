@@ -1,10 +1,8 @@
 """The character-id scheme of the original ELMo, in the inference convention (DESIGN.md §3).
 
-A token's UTF-8 bytes, cut to 48 bytes (a cut may fall inside a multi-byte character, as the
-original's does), are wrapped as ``[bow, b1..bn, eow]`` and padded to 50 slots. Every id is then
-shifted by +1 so that 0 means "no token" (AllenNLP's ``batch_to_ids``): the char table has 262 rows
-and row 0 is padding. The stored 261-row table of bilm-tf weight files is handled only in
-:mod:`elmo_core.interop.bilm_tf`.
+A token's UTF-8 bytes, cut to 48 (maybe inside a character, as the original does), become
+``[bow, b1..bn, eow]`` padded to 50, each id +1 so that 0 means "no token" (AllenNLP's
+``batch_to_ids``). bilm-tf's 261-row table is handled only in :mod:`elmo_core.interop.bilm_tf`.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Raw text → sentences of tokens, the same way at prepare time and at inference time.
 
-Two tokenizers, chosen by the corpus format and recorded in the manifest
-(:meth:`Tokenizer.describe`) so that inference rebuilds the same one
-(:meth:`Tokenizer.from_manifest`): ``whitespace`` for tokenized text (``tokenized``,
-``1b-benchmark``; bilm-tf's ``line.split()``) and ``moses`` for raw ``text`` (sentences split with
-the language's nonbreaking prefixes, then sacremoses); both keep case.
-:meth:`Tokenizer.tokenize_lines` works on Arrow arrays of lines, with no Python loop over tokens.
+The tokenizer is recorded in the manifest (:meth:`Tokenizer.describe`) so that inference rebuilds
+the same one: ``whitespace`` for tokenized corpora (bilm-tf's ``line.split()``), ``moses`` for raw
+text; both keep case.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Occurrences of each word type per split, summed as blocks and files arrive.
 
-Blocks are summed in a file's worker, files in the parent. Each type keeps where it was first seen
-(block, then file order), which orders the types the vocabulary leaves out without sorting their
-strings. New rows are buffered as Arrow tables and folded in by Arrow's hash ``group_by`` once they
-outnumber the total (:func:`fold_counts`); totals come back as a :data:`COUNT_SCHEMA` table, one
-row per type, in no particular order.
+Each type keeps where it was first seen, which orders the types the vocabulary leaves out without
+sorting their strings.
 """
 
 from __future__ import annotations

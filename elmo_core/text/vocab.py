@@ -1,13 +1,7 @@
 """The target vocabulary: bilm-tf's ``vocab.txt``, built from training counts or imported.
 
-Format (bilm-tf ``Vocabulary``): one token per line, ``<S>``, ``</S>``, ``<UNK>`` first (ids 0, 1,
-2), then tokens by descending training count. The order matters: the sampled softmax's
-log-uniform sampler assumes id order = frequency order (DESIGN.md §3). Ties are broken by the
-token's UTF-8 bytes so that the same counts always give the same file.
-
-An imported file (e.g. the released ``vocab-2016-09-10.txt``, 793,471 entries) may hold the
-specials anywhere and a ``!!!MAXTERMID`` line; the specials are found by name and moved to the
-front, ``!!!MAXTERMID`` is skipped, and the rest keeps the file's order.
+``<S>``, ``</S>``, ``<UNK>`` first, then tokens by descending count: the sampled softmax's
+log-uniform sampler assumes id order = frequency order (DESIGN.md §3).
 """
 
 from __future__ import annotations

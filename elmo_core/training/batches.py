@@ -1,11 +1,8 @@
 """Training batches built ahead of the step, in background processes when asked.
 
 On a GPU a step is over before one core can cut the next windows, so ``DataLoader`` workers build
-them (one per direction with two): each window as its distinct token types, its sampled softmax
-candidates and the softmax rows they touch, so the device neither draws nor sorts. A window carries
-its stream's position after it, so a resumed run reads exactly what a straight run would have. With
-``shape_buckets`` sizes are padded to a few (:func:`bucket`) so a CUDA graph of the step can replay.
-
+each window with its token types, sampled candidates and softmax rows: the device neither draws
+nor sorts. A window carries its stream's position, so a resumed run reads what a straight run does.
 Shapes: B rows, T window, W chars per token.
 """
 

@@ -1,17 +1,8 @@
 """Averaging the biLM's gradients across data-parallel workers, the softmax's as sparse rows.
 
-The softmax matrix ``W (V, P)`` is the largest tensor of the model (793k × 512 for the 1B Word
-vocabulary) but one training step only touches the rows of its candidates and targets (about
-K + B·T of them; DESIGN.md §4). DDP's bucketed all-reduce would move the whole ``V × P`` matrix
-every step, so the softmax is kept out of DDP and exchanged here as (row ids, rows): every worker
-publishes its own touched rows, all workers gather all of them, sum duplicate ids and divide by
-the world size — the same average a dense all-reduce gives, at a cost proportional to the rows
-touched. It uses only ``all_gather`` of equal-size tensors, so it runs alike on gloo and NCCL.
-
-The bias ``b (V)`` has a dense gradient that is non-zero only on the same rows, so its rows travel
-as one more column of the weight rows. ``dense`` mode (a plain all-reduce of both) is kept as the
-baseline that ``benchmarks/bench_train.py`` measures against.
-
+A step touches only the rows of the softmax's ``W (V, P)`` that its candidates and targets name,
+but DDP would all-reduce the whole matrix, the model's largest. So the softmax stays out of DDP
+and its rows are exchanged with ``all_gather`` alone, which runs alike on gloo and NCCL.
 Shapes: V vocabulary, P projection, R rows touched on one worker, M the most rows on any worker.
 """
 
@@ -85,7 +76,8 @@ def exchange_softmax_gradients(
     ``sparse``: ``weight.grad`` is a sparse tensor (``SampledSoftmax(sparse=True)``); both grads
     become coalesced sparse tensors over the union of touched rows, which ``RowSparseAdagrad``
     applies to those rows only (a zero-gradient row is left unchanged by dense Adagrad too).
-    ``dense``: both grads become dense and are all-reduced whole.
+    The bias's rows travel as one more column of the weight's. ``dense``: both grads become
+    dense and are all-reduced whole, the baseline ``benchmarks/bench_train.py`` measures.
     """
     assert weight.grad is not None and bias.grad is not None
     num_classes, dim = weight.shape

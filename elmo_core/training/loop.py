@@ -1,7 +1,7 @@
-"""The training loop's core, shared by the Ray worker (``pipelines.train.worker``) and
-:func:`elmo_core.training.local_run.step_results`: a rank's two training streams (forward and
-backward, shuffled independently, its own part of the shards), their windows built ahead, and
-each step's LSTM state carried into the next window of the same rows (truncated BPTT).
+"""The training loop's core, shared by the Ray worker and :mod:`~elmo_core.training.local_run`.
+
+A rank's two streams (forward and backward, shuffled independently), their windows built ahead,
+and each step's LSTM state carried into the next window of the same rows (truncated BPTT).
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """Adagrad that applies a sparse gradient as the rows it holds, without re-sorting them.
 
-``torch.optim.Adagrad`` coalesces a sparse gradient and builds further sparse tensors from it (the
-squared values, the update), work that sorts on the GPU and makes the host wait for its result,
-and a single sparse gradient sends every parameter of its group down its one-tensor-at-a-time path.
-The softmax's gradients arrive coalesced already (their rows are known ahead, sorted and distinct:
-:class:`~elmo_core.model.softmax.SoftmaxRows`), so here each is read and written by row
-(``index_select``, ``index_copy_``, ``index_add_``), and the elementwise work of every gradient,
-dense or rows, runs in ``torch._foreach_*`` ops (one launch for many tensors). Nothing reads a value
-back, and nothing changes between steps but tensors on the parameters' device (the step counts
-included, where torch's Adagrad keeps them on the host and reads each back to scale its learning
-rate), so a captured CUDA graph of the step replays it exactly. The state (``sum``, ``step``) is
-torch's, so a checkpoint of one loads into the other.
+``torch.optim.Adagrad`` coalesces a sparse gradient again (a sort the host waits for) and keeps
+its step counts on the host. The softmax's rows arrive sorted and distinct, so here they are read
+and written by row and nothing is read back: a captured CUDA graph of the step replays it. The
+state is torch's, so a checkpoint of one loads into the other.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""The one biLM training step: what a Ray Train worker runs and ``gpu_bilm.py`` times.
+"""The one biLM training step: what a Ray Train worker runs and the GPU benchmark times.
 
-Kept in one place (and free of Ray), so the benchmark measures exactly what users get: the loss
-on both streams under bf16 autocast on CUDA, ``loss × unroll_steps`` backward as bilm-tf takes it,
-the softmax's gradient exchanged as touched rows, the global-norm clip and Adagrad (by row on the
-softmax, so only touched rows are updated, and nothing in the step waits for the GPU when the data
-loader has found the candidates, token types and softmax rows ahead).
+Kept in one place and free of Ray, so the benchmark measures exactly what users get. The backward
+takes ``loss × unroll_steps``, as bilm-tf does.
 """
 
 from __future__ import annotations
