@@ -4,7 +4,7 @@ Every variant keeps :class:`~.reference.ProjectedLSTM`'s parameters and passes i
 a device's choice is the fastest that does (figures: benchmarks/results/).
 
 | variant   | CPU                                | CUDA                                          |
-| fused     | chosen: fastest to embed and train | chosen, directions batched (not yet measured) |
+| fused     | chosen: fastest to embed and train | chosen, directions batched: PREDICTED        |
 | cudnn     | runs, no clips; slower than fused  | chosen where no clips and directions apart    |
 | reference | runs: the parity baseline          | runs                                          |
 | compiled  | runs (Inductor's CPU backend)      | runs, one compile per shape                   |
