@@ -52,9 +52,10 @@ from pipelines.analyze import stage as analyze_stage
 from pipelines.analyze.stage import AnalyzeResult
 from pipelines.analyze.table import format_rows
 from pipelines.common.settings import RAY_JOBS_ENV, elmo_home
+from pipelines.evaluate import stage as evaluate_stage
 from pipelines.evaluate.result import EvaluationResult
 from pipelines.prepare import stage as prepare_stage
-from pipelines.registry.register import RegisteredBiLM
+from pipelines.registry.register import RegisteredBiLM, register_trained
 from pipelines.tracking.flow_runs import (
     FLOW_RUN_TAG,
     mlflow_link,
@@ -302,7 +303,7 @@ def evaluate(
     """Full-softmax heldout perplexity of the run's model that ``hand_on`` picks."""
     handed = run.handed_on(hand_on)
     get_run_logger().info(f"evaluate: {handed.description}")
-    result = train_stage.evaluate_trained(
+    result = evaluate_stage.evaluate_trained(
         run, dataset, hand_on=hand_on, parent_run_id=parent_run_id, tags=flow_tags()
     )
     get_run_logger().info(result.summary())
@@ -324,7 +325,7 @@ def register(
     """The run's version of ``name`` (its model that ``hand_on`` picks, as :func:`evaluate`'s):
     registered and judged by the champion policy once per training run (a re-run gets the same
     version and decision back)."""
-    registered = train_stage.register_trained(
+    registered = register_trained(
         run,
         dataset,
         evaluation,
