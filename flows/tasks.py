@@ -27,7 +27,6 @@ from prefect.utilities.urls import url_for
 from pydantic import BaseModel
 
 from elmo_core.analysis.task_runs import DEFAULT_FRACTIONS
-from elmo_core.data.manifest import manifest_sha256
 from elmo_core.data.reader import load_manifest
 from elmo_core.errors import ElmoError
 from elmo_core.tasks import load_task_config
@@ -67,8 +66,7 @@ from pipelines.tracking.stage_runs import find_run, location_name, stage_run_nam
 from pipelines.tracking.train_progress import training_progress
 from pipelines.train import ray_job
 from pipelines.train import stage as train_stage
-from pipelines.train.job_config import run_name
-from pipelines.train.preflight import HandOn, TrainResult
+from pipelines.train.preflight import HandOn, TrainResult, plan_training
 
 PROGRESS_LOOK_S = 2.0  # how often the flow looks at a training run's MLflow record
 # Where `prefect server start` serves the flow runs an ephemeral run left in PREFECT_HOME.
@@ -168,10 +166,10 @@ def prepare(data: DataParams, parent_run_id: str | None = None) -> str:
 
 
 @task(name="train")
-def _train(dataset: str, training: TrainingParams, parent_run_id: str) -> TrainResult:
-    """The train stage; while it trains, this task's log follows it (:func:`_training_followed`),
-    so the task's own page shows its progress, and its workers print none of it twice."""
-    name = run_name(training.job_config(), manifest_sha256(dataset))
+def _train(dataset: str, training: TrainingParams, parent_run_id: str, name: str) -> TrainResult:
+    """The train stage on the run its plan named ``name``; while it trains, this task's log
+    follows it (:func:`_training_followed`), so the task's own page shows its progress, and its
+    workers print none of it twice."""
     with _training_followed(name, parent_run_id) as linked:
         result = train_stage.train(
             training.job_config(),
@@ -188,11 +186,12 @@ def _train(dataset: str, training: TrainingParams, parent_run_id: str) -> TrainR
 
 def train(dataset: str, training: TrainingParams, parent_run_id: str) -> TrainResult:
     """The train stage, in process or as a Ray Job (it reuses a finished run). The flow's log
-    names the run as it starts and says what it did; the train task's log follows it."""
+    names the run as the stage plans it, before it starts, and says what it did; the train
+    task's log follows it."""
     logger = get_run_logger()
-    name = run_name(training.job_config(), manifest_sha256(dataset))
-    logger.info(f"train: biLM {name}, preset {training.model}, dataset {Path(dataset).name}")
-    result = _train(dataset, training, parent_run_id)
+    plan = plan_training(training.job_config(), dataset)  # a mistake fails here, in seconds
+    logger.info(f"train: biLM {plan.name}, preset {training.model}, dataset {Path(dataset).name}")
+    result = _train(dataset, training, parent_run_id, plan.name)
     logger.info(result.summary())
     return result
 
