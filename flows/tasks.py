@@ -63,7 +63,7 @@ from pipelines.tracking.flow_runs import (
     stage_progress,
 )
 from pipelines.tracking.stage_runs import find_run, location_name, stage_run_name
-from pipelines.tracking.train_progress import training_progress
+from pipelines.tracking.train_progress import event_order, training_progress
 from pipelines.train import ray_job
 from pipelines.train import stage as train_stage
 from pipelines.train.preflight import HandOn, TrainResult, plan_training
@@ -199,13 +199,13 @@ def train(dataset: str, training: TrainingParams, parent_run_id: str) -> TrainRe
 @contextmanager
 def _training_followed(name: str, parent_run_id: str) -> Iterator[threading.Event]:
     """While the block trains, :func:`_following` looks at the run's MLflow record: it logs the
-    run's link once the run exists (and sets the event it yields) with its Ray job's, then a
-    line for each step and validation the run logged since the last look
-    (:func:`training_progress`: rank 0's own words), and each new warning the run gives as a
-    warning. A failed look is skipped, never fatal."""
+    run's link once the run exists (and sets the event it yields) with its Ray job's, then each
+    step and validation the run logged since the last look (:func:`training_progress`'s values,
+    in rank 0's words), and each new warning the run gives as a warning. A failed look is
+    skipped, never fatal."""
     logger = get_run_logger()
     linked = threading.Event()
-    logged: set[tuple[int, int]] = set()
+    logged: set[tuple[int, bool]] = set()  # event_order of each step and validation logged
     warned: list[str | None] = [None]
 
     def look() -> None:
@@ -225,10 +225,10 @@ def _training_followed(name: str, parent_run_id: str) -> Iterator[threading.Even
         if progress.health is not None and progress.health != warned[0]:
             logger.warning("train: %s", progress.health)
             warned[0] = progress.health
-        for line in progress.lines:
-            if (line.step, line.kind) not in logged:
-                logger.info(f"{progress.run_name}: {line.text}")
-                logged.add((line.step, line.kind))
+        for event in progress.events:
+            if event_order(event) not in logged:
+                logger.info(f"{progress.run_name}: {event.line()}")
+                logged.add(event_order(event))
 
     with _following(look, "training-progress"):
         yield linked
