@@ -44,7 +44,7 @@ from elmo_core.tasks.activation_cache import ActivationCache, live_activations
 from elmo_core.tasks.readers import AnyDataset
 from elmo_core.tasks.task_model import EncodedSplit, example_sentences
 from elmo_core.tasks.trainer import BASELINE, TaskSplit, _build, _train_epoch, train_task
-from pipelines.adapt.stage import cache_splits, read_splits
+from pipelines.common.task_data import cache_splits, read_splits
 from pipelines.models.bilm_loader import load_bilm, resolve_bilm
 from pipelines.prepare.corpus_sources import CorpusFiles
 from pipelines.prepare.stage import prepare_files
