@@ -44,13 +44,15 @@ from flows.artifacts import (
     task_rows,
 )
 from flows.cache import PrepareCachePolicy, dataset_exists
-from flows.params import DataParams, TrainingParams
+from flows.params import DataParams, EmbedParams, TrainingParams
 from pipelines.adapt import stage as adapt_stage
 from pipelines.adapt.stage import AdaptResult, result_line
 from pipelines.analyze import stage as analyze_stage
 from pipelines.analyze.stage import AnalyzeResult
 from pipelines.analyze.table import format_rows
 from pipelines.common.settings import RAY_JOBS_ENV, elmo_home
+from pipelines.embed import stage as embed_stage
+from pipelines.embed.stage import EmbedResult
 from pipelines.evaluate import stage as evaluate_stage
 from pipelines.evaluate.result import EvaluationResult
 from pipelines.prepare import stage as prepare_stage
@@ -292,7 +294,7 @@ def _train_run_link(name: str, run_id: str) -> str:
     return run_link_line(f"train run of biLM {name}", mlflow_link(run_id))
 
 
-# --- evaluate, register, adapt --------------------------------------------------------------------
+# --- evaluate, register, adapt, analyze, embed ----------------------------------------------------
 
 
 @task(name="evaluate")
@@ -410,6 +412,30 @@ def analyze(
     get_run_logger().info(run_link_line("analyze run", mlflow_link(result.run_id)))
     run_ids = {"flow (parent)": parent_run_id, "analyze": result.run_id}
     publish_markdown("analysis", analysis_markdown(bilm, result.rows, run_ids), "analysis table")
+    return result
+
+
+@task(name="embed")
+def embed(params: EmbedParams, parent_run_id: str) -> EmbedResult:
+    """The embed stage on ``params``, its run a child of the flow's."""
+    result = embed_stage.embed(
+        params.bilm,
+        params.input,
+        params.out_dir(),
+        options=params.bilm_options,
+        output=params.output,
+        format=params.format,
+        dtype=params.dtype,
+        batch_size=params.batch_size,
+        concurrency=params.concurrency,
+        sentences_per_shard=params.sentences_per_shard,
+        tokenized=params.tokenized,
+        manifest=params.manifest,
+        parent_run_id=parent_run_id,
+        tags=flow_tags(),
+    )
+    get_run_logger().info(embed_stage.summary_line(result))
+    get_run_logger().info(run_link_line("embed run", mlflow_link(result.run_id)))
     return result
 
 
