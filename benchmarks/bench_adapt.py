@@ -50,7 +50,7 @@ from elmo_core.tasks.trainer import (
     train_epoch,
     train_task,
 )
-from pipelines.adapt.stage import cache_splits, read_splits
+from pipelines.common.task_data import cache_splits, read_splits
 from pipelines.models.bilm_loader import load_bilm, resolve_bilm
 from pipelines.prepare.corpus_sources import CorpusFiles
 from pipelines.prepare.stage import prepare_files

@@ -30,8 +30,8 @@ from pathlib import Path
 from elmo_core.analysis.sampling import smallest_fraction
 from elmo_core.tasks.seeds import Scores, difference_spread
 from elmo_core.tasks.task_config import TaskConfig
-from pipelines.adapt.stage import read_splits
 from pipelines.analyze.stage import analyze
+from pipelines.common.task_data import read_splits
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 HEAD = {"hidden_dim": 64, "dropout": 0.3}

@@ -18,6 +18,7 @@ from elmo_core.data.manifest import Manifest
 from elmo_core.tasks.seeds import Scores
 from pipelines.adapt.stage import AdaptResult, result_line
 from pipelines.analyze.table import Row, markdown
+from pipelines.embed.stage import EmbedResult
 from pipelines.evaluate.result import EvaluationResult
 from pipelines.registry.register import RegisteredBiLM
 from pipelines.tracking.flow_runs import run_links
@@ -185,6 +186,21 @@ def analysis_markdown(bilm: str, rows: Sequence[Row], run_ids: dict[str, str]) -
     """The analysis table of ``bilm`` and the MLflow links."""
     lines = [f"# ELMo analysis of `{bilm}`", "", markdown(rows), "## MLflow runs", ""]
     return "\n".join([*lines, *run_links(run_ids)])
+
+
+def embed_markdown(result: EmbedResult, run_ids: dict[str, str]) -> str:
+    """The ``embed`` flow's summary: where the vectors are, what this run did, MLflow links."""
+    lines = [
+        f"# ELMo vectors of {result.num_sentences:,} sentences",
+        "",
+        f"- output: `{result.out}` ({len(result.files)} files)",
+        f"- this run: {result.num_embedded:,} sentences, {result.num_tokens:,} tokens, "
+        f"{result.shards_written} shards written, {result.shards_skipped} already there",
+        f"- empty lines skipped: {result.num_empty_lines:,}",
+        "",
+        *run_links(run_ids),
+    ]
+    return "\n".join(lines)
 
 
 def _decision(model: RegisteredBiLM) -> str:

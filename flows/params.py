@@ -15,7 +15,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
@@ -24,6 +24,9 @@ from elmo_core.config import PrepareConfig, override_pattern, resolve_config
 from elmo_core.errors import ConfigError
 from elmo_core.tasks.seeds import DEFAULT_SEEDS
 from pipelines.common.settings import RAY_JOBS_ENV, elmo_home
+from pipelines.embed.embedding_shards import Dtype
+from pipelines.embed.stage import DEFAULT_BATCH_SIZE, DEFAULT_SENTENCES_PER_SHARD, Format
+from pipelines.embed.vectors import Output
 from pipelines.train.job_config import TrainJobConfig, Where, resolve_train_config
 from pipelines.train.preflight import HandOn
 
@@ -69,8 +72,7 @@ class DataParams(Params):
 
     def corpus_name(self) -> str:
         """The corpus's last path component (``python-docs``, ``1-billion-word...``)."""
-        stem = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(self.corpus.rstrip("/")).name).strip("-")
-        return stem or "corpus"
+        return _stem(self.corpus) or "corpus"
 
     def dataset_dir(self) -> str:
         """``out``, or a directory under ``ELMO_HOME/datasets`` named by corpus and config, so a
@@ -78,8 +80,7 @@ class DataParams(Params):
         if self.out is not None:
             return self.out
         identity = {"corpus": self.corpus, "config": self.prepare_config().dataset_params()}
-        digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
-        return str(elmo_home() / "datasets" / f"{self.corpus_name()}-{digest}")
+        return str(elmo_home() / "datasets" / f"{self.corpus_name()}-{_digest(identity)}")
 
 
 class TrainingParams(Params):
@@ -202,3 +203,45 @@ class AnalyzeParams(Params):
         if self.senses_train is None or self.senses_test is None:
             return None
         return Path(self.senses_train), Path(self.senses_test)
+
+
+class EmbedParams(Params):
+    """A text → ELMo vectors per sentence, with a registered (or local) biLM. The choices are
+    the embed stage's own types, so the schema lists them as enums and the server refuses
+    ``output: "layers"`` before a run starts."""
+
+    input: str = Field(
+        description="one sentence per line: a file, directory, glob, URL or 'python-docs'"
+    )
+    bilm: str = Field(DEFAULT_BILM, description="models:/ URI, model/run directory or HDF5")
+    bilm_options: str | None = Field(None, description="options.json of an HDF5 biLM")
+    out: str | None = Field(None, description="output dir or URL; default ELMO_HOME/embeddings/...")
+    output: Output = Field("all", description="all layers, top layer, mix (layer average), mean")
+    format: Format = Field("parquet", description="parquet shards, or one HDF5 file (AllenNLP)")
+    dtype: Dtype = "float32"
+    batch_size: int = Field(DEFAULT_BATCH_SIZE, gt=0, description="sentences per forward pass")
+    concurrency: int | None = Field(None, gt=0, description="actors; default one per GPU")
+    sentences_per_shard: int = Field(DEFAULT_SENTENCES_PER_SHARD, gt=0)
+    tokenized: bool = Field(False, description="lines are whitespace-tokenized")
+    manifest: str | None = Field(None, description="dataset manifest.json naming the tokenizer")
+
+    def out_dir(self) -> str:
+        """``out``, or a directory under ``ELMO_HOME/embeddings`` named by the input and a digest
+        of what makes the vectors, so another biLM or output never lands in the same place."""
+        if self.out is not None:
+            return self.out
+        identity = self.model_dump(
+            include={"input", "bilm", "bilm_options", "output", "format", "dtype", "tokenized"}
+        )
+        stem = _stem(self.input) or "input"
+        return str(elmo_home() / "embeddings" / f"{stem}-{_digest(identity)}")
+
+
+def _stem(location: str) -> str:
+    """The last path component of a path or URL, safe as a directory name ("" if none)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", Path(location.rstrip("/")).name).strip("-")
+
+
+def _digest(identity: dict[str, Any]) -> str:
+    """12 hex digits of what makes an output, for a directory name no other output shares."""
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]

@@ -27,7 +27,6 @@ from prefect.utilities.urls import url_for
 from pydantic import BaseModel
 
 from elmo_core.analysis.task_runs import DEFAULT_FRACTIONS
-from elmo_core.data.manifest import manifest_sha256
 from elmo_core.data.reader import load_manifest
 from elmo_core.errors import ElmoError
 from elmo_core.tasks import load_task_config
@@ -45,16 +44,19 @@ from flows.artifacts import (
     task_rows,
 )
 from flows.cache import PrepareCachePolicy, dataset_exists
-from flows.params import DataParams, TrainingParams
+from flows.params import DataParams, EmbedParams, TrainingParams
 from pipelines.adapt import stage as adapt_stage
 from pipelines.adapt.stage import AdaptResult, result_line
 from pipelines.analyze import stage as analyze_stage
 from pipelines.analyze.stage import AnalyzeResult
 from pipelines.analyze.table import format_rows
 from pipelines.common.settings import RAY_JOBS_ENV, elmo_home
+from pipelines.embed import stage as embed_stage
+from pipelines.embed.stage import EmbedResult
+from pipelines.evaluate import stage as evaluate_stage
 from pipelines.evaluate.result import EvaluationResult
 from pipelines.prepare import stage as prepare_stage
-from pipelines.registry.register import RegisteredBiLM
+from pipelines.registry.register import RegisteredBiLM, register_trained
 from pipelines.tracking.flow_runs import (
     FLOW_RUN_TAG,
     mlflow_link,
@@ -63,11 +65,10 @@ from pipelines.tracking.flow_runs import (
     stage_progress,
 )
 from pipelines.tracking.stage_runs import find_run, location_name, stage_run_name
-from pipelines.tracking.train_progress import training_progress
+from pipelines.tracking.train_progress import event_order, training_progress
 from pipelines.train import ray_job
 from pipelines.train import stage as train_stage
-from pipelines.train.job_config import run_name
-from pipelines.train.preflight import HandOn, TrainResult
+from pipelines.train.preflight import HandOn, TrainResult, plan_training
 
 PROGRESS_LOOK_S = 2.0  # how often the flow looks at a training run's MLflow record
 # Where `prefect server start` serves the flow runs an ephemeral run left in PREFECT_HOME.
@@ -167,10 +168,10 @@ def prepare(data: DataParams, parent_run_id: str | None = None) -> str:
 
 
 @task(name="train")
-def _train(dataset: str, training: TrainingParams, parent_run_id: str) -> TrainResult:
-    """The train stage; while it trains, this task's log follows it (:func:`_training_followed`),
-    so the task's own page shows its progress, and its workers print none of it twice."""
-    name = run_name(training.job_config(), manifest_sha256(dataset))
+def _train(dataset: str, training: TrainingParams, parent_run_id: str, name: str) -> TrainResult:
+    """The train stage on the run its plan named ``name``; while it trains, this task's log
+    follows it (:func:`_training_followed`), so the task's own page shows its progress, and its
+    workers print none of it twice."""
     with _training_followed(name, parent_run_id) as linked:
         result = train_stage.train(
             training.job_config(),
@@ -187,11 +188,12 @@ def _train(dataset: str, training: TrainingParams, parent_run_id: str) -> TrainR
 
 def train(dataset: str, training: TrainingParams, parent_run_id: str) -> TrainResult:
     """The train stage, in process or as a Ray Job (it reuses a finished run). The flow's log
-    names the run as it starts and says what it did; the train task's log follows it."""
+    names the run as the stage plans it, before it starts, and says what it did; the train
+    task's log follows it."""
     logger = get_run_logger()
-    name = run_name(training.job_config(), manifest_sha256(dataset))
-    logger.info(f"train: biLM {name}, preset {training.model}, dataset {Path(dataset).name}")
-    result = _train(dataset, training, parent_run_id)
+    plan = plan_training(training.job_config(), dataset)  # a mistake fails here, in seconds
+    logger.info(f"train: biLM {plan.name}, preset {training.model}, dataset {Path(dataset).name}")
+    result = _train(dataset, training, parent_run_id, plan.name)
     logger.info(result.summary())
     return result
 
@@ -199,13 +201,13 @@ def train(dataset: str, training: TrainingParams, parent_run_id: str) -> TrainRe
 @contextmanager
 def _training_followed(name: str, parent_run_id: str) -> Iterator[threading.Event]:
     """While the block trains, :func:`_following` looks at the run's MLflow record: it logs the
-    run's link once the run exists (and sets the event it yields) with its Ray job's, then a
-    line for each step and validation the run logged since the last look
-    (:func:`training_progress`: rank 0's own words), and each new warning the run gives as a
-    warning. A failed look is skipped, never fatal."""
+    run's link once the run exists (and sets the event it yields) with its Ray job's, then each
+    step and validation the run logged since the last look (:func:`training_progress`'s values,
+    in rank 0's words), and each new warning the run gives as a warning. A failed look is
+    skipped, never fatal."""
     logger = get_run_logger()
     linked = threading.Event()
-    logged: set[tuple[int, int]] = set()
+    logged: set[tuple[int, bool]] = set()  # event_order of each step and validation logged
     warned: list[str | None] = [None]
 
     def look() -> None:
@@ -225,10 +227,10 @@ def _training_followed(name: str, parent_run_id: str) -> Iterator[threading.Even
         if progress.health is not None and progress.health != warned[0]:
             logger.warning("train: %s", progress.health)
             warned[0] = progress.health
-        for line in progress.lines:
-            if (line.step, line.kind) not in logged:
-                logger.info(f"{progress.run_name}: {line.text}")
-                logged.add((line.step, line.kind))
+        for event in progress.events:
+            if event_order(event) not in logged:
+                logger.info(f"{progress.run_name}: {event.line()}")
+                logged.add(event_order(event))
 
     with _following(look, "training-progress"):
         yield linked
@@ -292,7 +294,7 @@ def _train_run_link(name: str, run_id: str) -> str:
     return run_link_line(f"train run of biLM {name}", mlflow_link(run_id))
 
 
-# --- evaluate, register, adapt --------------------------------------------------------------------
+# --- evaluate, register, adapt, analyze, embed ----------------------------------------------------
 
 
 @task(name="evaluate")
@@ -302,7 +304,7 @@ def evaluate(
     """Full-softmax heldout perplexity of the run's model that ``hand_on`` picks."""
     handed = run.handed_on(hand_on)
     get_run_logger().info(f"evaluate: {handed.description}")
-    result = train_stage.evaluate_trained(
+    result = evaluate_stage.evaluate_trained(
         run, dataset, hand_on=hand_on, parent_run_id=parent_run_id, tags=flow_tags()
     )
     get_run_logger().info(result.summary())
@@ -324,7 +326,7 @@ def register(
     """The run's version of ``name`` (its model that ``hand_on`` picks, as :func:`evaluate`'s):
     registered and judged by the champion policy once per training run (a re-run gets the same
     version and decision back)."""
-    registered = train_stage.register_trained(
+    registered = register_trained(
         run,
         dataset,
         evaluation,
@@ -410,6 +412,30 @@ def analyze(
     get_run_logger().info(run_link_line("analyze run", mlflow_link(result.run_id)))
     run_ids = {"flow (parent)": parent_run_id, "analyze": result.run_id}
     publish_markdown("analysis", analysis_markdown(bilm, result.rows, run_ids), "analysis table")
+    return result
+
+
+@task(name="embed")
+def embed(params: EmbedParams, parent_run_id: str) -> EmbedResult:
+    """The embed stage on ``params``, its run a child of the flow's."""
+    result = embed_stage.embed(
+        params.bilm,
+        params.input,
+        params.out_dir(),
+        options=params.bilm_options,
+        output=params.output,
+        format=params.format,
+        dtype=params.dtype,
+        batch_size=params.batch_size,
+        concurrency=params.concurrency,
+        sentences_per_shard=params.sentences_per_shard,
+        tokenized=params.tokenized,
+        manifest=params.manifest,
+        parent_run_id=parent_run_id,
+        tags=flow_tags(),
+    )
+    get_run_logger().info(embed_stage.summary_line(result))
+    get_run_logger().info(run_link_line("embed run", mlflow_link(result.run_id)))
     return result
 
 

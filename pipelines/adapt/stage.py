@@ -23,13 +23,11 @@ import torch
 import typer
 from pydantic import BaseModel, ConfigDict, Field
 
-from elmo_core.errors import ConfigError, DataError
-from elmo_core.tasks import load_task_config, read_task_split
-from elmo_core.tasks.activation_cache import ActivationCache
-from elmo_core.tasks.readers import AnyDataset, check_labels, task_labels
+from elmo_core.errors import ConfigError
+from elmo_core.tasks import load_task_config
+from elmo_core.tasks.readers import AnyDataset
 from elmo_core.tasks.seeds import DEFAULT_SEEDS, Scores
-from elmo_core.tasks.task_config import SPLITS, TaskConfig
-from elmo_core.tasks.task_model import example_sentences
+from elmo_core.tasks.task_config import TaskConfig
 from elmo_core.tasks.trainer import BASELINE, TaskResult, TaskSplit, main_metric, train_task
 from pipelines.adapt.error_analysis import evaluation_split, log_error_analysis, predict_split
 from pipelines.adapt.figures import mix_figure
@@ -49,6 +47,7 @@ from pipelines.adapt.task_records import (
 )
 from pipelines.common.cli_runner import comma_separated, run_command
 from pipelines.common.settings import elmo_home, mlflow_tracking_uri
+from pipelines.common.task_data import cache_splits, check_tasks, read_splits
 from pipelines.models.bilm_loader import (
     OPTIONS_HELP,
     SOURCE_HELP,
@@ -194,31 +193,6 @@ def run_adapt_job(job: AdaptJob) -> AdaptResult:
     return _result(run.info.run_id, model, runs, sizes)
 
 
-def read_splits(task: TaskConfig) -> dict[str, AnyDataset]:
-    """The task's splits that exist, with dev/test labels checked against train's label set."""
-    datasets: dict[str, AnyDataset] = {
-        name: read_task_split(task, name) for name in SPLITS if task.split_path(name)
-    }
-    labels = task_labels(task, datasets["train"])
-    for dataset in datasets.values():
-        check_labels(dataset, labels)
-    return datasets
-
-
-def cache_splits(
-    bilm: torch.nn.Module, datasets: Mapping[str, AnyDataset], cache_dir: str | Path
-) -> dict[str, TaskSplit]:
-    """Each split with the frozen biLM's activations, from the cache (built on first use)."""
-    cache = ActivationCache(cache_dir)
-    return {
-        name: TaskSplit(
-            dataset,
-            cache.get_or_build(bilm, example_sentences(list(dataset.examples)), progress=False),
-        )
-        for name, dataset in datasets.items()
-    }
-
-
 def _train(
     task: TaskConfig,
     splits: Mapping[str, TaskSplit],
@@ -308,21 +282,6 @@ def _result(
         baseline_scores=[headline_score(run.baseline) for run in runs],
         examples=headline.examples if headline is not None else 0,
     )
-
-
-def check_tasks(tasks: Sequence[TaskConfig]) -> None:
-    """No tasks, two tasks registering one model name, or a missing data file: refuse now."""
-    if not tasks:
-        raise ConfigError("no task to adapt to", key="tasks")
-    names = [task.name for task in tasks]
-    duplicates = sorted({name for name in names if names.count(name) > 1})
-    if duplicates:
-        raise ConfigError(f"two tasks named {duplicates[0]} would register one model", key="name")
-    for task in tasks:
-        for split in SPLITS:
-            path = task.split_path(split)
-            if path is not None and not path.is_file():
-                raise DataError(f"{task.name}: {split} file not found", path=path)
 
 
 # --- Ray -----------------------------------------------------------------------------------------

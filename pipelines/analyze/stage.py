@@ -40,7 +40,6 @@ from elmo_core.tasks.readers import AnyDataset, task_labels
 from elmo_core.tasks.seeds import DEFAULT_SEEDS
 from elmo_core.tasks.task_config import TaskConfig
 from elmo_core.tasks.trainer import TaskSplit
-from pipelines.adapt.stage import cache_splits, check_tasks, read_splits
 from pipelines.analyze.figures import efficiency_figure, layers_figure
 from pipelines.analyze.table import (
     CELLS_TABLE,
@@ -61,6 +60,7 @@ from pipelines.analyze.table import (
 from pipelines.common.cli_runner import comma_separated, run_command
 from pipelines.common.console import ProgressBar, console_progress
 from pipelines.common.settings import elmo_home
+from pipelines.common.task_data import cache_splits, check_tasks, read_splits
 from pipelines.models.bilm_loader import OPTIONS_HELP, SOURCE_HELP, load_bilm, resolve_bilm
 from pipelines.tracking.figures import log_figure
 from pipelines.tracking.stage_runs import (

@@ -1,3 +1,4 @@
 """What stages and flows share: settings, the CLI runner, console output, paths, the Ray
-connection, the pre-flight server checks. Imports no stage, so any stage can import it.
+connection, the pre-flight server checks, the task data adapt and analyze read. Imports no
+stage, so any stage can import it.
 """

@@ -44,6 +44,7 @@ from pipelines.tracking.stage_runs import (
     stage_run,
     stage_run_name,
 )
+from pipelines.train.preflight import HandOn, TrainResult
 
 PERPLEXITY_TABLE = "perplexity.json"  # the evaluate run's table: each direction and their mean
 
@@ -118,6 +119,27 @@ def evaluate_bilm(
         description = f"{bilm.location}: {result.summary()}, {protocol} protocol"
         mlflow.set_tag(DESCRIPTION_TAG, f"{description}. {trapped}" if trapped else description)
     return result
+
+
+def evaluate_trained(
+    result: TrainResult,
+    data: str,
+    *,
+    hand_on: HandOn = "best",
+    parent_run_id: str | None = None,
+    tags: dict[str, str] | None = None,
+) -> EvaluationResult:
+    """The full-softmax heldout perplexity of the training run's model that ``hand_on`` picks
+    (:meth:`~pipelines.train.preflight.TrainResult.handed_on`): what registers it. The run is
+    named after the training run and tagged with which of its models it scored."""
+    handed = result.handed_on(hand_on)
+    return evaluate_bilm(
+        handed.model_dir,
+        data,
+        parent_run_id=parent_run_id,
+        tags={**(tags or {}), **handed.tags},
+        subject=result.run_name,
+    )
 
 
 def heldout_hash(data: str, split: str, files: Sequence[str] | None) -> str:

@@ -85,6 +85,7 @@ from pipelines.tracking.stage_runs import (
     stage_run_name,
     use_tracking,
 )
+from pipelines.train.preflight import HandOn, TrainResult
 
 BILM_TF_ARTIFACTS = "bilm_tf"  # run artifact folder of the HDF5 export
 
@@ -174,6 +175,33 @@ def register(
             checkpoint_tags=checkpoint_tags,
             apply_policy=apply_policy,
         )
+
+
+def register_trained(
+    result: TrainResult,
+    data: str,
+    evaluation: EvaluationResult,
+    *,
+    hand_on: HandOn = "best",
+    name: str = DEFAULT_NAME,
+    parent_run_id: str | None = None,
+    tags: Mapping[str, str] | None = None,
+) -> RegisteredBiLM:
+    """The training run's model that ``hand_on`` picks (as
+    :func:`~pipelines.evaluate.stage.evaluate_trained` does) as a version of ``name``, tagged
+    with which one, judged by its ``evaluation`` (so evaluated first), registered once per
+    training run: a re-run gets the same version back."""
+    handed = result.handed_on(hand_on)
+    return register(
+        handed.model_dir,
+        data,
+        evaluation=evaluation,
+        run_id=result.mlflow_run_id,
+        name=name,
+        parent_run_id=parent_run_id,
+        tags=tags,
+        checkpoint_tags=handed.tags,
+    )
 
 
 def register_bilm(

@@ -1,5 +1,6 @@
-"""A training run's progress in words, one wording wherever it is read: rank 0's console, and the
-flow's log, which reads each logged step and validation back from the run's MLflow metrics.
+"""A training run's progress as values (:class:`StepProgress`, :class:`ValidationProgress`):
+rank 0 makes them as it logs its MLflow metrics, the flow reads them back from those metrics, and
+each says itself in one wording (``line()``) on rank 0's console and in the flow's log.
 
 Rank 0 tags the run with where and when its loop began (``TRAIN_STARTED_TAG``), so that both
 compute one ETA from the same numbers: the rate since then, the start-up (Ray, loading the data,
@@ -9,7 +10,7 @@ building the model) left out.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -58,33 +59,58 @@ def duration(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}"
 
 
-def step_line(
-    step: int, total: int | None, loss: float, tokens_per_s: float, grad_norm: float, eta: float
-) -> str:
-    return (
-        f"step {step}/{total or '?'}  sampled loss {loss:.3f}  {tokens_per_s:,.0f} tokens/s  "
-        f"grad norm {grad_norm:.2f}  ETA {duration(eta)}"
-    )
-
-
-def validation_line(
-    step: int, perplexities: Sequence[float], sample: str, locked_up: str, best: bool
-) -> str:
-    """``perplexities``: the mean (geometric), forward and backward."""
-    mean, forward, backward = perplexities
-    return (
-        f"step {step}: validation perplexity {mean:.2f} (forward {forward:.2f}, backward "
-        f"{backward:.2f}) on a {sample}{'; ' + locked_up if locked_up else ''}"
-        f"{'  best so far' if best else ''}"
-    )
-
-
-class ProgressLine(NamedTuple):
-    """One line of the run's progress: a step (kind 0) or the validation after it (kind 1)."""
+class StepProgress(NamedTuple):
+    """A logged training step: the sampled loss averaged over the steps since the last logged
+    one, the rate over them, and the ETA at the rate since the loop began (NaN: no rate yet)."""
 
     step: int
-    kind: int
-    text: str
+    total: int | None  # None until the stage has tagged it
+    loss: float
+    tokens_per_s: float
+    grad_norm: float
+    eta_s: float
+
+    def line(self) -> str:
+        return (
+            f"step {self.step}/{self.total or '?'}  sampled loss {self.loss:.3f}  "
+            f"{self.tokens_per_s:,.0f} tokens/s  grad norm {self.grad_norm:.2f}  "
+            f"ETA {duration(self.eta_s)}"
+        )
+
+
+class ValidationProgress(NamedTuple):
+    """A validation after ``step`` on the heldout ``sample``: the mean (geometric), forward and
+    backward perplexity, each direction's rows whose state locked up, and whether it is the best
+    so far."""
+
+    step: int
+    perplexity: float
+    forward_perplexity: float
+    backward_perplexity: float
+    sample: str  # "2,000-sentence heldout sample"
+    forward_trapped: int
+    backward_trapped: int
+    num_rows: int | None  # the rows validated: rank 0 knows them, the run's metrics do not
+    best: bool
+
+    def line(self) -> str:
+        locked_up = describe_trapped_rows(
+            self.forward_trapped, self.backward_trapped, self.num_rows
+        )
+        return (
+            f"step {self.step}: validation perplexity {self.perplexity:.2f} (forward "
+            f"{self.forward_perplexity:.2f}, backward {self.backward_perplexity:.2f}) on a "
+            f"{self.sample}{'; ' + locked_up if locked_up else ''}"
+            f"{'  best so far' if self.best else ''}"
+        )
+
+
+ProgressEvent = StepProgress | ValidationProgress
+
+
+def event_order(event: ProgressEvent) -> tuple[int, bool]:
+    """Each step before the validation that follows it."""
+    return event.step, isinstance(event, ValidationProgress)
 
 
 @dataclass(frozen=True)
@@ -94,14 +120,14 @@ class TrainingProgress:
     run_name: str
     step: int  # the last logged step, 0 before the first
     total: int | None  # None until the stage has tagged it
-    lines: list[ProgressLine]  # each step and validation logged from the step asked about
+    events: list[ProgressEvent]  # each step and validation logged from the step asked about
     health: str | None  # the run's latest warning (HEALTH_TAG); None while it has given none
 
 
 def training_progress(parent_run_id: str, since: int = 0) -> TrainingProgress | None:
-    """Where the flow's training run is (None before it exists), and the lines of every step and
-    validation it logged from step ``since`` on: what a flow's log says while training runs in
-    Ray workers, local or in a Ray job, whose console the flow never sees."""
+    """Where the flow's training run is (None before it exists), and every step and validation
+    it logged from step ``since`` on, read back from its metrics: what a flow's log says while
+    training runs in Ray workers, local or in a Ray job, whose console the flow never sees."""
     use_tracking()
     client = MlflowClient()
     experiment = client.get_experiment_by_name(EXPERIMENT)
@@ -126,42 +152,53 @@ def training_progress(parent_run_id: str, since: int = 0) -> TrainingProgress | 
         return {point.step: point for point in client.get_metric_history(run.info.run_id, name)}
 
     losses = history(TRAIN_LOSS_METRIC)
-    lines: list[ProgressLine] = []
+    events: list[ProgressEvent] = []
     rates, norms = history(TOKENS_PER_S_METRIC), history(GRAD_NORM_METRIC)
     for step, loss in losses.items():
         if step >= since:
             eta = eta_seconds(step, total, tags.get(TRAIN_STARTED_TAG), loss.timestamp / 1000)
             rate, norm = _value(rates, step), _value(norms, step)
-            lines.append(ProgressLine(step, 0, step_line(step, total, loss.value, rate, norm, eta)))
-    lines += _validation_lines(history, since, tags.get(VALIDATION_SAMPLE_TAG, "heldout sample"))
+            events.append(StepProgress(step, total, loss.value, rate, norm, eta))
+    sample = tags.get(VALIDATION_SAMPLE_TAG, "heldout sample")
+    events += _validations(history, since, sample)
     return TrainingProgress(
         run.info.run_name,
         max(losses),
         total,
-        sorted(lines),
+        sorted(events, key=event_order),
         tags.get(HEALTH_TAG),
     )
 
 
-def _validation_lines(
+def _validations(
     history: Callable[[str], dict[int, Metric]], since: int, sample: str
-) -> list[ProgressLine]:
-    """Each validation from ``since`` on, as rank 0 words it (the rows it locked up counted, not
-    the rows validated: the run does not log them)."""
+) -> list[ValidationProgress]:
+    """Each validation from ``since`` on (the rows it locked up counted, not the rows validated:
+    the run does not log them)."""
     suffixes = ("", "_forward", "_backward")
     curves = [history(f"{VALIDATION_PERPLEXITY}{suffix}") for suffix in suffixes]
     trapped = [history(f"{TRAPPED_ROWS}{suffix}") for suffix in ("_forward", "_backward")]
-    lines, best = [], math.inf
+    validations, best = [], math.inf
     for step in sorted(curves[0]):
         mean = curves[0][step].value
         if step >= since:
-            perplexities = [curve[step].value if step in curve else math.nan for curve in curves]
-            forward, backward = (int(_value(rows, step, 0.0)) for rows in trapped)
-            locked_up = describe_trapped_rows(forward, backward, None)
-            line = validation_line(step, perplexities, sample, locked_up, mean < best)
-            lines.append(ProgressLine(step, 1, line))
+            forward, backward = (_value(curve, step) for curve in curves[1:])
+            forward_trapped, backward_trapped = (int(_value(rows, step, 0.0)) for rows in trapped)
+            validations.append(
+                ValidationProgress(
+                    step,
+                    mean,
+                    forward,
+                    backward,
+                    sample,
+                    forward_trapped,
+                    backward_trapped,
+                    None,
+                    mean < best,
+                )
+            )
         best = min(best, mean)
-    return lines
+    return validations
 
 
 def _value(points: Mapping[int, Metric], step: int, missing: float = math.nan) -> float:

@@ -24,7 +24,7 @@ import mlflow
 import torch
 
 from elmo_core.model.bilm import BiLM, LossOutput
-from elmo_core.perplexity import PerplexitySums, describe_trapped_rows
+from elmo_core.perplexity import PerplexitySums
 from pipelines.tracking.figures import log_curves
 from pipelines.tracking.flow_runs import (
     HEALTH_TAG,
@@ -39,10 +39,10 @@ from pipelines.tracking.train_progress import (
     TRAPPED_ROWS,
     VALIDATION_PERPLEXITY,
     VALIDATION_SAMPLE_TAG,
+    StepProgress,
+    ValidationProgress,
     eta_seconds,
     started_tag,
-    step_line,
-    validation_line,
 )
 from pipelines.train.checkpoint import SharedState
 from pipelines.train.run_directory import BEST_DIR, RunDirectory
@@ -173,9 +173,8 @@ class Progress:
         mlflow.log_metrics(metrics, step=step, timestamp=int(now * 1000))
         self.shared.curves.setdefault(TRAIN_LOSS_METRIC, []).append((step, loss / num_steps))
         eta = eta_seconds(step, self.total, self._started, int(now * 1000) / 1000)
-        self._say(
-            step_line(step, self.total, loss / num_steps, tokens_per_s, float(grad_norm), eta)
-        )
+        said = StepProgress(step, self.total, loss / num_steps, tokens_per_s, float(grad_norm), eta)
+        self._say(said.line())
         self._reset_window()
 
     def _say(self, line: str) -> None:
@@ -209,11 +208,18 @@ class Progress:
             self.shared.curves.setdefault(name, []).append((step, value))
         if best is not None:
             RunDirectory(self.run.run_dir).put_model(best, BEST_DIR)
-        locked_up = describe_trapped_rows(
-            sums.forward_trapped, sums.backward_trapped, sums.num_rows
+        validation = ValidationProgress(
+            step,
+            sums.perplexity,
+            sums.forward_perplexity,
+            sums.backward_perplexity,
+            self.sample,
+            sums.forward_trapped,
+            sums.backward_trapped,
+            sums.num_rows,
+            best is not None,
         )
-        perplexities = [sums.perplexity, sums.forward_perplexity, sums.backward_perplexity]
-        self._say(validation_line(step, perplexities, self.sample, locked_up, best is not None))
+        self._say(validation.line())
         self._warn(step)
         self.plot()
 

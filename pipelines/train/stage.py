@@ -16,7 +16,7 @@ MLflow run ``train-bilm-<hash>``, joining ``RAY_ADDRESS`` (or a local Ray) and h
 the same function there. A stopped run resumes from its newest complete checkpoint. ``main`` then
 evaluates and registers the run's best model, the one with the lowest validation perplexity (the
 final one with ``--hand-on final``, or when no validation ran; ``--no-register`` skips both),
-through the same two functions a flow's tasks call.
+with the evaluate and registry stages' functions a flow's tasks call.
 """
 
 from __future__ import annotations
@@ -43,11 +43,9 @@ from pipelines.common.cli_runner import run_command
 from pipelines.common.locations import absolute_location
 from pipelines.common.ray_cluster import connect_ray
 from pipelines.common.settings import RAY_JOBS_ENV, mlflow_tracking_uri
-from pipelines.evaluate.result import EvaluationResult
-from pipelines.evaluate.stage import evaluate_bilm
+from pipelines.evaluate.stage import evaluate_trained
 from pipelines.models.bilm_loader import OPTIONS_HELP, SOURCE_HELP
-from pipelines.registry.register import RegisteredBiLM, register
-from pipelines.registry.tags import DEFAULT_NAME
+from pipelines.registry.register import register_trained
 from pipelines.tracking.flow_runs import HEALTH_TAG, TOTAL_STEPS_TAG, VALIDATION_SECTION
 from pipelines.tracking.stage_runs import (
     DESCRIPTION_TAG,
@@ -251,56 +249,6 @@ def _finish(worker_cfg: WorkerConfig, run_dir: RunDirectory, seconds: float) -> 
     )
     run_dir.write_json(FINISHED_FILE, outcome.model_dump(mode="json"))
     return outcome
-
-
-# --- what follows training: evaluate, then register ----------------------------------------------
-
-
-def evaluate_trained(
-    result: TrainResult,
-    data: str,
-    *,
-    hand_on: HandOn = "best",
-    parent_run_id: str | None = None,
-    tags: dict[str, str] | None = None,
-) -> EvaluationResult:
-    """The full-softmax heldout perplexity of the run's model that ``hand_on`` picks
-    (:meth:`TrainResult.handed_on`): what registers it. The run is tagged with which one."""
-    handed = result.handed_on(hand_on)
-    return evaluate_bilm(
-        handed.model_dir,
-        data,
-        parent_run_id=parent_run_id,
-        tags={**(tags or {}), **handed.tags},
-        subject=result.run_name,
-    )
-
-
-def register_trained(
-    result: TrainResult,
-    data: str,
-    evaluation: EvaluationResult,
-    *,
-    hand_on: HandOn = "best",
-    name: str = DEFAULT_NAME,
-    parent_run_id: str | None = None,
-    tags: dict[str, str] | None = None,
-) -> RegisteredBiLM:
-    """The run's model that ``hand_on`` picks (:meth:`TrainResult.handed_on`, as
-    :func:`evaluate_trained`) as a version of ``name``, tagged with which one, judged by its
-    ``evaluation`` (so evaluated first), registered once per training run: a re-run gets the same
-    version back."""
-    handed = result.handed_on(hand_on)
-    return register(
-        handed.model_dir,
-        data,
-        evaluation=evaluation,
-        run_id=result.mlflow_run_id,
-        name=name,
-        parent_run_id=parent_run_id,
-        tags=tags,
-        checkpoint_tags=handed.tags,
-    )
 
 
 # --- command line --------------------------------------------------------------------------------

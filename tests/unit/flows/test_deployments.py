@@ -13,10 +13,9 @@ from pydantic import BaseModel
 
 from elmo_core.analysis.sampling import check_fractions
 from elmo_core.tasks import load_task_config
-from flows.embed_params import EmbedParams
-from flows.params import AdaptParams, AnalyzeParams, PretrainParams
+from flows.params import AdaptParams, AnalyzeParams, EmbedParams, PretrainParams
 from flows.run_local import REPO, smoke_parameters
-from pipelines.adapt.stage import read_splits
+from pipelines.common.task_data import read_splits
 
 PARAMS_OF: dict[str, type[BaseModel]] = {
     "pretrain": PretrainParams,

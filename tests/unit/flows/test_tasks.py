@@ -61,6 +61,6 @@ def test_the_train_task_gives_a_finished_run_back_in_either_mode(
     ensure_experiment()
 
     with disable_run_logger():  # the task's function alone, outside a flow run
-        result = _train.fn(dataset, training, "parent")
+        result = _train.fn(dataset, training, "parent", plan.name)
 
     assert result == finished.model_copy(update={"already_finished": True})

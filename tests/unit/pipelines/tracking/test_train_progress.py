@@ -1,5 +1,5 @@
-"""A training run's progress in one wording: rank 0's console lines and the flow's, read back from
-a real MLflow store, with one ETA."""
+"""A training run's progress in one wording: rank 0's console lines and the flow's, said from the
+values read back from a real MLflow store, with one ETA."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from elmo_core.presets import tiny
 from pipelines.tracking import flow_runs, stage_runs
 from pipelines.tracking.train_progress import (
     TRAIN_STARTED_TAG,
+    StepProgress,
+    ValidationProgress,
     eta_seconds,
     started_tag,
     training_progress,
@@ -75,19 +77,50 @@ def test_the_flow_reads_back_each_line_rank_0_printed_in_the_same_words(
         for line in capsys.readouterr().out.splitlines()
         if line.startswith("[train] step")
     ]
-    assert before is not None and (before.step, before.total, before.lines) == (0, 8, [])
+    assert before is not None and (before.step, before.total, before.events) == (0, 8, [])
     assert everything is not None and everything.step == 8
-    assert [line.text for line in everything.lines] == [
+    assert [event.line() for event in everything.events] == [
         # the flow does not know the rows validated, only those that locked up
         line.replace("3 of 128 rows", "3 rows")
         for line in printed
     ]
-    assert [(line.step, line.kind) for line in everything.lines] == [
+    assert [(e.step, int(isinstance(e, ValidationProgress))) for e in everything.events] == [
         (2, 0), (4, 0), (4, 1), (6, 0), (8, 0), (8, 1)
     ]  # fmt: skip
-    assert "ETA" in everything.lines[0].text and everything.lines[1].text.endswith(":00")
-    assert later is not None and [line.step for line in later.lines] == [6, 8, 8]
+    assert "ETA" in everything.events[0].line() and everything.events[1].line().endswith(":00")
+    assert later is not None and [event.step for event in later.events] == [6, 8, 8]
     assert store.get_run(run.info.run_id).data.tags[TRAIN_STARTED_TAG].startswith("0 ")
+
+
+def test_the_flow_gets_each_step_and_validation_as_values_not_text(
+    store: MlflowClient, tmp_path: Path
+) -> None:
+    with flow_runs.parent_run("pretrain", "p", "flow-9", _Params(name="y")) as parent:
+        run = _train_run(store, "train-bilm-9", parent)
+        store.set_tag(run.info.run_id, flow_runs.TOTAL_STEPS_TAG, "2")
+        progress = Progress(
+            _tracked(run, tmp_path),
+            SharedState(step=0, world_size=1),
+            rank=0,
+            total_steps=2,
+            log_every=1,
+            validation_sentences=10,
+            warn_at=(1.25, 1.5),
+            console=False,
+        )
+        with progress.tracking():
+            progress.after_step(1, _output(4.0), _norm(), 0.2, 1)
+            progress.after_validation(1, _sums(90.0, 80.0, 3), None)
+        read = training_progress(parent)
+
+    assert read is not None
+    step, validation = read.events
+    assert isinstance(step, StepProgress) and (step.step, step.total) == (1, 2)
+    assert (step.loss, step.grad_norm) == (4.0, 1.5) and step.tokens_per_s > 0
+    assert isinstance(validation, ValidationProgress) and validation.best
+    assert validation.forward_perplexity == pytest.approx(90.0)
+    assert validation.backward_perplexity == pytest.approx(80.0)
+    assert (validation.forward_trapped, validation.backward_trapped) == (3, 0)
 
 
 def test_under_a_flow_rank_0_prints_nothing_and_the_flow_logs_it(

@@ -20,6 +20,7 @@ from elmo_core.errors import ConfigError
 from elmo_core.model.bilm import BiLM
 from elmo_core.model.serialization import MODEL_DIR, write_bilm_dir
 from elmo_core.presets import tiny
+from pipelines.evaluate.stage import evaluate_trained
 from pipelines.models.bilm_loader import PATH_TAG
 from pipelines.registry.tags import CHECKPOINT_STEP_TAG, CHECKPOINT_TAG, DEFAULT_NAME
 from pipelines.tracking import stage_runs
@@ -27,7 +28,7 @@ from pipelines.train.job_config import resolve_train_config
 from pipelines.train.preflight import TrainPlan, TrainResult, plan_training
 from pipelines.train.ray_job import write_job_config
 from pipelines.train.run_directory import BEST_DIR, FINISHED_FILE
-from pipelines.train.stage import evaluate_trained, main, train
+from pipelines.train.stage import main, train
 
 SENTENCES = [f"w{i % 97} w{(3 * i) % 89} w{i % 5} end" for i in range(120)]  # > 64 types
 
