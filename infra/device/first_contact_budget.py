@@ -63,7 +63,7 @@ COUNTED = [  # (variant, rows) of original whose launches are counted
     ("reference_batched", 128),
     ("reference_apart", 128),  # the straightforward baseline's stand-in
 ]
-SMALL_VARIANT = "fused_apart"  # small's preset leaves lstm_impl "auto": CUDA's choice, directions apart
+SMALL_VARIANT = "fused_apart"  # small leaves lstm_impl "auto": on CUDA, fused with directions apart
 TRITON_GUESS_S = 1.0  # per kernel and dtype, where triton_aot.py did not run (no triton here)
 TRITON_LAUNCHER_S = 1.5  # per kernel and dtype: the C launcher Triton builds on first launch
 STEP_DTYPES = ("fp32", "bf16")  # the kernels' GEMM dtypes the correctness and speed steps run
