@@ -51,9 +51,9 @@ from elmo_core.tasks.trainer import (
     train_task,
 )
 from pipelines.common.task_data import cache_splits, read_splits
-from pipelines.models.bilm_loader import load_bilm, resolve_bilm
 from pipelines.prepare.corpus_sources import CorpusFiles
 from pipelines.prepare.stage import prepare_files
+from pipelines.serving.bilm_loader import load_bilm, resolve_bilm
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -20,6 +20,7 @@ from typing import IO, Any, TypeVar
 
 ResultT = TypeVar("ResultT")
 _TEMPORARY_NAME = re.compile(r"\..+\.[a-z0-9_]{8}")  # mkstemp(prefix=".NAME."): 8 random chars
+_SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")  # a URL, as opposed to a local path
 
 
 class Location:
@@ -262,6 +263,20 @@ def sha256_file(path: Path) -> str:
 def join_url(root: str, relative: str) -> str:
     """``root/relative`` for a local path or any fsspec URL."""
     return f"{root.rstrip('/')}/{relative}"
+
+
+def is_remote_url(location: str) -> bool:
+    """A URL with a scheme other than ``file`` (``s3://``, ``gs://``, ``http://``...)."""
+    return bool(_SCHEME.match(location)) and not location.startswith("file://")
+
+
+def absolute_location(location: str | Path) -> str:
+    """A remote URL as it is; a local path (or ``file://`` URL) absolute, ``~`` expanded: a Ray
+    worker runs in another directory, so the driver resolves what the user typed."""
+    text = str(location)
+    if is_remote_url(text):
+        return text
+    return str(Path(text.removeprefix("file://")).expanduser().resolve())
 
 
 def open_url(url: str, mode: str = "rb", **options: Any) -> IO[Any]:

@@ -36,9 +36,9 @@ from elmo_core.training.step import TrainingStep
 from pipelines.common.ray_cluster import connect_ray
 from pipelines.common.settings import elmo_home
 from pipelines.evaluate.stage import EvaluationResult, evaluate_bilm
-from pipelines.models.bilm_loader import initial_bilm
 from pipelines.prepare.corpus_sources import CorpusFiles
 from pipelines.prepare.stage import prepare_files
+from pipelines.serving.bilm_loader import initial_bilm
 from pipelines.train.job_config import TrainJobConfig, resolve_train_config
 from pipelines.train.stage import TrainResult, train
 

@@ -20,7 +20,7 @@ from pipelines.common.services import check_services
 def adapt(params: AdaptParams) -> list[str]:
     """Adapt ``params.bilm`` to every task; returns the registered task model URIs."""
     check_services(ray_jobs=False)
-    tasks.check_tasks(params.tasks)
+    tasks.check_task_files(params.tasks)
     with tasks.flow_parent_run("adapt", params.bilm, params) as parent:
         results = tasks.adapt(
             params.bilm, params.tasks, parent, params.bilm_options, seeds=params.seeds

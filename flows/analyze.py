@@ -21,7 +21,7 @@ from pipelines.common.services import check_services
 def analyze(params: AnalyzeParams) -> AnalyzeSummary:
     """Analyze ``params.bilm`` on every task (and the sense set); returns the runs and table."""
     check_services(ray_jobs=False)
-    tasks.check_tasks(params.tasks)
+    tasks.check_task_files(params.tasks)
     with tasks.flow_parent_run("analyze", params.bilm, params) as parent:
         result = tasks.analyze(
             params.bilm,

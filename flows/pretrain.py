@@ -20,7 +20,7 @@ from flows.tasks import (
     adapt,
     analyze,
     check_analysis,
-    check_tasks,
+    check_task_files,
     evaluate,
     flow_parent_run,
     prepare,
@@ -37,7 +37,7 @@ def pretrain(params: PretrainParams) -> PretrainSummary:
     """Pretrain a biLM on a corpus, register it, adapt it to the configured tasks and, with
     ``params.analyze``, analyze it on them."""
     check_services(ray_jobs=params.training.resolved_mode() == "ray-job")
-    check_tasks(params.tasks)
+    check_task_files(params.tasks)
     if params.analyze:
         check_analysis(params.tasks, params.fractions, params.seeds)
     subject = f"{params.data.corpus_name()}-{params.training.model}"

@@ -51,6 +51,7 @@ from pipelines.analyze import stage as analyze_stage
 from pipelines.analyze.stage import AnalyzeResult
 from pipelines.analyze.table import format_rows
 from pipelines.common.settings import RAY_JOBS_ENV, elmo_home
+from pipelines.common.task_data import check_tasks
 from pipelines.embed import stage as embed_stage
 from pipelines.embed.stage import EmbedResult
 from pipelines.evaluate import stage as evaluate_stage
@@ -340,10 +341,11 @@ def register(
     return registered
 
 
-def check_tasks(paths: list[str]) -> None:
-    """Load every task config now, so a bad path or key fails before training starts."""
-    for path in paths:
-        load_task_config(path)
+def check_task_files(paths: list[str]) -> None:
+    """Load every task config and check its data files now, so a bad path, key or task set fails
+    before training starts; none (a pretraining with no tasks) is nothing to check."""
+    if paths:
+        check_tasks([load_task_config(path) for path in paths])
 
 
 @task(name="adapt")

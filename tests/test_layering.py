@@ -20,7 +20,7 @@ FORBIDDEN = {
     "pipelines": {"prefect", "flows"},
     "flows": {"mlflow", "ray"},
 }
-STAGES = ("prepare", "train", "evaluate", "registry", "models", "adapt")
+STAGES = ("prepare", "train", "evaluate", "registry", "serving", "adapt")
 
 
 def _module_name(path: Path) -> str:

@@ -5,7 +5,7 @@ epoch and later job), trains the ELMo model and a baseline (the same head on tas
 embeddings, not the paper's GloVe: none offline) and reports ELMo's gain on dev and test
 (Peters et al. 2018, Table 1). A job is one MLflow ``adapt`` run
 (:mod:`pipelines.adapt.task_records`); its ELMo model is registered as ``elmo-<task>``
-(:mod:`pipelines.models.task_pyfunc`).
+(:mod:`pipelines.serving.task_pyfunc`).
 """
 
 from __future__ import annotations
@@ -42,13 +42,13 @@ from pipelines.adapt.task_records import (
     log_outcome,
     log_task_data,
     log_task_model,
-    source_tags,
     task_params,
 )
 from pipelines.common.cli_runner import comma_separated, run_command
 from pipelines.common.settings import elmo_home, mlflow_tracking_uri
 from pipelines.common.task_data import cache_splits, check_tasks, read_splits
-from pipelines.models.bilm_loader import (
+from pipelines.registry.tags import TASK_TAG
+from pipelines.serving.bilm_loader import (
     OPTIONS_HELP,
     SOURCE_HELP,
     BiLMReference,
@@ -56,13 +56,13 @@ from pipelines.models.bilm_loader import (
     load_bilm,
     resolve_bilm,
 )
-from pipelines.registry.tags import TASK_TAG
 from pipelines.tracking.figures import log_curves, log_figure, metric_label
 from pipelines.tracking.stage_runs import (
     EXPERIMENT,
     PARENT_RUN_ENV,
     ensure_experiment,
     report_progress,
+    source_tags,
     stage_run,
     use_tracking,
 )
@@ -142,7 +142,8 @@ def adapt(
     ensure_experiment()  # create the store once, before jobs write to it at once
     cache_dir = str(elmo_home() / "cache" / "activations")
     parent = parent_run_id or os.environ.get(PARENT_RUN_ENV) or None
-    run_tags = source_tags(parent) | dict(tags or {})  # the commit is the driver's checkout's
+    # a run made in a Ray worker: MLflow would name Ray's default_worker.py; the driver's commit
+    run_tags = source_tags("pipelines.adapt", job=parent is not None) | dict(tags or {})
     jobs = [AdaptJob(task, reference, cache_dir, tuple(seeds), parent, run_tags) for task in tasks]
     return _run_on_ray(jobs, resources or AdaptResources())
 

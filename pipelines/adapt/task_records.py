@@ -23,8 +23,6 @@ from elmo_core.tasks.seeds import Scores, difference, difference_spread
 from elmo_core.tasks.task_config import SPLITS, TaskConfig
 from elmo_core.tasks.task_model import Example
 from elmo_core.tasks.trainer import TaskResult, main_metric
-from pipelines.models import task_pyfunc
-from pipelines.models.bilm_loader import BiLMReference, LoadedBiLM
 from pipelines.registry.model_card import ModelCard, example_frame, publish_card
 from pipelines.registry.register import model_requirements
 from pipelines.registry.tags import (
@@ -36,7 +34,8 @@ from pipelines.registry.tags import (
     score_tag,
     spread_tag,
 )
-from pipelines.tracking import stage_runs
+from pipelines.serving import task_pyfunc
+from pipelines.serving.bilm_loader import BiLMReference, LoadedBiLM
 from pipelines.tracking.stage_runs import (
     flatten_params,
     log_input_file,
@@ -45,7 +44,6 @@ from pipelines.tracking.stage_runs import (
 )
 
 SCORES_FILE = "scores.json"
-SOURCE_NAME = "pipelines.adapt"
 # The fields of ReaderConfig that each format reads, and of HeadConfig that each task type builds
 # on (besides the encoder's hidden_dim, num_layers, dropout and elmo_at_output, which all use).
 READER_FIELDS: dict[str, tuple[str, ...]] = {
@@ -137,12 +135,6 @@ def final_metrics(runs: Sequence[SeedRun]) -> dict[str, float]:
         for model in MODELS:
             found[task_metric(model, headline, run.seed)] = headline_score(getattr(run, model))
     return found
-
-
-def source_tags(parent_run_id: str | None) -> dict[str, str]:
-    """MLflow's source tags for a run created in a Ray worker, where MLflow's own guess would be
-    Ray's ``default_worker.py``: the stage's module, ``JOB`` inside a flow (a parent run)."""
-    return stage_runs.source_tags(SOURCE_NAME, job=parent_run_id is not None)
 
 
 def task_params(task: TaskConfig) -> dict[str, str]:

@@ -61,7 +61,7 @@ from pipelines.common.cli_runner import comma_separated, run_command
 from pipelines.common.console import ProgressBar, console_progress
 from pipelines.common.settings import elmo_home
 from pipelines.common.task_data import cache_splits, check_tasks, read_splits
-from pipelines.models.bilm_loader import OPTIONS_HELP, SOURCE_HELP, load_bilm, resolve_bilm
+from pipelines.serving.bilm_loader import OPTIONS_HELP, SOURCE_HELP, load_bilm, resolve_bilm
 from pipelines.tracking.figures import log_figure
 from pipelines.tracking.stage_runs import (
     DESCRIPTION_TAG,

@@ -20,10 +20,10 @@ import mlflow
 import typer
 
 from elmo_core.errors import ConfigError, DataError
+from elmo_core.location import absolute_location
 from elmo_core.text.tokenize import Tokenizer, WhitespaceTokenizer
 from pipelines.common.cli_runner import run_command
 from pipelines.common.console import console_progress
-from pipelines.common.locations import absolute_location
 from pipelines.common.ray_cluster import connect_ray
 from pipelines.common.settings import elmo_home
 from pipelines.embed.embedding_shards import DTYPES, Dtype, shard_name
@@ -32,7 +32,8 @@ from pipelines.embed.inputs import Chunk, InputPlan, plan_chunks
 from pipelines.embed.output import EmbeddingsDir
 from pipelines.embed.vectors import OUTPUTS, Output
 from pipelines.embed.workers import EmbedJob, WorkerPool, embed_chunks
-from pipelines.models.bilm_loader import (
+from pipelines.prepare.corpus_sources import locate_corpus
+from pipelines.serving.bilm_loader import (
     OPTIONS_HELP,
     SOURCE_HELP,
     BiLMReference,
@@ -40,7 +41,6 @@ from pipelines.models.bilm_loader import (
     manifest_tokenizer,
     resolve_bilm,
 )
-from pipelines.prepare.corpus_sources import locate_corpus
 from pipelines.tracking.stage_runs import flatten_params, stage_run
 
 Format = Literal["parquet", "hdf5"]

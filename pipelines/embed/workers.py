@@ -30,7 +30,7 @@ from pipelines.embed.embedding_shards import Dtype, shard_name, vectors_table
 from pipelines.embed.inputs import Chunk, read_chunk
 from pipelines.embed.output import EmbeddingsDir
 from pipelines.embed.vectors import Output, embed_sentences
-from pipelines.models.bilm_loader import BiLMReference, load_bilm
+from pipelines.serving.bilm_loader import BiLMReference, load_bilm
 
 RAY_DATA_LOGGER = "ray.data"
 

@@ -1,6 +1,6 @@
 """The evaluate stage: full-softmax perplexity of a trained biLM on heldout shards.
 
-``checkpoint`` is any source :mod:`pipelines.models.bilm_loader` resolves, pinned here so every Ray
+``checkpoint`` is any source :mod:`pipelines.serving.bilm_loader` resolves, pinned here so every Ray
 task loads the same weights; with ``RAY_ADDRESS`` or ``workers > 1`` the split is divided over Ray
 tasks and their sums added. Forward, backward and geometric-mean perplexity go to an MLflow
 ``evaluate-<model>`` run with ``heldout_hash`` (the registry compares only on the same heldout
@@ -26,6 +26,7 @@ import typer
 from elmo_core.data.manifest import load_manifest
 from elmo_core.data.reader import select_shards
 from elmo_core.errors import DataError
+from elmo_core.location import absolute_location
 from elmo_core.perplexity import (
     PerplexitySums,
     Protocol,
@@ -34,9 +35,8 @@ from elmo_core.perplexity import (
 )
 from elmo_core.threads import fewer_threads_under_load
 from pipelines.common.cli_runner import run_command
-from pipelines.common.locations import absolute_location
 from pipelines.evaluate.result import EvaluationResult
-from pipelines.models.bilm_loader import SOURCE_HELP, BiLMReference, load_bilm, resolve_bilm
+from pipelines.serving.bilm_loader import SOURCE_HELP, BiLMReference, load_bilm, resolve_bilm
 from pipelines.tracking.stage_runs import (
     DESCRIPTION_TAG,
     location_name,

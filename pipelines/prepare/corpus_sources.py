@@ -28,8 +28,8 @@ from typing import BinaryIO, cast
 
 from elmo_core.config import CorpusFormat
 from elmo_core.errors import ConfigError, DataError
+from elmo_core.location import is_remote_url
 from pipelines.common.console import ProgressBar, console_progress
-from pipelines.common.locations import is_remote_url
 from pipelines.prepare.download import (
     COMPLETE_MARKER,
     cache_entry_dir,

@@ -26,9 +26,9 @@ from elmo_core.config import PrepareConfig, resolve_config
 from elmo_core.data.manifest import MANIFEST_NAME, Manifest
 from elmo_core.data.shards import SHARD_FORMAT, SHARD_FORMAT_VERSION
 from elmo_core.errors import DataError
+from elmo_core.location import absolute_location
 from elmo_core.text.tokenize import Tokenizer
 from pipelines.common.cli_runner import run_command
-from pipelines.common.locations import absolute_location
 from pipelines.prepare.inputs import FileTask, SourceFile
 from pipelines.prepare.output import CountSummary, DatasetOutput
 from pipelines.prepare.pool import task_pool, tune_process

@@ -26,10 +26,10 @@ from elmo_core.model.serialization import write_bilm_dir
 from elmo_core.text.tokenize import Tokenizer
 from elmo_core.text.vocab import read_vocab, vocab_text
 from pipelines.common.cli_runner import run_command
-from pipelines.models.bilm_loader import LoadedBiLM
 from pipelines.registry.policy import PromotionDecision, apply_champion_policy, promote
 from pipelines.registry.register import DatasetFiles, RegisteredBiLM, register_bilm
 from pipelines.registry.tags import DEFAULT_NAME
+from pipelines.serving.bilm_loader import LoadedBiLM
 from pipelines.tracking.stage_runs import STAGE_TAG
 
 STAGE = "import-weights"

@@ -19,7 +19,6 @@ from mlflow import MlflowClient
 
 from elmo_core.config import ModelConfig
 from elmo_core.presets import PRESETS
-from pipelines.models import bilm_pyfunc
 from pipelines.registry.policy import CHAMPION
 from pipelines.registry.tags import (
     BACKWARD_PERPLEXITY_TAG,
@@ -32,6 +31,7 @@ from pipelines.registry.tags import (
     PRESET_TAG,
     SIZE_TAG,
 )
+from pipelines.serving import bilm_pyfunc
 from pipelines.tracking.stage_runs import use_tracking
 
 BILM_EXAMPLE = {bilm_pyfunc.SENTENCE_COLUMN: "The cat sat on the mat."}

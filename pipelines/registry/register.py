@@ -1,6 +1,6 @@
 """register: a trained biLM becomes a version of the MLflow model ``elmo-bilm``, once per run.
 
-The version is the pyfunc model of :mod:`pipelines.models.bilm_pyfunc`, logged from the training
+The version is the pyfunc model of :mod:`pipelines.serving.bilm_pyfunc`, logged from the training
 run (MLflow then shows that run as its source), tagged with what the promotion policy compares
 (:mod:`pipelines.registry.tags`), with a bilm-tf HDF5 export beside it (DESIGN.md §3); then
 :mod:`pipelines.registry.policy` decides its alias. Registering a run again returns the version
@@ -32,17 +32,6 @@ from elmo_core.location import Location, join_url, sha256_file
 from elmo_core.model.bilm import BiLM
 from pipelines.common.cli_runner import run_command
 from pipelines.evaluate.result import EvaluationResult
-from pipelines.models import bilm_pyfunc
-from pipelines.models.bilm_loader import (
-    BILM_ARTIFACT,
-    MANIFEST_ARTIFACT,
-    OPTIONS_HELP,
-    SOURCE_HELP,
-    VOCAB_ARTIFACT,
-    LoadedBiLM,
-    load_bilm,
-    resolve_bilm,
-)
 from pipelines.registry.model_card import (
     BILM_EXAMPLE,
     architecture_tags,
@@ -75,6 +64,17 @@ from pipelines.registry.tags import (
     REGISTER_RUN_TAG,
     TRAIN_RUN_TAG,
     VOCAB_HASH_TAG,
+)
+from pipelines.serving import bilm_pyfunc
+from pipelines.serving.bilm_loader import (
+    BILM_ARTIFACT,
+    MANIFEST_ARTIFACT,
+    OPTIONS_HELP,
+    SOURCE_HELP,
+    VOCAB_ARTIFACT,
+    LoadedBiLM,
+    load_bilm,
+    resolve_bilm,
 )
 from pipelines.tracking.stage_runs import (
     DESCRIPTION_TAG,

@@ -20,10 +20,9 @@ from pydantic import BaseModel
 from elmo_core.data.manifest import Manifest, load_manifest, manifest_sha256
 from elmo_core.data.reader import load_word_types
 from elmo_core.errors import ConfigError, DataError
-from elmo_core.location import Location, join_url
-from pipelines.common.locations import absolute_location
-from pipelines.models.bilm_loader import BiLMReference, initial_bilm, resolve_bilm
+from elmo_core.location import Location, absolute_location, join_url
 from pipelines.registry.tags import CHECKPOINT_STEP_TAG, CHECKPOINT_TAG
+from pipelines.serving.bilm_loader import BiLMReference, initial_bilm, resolve_bilm
 from pipelines.train.job_config import TrainJobConfig, run_name, storage_root
 from pipelines.train.run_directory import FINISHED_FILE, RunDirectory
 

@@ -38,14 +38,14 @@ import typer
 from ray.train.torch import TorchTrainer
 
 from elmo_core.errors import ConfigError
+from elmo_core.location import absolute_location
 from elmo_core.model.serialization import MODEL_DIR
 from pipelines.common.cli_runner import run_command
-from pipelines.common.locations import absolute_location
 from pipelines.common.ray_cluster import connect_ray
 from pipelines.common.settings import RAY_JOBS_ENV, mlflow_tracking_uri
 from pipelines.evaluate.stage import evaluate_trained
-from pipelines.models.bilm_loader import OPTIONS_HELP, SOURCE_HELP
 from pipelines.registry.register import register_trained
+from pipelines.serving.bilm_loader import OPTIONS_HELP, SOURCE_HELP
 from pipelines.tracking.flow_runs import HEALTH_TAG, TOTAL_STEPS_TAG, VALIDATION_SECTION
 from pipelines.tracking.stage_runs import (
     DESCRIPTION_TAG,

@@ -48,7 +48,7 @@ from elmo_core.threads import threads_under_load
 from elmo_core.training.batches import StepBatches, StreamPosition, StreamSpec
 from elmo_core.training.loop import carried_steps, step_batches, training_streams
 from elmo_core.training.step import TrainingStep
-from pipelines.models.bilm_loader import BiLMReference, initial_bilm
+from pipelines.serving.bilm_loader import BiLMReference, initial_bilm
 from pipelines.train.checkpoint import (
     CheckpointStore,
     RankState,

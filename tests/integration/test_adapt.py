@@ -22,8 +22,8 @@ from elmo_core.tasks.seeds import Scores
 from elmo_core.text.tokenize import WhitespaceTokenizer
 from pipelines.adapt import stage as adapt_stage
 from pipelines.adapt.task_records import MODELS
-from pipelines.models import bilm_loader as bilm_source
 from pipelines.registry.register import DatasetFiles, log_bilm_model
+from pipelines.serving import bilm_loader as bilm_source
 from pipelines.tracking import stage_runs
 
 pytestmark = pytest.mark.integration

@@ -19,10 +19,10 @@ from elmo_core.model.elmo import remove_sentence_boundaries
 from elmo_core.presets import tiny
 from elmo_core.text.char_ids import batch_to_ids
 from pipelines import cli
-from pipelines.models.bilm_loader import load_bilm, resolve_bilm
 from pipelines.registry import policy
 from pipelines.registry import register as reg
 from pipelines.registry.import_weights import STAGE, WEIGHTS_TAG, import_weights
+from pipelines.serving.bilm_loader import load_bilm, resolve_bilm
 from pipelines.tracking import stage_runs
 
 pytestmark = pytest.mark.integration

@@ -20,15 +20,15 @@ from elmo_core.model.serialization import write_bilm_dir
 from elmo_core.presets import tiny
 from elmo_core.text.char_ids import batch_to_ids
 from pipelines.evaluate.result import EvaluationResult
-from pipelines.models.bilm_loader import (
+from pipelines.registry import register as reg
+from pipelines.registry.tags import KIND_TAG, PRESET_TAG, SIZE_TAG
+from pipelines.serving.bilm_loader import (
     PATH_TAG,
     VERSION_TAG,
     initial_bilm,
     load_bilm,
     resolve_bilm,
 )
-from pipelines.registry import register as reg
-from pipelines.registry.tags import KIND_TAG, PRESET_TAG, SIZE_TAG
 from pipelines.tracking import stage_runs
 
 pytestmark = pytest.mark.integration

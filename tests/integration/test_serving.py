@@ -1,7 +1,7 @@
 """``mlflow models serve`` of a registered biLM, as the README's "Serving a model" shows it: the
 documented requests answer 200, empty sentences too, bad ones 400 with a message that leads with
 what is wrong, and the server's log stays quiet. Task models read requests and report errors
-through the same code (:mod:`pipelines.models.pyfunc_request`); their own handling of empty rows
+through the same code (:mod:`pipelines.serving.pyfunc_request`); their own handling of empty rows
 is tested in process."""
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from elmo_core.model.bilm import BiLM
 from elmo_core.model.serialization import write_bilm_dir
 from elmo_core.presets import tiny
 from elmo_core.text.tokenize import MosesTokenizer
-from pipelines.models.bilm_loader import LoadedBiLM
-from pipelines.models.pyfunc_request import MAX_ROWS_ENV, MAX_TOKENS_ENV
 from pipelines.registry.policy import promote
 from pipelines.registry.register import DatasetFiles, register_bilm
+from pipelines.serving.bilm_loader import LoadedBiLM
+from pipelines.serving.pyfunc_request import MAX_ROWS_ENV, MAX_TOKENS_ENV
 from pipelines.tracking import stage_runs
 
 pytestmark = pytest.mark.integration
@@ -44,7 +44,7 @@ NUM_LAYERS, WIDTH = 3, 32  # tiny(): token layer + 2 LSTM layers, 2 × projectio
 START_TIMEOUT_S = 60
 JOHN = "John lives in Berlin."
 JOHN_TOKENS = ["John", "lives", "in", "Berlin", "."]
-# The limits' defaults (pipelines.models.pyfunc_request.RequestLimits), which the server keeps.
+# The limits' defaults (pipelines.serving.pyfunc_request.RequestLimits), which the server keeps.
 MAX_TOKENS, MAX_ROWS = 512, 1000
 
 

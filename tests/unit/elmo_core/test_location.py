@@ -12,8 +12,10 @@ import pytest
 
 from elmo_core.location import (
     Location,
+    absolute_location,
     atomic_write,
     file_version,
+    is_remote_url,
     join_url,
     make_staging_dir,
     open_url,
@@ -158,3 +160,19 @@ def test_a_local_location_is_written_with_renames_only(tmp_path: Path) -> None:
     assert (tmp_path / "loc" / "x.txt").read_text() == "whole"
     assert location.get("x.txt", tmp_path / "unused") == tmp_path / "loc" / "x.txt"
     assert not Location("memory://bucket/loc").local
+
+
+def test_a_typed_path_means_the_same_in_every_process_and_a_url_stays_as_typed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert absolute_location("corpus/train.txt") == str(tmp_path / "corpus" / "train.txt")
+    assert absolute_location("file://corpus") == str(tmp_path / "corpus")
+    assert absolute_location("~/x") == str(Path.home() / "x")
+    assert absolute_location("s3://bucket/data") == "s3://bucket/data"
+    assert [is_remote_url(u) for u in ("s3://b/k", "gs://b", "file:///tmp/x", "/tmp/x")] == [
+        True,
+        True,
+        False,
+        False,
+    ]

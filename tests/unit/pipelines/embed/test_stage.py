@@ -14,7 +14,7 @@ from elmo_core.model.serialization import write_bilm_dir
 from elmo_core.presets import tiny
 from pipelines.embed import stage as embed_stage
 from pipelines.embed.stage import EmbedResult, main, summary_line, tokenizer_description
-from pipelines.models.bilm_loader import resolve_bilm
+from pipelines.serving.bilm_loader import resolve_bilm
 
 
 class RayStarted(AssertionError):

@@ -20,7 +20,7 @@ from pipelines.embed.embedding_shards import table_vectors
 from pipelines.embed.inputs import plan_chunks
 from pipelines.embed.vectors import embed_sentences
 from pipelines.embed.workers import ChunkEmbedder, EmbedJob, WorkerPool
-from pipelines.models.bilm_loader import resolve_bilm
+from pipelines.serving.bilm_loader import resolve_bilm
 
 CPU_POOL = WorkerPool(1, num_cpus=1, num_gpus=0)
 

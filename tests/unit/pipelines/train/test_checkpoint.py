@@ -16,7 +16,7 @@ from elmo_core.model.bilm import BiLM
 from elmo_core.model.lstm.reference import LSTMState
 from elmo_core.model.serialization import read_bilm_dir, write_bilm_dir
 from elmo_core.presets import tiny
-from pipelines.models.bilm_loader import initial_bilm, resolve_bilm
+from pipelines.serving.bilm_loader import initial_bilm, resolve_bilm
 from pipelines.train.checkpoint import (
     TRAINER_FILE,
     RankState,

@@ -21,8 +21,8 @@ from elmo_core.model.bilm import BiLM
 from elmo_core.model.serialization import MODEL_DIR, write_bilm_dir
 from elmo_core.presets import tiny
 from pipelines.evaluate.stage import evaluate_trained
-from pipelines.models.bilm_loader import PATH_TAG
 from pipelines.registry.tags import CHECKPOINT_STEP_TAG, CHECKPOINT_TAG, DEFAULT_NAME
+from pipelines.serving.bilm_loader import PATH_TAG
 from pipelines.tracking import stage_runs
 from pipelines.train.job_config import resolve_train_config
 from pipelines.train.preflight import TrainPlan, TrainResult, plan_training

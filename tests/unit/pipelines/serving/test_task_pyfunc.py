@@ -18,8 +18,8 @@ from elmo_core.tasks.task_config import TaskConfig
 from elmo_core.tasks.task_model import TaskModel, build_word_vocab
 from elmo_core.tasks.trainer import predict
 from elmo_core.text.tokenize import WhitespaceTokenizer
-from pipelines.models import task_pyfunc
-from pipelines.models.pyfunc_request import MAX_ROWS_ENV, MAX_TOKENS_ENV
+from pipelines.serving import task_pyfunc
+from pipelines.serving.pyfunc_request import MAX_ROWS_ENV, MAX_TOKENS_ENV
 
 SENTENCES = [["The", "cat", "sat", "."], ["Dogs", "bark", "loudly", "."], ["Hi", "!"]]
 TAGS = ["B-X", "I-X", "O"]

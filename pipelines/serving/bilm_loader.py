@@ -42,7 +42,7 @@ SOURCE_HELP = (
 )
 OPTIONS_HELP = "bilm-tf options.json of an HDF5 biLM"
 
-# The artifacts of a registered biLM (pipelines.models.bilm_pyfunc): our directory, the
+# The artifacts of a registered biLM (pipelines.serving.bilm_pyfunc): our directory, the
 # dataset's vocabulary and manifest (whose ``tokenizer`` entry the pyfunc model rebuilds).
 BILM_ARTIFACT = "bilm"
 VOCAB_ARTIFACT = "vocab"

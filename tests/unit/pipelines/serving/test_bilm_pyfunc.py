@@ -12,7 +12,7 @@ from elmo_core.model.serialization import write_bilm_dir
 from elmo_core.presets import tiny
 from elmo_core.text.char_ids import batch_to_ids
 from elmo_core.text.tokenize import MosesTokenizer, WhitespaceTokenizer
-from pipelines.models.bilm_pyfunc import BiLMEmbedder, EmbedOptions, model_signature
+from pipelines.serving.bilm_pyfunc import BiLMEmbedder, EmbedOptions, model_signature
 
 NUM_LAYERS, WIDTH = 3, 32  # tiny(): token layer + 2 LSTM layers, 2 × projection 16
 

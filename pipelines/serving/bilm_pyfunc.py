@@ -4,7 +4,7 @@ This file is also the model's *code file* (MLflow models-from-code): at load tim
 the class from the installed package, so nothing is unpickled. Artifacts: our biLM directory, the
 dataset's ``vocab.txt`` and its ``manifest.json``, whose ``tokenizer`` rebuilds the training text's
 tokenizer. Inference follows ELMo's defaults (DESIGN.md §3): eval mode, stateless, boundaries
-stripped; requests are read as :mod:`pipelines.models.pyfunc_request` reads them.
+stripped; requests are read as :mod:`pipelines.serving.pyfunc_request` reads them.
 
 Shapes: N sentences in a batch, T tokens, L layers (token layer + LSTM layers), P projection.
 """
@@ -28,14 +28,14 @@ from elmo_core.errors import ConfigError, DataError
 from elmo_core.model.bilm import BiLM
 from elmo_core.model.elmo import bilm_layers
 from elmo_core.text.tokenize import Tokenizer
-from pipelines.models.bilm_loader import (
+from pipelines.serving.bilm_loader import (
     BILM_ARTIFACT,
     MANIFEST_ARTIFACT,
     load_bilm,
     manifest_tokenizer,
     resolve_bilm,
 )
-from pipelines.models.pyfunc_request import (
+from pipelines.serving.pyfunc_request import (
     BATCH_SIZE_SPEC,
     DEFAULT_BATCH_SIZE,
     RequestLimits,
@@ -232,7 +232,7 @@ def _select(
     return layers if options.output == "layers" else layers[:, options.layer]
 
 
-if __name__ != "pipelines.models.bilm_pyfunc":
+if __name__ != "pipelines.serving.bilm_pyfunc":
     # MLflow runs this file as the model's code: serve the installed package's class.
-    installed = importlib.import_module("pipelines.models.bilm_pyfunc")
+    installed = importlib.import_module("pipelines.serving.bilm_pyfunc")
     mlflow.models.set_model(installed.BiLMEmbedder())

@@ -17,7 +17,7 @@ from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 
 from elmo_core.errors import ConfigError, DataError
 from elmo_core.text.tokenize import MosesTokenizer
-from pipelines.models.pyfunc_request import (
+from pipelines.serving.pyfunc_request import (
     ECHO_CHARS,
     MAX_ROWS_ENV,
     MAX_TOKENS_ENV,

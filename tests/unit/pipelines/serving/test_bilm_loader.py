@@ -17,7 +17,7 @@ from elmo_core.interop.bilm_tf import write_bilm_tf
 from elmo_core.model.bilm import BiLM
 from elmo_core.model.serialization import write_bilm_dir
 from elmo_core.presets import tiny
-from pipelines.models.bilm_loader import (
+from pipelines.serving.bilm_loader import (
     OPTIONS_TAG,
     PATH_TAG,
     URI_TAG,

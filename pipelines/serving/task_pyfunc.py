@@ -1,11 +1,11 @@
 """An adapted task model as an MLflow pyfunc model: raw sentences in, labels or tags out.
 
-Like :mod:`pipelines.models.bilm_pyfunc` this file is the model's code file, so a registered
+Like :mod:`pipelines.serving.bilm_pyfunc` this file is the model's code file, so a registered
 ``elmo-<task>`` model is loaded from files, never unpickled. Artifacts: the frozen biLM (run live,
 as the activation cache ran it in training) and the task model's weights, vocabulary, labels,
 config and tokenizer. Input: ``sentence`` or ``tokens`` (pairs: ``premise`` and ``hypothesis``, or
 their ``_tokens``); output: ``tokens`` and a ``label``, or ``tags``; the request is read as
-:mod:`pipelines.models.pyfunc_request` reads it.
+:mod:`pipelines.serving.pyfunc_request` reads it.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from elmo_core.tasks.task_config import TaskConfig, TaskType
 from elmo_core.tasks.task_model import TaskModel
 from elmo_core.tasks.trainer import Prediction, predict
 from elmo_core.text.tokenize import MosesTokenizer, Tokenizer
-from pipelines.models.bilm_loader import BILM_ARTIFACT, load_bilm, resolve_bilm
-from pipelines.models.pyfunc_request import (
+from pipelines.serving.bilm_loader import BILM_ARTIFACT, load_bilm, resolve_bilm
+from pipelines.serving.pyfunc_request import (
     BATCH_SIZE_SPEC,
     RequestLimits,
     batch_size_param,
@@ -189,7 +189,7 @@ class TaskPredictor(PythonModel):
         return token_lists(frame, tokens, side or SENTENCE, self._tokenizer, self._limits)
 
 
-if __name__ != "pipelines.models.task_pyfunc":
+if __name__ != "pipelines.serving.task_pyfunc":
     # MLflow runs this file as the model's code: serve the installed package's class.
-    installed = importlib.import_module("pipelines.models.task_pyfunc")
+    installed = importlib.import_module("pipelines.serving.task_pyfunc")
     mlflow.models.set_model(installed.TaskPredictor())
