@@ -1,0 +1,66 @@
+"""House rules a review would otherwise have to re-check: every module has its tests (a mirror
+file or a line in tests/README.md), no test file outlives its module, and module docstrings stay
+short (STYLE.md: they say why; figures live in benchmarks/results/)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "tests" / "README.md").read_text(encoding="utf-8")
+MIRRORED = ("elmo_core", "pipelines")
+DOCUMENTED = ("elmo_core", "pipelines", "flows")
+LONG_DOCSTRING = 15  # lines
+MAX_LONG_DOCSTRINGS = 5
+MAX_DOCSTRING_SHARE = 0.03  # of all lines
+
+
+def _modules(packages: tuple[str, ...]) -> list[Path]:
+    return sorted(path for package in packages for path in (ROOT / package).rglob("*.py"))
+
+
+def _docstring_lines(path: Path) -> int:
+    docstring = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")), clean=False)
+    return len(docstring.splitlines()) if docstring else 0
+
+
+def _listed(path: str) -> bool:
+    return f"`{path}`" in README
+
+
+def test_every_module_has_its_mirror_test_or_names_its_tests_in_the_readme() -> None:
+    unmirrored = []
+    for path in _modules(MIRRORED):
+        if path.name in ("__init__.py", "__main__.py"):
+            continue
+        relative = path.relative_to(ROOT)
+        mirror = ROOT / "tests" / "unit" / relative.parent / f"test_{path.stem}.py"
+        if not mirror.exists() and not _listed(str(relative)):
+            unmirrored.append(str(relative))
+    assert unmirrored == []
+
+
+def test_every_test_file_is_named_after_a_module_or_says_what_it_checks() -> None:
+    orphans = []
+    for test in sorted((ROOT / "tests" / "unit").rglob("test_*.py")):
+        relative = test.relative_to(ROOT / "tests" / "unit")
+        module = ROOT / relative.parent / test.name.removeprefix("test_")
+        if not module.exists() and not _listed(str(test.relative_to(ROOT))):
+            orphans.append(str(relative))
+    assert orphans == []
+
+
+def test_the_readme_names_only_paths_that_exist() -> None:
+    named = re.findall(r"^\| `([\w/.]+\.py)`", README, flags=re.MULTILINE)
+    assert named and [path for path in named if not (ROOT / path).exists()] == []
+
+
+def test_module_docstrings_are_short() -> None:
+    modules = _modules(DOCUMENTED)
+    lines = {path: _docstring_lines(path) for path in modules}
+    long = sorted(str(p.relative_to(ROOT)) for p, n in lines.items() if n >= LONG_DOCSTRING)
+    total = sum(len(path.read_text(encoding="utf-8").splitlines()) for path in modules)
+    assert len(long) <= MAX_LONG_DOCSTRINGS, long
+    assert sum(lines.values()) <= MAX_DOCSTRING_SHARE * total
