@@ -1,10 +1,4 @@
-"""The ``adapt`` flow: an existing biLM (default ``models:/elmo-bilm@champion``) → task models.
-
-    prefect deployment run adapt/smoke --watch
-
-One MLflow parent run per flow run; each task's ``adapt`` run is its child and registers
-``elmo-<task>``.
-"""
+"""The ``adapt`` flow: an existing biLM (default ``models:/elmo-bilm@champion``) → task models."""
 
 from __future__ import annotations
 

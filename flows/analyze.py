@@ -1,10 +1,4 @@
-"""The ``analyze`` flow: the paper's section 5 for an existing biLM (default the champion).
-
-    prefect deployment run analyze/smoke --watch
-
-One MLflow parent run per flow run; the stage's ``analyze`` run is its child and holds the table
-(:mod:`pipelines.analyze.stage`). The analysis runs in the flow's process.
-"""
+"""The ``analyze`` flow: the paper's section 5 for an existing biLM, in the flow's own process."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""What a flow run shows in the Prefect UI: log lines, tables of numbers and a summary linking to
-MLflow.
+"""What a flow run shows in the Prefect UI: log lines, tables of numbers, a summary linking MLflow.
 
-The builders are plain functions from stage results to lines, rows and markdown, so they are
-tested without a Prefect server; :func:`publish_table` and :func:`publish_markdown` hand them to
-Prefect's artifact API as each stage finishes. Numbers are rounded to what a reader compares.
+The builders are plain functions of the stage results, tested without a Prefect server.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """The prepare step's cache: a key from its inputs and the version of the code that prepares.
 
-Prefect's ``INPUTS + TASK_SOURCE`` would see only the task's own few lines; what decides the
-bytes of a dataset is the tokenizer, vocabulary and shard code in ``elmo_core`` and the prepare
-modules of ``pipelines``. The key therefore hashes the source of those files
-(:func:`code_version`), so a change to the tokenizer re-prepares while a change to the flow does
-not.
-
-Whether the output still exists is checked at call time (:func:`dataset_exists`): when the
-dataset's ``manifest.json`` is gone the step runs again and overwrites the cache record under the
-same key. Putting existence into the key instead would miss on the first re-run (the record of the
-run that built the dataset sits under the "missing" key) and would hit a stale "missing" record
-after a second deletion.
+Prefect's ``TASK_SOURCE`` sees only the task's own lines, so the key hashes the ``elmo_core`` and
+``pipelines`` files that decide a dataset's bytes. Whether the dataset still exists is checked at
+call time rather than put in the key, which would hit stale records after a deletion.
 """
 
 from __future__ import annotations

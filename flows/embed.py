@@ -1,11 +1,4 @@
-"""The ``embed`` flow: a text → ELMo vectors per sentence, with a registered (or local) biLM.
-
-    prefect deployment run embed/smoke --watch
-
-One MLflow parent run per flow run, the stage's ``embed`` run its child. The vectors are written
-by the stage's actor pool on Ray (:mod:`pipelines.embed.stage`); a re-run of the same parameters
-skips the shards already written, so a stopped run resumes.
-"""
+"""The ``embed`` flow: a text → ELMo vectors per sentence, with a registered (or local) biLM."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
 """Typed flow parameters: what a deployment may be given, checked before anything runs.
 
-The models forbid unknown keys and type every field, so the deployment's parameter schema (which
-Prefect builds from them) makes the server refuse ``num_workerz`` or ``num_workers: "four"`` with
-the field's path, and closed choices (model preset, training mode) show up as enums in the UI.
-Overrides use the CLI's ``section.key=value`` form; the schema gives their keys as a pattern, so
-the server refuses a misspelt key when the run is created, and they are resolved (values checked)
-when the parameters are validated at the start of the flow run, not hours into it.
+The models forbid unknown keys, so the server refuses a misspelt parameter or override key, with
+its path, when the run is created rather than hours into it.
 """
 
 from __future__ import annotations

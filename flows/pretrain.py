@@ -1,12 +1,7 @@
-"""The ``pretrain`` flow: corpus → dataset → biLM → perplexity → registered model → task models
-(→ the analysis, with ``analyze: true``).
+"""The ``pretrain`` flow: corpus → dataset → biLM → perplexity → registered model → task models.
 
-    prefect deployment run pretrain/smoke --watch      # a deployment of prefect.yaml
-    python -m flows.run_local                          # the same flow, embedded, one command
-
-Every flow run owns one MLflow parent run (tagged ``prefect.flow_run_id``); each stage's run is its
-child. Re-running reuses what is done: the cached dataset, a finished training run (a stopped one
-resumes from its last checkpoint), the model version registered from that run.
+Re-running reuses what is done: the cached dataset, a finished training run (a stopped one
+resumes), the model version registered from that run.
 """
 
 from __future__ import annotations

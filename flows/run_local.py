@@ -1,16 +1,8 @@
 """The whole pipeline on this machine, in one command: ``python -m flows.run_local`` (``make run``).
 
-Runs the ``pretrain`` flow with the embedded defaults — Prefect's ephemeral mode, a Ray started
-in-process, MLflow on ``$ELMO_HOME/mlflow.db`` — on the bundled ``python-docs`` corpus and the
-three bundled tasks, with the same parameters as the ``pretrain/smoke`` deployment. It ends with
-what a user came for: the registered biLM and its heldout perplexity, each task's score with and
-without ELMo over three seeds, the links into the MLflow and Prefect UIs (each with the command
-that serves it first, on this machine), "bank" in two senses through
-``models:/elmo-bilm@champion`` (:mod:`pipelines.demo`) and the analysis' headline.
-Along the way it prints the stages' progress and nothing of the libraries' chatter
-(:mod:`pipelines.common.console`, and Prefect's settings below).
-Any of ``PREFECT_API_URL``, ``MLFLOW_TRACKING_URI``, ``RAY_ADDRESS`` set in the environment switch
-that part to a real server (for example after ``eval "$(infra/local/status.sh)"``).
+The ``pretrain/smoke`` parameters with the embedded defaults (Prefect's ephemeral mode, Ray
+in-process, MLflow on ``$ELMO_HOME/mlflow.db``); ``PREFECT_API_URL``, ``MLFLOW_TRACKING_URI`` or
+``RAY_ADDRESS`` switch that part to a real server.
 """
 
 from __future__ import annotations

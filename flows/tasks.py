@@ -1,9 +1,7 @@
 """Prefect tasks over the pipeline stages: each a thin call with paths in and paths out.
 
-Retries are kept for what fails transiently — a corpus download — and left off the stages whose
-failures are the user's (a bad config fails the same way twice) or that have their own recovery
-(the train stage retries its Ray Job submission and restarts workers from the last checkpoint;
-re-running the flow resumes a stopped run).
+Only transient failures (a corpus download) are retried: a user's error fails the same way twice,
+and training recovers on its own.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
-"""The one-command demo's own (``python -m flows.run_local``): what the registered biLM does with
-one word in two contexts, loaded the way a user's own code would load it.
+"""The one-command demo's own: "bank" in two senses, through the registered biLM as a user loads it.
 
-The word is "bank", in two senses. ELMo's token layer is computed from the word's characters alone,
-so both senses get the same vector there; the LSTM layers read the sentence, so the two vectors
-part. Per layer the demo prints their cosine distance (1 − cosine similarity): zero at the token
-layer, non-zero above. One pair of vectors says little about how well a layer tells senses
-apart; the analysis that follows it in the demo measures that on a sense-labelled set.
+The token layer sees only the word's characters, so both senses get one vector there; the LSTM
+layers read the sentence, so the two vectors part. The analysis measures how well each layer tells
+senses apart.
 """
 
 from __future__ import annotations

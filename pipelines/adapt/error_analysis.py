@@ -1,10 +1,7 @@
 """A closer look at the ELMo task model's errors, logged as tables and a figure in its adapt run.
 
-On test (else dev), the model run as users call it (biLM live): ``per_type_scores.json`` for
-tagging tasks, ``confusion_matrix.json`` and ``.png`` for the others, and
-``sample_predictions.json``, errors first. Training scored float16 cached activations and this
-live float32 ones, so an overall score may differ from ``task/seed_<s>/elmo/test_<metric>`` in
-its last digits.
+The model runs as users call it (biLM live, float32) while training scored float16 cached
+activations, so an overall score may differ from the run's test metric in its last digits.
 """
 
 from __future__ import annotations

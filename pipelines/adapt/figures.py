@@ -1,9 +1,4 @@
-"""The figures of an adapt run: the learned scalar mix, and the confusion matrix.
-
-The dev curves of ELMo and the baseline are drawn by the shared
-:func:`~pipelines.tracking.figures.log_curves`. Each function here returns a matplotlib figure
-for :func:`~pipelines.tracking.figures.log_figure` to log and close.
-"""
+"""The figures of an adapt run: the learned scalar mix, and the confusion matrix."""
 
 from __future__ import annotations
 

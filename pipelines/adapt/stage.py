@@ -1,11 +1,8 @@
 """The adapt stage: a frozen biLM + a learned scalar mix + a task head, one Ray task per task.
 
-Each job takes the biLM's activations from the activation cache (computed once, reused by every
-epoch and later job), trains the ELMo model and a baseline (the same head on task-trained word
-embeddings, not the paper's GloVe: none offline) and reports ELMo's gain on dev and test
-(Peters et al. 2018, Table 1). A job is one MLflow ``adapt`` run
-(:mod:`pipelines.adapt.task_records`); its ELMo model is registered as ``elmo-<task>``
-(:mod:`pipelines.serving.task_pyfunc`).
+The biLM's activations come from the activation cache, computed once for every epoch and later
+job. The baseline is the same head on task-trained word embeddings, not the paper's GloVe (none
+offline).
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """What an adapt run records in MLflow: its inputs, curves, final scores, the task model.
 
-Every metric of the one ``adapt`` run sits under ``task/`` (MLflow orders chart sections by name,
-so the biLM's ``bilm/...`` come first). The final scores under ``task/elmo/``, ``task/baseline/``
-and ``task/gain/`` (ELMo − baseline) are means over the seeds, each beside its ``_spread``; a
-seed's own values, its per-epoch curves among them (the first seed's), sit under
-``task/seed_<s>/``. The registered model holds the first seed's weights, and says so; every
-score of its models goes to ``scores.json``. Params are the task config's fields that apply to
-its format and type (``config.json`` holds it whole).
+Every metric sits under ``task/`` so that MLflow, ordering chart sections by name, shows the biLM's
+``bilm/...`` first. Final scores are means over the seeds beside their ``_spread``; the registered
+model holds the first seed's weights, and says so.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""The analysis figures: the sample-efficiency curve of each task, and what each layer holds.
+"""The analysis figures: each task's sample-efficiency curve, and what each layer holds.
 
-Drawn for a paper (:mod:`pipelines.tracking.figures`): shares of the training data ticked as
-percentages, error bars that say what they are and stay within a score's range, axes zoomed to
-the scores so that 0.621 against 0.632 shows, baselines drawn as reference lines.
+Axes zoom to the scores so that close scores show apart; baselines are reference lines.
 """
 
 from __future__ import annotations

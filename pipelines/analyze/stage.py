@@ -1,13 +1,7 @@
 """The analyze stage: the paper's §5 for any biLM, as one MLflow run.
 
-Per task: the sample-efficiency curve, each layer alone and the mix, ELMo's placement
-(:mod:`elmo_core.analysis.task_runs`); per tagging task a linear probe per layer
-(:mod:`elmo_core.analysis.probe`); on a sense-labelled file the sense probe
-(:mod:`elmo_core.analysis.senses`). Every biLM pass goes through the activation cache. The run
-holds one table (``analysis.md``, ``analysis.json``, and an MLflow table of its cells, which
-``elmo analyze --compare RUN_A RUN_B`` lines up for two biLMs), each task's learning curve as
-metrics stepped by the fraction's percent, the headline's numbers as its few top-level metrics,
-and the headline as its description.
+Every biLM pass goes through the activation cache. The run holds one table of the analyses, which
+``elmo analyze --compare RUN_A RUN_B`` lines up for two biLMs, and the headline as its description.
 """
 
 from __future__ import annotations

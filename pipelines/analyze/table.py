@@ -1,7 +1,6 @@
 """The analysis as one table: rows are analyses, columns are layers or fractions, with spread.
 
-The same rows are printed, logged as ``analysis.md`` and ``analysis.json`` to the run, and read
-back by ``elmo analyze --compare`` to put two biLMs side by side.
+The same rows are printed, logged to the run, and read back by ``elmo analyze --compare``.
 """
 
 from __future__ import annotations

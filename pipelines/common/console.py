@@ -1,9 +1,7 @@
 """What the platform prints on a console: progress of long work, and no chatter from the libraries.
 
-Progress: a tqdm bar on a terminal; elsewhere (a log file, a Prefect worker, a Ray job, where tqdm
-draws nothing) one line at a steady interval (``ELMO_PROGRESS_INTERVAL_S``, default 10 s) with the
-same figures. Chatter: each library's own switch, set in the environment before it starts
-(:data:`QUIET_ENVIRONMENT`), so nothing is filtered as text.
+Where tqdm draws nothing (a log file, a Prefect worker, a Ray job) progress is one line at a steady
+interval. Chatter is silenced by each library's own environment switch, never filtered as text.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """The one way the platform connects to Ray: join ``RAY_ADDRESS``, or start a local Ray.
 
-A local Ray is sized for the machine: every core, no dashboard, and an object store that stays
-small on small machines (the stages stream data from shards; the object store only carries
-control messages and checkpoints' metadata). It starts quietly: the libraries' console noise is
-off first (:mod:`pipelines.common.console`), Ray's start-up lines are not printed, nor its
-warning that it chose token authentication.
+A local Ray keeps its object store small, since the stages stream data from shards and pass only
+control messages through it; it starts quietly.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Check, before any work, that the servers a flow run will talk to answer.
 
-A flow that discovers an unreachable MLflow after preparing a corpus, or a Ray address typo after
-an hour in the queue, wastes the run; these checks take a second and name the address and the
-variable it came from. Only servers that are configured are checked: the embedded defaults (a
-SQLite file, a Ray started in-process) need nothing.
+An unreachable MLflow found after preparing a corpus wastes the run; these checks take a second and
+name the address and the variable it came from. Only configured servers are checked.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""Where the platform keeps its local state, and which servers it talks to.
+"""Where the platform keeps its local state (``ELMO_HOME``), and which servers it talks to.
 
-One project state directory, ``ELMO_HOME`` (default ``~/.elmo``), holds the embedded defaults: the
-MLflow SQLite store and artifacts, Ray and Prefect state, logs. Each server is switched to a real
-one by its usual environment variable (``MLFLOW_TRACKING_URI``, ``RAY_ADDRESS``, ...).
+Each server switches from the embedded default to a real one by its usual environment variable.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""A task's data as the adapt and analyze stages read it: its splits checked against one label
-set, each with the frozen biLM's activations from the cache.
+"""A task's data as adapt and analyze read it: splits checked against one label set, with the frozen
+biLM's activations from the cache.
 
-Both stages check their task configs before any work (:func:`check_tasks`), read the splits the
-same way (:func:`read_splits`) and share one activation cache (:func:`cache_splits`), so a task
-adapted once is analysed without another biLM pass.
+Both stages share one activation cache, so a task adapted once is analysed without another pass.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """The Parquet shards of ``elmo embed``: one per input chunk, a row per sentence.
 
-Columns: ``sentence_id`` (int64, the sentence's 0-based input line), ``text`` (the line,
-stripped), ``tokens`` (list<string>) and ``vectors`` as fixed-size lists of ``2P`` floats
-(float16 or float32), nested as the output's shape (:mod:`pipelines.embed.vectors`):
-
-- ``all``: ``fixed_size_list<list<fixed_size_list<float, 2P>>, L>``, layers × tokens × dim;
-- ``top`` and ``mix``: ``list<fixed_size_list<float, 2P>>``, tokens × dim;
-- ``mean``: ``fixed_size_list<float, 2P>``.
-
-The layer-major nesting of ``all`` is AllenNLP's ``(3, num_tokens, 1024)``. Columns are built
-from one flat NumPy array each, never from Python lists of floats.
+``vectors`` nest as the output's shape (:mod:`pipelines.embed.vectors`), layer-major for ``all``
+as AllenNLP's ``(3, num_tokens, 1024)``; each column is built from one flat NumPy array, never from
+Python lists of floats.
 """
 
 from __future__ import annotations

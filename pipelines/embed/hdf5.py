@@ -1,10 +1,7 @@
-"""``elmo embed --format hdf5``: the shards gathered into one file laid out as AllenNLP's
-``elmo`` command wrote it, so the code that reads those files reads this one.
+"""``elmo embed --format hdf5``: the shards gathered into one file in AllenNLP's ``elmo`` layout.
 
-As AllenNLP's ``embed_file``: a dataset per sentence named by its id as a string, and
-``sentence_to_index``, a ``(1,)`` string dataset holding the JSON map from each stripped line to
-its id (the last wins for a repeated line). Shapes are ``(L, T, 2P)``, ``(T, 2P)`` or ``(2P,)``,
-in ``--dtype``. Written once every shard exists, under a temporary name then renamed.
+A dataset per sentence id, and ``sentence_to_index``, the JSON map from each stripped line to its
+id, so code that reads AllenNLP's files reads this one.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """The input of ``elmo embed``: lines of text cut into chunks, the unit of work and of resumption.
 
-The driver reads every line before Ray starts (:func:`plan_chunks`), so a line that is not UTF-8 is
-a DataError naming its file and line. Blank lines are skipped and counted, as AllenNLP and bilm-tf
-skip them; a sentence's id is its 0-based line number over all input files. A chunk is a byte range
-of one file, so only its coordinates cross the Ray boundary (:func:`read_chunk`) and every node
-must see the input at the same path.
+The driver reads every line before Ray starts, so bad UTF-8 is a DataError naming file and line. A
+chunk is a byte range of one file, so every node must see the input at the same path.
 """
 
 from __future__ import annotations

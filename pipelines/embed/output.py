@@ -1,10 +1,7 @@
 """Where ``elmo embed`` writes: a directory or fsspec URL of whole files, and what they hold.
 
-Every file appears whole or not at all (:class:`~elmo_core.location.Location`), so a shard that
-exists is finished and a re-run skips it. ``embed.json`` records what the shards are vectors of
-(the pinned biLM, the tokenizer, the input files' checksums, the output, dtype, format and chunk
-size): a re-run with other settings is refused instead of mixing two kinds of vectors in one
-directory.
+A shard that exists is finished. ``embed.json`` records what the shards are vectors of, so a re-run
+with other settings is refused instead of mixing two kinds of vectors in one directory.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """The embed stage: a corpus or task dataset → ELMo vectors per sentence, on Ray Data.
 
-AllenNLP's ``elmo`` command embedded a file on one process; here chunks of lines go to an actor
-pool (:mod:`.workers`). Lines are tokenized as the biLM's pretraining text was (split on whitespace
-with ``--tokenized``); everything a user can get wrong is checked in the driver before Ray starts.
-Output: a Parquet shard per chunk (:mod:`.shards`) or, with ``--format hdf5``, AllenNLP's layout
-(:mod:`.hdf5`); a rerun skips the shards that exist, so a killed run resumes. The run is tracked
-as an MLflow ``embed`` run.
+Everything a user can get wrong is checked in the driver before Ray starts; a rerun skips the
+shards that exist, so a killed run resumes.
 """
 
 from __future__ import annotations

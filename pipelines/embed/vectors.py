@@ -1,11 +1,7 @@
 """Sentences → ELMo vectors from a frozen biLM, as ``elmo embed --output`` asks for them.
 
-AllenNLP's ``elmo`` choices plus a sentence vector: ``all`` layers ``(L, T, 2P)``, the ``top``
-layer ``(T, 2P)``, ``mix``, the layers' equal-weight average (AllenNLP's ``--average``), and
-``mean``, the mix averaged over tokens ``(2P,)``. Inference follows ELMo's defaults (DESIGN.md §3):
-eval mode, stateless, boundary tokens stripped; sentences are sorted by length to pad little.
-
-Shapes: N sentences in a batch, L layers (token layer + LSTM layers), T tokens, P projection.
+AllenNLP's ``elmo`` choices (``all``, ``top``, and ``mix`` for its ``--average``) plus ``mean``,
+a sentence vector. Shapes: N sentences, L layers, T tokens, P projection.
 """
 
 from __future__ import annotations

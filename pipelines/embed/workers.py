@@ -1,10 +1,8 @@
-"""The distributed part of ``elmo embed``: Ray Data over the input chunks, an actor pool that
-holds the frozen biLM, one Parquet shard written per chunk.
+"""The distributed part of ``elmo embed``: an actor pool holding the frozen biLM, a shard per chunk.
 
-Each actor loads the pinned biLM once (on a GPU when the cluster has them) and writes a chunk's
-shard as soon as it is embedded, so a killed run keeps every finished chunk; only small summaries
-come back, for the driver's progress line. A user error in an actor comes back in its summary and
-is raised in the driver as itself (Ray Data would wrap it, its message lost).
+A chunk's shard is written as soon as it is embedded, so a killed run keeps every finished chunk.
+A user error in an actor comes back in its summary and is raised in the driver as itself (Ray Data
+would wrap it, its message lost).
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""The evaluation record: what ``evaluate`` measured, what ``register`` tags a version with.
+"""The evaluation record: what ``evaluate`` measured, and what ``register`` tags a version with.
 
-One record for every reader: the evaluate stage returns it, ``elmo evaluate --output FILE`` writes
-it as JSON, ``elmo register --evaluation FILE`` reads it back, and the flows show it.
+One record for every reader: the stage's result, its ``--output`` JSON, register and the flows.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """The evaluate stage: full-softmax perplexity of a trained biLM on heldout shards.
 
-``checkpoint`` is any source :mod:`pipelines.serving.bilm_loader` resolves, pinned here so every Ray
-task loads the same weights; with ``RAY_ADDRESS`` or ``workers > 1`` the split is divided over Ray
-tasks and their sums added. Forward, backward and geometric-mean perplexity go to an MLflow
-``evaluate-<model>`` run with ``heldout_hash`` (the registry compares only on the same heldout
-data), ``<split>_predicted_tokens`` and each direction's rows whose state locked up
-(``<split>_trapped_rows_<direction>``), the perplexities as a table and in the run's
-description; ``--output`` saves the result for ``elmo register``.
+The checkpoint is pinned here so every Ray task loads the same weights; the run records
+``heldout_hash`` because the registry compares perplexities only on the same heldout data.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """Where a corpus comes from: local files, the 1B Word Benchmark tarball, a URL, the bundled sample.
 
-:func:`locate_corpus` turns ``--corpus`` into sorted local train and heldout file lists: the sample
-``"python-docs"`` (:mod:`pipelines.prepare.sample_corpus`); for format ``1b-benchmark`` the
-published tarball, its URL or its extracted directory; for ``text`` and ``tokenized`` a file,
-directory, glob or fsspec URL. ``heldout_files`` picks the heldout files (for ``text`` and
-``tokenized`` out of the training files). Remote or archived inputs are materialised under
-``cache_dir`` atomically (temporary name, then rename), so nothing half-written looks finished.
+Remote or archived inputs are materialised under ``cache_dir`` atomically, so nothing
+half-written looks finished.
 """
 
 from __future__ import annotations

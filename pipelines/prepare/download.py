@@ -1,10 +1,7 @@
 """Fetching remote corpus files into the local cache: resumable HTTP(S), and other fsspec URLs.
 
-A download grows as ``<name>.part`` and is renamed once complete and verified (the announced size,
-and a sha256 when configured: a mismatch is a DataError), so a final name is always a whole file;
-an interrupted one resumes by HTTP ``Range`` (the 1B Word Benchmark tarball is 1.7 GB). Other
-fsspec URLs (``s3://``, ``gs://``) are copied the same way, a directory or glob into a temporary
-directory renamed into place with a :data:`COMPLETE_MARKER`; re-runs reuse what is complete.
+A download grows as ``<name>.part`` and is renamed once its size (and sha256, when configured)
+checks out, so a final name is always a whole file; an interrupted one resumes by HTTP ``Range``.
 """
 
 from __future__ import annotations

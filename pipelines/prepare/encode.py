@@ -1,10 +1,6 @@
 """Pass 2 of prepare, one task per input file: type ids, heldout parts, training rows by shard.
 
-:func:`encode_file` reads the file's spill (or, when a resumed run has none, tokenizes the file
-again) and maps each block's dictionary to type ids, a lookup of its distinct tokens only. Heldout
-rows go, in source order, to the file's heldout parts; training rows are scattered to per-shard
-spill files and shuffled by :mod:`pipelines.prepare.shuffle`. Neither pass holds more than a
-block of text, one shard, and the type table in memory.
+Neither pass holds more than a block of text, one shard and the type table in memory.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """Prepare's input files, how both passes read one, and pass 1: counting each file's word types.
 
-Pass 1 reads an input file block by block (:meth:`FileTask.read`): the tokenizer splits each
-block's lines and Arrow dictionary-encodes the tokens (one hash of every token), giving an
-:class:`EncodedChunk`. :func:`count_file` counts each block's dictionary entries per split and
-spills the chunks (:class:`TokenSpill`, an Arrow IPC stream per file) so that pass 2 reads them
-back (:meth:`FileTask.reread`) instead of tokenizing again. A spill is renamed into place only
-when complete, so a crash never leaves one that looks finished. The parent sums the files' counts
-(:class:`~elmo_core.text.type_counts.TypeCounts`) into the vocabulary and the type order.
+Arrow dictionary-encodes each block's tokens, so pass 1 counts distinct tokens only; it spills the
+encoded blocks so that pass 2 reads them back instead of tokenizing again.
 """
 
 from __future__ import annotations

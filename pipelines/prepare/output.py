@@ -1,16 +1,9 @@
 """Where prepare writes: a local directory or any fsspec URL, and the state record that resumes it.
 
-Every file is first written under ``local_root`` with a temporary name and renamed (atomic on one
-filesystem); for a remote output ``local_root`` is a staging directory under ``ELMO_HOME`` and each
-finished file is then uploaded whole (an object store never shows a partial object). The state
-record, ``prepare_state.json`` (:class:`PrepareState`), names the run by its fingerprint, keeps
-pass 1's outcome so that a resumed run need not count again, and lists the finished shards and
-word-type table with their sha256; a re-run verifies each one and redoes what is missing or no
-longer matches.
-
-An output that holds another dataset (another fingerprint) is refused unless ``overwrite`` asks
-for it to be replaced, and one that holds files prepare did not write is always refused
-(:meth:`DatasetOutput.claim`); a finished dataset holds no shard its manifest does not list.
+Files are written locally under a temporary name and renamed, then, for a remote output, uploaded
+whole. ``prepare_state.json`` keeps pass 1's outcome and the sha256 of every finished file, so a
+re-run redoes only what is missing or no longer matches. An output holding another dataset is
+refused unless ``overwrite`` asks; one holding files prepare did not write is always refused.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""Where prepare's tasks run, and how those processes are tuned.
+"""Where prepare's tasks run (local processes or Ray tasks), and how those processes are tuned.
 
-Tasks are picklable and pass paths, not data (:mod:`pipelines.prepare.inputs`,
-:mod:`pipelines.prepare.encode`, :mod:`pipelines.prepare.shuffle`). They run in local worker
-processes (:class:`LocalTaskPool`) or as Ray tasks (:class:`RayTaskPool`, ``executor: ray``).
-Prepare is a stream of large, short-lived NumPy and Arrow temporaries; :func:`tune_process` keeps
-that cheap in a worker process and in the ``elmo prepare`` command's own process, never in a
-caller's (a flow's) that merely calls :func:`pipelines.prepare.stage.prepare` in-process.
+Tasks pass paths, not data. :func:`tune_process` tunes a worker or the ``elmo prepare`` process,
+never a caller's (a flow's) that runs prepare in-process.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """One prepare run: the two passes and the shuffle over a pool of tasks, into a dataset output.
 
-A :class:`PrepareRun` carries what every step needs (config, tasks, pool, output, the state record
-that makes it resumable, the phase clock); :func:`pipelines.prepare.stage.prepare_files` calls its
-steps in order: :meth:`~PrepareRun.count` (pass 1: vocabulary and type order),
-:meth:`~PrepareRun.encode` (pass 2: heldout parts, training spills, ``word_types.parquet``),
-:meth:`~PrepareRun.shuffle` (each missing training shard), :meth:`~PrepareRun.manifest`.
+A :class:`PrepareRun` carries what every step needs, so the stage calls its steps in order.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """The bundled sample corpus ``python-docs``: English prose that ships with Python itself.
 
-The local embedded default needs a real corpus without a download. Every Python installation carries
-a few megabytes of English in its standard library: the docstrings of its modules, classes and
-functions, the language-reference help topics (``pydoc_data.topics``) and ``LICENSE.txt``. This
-module extracts them with :mod:`ast` (nothing is imported or executed), strips reStructuredText
-markup and doctest lines, and writes one sentence per line into a few plain text files.
-
-Same interpreter → byte-identical files: modules are walked in sorted order, duplicate sentences are
-kept once (first occurrence), and the output is written into a temporary directory that is renamed
-into place together with a marker recording the interpreter it came from, so a re-run reuses it.
+The embedded default needs a real corpus without a download: the standard library's docstrings,
+help topics and licence, read with :mod:`ast` (nothing is imported). The same interpreter gives
+byte-identical files, so a re-run reuses them.
 """
 
 from __future__ import annotations

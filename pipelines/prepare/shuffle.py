@@ -1,12 +1,7 @@
-"""The training-set shuffle of the prepare stage: scatter rows to shard spills, gather each shard.
+"""The training-set shuffle: scatter rows to per-shard spills, then gather and permute each shard.
 
-Pass 2 sends each training sentence to the output shard a seeded hash picks
-(:func:`elmo_core.data.shards.train_shard_of`), appending it to that shard's spill file of the
-input file (:class:`ShardSpill`); :func:`gather_shard` then reads one shard's rows from every
-file's spill in file order, puts them in a seeded random order
-(:func:`elmo_core.data.shards.shard_permutation`) and writes the shard. Rows are moved as flat
-Arrow list arrays by Arrow's ``take``, which copies each row's values whole. Only type ids are
-spilled and stored: readers derive the targets from them.
+Rows move as flat Arrow list arrays (Arrow's ``take``), never as Python objects. Only type ids are
+stored: readers derive the targets from them.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """The prepare stage: corpus files → a dataset directory of Parquet shards, vocabulary and manifest.
 
-Two streaming passes over the files, in parallel (:mod:`pipelines.prepare.pool`): count word types
-→ vocabulary; encode → heldout parts, and training rows scattered to shards by a seeded hash and
-shuffled (:class:`~pipelines.prepare.run.PrepareRun`; layout: :mod:`elmo_core.data.shards`).
-``prepare_state.json`` records finished work with sha256s, so a rerun redoes only what is missing
-or corrupt. Files are written under a temporary name and renamed, the manifest last: its presence
-means the dataset is complete.
+Two streaming passes in parallel: count word types → vocabulary; encode → heldout parts and
+shuffled training shards. The manifest is written last: its presence means the dataset is complete.
 """
 
 from __future__ import annotations

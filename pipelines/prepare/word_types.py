@@ -1,10 +1,7 @@
 """The word-type table of a prepared dataset: its order, built after pass 1, and the file itself.
 
-:func:`build_type_order` orders the types (the vocabulary first, type id = vocabulary id, then the
-out-of-vocabulary types) from the summed counts; the order is written to the work directory as an
-Arrow IPC file (:func:`write_type_order`), which pass 2's workers memory-map to give each token
-its type id. :func:`write_word_types` adds the char ids and writes ``word_types.parquet``, a pool
-task beside pass 2's files.
+The vocabulary comes first (type id = vocabulary id); pass 2's workers memory-map the order as an
+Arrow IPC file.
 """
 
 from __future__ import annotations

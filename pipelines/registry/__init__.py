@@ -1,5 +1,1 @@
-"""The MLflow model registry: registering a biLM, the champion policy, imported weights.
-
-``python -m pipelines.registry register|promote|import-weights`` runs the same commands as
-``elmo register|promote|import-weights``.
-"""
+"""The MLflow model registry: registering a biLM, the champion policy, imported weights."""

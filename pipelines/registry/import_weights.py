@@ -1,11 +1,7 @@
 """import-weights: released bilm-tf weights become a version of ``elmo-bilm`` like a trained one.
 
-``elmo import-weights --options FILE --weights FILE [--vocab FILE] [--softmax FILE] ...`` reads
-them (:mod:`elmo_core.interop.bilm_tf`), saves them in our format and registers them through
-:func:`~pipelines.registry.register.register_bilm`, so the version is the same pyfunc model. What
-a release lacks is decided here: no dataset (tokenizer ``whitespace`` unless told), a vocabulary
-only when given, no perplexity, hence ``challenger`` unless ``--alias champion``
-(docs/registry.md, "Imported weights").
+What a release lacks is decided here: no dataset, a vocabulary only when given, no perplexity and
+so ``challenger`` unless ``--alias champion`` (docs/registry.md, "Imported weights").
 """
 
 from __future__ import annotations

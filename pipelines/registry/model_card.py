@@ -1,11 +1,7 @@
-"""What a registered model says about itself: a description that shows how to call it, and the
-model-level tags a user filters the model list on.
+"""What a registered model says about itself: a description showing how to call it, and its tags.
 
-The MLflow UI shows a registered model's description on its page and each version's on the
-version's page. ``elmo-bilm`` (registration) and every ``elmo-<task>`` (adaptation) publish both
-through :func:`publish_card`, so every model of the platform reads alike: what it is, the
-``mlflow.pyfunc.load_model(...).predict(...)`` call, and the columns that come out. The card's
-example input is also the input example logged with the model, so the call shown is one that ran.
+Every model of the platform publishes through :func:`publish_card`, so all read alike; the card's
+example input is the one logged with the model, so the call shown is one that ran.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Registry policy: which version of ``elmo-bilm`` holds the ``champion`` alias.
 
-``models:/elmo-bilm@champion`` is what users embed with and what adaptation starts from, so it
-moves only on evidence: a strictly lower heldout perplexity than the champion's, on the same
-heldout data, vocabulary and (when both record it) evaluation protocol. Any other version takes
-``challenger``; the decided cases and the tags each decision leaves are in docs/registry.md.
-:func:`promote` sets an alias by hand, for the cases the rule refuses on purpose.
+Users embed with and adapt from the champion, so it moves only on a strictly lower heldout
+perplexity on the same heldout data and vocabulary; other versions take ``challenger``.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """register: a trained biLM becomes a version of the MLflow model ``elmo-bilm``, once per run.
 
-The version is the pyfunc model of :mod:`pipelines.serving.bilm_pyfunc`, logged from the training
-run (MLflow then shows that run as its source), tagged with what the promotion policy compares
-(:mod:`pipelines.registry.tags`), with a bilm-tf HDF5 export beside it (DESIGN.md §3); then
-:mod:`pipelines.registry.policy` decides its alias. Registering a run again returns the version
-and decision recorded the first time. Imported weights enter through :func:`register_bilm`
-(:mod:`pipelines.registry.import_weights`); docs/registry.md describes what a version carries.
+The version is logged from the training run, so MLflow shows that run as its source; registering a
+run again returns the version and decision recorded the first time.
 """
 
 from __future__ import annotations

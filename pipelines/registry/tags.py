@@ -1,8 +1,6 @@
 """The names the registry writes: the models' names, their tags and their versions' tags.
 
-Registration writes the evaluation and dataset tags; the champion policy reads them and writes
-the promotion tags; adaptation writes the task models' tags. Each imports its names from here, so
-none imports another's module for a string (docs/registry.md explains each tag).
+Writers and readers import the names from here, so none imports another's module for a string.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
-"""The one way to name and load a biLM: ``train --init-from``, ``evaluate --checkpoint``, ``adapt
---bilm``, registration and the pyfunc models all come here.
+"""The one way to name and load a biLM, for every stage, registration and the pyfunc models.
 
-Two steps, because the weights are often needed elsewhere than where they were named (Ray workers
-and tasks): the driver's :func:`resolve_bilm` checks the source and pins it (an alias to the
-version it names now, a run directory to its latest checkpoint) as a :class:`BiLMReference`, so
-every process loads the same weights; :func:`load_bilm` loads it wherever it lands. Sources: a
-model or checkpoint directory (local or fsspec), a local run directory, a bilm-tf release,
-``models:/`` and ``runs:/`` URIs (docs/registry.md, "Naming a biLM").
+Two steps, because weights are often loaded elsewhere than where they were named: the driver's
+:func:`resolve_bilm` pins the source (an alias to its version now, a run to its latest checkpoint),
+and :func:`load_bilm` loads that pin in any process (sources: docs/registry.md, "Naming a biLM").
 """
 
 from __future__ import annotations

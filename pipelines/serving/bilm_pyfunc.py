@@ -1,12 +1,7 @@
 """The biLM as an MLflow pyfunc model: sentences in, per-token ELMo layers out.
 
-This file is also the model's *code file* (MLflow models-from-code): at load time it hands MLflow
-the class from the installed package, so nothing is unpickled. Artifacts: our biLM directory, the
-dataset's ``vocab.txt`` and its ``manifest.json``, whose ``tokenizer`` rebuilds the training text's
-tokenizer. Inference follows ELMo's defaults (DESIGN.md §3): eval mode, stateless, boundaries
-stripped; requests are read as :mod:`pipelines.serving.pyfunc_request` reads them.
-
-Shapes: N sentences in a batch, T tokens, L layers (token layer + LSTM layers), P projection.
+This file is also the model's code file (MLflow models-from-code), so loading unpickles nothing.
+Shapes: N sentences in a batch, T tokens, L layers, P projection.
 """
 
 from __future__ import annotations

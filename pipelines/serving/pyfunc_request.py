@@ -1,11 +1,8 @@
-"""What both pyfunc models do with a prediction request: read its token lists within the limits,
-check its params by name, and hand our user errors to MLflow so that ``mlflow models serve``
-answers 400 with our message first.
+"""What both pyfunc models do with a request: read its token lists, check its params by name, and
+raise our user errors so that ``mlflow models serve`` answers 400 with our message.
 
-MLflow (3.17) enforces the signature before ``predict``: a dict ``inputs`` is one record, and
-unnamed columns and params are dropped (params with only a logged warning). So a missing column is
-reported here, and :func:`watch_dropped_params` keeps that warning's names for
-:func:`checked_params` to refuse.
+MLflow drops unnamed columns and params before ``predict`` (params with only a warning), so a
+missing column is reported here and the dropped params' names are refused.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """An adapted task model as an MLflow pyfunc model: raw sentences in, labels or tags out.
 
-Like :mod:`pipelines.serving.bilm_pyfunc` this file is the model's code file, so a registered
-``elmo-<task>`` model is loaded from files, never unpickled. Artifacts: the frozen biLM (run live,
-as the activation cache ran it in training) and the task model's weights, vocabulary, labels,
-config and tokenizer. Input: ``sentence`` or ``tokens`` (pairs: ``premise`` and ``hypothesis``, or
-their ``_tokens``); output: ``tokens`` and a ``label``, or ``tags``; the request is read as
-:mod:`pipelines.serving.pyfunc_request` reads it.
+Like :mod:`pipelines.serving.bilm_pyfunc` this file is the model's code file, so nothing is
+unpickled; the frozen biLM runs live, as the activation cache ran it in training.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""How every figure the platform logs to MLflow is drawn and saved: matplotlib on the Agg backend
-(Ray workers have no display), imported on first use; saved at a resolution fit for a paper;
-axes labelled in words, not metric names; curves over steps or epochs ticked where the points
-are.
+"""How every figure logged to MLflow is drawn: matplotlib on Agg (Ray workers have no display),
+imported on first use, axes labelled in words rather than metric names.
 """
 
 from __future__ import annotations

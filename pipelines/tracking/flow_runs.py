@@ -1,9 +1,7 @@
 """One MLflow parent run per flow run; every stage's run is its child.
 
-The parent is created with the tracking client rather than ``mlflow.start_run``: an active fluent
-run in the flow's thread would make each stage's own ``start_run(parent_run_id=...)`` fail, and
-the Ray job and Ray tasks that train and adapt run in other processes anyway. Stages receive the
-parent's id explicitly (``parent_run_id=``); the Ray job gets it in its environment.
+The parent is made with the tracking client, not ``mlflow.start_run``: an active fluent run in the
+flow's thread would make each stage's own ``start_run(parent_run_id=...)`` fail.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """MLflow tracking shared by every stage: one run per stage, nested under the flow's run.
 
-A stage run started inside a flow is a child of the flow's parent run (passed explicitly or through
-``ELMO_MLFLOW_PARENT_RUN_ID``, which survives the hop into a Ray job); a stage run on its own is a
-top-level run tagged with what it used. Each is named ``<stage>-<what it worked on>`` and
-samples this process's system metrics from its start to its end. Curves people would rather see
-than read are logged as figures next to the metrics.
+The parent's id comes as an argument or through ``ELMO_MLFLOW_PARENT_RUN_ID``, which survives the
+hop into a Ray job; a stage run on its own is a top-level run.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
-"""A training run's progress as values (:class:`StepProgress`, :class:`ValidationProgress`):
-rank 0 makes them as it logs its MLflow metrics, the flow reads them back from those metrics, and
-each says itself in one wording (``line()``) on rank 0's console and in the flow's log.
+"""A training run's progress as values: rank 0 makes them as it logs its metrics, the flow reads
+them back from MLflow, and both print them in one wording (``line()``).
 
-Rank 0 tags the run with where and when its loop began (``TRAIN_STARTED_TAG``), so that both
-compute one ETA from the same numbers: the rate since then, the start-up (Ray, loading the data,
-building the model) left out.
+Both compute one ETA from the rate since rank 0's loop began (``TRAIN_STARTED_TAG``), start-up
+left out.
 """
 
 from __future__ import annotations

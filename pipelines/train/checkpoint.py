@@ -1,18 +1,9 @@
-"""Training checkpoints: what one holds (everything needed to continue a run exactly) and where
-a run keeps them, ``checkpoints/step_NNNNNN/`` in its run directory.
+"""Training checkpoints: all a run needs to continue exactly, kept in ``checkpoints/step_NNNNNN/``.
 
-A checkpoint is one directory to which every rank adds its part::
-
-    model/           the biLM in our format (write_bilm_dir)              rank 0
-    trainer.pt       optimiser state, step, best validation, MLflow run id, curves   rank 0
-    rank_{r}.pt      rank r's RNG states, both streams' positions, carried LSTM states
-    COMPLETE         written by rank 0 once every part is uploaded
-
-With the same seed, N steps straight equal k steps + resume + N − k steps. Ray Train's own
-checkpoint bookkeeping resumed a killed run from an older checkpoint than the newest on disk, so
-the run directory is the record: after a barrier on all ranks rank 0 writes ``COMPLETE``, points
-``LATEST`` at the step (what :func:`elmo_core.model.serialization.find_model_dir` follows) and
-prunes to the newest ``checkpoints_to_keep``. A checkpoint without ``COMPLETE`` never counts.
+Every rank adds its part: rank 0 the model and optimiser state, each rank its RNG states, stream
+positions and LSTM states. The run directory, not Ray Train's bookkeeping, is the record (Ray
+resumed killed runs from an older checkpoint than the newest): after a barrier rank 0 writes
+``COMPLETE`` and points ``LATEST`` at the step; a checkpoint without ``COMPLETE`` never counts.
 """
 
 from __future__ import annotations

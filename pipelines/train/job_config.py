@@ -1,13 +1,8 @@
 """The training job's configuration: what to train (model, recipe) and how to run it (Ray, storage).
 
-Resolved like every config of the platform (:func:`elmo_core.config.resolve_config`): the model
-preset or file from ``--model`` → the ``--config`` YAML → ``--set section.key=value``. The ``run``
-section (workers, GPUs, storage, failures) is orchestration, so it lives here and not in
-``elmo_core``.
-
-The run name defaults to ``bilm-<12 hex>``: a hash of the ``model`` and ``train`` sections, the
-weights it starts from and the dataset manifest. The ``run`` section is left out on purpose, so
-re-running the same training with more workers, or on another storage, resumes the same run.
+The ``run`` section is orchestration, so it lives here and not in ``elmo_core``; the run name's
+hash leaves it out, so the same training re-run with more workers or on other storage resumes the
+same run.
 """
 
 from __future__ import annotations

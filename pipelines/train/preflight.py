@@ -1,12 +1,8 @@
 """What the train driver works out and checks in seconds, before Ray starts: the run's plan.
 
-A mistake in the data, the storage or the starting weights found inside the workers costs a
-cluster start and ends in a Ray traceback; found here it is one line naming the path or key. The
-checks: the dataset is prepared (manifest, word types, every shard listed is there) and can feed
-every worker; ``--init-from`` names weights that load and fit the model; the run directory can be
-written. Every path is made absolute here, since workers run elsewhere. The plan names the run,
-places its directory, and says whether it already finished (its ``FINISHED.json``, a
-:class:`TrainResult`, which also decides which of its models evaluate and register get).
+A bad dataset, storage or ``--init-from`` found inside the workers costs a cluster start and ends
+in a Ray traceback; found here it is one line naming the path or key. Paths are made absolute here,
+since workers run elsewhere.
 """
 
 from __future__ import annotations

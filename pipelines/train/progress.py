@@ -1,13 +1,7 @@
 """Rank 0's account of a training run: a console line, MLflow metrics, curve figures, ``best/``.
 
-The driver creates the run's MLflow run (:mod:`pipelines.train.stage`); rank 0 resumes it for the
-whole loop (:meth:`Progress.tracking`), so a restarted or resumed run keeps adding to the same
-curves: ``bilm/train/*`` at every logged step, ``bilm/validation/*`` at every validation.
-A validation that warns (:func:`validation_warnings`) says so on the console and in the run's
-``elmo.health`` tag, which the flow's log follows.
-Training losses are averaged over the ``log_every`` steps since the last line; the curves also
-live in the checkpoint's :class:`~pipelines.train.checkpoint.SharedState`, so the figures of a
-resumed run start at step 1. Other ranks report nothing.
+Rank 0 resumes the driver's MLflow run and the checkpoint carries the curves, so a restarted or
+resumed run keeps adding to the same curves and figures. Other ranks report nothing.
 """
 
 from __future__ import annotations

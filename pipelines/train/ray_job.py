@@ -1,12 +1,8 @@
 """Training as a Ray Job: ``python -m pipelines.train`` on the cluster behind the jobs API.
 
-The driver has planned the run (:mod:`pipelines.train.preflight`); the job trains that run. The
-resolved config travels as data: it is written into the run directory as ``job_config.json``, with
-the run's name and storage pinned, and the job's command reads it with ``--job-config``. The job's
-MLflow run nests under the caller's parent run (``--parent-run-id``, and
-``ELMO_MLFLOW_PARENT_RUN_ID`` in its environment) with the same tracking URI; its outcome is the
-run directory's ``FINISHED.json``. Token auth is Ray's own: the client adds the bearer token when
-``RAY_AUTH_MODE=token`` and ``RAY_AUTH_TOKEN_PATH`` are set (what ``infra/local/stack.py`` exports).
+The resolved config travels as data, ``job_config.json`` in the run directory with the run's name
+and storage pinned; the job's MLflow run nests under the caller's parent run, and its outcome is
+the run directory's ``FINISHED.json``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """A training run's directory, ``storage_path/name``, local or any fsspec URL (s3://).
 
-It holds ``mlflow_run_id.json``, ``checkpoints/``, ``best/``, ``model/`` (the final model,
-:data:`~elmo_core.model.serialization.MODEL_DIR`) and ``FINISHED.json``,
-each written whole (:class:`~elmo_core.location.Location`), so a run killed at any instant leaves
-files a resumed run can trust. A checkpoint on an object store is many objects, which is why
-:mod:`pipelines.train.checkpoint` commits it with a marker written after all of its parts.
+Each file in it is written whole, so a run killed at any instant leaves files a resumed run can
+trust.
 """
 
 from __future__ import annotations

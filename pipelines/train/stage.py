@@ -1,22 +1,9 @@
 """The train stage: distributed biLM pretraining on Ray Train (TorchTrainer, DDP).
 
-    elmo train --data DATASET [--model PRESET|FILE] [--config FILE.yaml] [--set key=value ...]
-               [--job-config FILE.json] [--init-from SOURCE [--init-options OPTIONS.json]]
-               [--parent-run-id ID] [--hand-on best|final] [--no-register]
-    python -m pipelines.train ...                               # the same main
-    ray job submit --working-dir . -- python -m pipelines.train ...
-    train(cfg, data, where="local"|"ray-job") -> TrainResult    # what flows call
-
-:func:`train` plans the run once (:mod:`pipelines.train.preflight`: the checks, the name
-``bilm-<hash>`` of config and dataset manifest, the run directory ``storage_path/name``, whether it
-already finished). A finished run is returned as it is; otherwise it trains here — opening its
-MLflow run ``train-bilm-<hash>``, joining ``RAY_ADDRESS`` (or a local Ray) and handing
-:func:`pipelines.train.worker.train_loop_per_worker` to a TorchTrainer, restarted after a failure
-(:mod:`pipelines.train.supervision`) — or as a Ray Job (:mod:`pipelines.train.ray_job`) that runs
-the same function there. A stopped run resumes from its newest complete checkpoint. ``main`` then
-evaluates and registers the run's best model, the one with the lowest validation perplexity (the
-final one with ``--hand-on final``, or when no validation ran; ``--no-register`` skips both),
-with the evaluate and registry stages' functions a flow's tasks call.
+:func:`train` plans the run once (:mod:`pipelines.train.preflight`) and returns a finished run as
+it is; otherwise it trains here or as a Ray Job that runs the same worker function, resuming from
+the newest complete checkpoint. ``elmo train`` then hands the run's best model (lowest validation
+perplexity) to the evaluate and registry stages' functions, the ones a flow's tasks call.
 """
 
 from __future__ import annotations

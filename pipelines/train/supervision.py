@@ -1,16 +1,8 @@
-"""Run Ray Train's ``fit`` until the run is done: restart after a failure, stop on a user error or
-Ctrl-C.
+"""Run Ray Train's ``fit`` to the end: restart after a failure, stop on a user error or Ctrl-C.
 
-The driver, not Ray Train, restarts a failed worker group (Ray's own ``max_failures`` is 0): each
-attempt first drops incomplete checkpoints and pins the newest complete one
-(:mod:`pipelines.train.checkpoint`), so a restart never goes back further than
-``checkpoint_every`` steps. A user error raised in a worker (:class:`~elmo_core.errors.ElmoError`:
-a corrupt shard, weights that do not fit) would fail the same way again, so it is not retried: it is
-re-raised here as itself, one line naming the file or key.
-
-``fit`` runs in a thread so that Ctrl-C reaches the driver's main thread whatever Ray is doing:
-the workers are stopped (Ray is shut down, which ends the job's actors) and
-:class:`TrainingInterrupted` says where the run can resume.
+The driver, not Ray Train, restarts a failed worker group, each time from the newest complete
+checkpoint. An :class:`~elmo_core.errors.ElmoError` would fail the same way again, so it is
+re-raised as itself. ``fit`` runs in a thread so that Ctrl-C reaches the driver whatever Ray does.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """One data-parallel rank of biLM pretraining (bilm-tf's recipe, DESIGN.md §3).
 
-:func:`train_loop_per_worker` is what Ray Train's ``TorchTrainer`` runs on every rank: it runs
-:func:`train_loop` with :class:`RayRuntime`, where every Ray touch point is (marked ``# [ray]``):
-the context (rank, world size, device), the model prepared for DDP, and ``report`` (a barrier on
-all ranks). :class:`LocalRuntime` runs the same loop in one process, on CPU in the unit tests.
-
-Each step runs :class:`~elmo_core.training.step.TrainingStep` on the next window of both streams
-(:mod:`elmo_core.training.loop`): gradients of ``loss × unroll_steps`` as bilm-tf takes them,
-averaged over the workers, the global-norm clip and Adagrad. Checkpoints go to the run directory,
-not through Ray (:mod:`pipelines.train.checkpoint`); the driver restarts a failed group from the
-newest one. Resuming with a different number of workers keeps the weights and the optimiser but
-deals the streams afresh (a seed derived from the resumed step) with zero LSTM states.
+:func:`train_loop_per_worker` runs :func:`train_loop` with :class:`RayRuntime`, which holds every
+Ray touch point (marked ``# [ray]``); :class:`LocalRuntime` runs the same loop in one process, as
+the unit tests do. Resuming on another number of workers keeps the weights and the optimiser but
+deals the streams afresh, with zero LSTM states.
 """
 
 from __future__ import annotations
