@@ -39,7 +39,9 @@ def vectors_table(
     dtype: Dtype,
 ) -> pa.Table:
     """One shard's rows; ``vectors`` as :func:`~pipelines.embed.vectors.embed_sentences` gives
-    them (at least one sentence)."""
+    them (at least one sentence). The ``vectors`` column per ``output``, each vector a
+    ``fixed_size_list<float, 2P>``: ``all`` layers × tokens, ``fixed_size_list<list<…>, L>``;
+    ``top`` and ``mix`` tokens, ``list<…>``; ``mean`` the vector itself."""
     dim = vectors[0].shape[-1]
     flat = np.concatenate([v.reshape(-1) for v in vectors]).astype(dtype, copy=False)
     values = pa.FixedSizeListArray.from_arrays(pa.array(flat), dim)  # one per token (or sentence)
