@@ -74,7 +74,9 @@ def write_checkpoint(
     shared: SharedState,
     rank_state: RankState,
 ) -> Path:
-    """Write this rank's part of a checkpoint into ``directory`` (rank 0 adds the shared files)."""
+    """Write this rank's part of a checkpoint into ``directory``: ``rank_{r}.pt`` (its RNG states,
+    stream positions and LSTM states); rank 0 adds ``model/`` and ``trainer.pt`` (optimiser,
+    step, best validation, MLflow run id, curves)."""
     directory.mkdir(parents=True, exist_ok=True)
     if rank == 0:
         write_bilm_dir(bilm, directory / MODEL_DIR)
