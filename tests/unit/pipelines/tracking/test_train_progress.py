@@ -54,15 +54,7 @@ def test_the_flow_reads_back_each_line_rank_0_printed_in_the_same_words(
         run = _train_run(store, "train-bilm-7", parent)
         store.set_tag(run.info.run_id, flow_runs.TOTAL_STEPS_TAG, "8")
         before = training_progress(parent)
-        progress = Progress(
-            _tracked(run, tmp_path),
-            SharedState(step=0, world_size=1),
-            rank=0,
-            total_steps=8,
-            log_every=2,
-            validation_sentences=10,
-            warn_at=(1.25, 1.5),
-        )
+        progress = _progress(run, tmp_path, total_steps=8, log_every=2)
         best = BiLM(tiny(), vocab_size=100)  # what the worker hands over when it improved
         with progress.tracking():
             for step in range(1, 9):
@@ -98,16 +90,7 @@ def test_the_flow_gets_each_step_and_validation_as_values_not_text(
     with flow_runs.parent_run("pretrain", "p", "flow-9", _Params(name="y")) as parent:
         run = _train_run(store, "train-bilm-9", parent)
         store.set_tag(run.info.run_id, flow_runs.TOTAL_STEPS_TAG, "2")
-        progress = Progress(
-            _tracked(run, tmp_path),
-            SharedState(step=0, world_size=1),
-            rank=0,
-            total_steps=2,
-            log_every=1,
-            validation_sentences=10,
-            warn_at=(1.25, 1.5),
-            console=False,
-        )
+        progress = _progress(run, tmp_path, total_steps=2, log_every=1, console=False)
         with progress.tracking():
             progress.after_step(1, _output(4.0), _norm(), 0.2, 1)
             progress.after_validation(1, _sums(90.0, 80.0, 3), None)
@@ -127,16 +110,7 @@ def test_under_a_flow_rank_0_prints_nothing_and_the_flow_logs_it(
     store: MlflowClient, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run = _train_run(store, "train-bilm-8", None)
-    progress = Progress(
-        _tracked(run, tmp_path),
-        SharedState(step=0, world_size=1),
-        rank=0,
-        total_steps=2,
-        log_every=1,
-        validation_sentences=10,
-        warn_at=(1.25, 1.5),
-        console=False,
-    )
+    progress = _progress(run, tmp_path, total_steps=2, log_every=1, console=False)
     with progress.tracking():
         progress.after_step(1, _output(4.0), _norm(), 0.2, 1)
     assert capsys.readouterr().out == ""
@@ -151,6 +125,22 @@ def _train_run(store: MlflowClient, name: str, parent: str | None) -> Run:
     assert experiment is not None
     tags = {stage_runs.STAGE_TAG: "train"} | ({"mlflow.parentRunId": parent} if parent else {})
     return store.create_run(experiment.experiment_id, run_name=name, tags=tags)
+
+
+def _progress(
+    run: Run, tmp_path: Path, *, total_steps: int, log_every: int, console: bool = True
+) -> Progress:
+    """Rank 0's progress of a one-worker run from step 0, validating 10 sentences."""
+    return Progress(
+        _tracked(run, tmp_path),
+        SharedState(step=0, world_size=1),
+        rank=0,
+        total_steps=total_steps,
+        log_every=log_every,
+        validation_sentences=10,
+        warn_at=(1.25, 1.5),
+        console=console,
+    )
 
 
 def _tracked(run: Run, tmp_path: Path) -> TrackedRun:
