@@ -19,8 +19,9 @@ from elmo_core.text.char_ids import token_to_ids
 from elmo_core.text.tokenize import MosesTokenizer, Tokenizer
 from elmo_core.text.vocab import SPECIALS
 from pipelines.prepare import run as run_module
+from pipelines.prepare.cli import main
 from pipelines.prepare.encode import encode_file
-from pipelines.prepare.stage import main, prepare_files
+from pipelines.prepare.stage import prepare_files
 
 LONG_TOKEN = "Überlänge" * 8  # 88 UTF-8 bytes: cut to 48 by the char ids
 WORDS = ["the", "of", "a", "cat", "Cat", "sat", "é", "日本", ",", ".", LONG_TOKEN] + [
