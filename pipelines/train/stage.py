@@ -13,10 +13,11 @@ already finished). A finished run is returned as it is; otherwise it trains here
 MLflow run ``train-bilm-<hash>``, joining ``RAY_ADDRESS`` (or a local Ray) and handing
 :func:`pipelines.train.worker.train_loop_per_worker` to a TorchTrainer, restarted after a failure
 (:mod:`pipelines.train.supervision`) — or as a Ray Job (:mod:`pipelines.train.ray_job`) that runs
-the same function there. A stopped run resumes from its newest complete checkpoint. ``main`` then
-evaluates and registers the run's best model, the one with the lowest validation perplexity (the
-final one with ``--hand-on final``, or when no validation ran; ``--no-register`` skips both),
-with the evaluate and registry stages' functions a flow's tasks call.
+the same function there. A stopped run resumes from its newest complete checkpoint. The command
+(:mod:`pipelines.train.cli`) then evaluates and registers the run's best model, the one with the
+lowest validation perplexity (the final one with ``--hand-on final``, or when no validation ran;
+``--no-register`` skips both), with the evaluate and registry stages' functions a flow's tasks
+call.
 """
 
 from __future__ import annotations
