@@ -13,15 +13,12 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
 
 import mlflow
 import torch
-import typer
 from pydantic import BaseModel, ConfigDict, Field
 
 from elmo_core.errors import ConfigError
-from elmo_core.tasks import load_task_config
 from elmo_core.tasks.readers import AnyDataset
 from elmo_core.tasks.seeds import DEFAULT_SEEDS, Scores
 from elmo_core.tasks.task_config import TaskConfig
@@ -41,13 +38,10 @@ from pipelines.adapt.task_records import (
     log_task_model,
     task_params,
 )
-from pipelines.common.cli_runner import comma_separated, run_command
 from pipelines.common.settings import elmo_home, mlflow_tracking_uri
 from pipelines.common.task_data import cache_splits, check_tasks, read_splits
 from pipelines.registry.tags import TASK_TAG
 from pipelines.serving.bilm_loader import (
-    OPTIONS_HELP,
-    SOURCE_HELP,
     BiLMReference,
     LoadedBiLM,
     load_bilm,
@@ -304,41 +298,6 @@ def _run_on_ray(jobs: Sequence[AdaptJob], resources: AdaptResources) -> list[Ada
     return list(ray_get([remote.remote(job) for job in jobs]))
 
 
-# --- command line --------------------------------------------------------------------------------
-
-
-def adapt_command(
-    task: Annotated[list[Path], typer.Option(help="task config YAML (repeat for several)")],
-    bilm: Annotated[str, typer.Option(help=SOURCE_HELP)],
-    bilm_options: Annotated[str | None, typer.Option(help=OPTIONS_HELP)] = None,
-    set_: Annotated[
-        list[str] | None, typer.Option("--set", help="key=value override for every task")
-    ] = None,
-    seeds: Annotated[
-        str, typer.Option(help="seeds, comma-separated: scores are means over them")
-    ] = ",".join(map(str, DEFAULT_SEEDS)),
-    parent_run_id: Annotated[str | None, typer.Option(help="MLflow parent run")] = None,
-    cpus_per_task: Annotated[float, typer.Option(help="Ray CPUs per job")] = 1.0,
-    gpus_per_task: Annotated[
-        float | None, typer.Option(help="Ray GPUs per job (default: 1 if any)")
-    ] = None,
-) -> None:
-    """Adapt a frozen biLM to downstream tasks; report the gain over the baseline."""
-    tasks = [load_task_config(path, set_ or []) for path in task]
-    resources = AdaptResources(cpus_per_task=cpus_per_task, gpus_per_task=gpus_per_task)
-    results = adapt(
-        tasks,
-        bilm,
-        bilm_options=bilm_options,
-        seeds=comma_separated(seeds, int, "seeds"),
-        parent_run_id=parent_run_id,
-        resources=resources,
-    )
-    for result in results:
-        typer.echo(result_line(result))
-    typer.echo(f"baseline: {BASELINE}")
-
-
 def result_line(result: AdaptResult) -> str:
     """``task ner: test f1 0.9120 ± 0.0100 with ELMo, 0.8800 ± 0.0200 without (mean ± sample
     standard deviation over seeds 0, 1, 2; 300 test examples): gain +0.0320, beyond the seeds'
@@ -353,8 +312,3 @@ def result_line(result: AdaptResult) -> str:
         result.examples,
     )
     return f"task {result.task}: {headline} → {result.model_uri}"
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m pipelines.adapt``: the same command as ``elmo adapt``."""
-    return run_command(adapt_command, argv)

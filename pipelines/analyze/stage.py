@@ -11,11 +11,9 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
 
 import mlflow
 import torch
-import typer
 
 from elmo_core.analysis.probe import flat_tag_ids, linear_probe
 from elmo_core.analysis.sampling import check_fractions
@@ -28,7 +26,6 @@ from elmo_core.analysis.senses import (
 )
 from elmo_core.analysis.task_runs import DEFAULT_FRACTIONS, TaskAnalysis, analyze_task, num_runs
 from elmo_core.errors import ConfigError
-from elmo_core.tasks import load_task_config
 from elmo_core.tasks.activation_cache import ActivationCache
 from elmo_core.tasks.readers import AnyDataset, task_labels
 from elmo_core.tasks.seeds import DEFAULT_SEEDS
@@ -41,7 +38,6 @@ from pipelines.analyze.table import (
     TABLE_FILE,
     Row,
     compare_rows,
-    format_rows,
     from_json,
     headline,
     headline_metrics,
@@ -51,11 +47,10 @@ from pipelines.analyze.table import (
     task_rows,
     to_json,
 )
-from pipelines.common.cli_runner import comma_separated, run_command
 from pipelines.common.console import ProgressBar, console_progress
 from pipelines.common.settings import elmo_home
 from pipelines.common.task_data import cache_splits, check_tasks, read_splits
-from pipelines.serving.bilm_loader import OPTIONS_HELP, SOURCE_HELP, load_bilm, resolve_bilm
+from pipelines.serving.bilm_loader import load_bilm, resolve_bilm
 from pipelines.tracking.figures import log_figure
 from pipelines.tracking.stage_runs import (
     DESCRIPTION_TAG,
@@ -68,8 +63,6 @@ from pipelines.tracking.stage_runs import (
 )
 
 SenseSplits = tuple[list[SenseExample], list[SenseExample]]
-DEFAULT_FRACTIONS_TEXT = ",".join(f"{fraction:g}" for fraction in DEFAULT_FRACTIONS)
-DEFAULT_SEEDS_TEXT = ",".join(str(seed) for seed in DEFAULT_SEEDS)
 
 
 @dataclass
@@ -245,52 +238,3 @@ def compare(first_run: str, second_run: str) -> str:
         for run in (first_run, second_run)
     ]
     return compare_rows(tables[0], tables[1], (first_run[:8], second_run[:8]))
-
-
-# --- command line --------------------------------------------------------------------------------
-
-
-def analyze_command(
-    task: Annotated[
-        list[Path] | None, typer.Option(help="task config YAML (repeat for several)")
-    ] = None,
-    bilm: Annotated[str | None, typer.Option(help=SOURCE_HELP)] = None,
-    bilm_options: Annotated[str | None, typer.Option(help=OPTIONS_HELP)] = None,
-    senses_train: Annotated[Path | None, typer.Option(help="sense-labelled training file")] = None,
-    senses_test: Annotated[Path | None, typer.Option(help="sense-labelled test file")] = None,
-    fractions: Annotated[str, typer.Option(help="training fractions, comma-separated")] = (
-        DEFAULT_FRACTIONS_TEXT
-    ),
-    seeds: Annotated[str, typer.Option(help="seeds, comma-separated")] = DEFAULT_SEEDS_TEXT,
-    set_: Annotated[
-        list[str] | None, typer.Option("--set", help="key=value override for every task")
-    ] = None,
-    parent_run_id: Annotated[str | None, typer.Option(help="MLflow parent run")] = None,
-    compare_runs: Annotated[
-        tuple[str, str] | None, typer.Option("--compare", help="two analyze run ids")
-    ] = None,
-) -> None:
-    """The paper's §5 for a biLM: sample efficiency, per layer, placement, sense and POS probes."""
-    if compare_runs is not None:
-        typer.echo(compare(*compare_runs))
-        return
-    if bilm is None or not task:
-        raise ConfigError("give --bilm and at least one --task (or --compare RUN_A RUN_B)")
-    if (senses_train is None) != (senses_test is None):
-        raise ConfigError("give both --senses-train and --senses-test", key="senses")
-    result = analyze(
-        [load_task_config(path, set_ or []) for path in task],
-        bilm,
-        bilm_options=bilm_options,
-        senses=(senses_train, senses_test) if senses_train and senses_test else None,
-        fractions=comma_separated(fractions, float, "fractions"),
-        seeds=comma_separated(seeds, int, "seeds"),
-        parent_run_id=parent_run_id,
-    )
-    typer.echo(format_rows(result.rows))
-    typer.echo("\n".join(["", *result.headline]))
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m pipelines.analyze``: the same command as ``elmo analyze``."""
-    return run_command(analyze_command, argv)

@@ -1,7 +1,7 @@
 """Run a typer app as a function, turning user errors into one line and exit status 2.
 
 Shared by the ``elmo`` command (:mod:`pipelines.cli`) and each stage's own ``python -m
-pipelines.<stage>``, so that neither imports more stages than the one it runs.
+pipelines.<stage>``, whose commands (``pipelines/<stage>/cli.py``) import their stage when they run.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import functools
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any
@@ -25,6 +25,13 @@ from pipelines.common.services import check_services
 
 # typer parses with its own copy of click, whose exceptions are not click's: both are usage errors.
 CLICK_ERRORS = (click.ClickException, typer_click.ClickException)
+
+# The help of the options that name a biLM (resolved by pipelines.serving.bilm_loader).
+SOURCE_HELP = (
+    "biLM: model, checkpoint or run directory (local or fsspec URL), bilm-tf HDF5 (with its "
+    "options), models:/name/N, models:/name@alias or runs:/ URI"
+)
+OPTIONS_HELP = "bilm-tf options.json of an HDF5 biLM"
 
 
 def run_app(
@@ -50,20 +57,42 @@ def run_app(
     return status if isinstance(status, int) else 0  # a raised typer.Exit(code) returns code
 
 
+def command_app(commands: Mapping[str, Callable[..., Any]], **settings: Any) -> typer.Typer:
+    """A typer app of stage commands (``elmo``), each checking the services once its options
+    parse."""
+    app = _plain_app(**settings)
+    for name, command in commands.items():
+        app.command(name)(_checking_services(command))
+    return app
+
+
+def _plain_app(**settings: Any) -> typer.Typer:
+    """A typer app whose help is click's plain text, as ``elmo --help`` has always been, not Rich's
+    boxes (whose import would be most of a ``--help``'s time)."""
+    return typer.Typer(add_completion=False, rich_markup_mode=None, **settings)
+
+
+def run_commands(
+    app: typer.Typer, argv: list[str] | None = None, prog_name: str | None = None
+) -> int:
+    """Run stage commands as their process: SIGTERM (a cancelled job) interrupts a command as
+    Ctrl-C does, so its MLflow run ends KILLED."""
+    quiet_environment()  # before a stage imports MLflow or starts Ray
+    with _sigterm_interrupts():
+        return run_app(app, argv, prog_name)
+
+
 def run_command(
     command: Callable[..., Any], argv: list[str] | None = None, prog_name: str | None = None
 ) -> int:
     """A stage's ``main``: run its one typer command as ``python -m pipelines.<stage>`` does.
 
     Once its options parse, the command first checks that the configured MLflow server and Ray
-    address answer, so a dead one is named in a second rather than after minutes of work; SIGTERM
-    (a cancelled job) interrupts it as Ctrl-C does, so its MLflow run ends KILLED.
+    address answer, so a dead one is named in a second rather than after minutes of work.
     """
-    quiet_environment()  # before a stage imports MLflow or starts Ray
-    app = typer.Typer(add_completion=False)
+    app = _plain_app()
     app.command()(_checking_services(command))
-    with _sigterm_interrupts():
-        return run_app(app, argv, prog_name)
+    return run_commands(app, argv, prog_name)
 
 
 def _checking_services(command: Callable[..., Any]) -> Callable[..., Any]:

@@ -1,8 +1,5 @@
 """``python -m pipelines.embed``: the same command as ``elmo embed``."""
 
-from pipelines.common.console import quiet_environment
-
-quiet_environment()  # before the stage imports MLflow and Ray: they read their switches then
-from pipelines.embed.stage import main  # noqa: E402
+from pipelines.embed.cli import main
 
 raise SystemExit(main())

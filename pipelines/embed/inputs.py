@@ -15,6 +15,8 @@ from elmo_core.location import sha256_file
 from pipelines.common.console import console_progress
 
 PROGRESS_BYTES = 1 << 20  # update the bar once per MiB read, not once per line
+DEFAULT_SENTENCES_PER_SHARD = 10_000  # sentences per chunk
+DEFAULT_BATCH_SIZE = 64  # sentences per forward pass, within a chunk
 
 
 @dataclass(frozen=True)

@@ -10,28 +10,30 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Any, Literal, get_args
 
 import mlflow
-import typer
 
 from elmo_core.errors import ConfigError, DataError
 from elmo_core.location import absolute_location
 from elmo_core.text.tokenize import Tokenizer, WhitespaceTokenizer
-from pipelines.common.cli_runner import run_command
 from pipelines.common.console import console_progress
 from pipelines.common.ray_cluster import connect_ray
 from pipelines.common.settings import elmo_home
 from pipelines.embed.embedding_shards import DTYPES, Dtype, shard_name
 from pipelines.embed.hdf5 import HDF5_FILE, write_hdf5
-from pipelines.embed.inputs import Chunk, InputPlan, plan_chunks
+from pipelines.embed.inputs import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_SENTENCES_PER_SHARD,
+    Chunk,
+    InputPlan,
+    plan_chunks,
+)
 from pipelines.embed.output import EmbeddingsDir
 from pipelines.embed.vectors import OUTPUTS, Output
 from pipelines.embed.workers import EmbedJob, WorkerPool, embed_chunks
 from pipelines.prepare.corpus_sources import locate_corpus
 from pipelines.serving.bilm_loader import (
-    OPTIONS_HELP,
-    SOURCE_HELP,
     BiLMReference,
     load_bilm,
     manifest_tokenizer,
@@ -42,8 +44,6 @@ from pipelines.tracking.stage_runs import flatten_params, stage_run
 Format = Literal["parquet", "hdf5"]
 FORMATS: tuple[Format, ...] = get_args(Format)
 FORMAT_VERSION = 1  # of the shards and embed.json
-DEFAULT_BATCH_SIZE = 64
-DEFAULT_SENTENCES_PER_SHARD = 10_000
 MANIFEST_FILE = "manifest.json"
 
 
@@ -276,58 +276,6 @@ def _run_name(input: str) -> str:
     return f"embed-{input.rstrip('/').rsplit('/', 1)[-1] or input}"
 
 
-# --- command line --------------------------------------------------------------------------------
-
-
-def embed_command(
-    bilm: Annotated[str, typer.Option(help=SOURCE_HELP)],
-    input: Annotated[
-        str, typer.Option(help="one sentence per line: a file, directory, glob or URL")
-    ],
-    out: Annotated[str, typer.Option(help="output directory or fsspec URL")],
-    options: Annotated[str | None, typer.Option(help=OPTIONS_HELP)] = None,
-    output: Annotated[
-        str, typer.Option(help="all (L×T×2P) | top (T×2P) | mix: layer average (T×2P) | mean (2P)")
-    ] = "all",
-    format: Annotated[
-        str, typer.Option(help="parquet (a shard per chunk) | hdf5 (AllenNLP's elmo layout)")
-    ] = "parquet",
-    dtype: Annotated[str, typer.Option(help="float32 | float16")] = "float32",
-    batch_size: Annotated[
-        int, typer.Option(help="sentences per forward pass")
-    ] = DEFAULT_BATCH_SIZE,
-    concurrency: Annotated[
-        int | None, typer.Option(help="actors (default: one per GPU, else one per 2 CPUs)")
-    ] = None,
-    sentences_per_shard: Annotated[
-        int, typer.Option(help="sentences per chunk: the unit of work and of resumption")
-    ] = DEFAULT_SENTENCES_PER_SHARD,
-    tokenized: Annotated[
-        bool, typer.Option("--tokenized", help="lines are tokenized: split on whitespace")
-    ] = False,
-    manifest: Annotated[
-        str | None,
-        typer.Option(help="dataset manifest.json (or its directory) naming the tokenizer"),
-    ] = None,
-) -> None:
-    """ELMo vectors for every sentence of a text, by an actor pool on Ray; resumable."""
-    result = embed(
-        bilm,
-        input,
-        out,
-        options=options,
-        output=output,  # type: ignore[arg-type]  # embed checks the choices first
-        format=format,  # type: ignore[arg-type]
-        dtype=dtype,  # type: ignore[arg-type]
-        batch_size=batch_size,
-        concurrency=concurrency,
-        sentences_per_shard=sentences_per_shard,
-        tokenized=tokenized,
-        manifest=manifest,
-    )
-    typer.echo(summary_line(result))
-
-
 def summary_line(result: EmbedResult) -> str:
     """What a run did, in one line."""
     rate = result.num_embedded / result.seconds if result.seconds else 0.0
@@ -339,8 +287,3 @@ def summary_line(result: EmbedResult) -> str:
         f"({rate:,.1f} sentences/s) → {', '.join(result.files[:1])}"
         f"{f' and {len(result.files) - 1} more' if len(result.files) > 1 else ''}"
     )
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m pipelines.embed``: the same command as ``elmo embed``."""
-    return run_command(embed_command, argv)

@@ -12,11 +12,9 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated
 
 import mlflow
 import torch
-import typer
 
 from elmo_core.data.manifest import load_manifest
 from elmo_core.data.reader import select_shards
@@ -29,9 +27,8 @@ from elmo_core.perplexity import (
     evaluate_perplexity,
 )
 from elmo_core.threads import fewer_threads_under_load
-from pipelines.common.cli_runner import run_command
 from pipelines.evaluate.result import EvaluationResult
-from pipelines.serving.bilm_loader import SOURCE_HELP, BiLMReference, load_bilm, resolve_bilm
+from pipelines.serving.bilm_loader import BiLMReference, load_bilm, resolve_bilm
 from pipelines.tracking.stage_runs import (
     DESCRIPTION_TAG,
     location_name,
@@ -207,48 +204,3 @@ def _evaluate_on_ray(job: EvaluationPart, num_tasks: int) -> PerplexitySums:
     for sums in ray.get([task.remote(part) for part in parts]):
         total = total + sums
     return total
-
-
-# --- command line --------------------------------------------------------------------------------
-
-
-def evaluate_command(
-    checkpoint: Annotated[str, typer.Option(help=SOURCE_HELP)],
-    data: Annotated[str, typer.Option(help="prepared dataset directory or fsspec URL")],
-    split: Annotated[str, typer.Option(help="split to evaluate")] = "heldout",
-    files: Annotated[list[str] | None, typer.Option(help="only these heldout files")] = None,
-    protocol: Annotated[str, typer.Option(help="batched (128×20) | original (256×1)")] = "batched",
-    batch_size: Annotated[int | None, typer.Option(help="rows (default by protocol)")] = None,
-    workers: Annotated[int | None, typer.Option(help="Ray tasks (default: in-process)")] = None,
-    output: Annotated[
-        Path | None, typer.Option(help="write the result as JSON (for elmo register)")
-    ] = None,
-) -> None:
-    """Heldout perplexity (forward, backward, geometric mean) of a biLM, logged to MLflow."""
-    if protocol not in ("batched", "original"):
-        raise typer.BadParameter(f"{protocol!r} is not batched or original", param_hint="protocol")
-    result = evaluate_bilm(
-        checkpoint,
-        data,
-        split=split,
-        files=files,
-        workers=workers,
-        protocol=protocol,  # type: ignore[arg-type]
-        batch_size=batch_size,
-    )
-    trapped = describe_trapped_rows(
-        result.forward_trapped, result.backward_trapped, result.num_rows
-    )
-    typer.echo(
-        f"{split} perplexity {result.perplexity:.3f} (forward {result.forward_perplexity:.3f}, "
-        f"backward {result.backward_perplexity:.3f}) on every {split} token scored "
-        f"({result.num_tokens:,}, {result.protocol} protocol"
-        f"{', files ' + ', '.join(files) if files else ''}){'; ' + trapped if trapped else ''}"
-    )
-    if output is not None:
-        result.write(output)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m pipelines.evaluate``: the same command as ``elmo evaluate``."""
-    return run_command(evaluate_command, argv)

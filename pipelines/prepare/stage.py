@@ -14,20 +14,17 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Protocol
+from typing import Any, Protocol
 
-import typer
-
-from elmo_core.config import PrepareConfig, resolve_config
+from elmo_core.config import PrepareConfig
 from elmo_core.data.manifest import MANIFEST_NAME, Manifest
 from elmo_core.data.shards import SHARD_FORMAT, SHARD_FORMAT_VERSION
 from elmo_core.errors import DataError
 from elmo_core.location import absolute_location
 from elmo_core.text.tokenize import Tokenizer
-from pipelines.common.cli_runner import run_command
 from pipelines.prepare.inputs import FileTask, SourceFile
 from pipelines.prepare.output import CountSummary, DatasetOutput
-from pipelines.prepare.pool import task_pool, tune_process
+from pipelines.prepare.pool import task_pool
 from pipelines.prepare.run import PrepareRun
 
 
@@ -225,65 +222,3 @@ def fingerprint(
         "inputs": files,
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
-
-
-# --- command line --------------------------------------------------------------------------------
-
-
-def prepare_command(
-    corpus: Annotated[str, typer.Option(help="corpus path or URL, or 'python-docs'")],
-    out: Annotated[str, typer.Option(help="dataset directory or fsspec URL (s3://...)")],
-    format: Annotated[
-        str | None,
-        typer.Option(
-            help="text (raw, Moses in --set tokenizer.lang=LANG, default en) | tokenized (a "
-            "sentence per line, tokens split on whitespace) | 1b-benchmark"
-        ),
-    ] = None,
-    max_vocab: Annotated[
-        int | None, typer.Option(help="vocabulary size, specials included")
-    ] = None,
-    min_count: Annotated[int | None, typer.Option(help="minimum training count")] = None,
-    vocab: Annotated[str | None, typer.Option(help="import this vocabulary file")] = None,
-    workers: Annotated[
-        int | None, typer.Option(help="worker processes (Ray tasks) at once")
-    ] = None,
-    executor: Annotated[
-        str | None, typer.Option(help="processes (this machine) | ray (RAY_ADDRESS or local)")
-    ] = None,
-    seed: Annotated[int | None, typer.Option(help="shuffle / heldout seed")] = None,
-    config: Annotated[Path | None, typer.Option(help="YAML file of PrepareConfig keys")] = None,
-    set_: Annotated[list[str] | None, typer.Option("--set", help="key=value override")] = None,
-    overwrite: Annotated[bool, typer.Option(help="replace another dataset found in --out")] = False,
-) -> None:
-    """Prepare a corpus into Parquet shards, vocab.txt and manifest.json."""
-    tune_process()  # this process exists to prepare (`elmo prepare` or `python -m`)
-    flags = {
-        "format": format,
-        "max_vocab": max_vocab,
-        "min_count": min_count,
-        "vocab_file": vocab,
-        "workers": workers,
-        "executor": executor,
-        "seed": seed,
-    }
-    overrides = [f"{key}={json.dumps(value)}" for key, value in flags.items() if value is not None]
-    cfg = resolve_config(PrepareConfig, None, config, [*overrides, *(set_ or [])])
-    result = prepare(cfg, corpus, out, overwrite=overwrite)
-    for name, split in result.manifest.splits.items():
-        typer.echo(
-            f"{name}: {split.num_sentences} sentences, {split.num_tokens} tokens, "
-            f"OOV {split.oov_rate:.4%}, {len(split.shards)} shards"
-        )
-    typer.echo(
-        f"vocabulary {result.manifest.vocab.size}, {result.manifest.word_types.num_types} "
-        f"word types; {result.num_shards_written} shards written, "
-        f"{result.num_shards_skipped} reused, {result.seconds:.1f}s → {result.dataset}"
-    )
-    phases = ", ".join(f"{name} {sec:.2f}s" for name, sec in result.phase_seconds.items())
-    typer.echo(f"phases: {phases}")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m pipelines.prepare``: the same command as ``elmo prepare``."""
-    return run_command(prepare_command, argv)

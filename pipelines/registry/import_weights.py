@@ -11,9 +11,7 @@ import hashlib
 import json
 import tempfile
 from pathlib import Path
-from typing import Annotated, Literal, get_args
-
-import typer
+from typing import Literal, get_args
 
 from elmo_core.errors import ConfigError, DataError
 from elmo_core.interop.bilm_tf import read_bilm_tf
@@ -21,7 +19,6 @@ from elmo_core.location import sha256_file
 from elmo_core.model.serialization import write_bilm_dir
 from elmo_core.text.tokenize import Tokenizer
 from elmo_core.text.vocab import read_vocab, vocab_text
-from pipelines.common.cli_runner import run_command
 from pipelines.registry.policy import PromotionDecision, apply_champion_policy, promote
 from pipelines.registry.register import DatasetFiles, RegisteredBiLM, register_bilm
 from pipelines.registry.tags import DEFAULT_NAME
@@ -126,41 +123,3 @@ def describe_import(
         vocab_sha256=vocab_sha256,
         manifest_sha256=manifest_sha256,
     )
-
-
-# --- command line --------------------------------------------------------------------------------
-
-
-def import_weights_command(
-    options: Annotated[Path, typer.Option(help="bilm-tf options.json")],
-    weights: Annotated[Path, typer.Option(help="bilm-tf weights HDF5")],
-    name: Annotated[str, typer.Option(help="registered model name")] = DEFAULT_NAME,
-    softmax: Annotated[
-        Path | None, typer.Option(help="softmax HDF5 (softmax/W, softmax/b); needs --vocab")
-    ] = None,
-    vocab: Annotated[Path | None, typer.Option(help="vocabulary, one token per line")] = None,
-    tokenizer: Annotated[
-        TokenizerName, typer.Option(help="how the pyfunc model tokenizes text")
-    ] = "whitespace",
-    alias: Annotated[
-        str | None, typer.Option(help="set this alias (e.g. champion) instead of the policy's")
-    ] = None,
-    parent_run_id: Annotated[str | None, typer.Option(help="nest the run under this one")] = None,
-) -> None:
-    """Register released bilm-tf weights as a new version of an MLflow model."""
-    result = import_weights(
-        options,
-        weights,
-        name=name,
-        softmax_file=softmax,
-        vocab_file=vocab,
-        alias=alias,
-        parent_run_id=parent_run_id,
-        tokenizer=tokenizer,
-    )
-    typer.echo(f"{result.uri} (run {result.run_id}, alias {result.alias})")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m pipelines.registry import-weights`` (as ``elmo import-weights``)."""
-    return run_command(import_weights_command, argv)

@@ -15,9 +15,9 @@ from mlflow import MlflowClient
 
 from elmo_core.config import ModelConfig
 from elmo_core.presets import PRESETS
-from pipelines.registry.policy import CHAMPION
 from pipelines.registry.tags import (
     BACKWARD_PERPLEXITY_TAG,
+    CHAMPION,
     CHECKPOINT_STEP_TAG,
     CHECKPOINT_TAG,
     DATASET_TAG,

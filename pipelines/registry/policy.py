@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Annotated, Final
+from typing import Final
 
-import typer
 from mlflow import MlflowClient
 from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 
 from elmo_core.errors import ConfigError
-from pipelines.common.cli_runner import run_command
 from pipelines.registry.tags import (
-    DEFAULT_NAME,
+    CHAMPION,
     HELDOUT_HASH_TAG,
     PERPLEXITY_TAG,
     PREVIOUS_CHAMPION_TAG,
@@ -30,7 +28,6 @@ from pipelines.registry.tags import (
 )
 from pipelines.tracking.stage_runs import use_tracking
 
-CHAMPION: Final = "champion"
 CHALLENGER: Final = "challenger"
 # What must be equal for two perplexities to be compared: (tag, what it names, always required).
 COMPARABILITY = (
@@ -218,22 +215,3 @@ def _alias_holder(client: MlflowClient, name: str, alias: str) -> ModelVersion |
 
 def _short(value: str | None) -> str:
     return "missing" if value is None else value[:12]
-
-
-# --- command line --------------------------------------------------------------------------------
-
-
-def promote_command(
-    version: Annotated[int, typer.Option(help="model version number to promote")],
-    name: Annotated[str, typer.Option(help="registered model name")] = DEFAULT_NAME,
-    alias: Annotated[str, typer.Option(help="alias to set")] = CHAMPION,
-) -> None:
-    """Set an alias (default champion) on a model version by hand."""
-    previous = promote(name, version, alias)
-    replaced = "" if previous in (None, version) else f" (was version {previous})"
-    typer.echo(f"models:/{name}@{alias} → version {version}{replaced}")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m pipelines.registry promote`` (the same command as ``elmo promote``)."""
-    return run_command(promote_command, argv)

@@ -11,11 +11,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import version as package_version
 from pathlib import Path
-from typing import Annotated
 
 import mlflow
 import torch
-import typer
 from mlflow import MlflowClient
 from mlflow.entities import LoggedModelInput
 from mlflow.entities.model_registry import ModelVersion
@@ -26,7 +24,6 @@ from elmo_core.data.manifest import MANIFEST_NAME, load_manifest
 from elmo_core.errors import ConfigError, DataError
 from elmo_core.location import Location, join_url, sha256_file
 from elmo_core.model.bilm import BiLM
-from pipelines.common.cli_runner import run_command
 from pipelines.evaluate.result import EvaluationResult
 from pipelines.registry.model_card import (
     BILM_EXAMPLE,
@@ -37,7 +34,6 @@ from pipelines.registry.model_card import (
     publish_card,
 )
 from pipelines.registry.policy import (
-    CHAMPION,
     PromotionDecision,
     apply_champion_policy,
     decision_tags,
@@ -47,6 +43,7 @@ from pipelines.registry.policy import (
 from pipelines.registry.tags import (
     BACKWARD_PERPLEXITY_TAG,
     BILM_TF_TAG,
+    CHAMPION,
     DATASET_TAG,
     DEFAULT_NAME,
     EVALUATE_RUN_TAG,
@@ -65,8 +62,6 @@ from pipelines.serving import bilm_pyfunc
 from pipelines.serving.bilm_loader import (
     BILM_ARTIFACT,
     MANIFEST_ARTIFACT,
-    OPTIONS_HELP,
-    SOURCE_HELP,
     VOCAB_ARTIFACT,
     LoadedBiLM,
     load_bilm,
@@ -418,43 +413,3 @@ def _bilm_tf_exporter() -> Callable[[BiLM, Path, Path], None]:
             key="hdf5_export",
         ) from None
     return write_bilm_tf
-
-
-# --- command line --------------------------------------------------------------------------------
-
-
-def register_command(
-    source: Annotated[str, typer.Argument(help=SOURCE_HELP)],
-    dataset: Annotated[str, typer.Argument(help="prepared dataset directory or fsspec URL")],
-    evaluation: Annotated[
-        Path | None, typer.Option(help="evaluation result JSON (elmo evaluate --output)")
-    ] = None,
-    options: Annotated[str | None, typer.Option(help=OPTIONS_HELP)] = None,
-    name: Annotated[str, typer.Option(help="registered model name")] = DEFAULT_NAME,
-    run_id: Annotated[
-        str | None, typer.Option(help="the training run it came from (registered once)")
-    ] = None,
-    hdf5: Annotated[bool, typer.Option(help="also log a bilm-tf HDF5 export")] = True,
-) -> None:
-    """Register a trained biLM as a new version of an MLflow model (once per training run)."""
-    result = register(
-        source,
-        dataset,
-        evaluation=None if evaluation is None else EvaluationResult.read(evaluation),
-        options=options,
-        run_id=run_id,
-        name=name,
-        hdf5_export=hdf5,
-    )
-    perplexity = "no evaluation" if result.perplexity is None else f"{result.perplexity:.2f}"
-    decision = "" if result.decision is None else f": {result.decision.reason}"
-    already = "" if result.newly_registered else ", registered before"
-    typer.echo(
-        f"{result.uri} (run {result.run_id}{already}, heldout perplexity {perplexity}, "
-        f"alias {result.alias}{decision})"
-    )
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m pipelines.registry register`` (the same command as ``elmo register``)."""
-    return run_command(register_command, argv)

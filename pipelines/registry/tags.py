@@ -6,6 +6,7 @@ Writers and readers import the names from here, so none imports another's module
 from __future__ import annotations
 
 DEFAULT_NAME = "elmo-bilm"
+CHAMPION = "champion"  # the alias of the version users get (the champion policy sets it)
 
 # On a registered model (the same for all its versions): what a user filters the model list on.
 KIND_TAG = "elmo.kind"  # "bilm" or "task"

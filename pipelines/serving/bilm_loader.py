@@ -32,12 +32,6 @@ from pipelines.tracking.stage_runs import use_tracking
 
 log = logging.getLogger(__name__)
 
-SOURCE_HELP = (
-    "biLM: model, checkpoint or run directory (local or fsspec URL), bilm-tf HDF5 (with its "
-    "options), models:/name/N, models:/name@alias or runs:/ URI"
-)
-OPTIONS_HELP = "bilm-tf options.json of an HDF5 biLM"
-
 # The artifacts of a registered biLM (pipelines.serving.bilm_pyfunc): our directory, the
 # dataset's vocabulary and manifest (whose ``tokenizer`` entry the pyfunc model rebuilds).
 BILM_ARTIFACT = "bilm"

@@ -2,8 +2,9 @@
 
 :func:`train` plans the run once (:mod:`pipelines.train.preflight`) and returns a finished run as
 it is; otherwise it trains here or as a Ray Job that runs the same worker function, resuming from
-the newest complete checkpoint. ``elmo train`` then hands the run's best model (lowest validation
-perplexity) to the evaluate and registry stages' functions, the ones a flow's tasks call.
+the newest complete checkpoint. ``elmo train`` (:mod:`pipelines.train.cli`) then hands the run's
+best model (lowest validation perplexity) to the evaluate and registry stages' functions, the ones
+a flow's tasks call.
 """
 
 from __future__ import annotations
@@ -11,28 +12,18 @@ from __future__ import annotations
 import logging
 import math
 import os
-import shlex
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
-from typing import Annotated
 
 import mlflow
 import ray.train
-import typer
 from ray.train.torch import TorchTrainer
 
 from elmo_core.errors import ConfigError
-from elmo_core.location import absolute_location
 from elmo_core.model.serialization import MODEL_DIR
-from pipelines.common.cli_runner import run_command
 from pipelines.common.ray_cluster import connect_ray
 from pipelines.common.settings import RAY_JOBS_ENV, mlflow_tracking_uri
-from pipelines.evaluate.stage import evaluate_trained
-from pipelines.registry.register import register_trained
-from pipelines.serving.bilm_loader import OPTIONS_HELP, SOURCE_HELP
 from pipelines.tracking.flow_runs import HEALTH_TAG, TOTAL_STEPS_TAG, VALIDATION_SECTION
 from pipelines.tracking.stage_runs import (
     DESCRIPTION_TAG,
@@ -44,11 +35,11 @@ from pipelines.tracking.stage_runs import (
     stage_run_name,
 )
 from pipelines.train.checkpoint import CheckpointStore, StoredCheckpoint
-from pipelines.train.job_config import TrainJobConfig, Where, resolve_train_config
-from pipelines.train.preflight import HandOn, TrainPlan, TrainResult, plan_training
-from pipelines.train.ray_job import read_job_config, train_as_job
+from pipelines.train.job_config import TrainJobConfig, Where
+from pipelines.train.preflight import TrainPlan, TrainResult, plan_training
+from pipelines.train.ray_job import train_as_job
 from pipelines.train.run_directory import BEST_DIR, FINISHED_FILE, RUN_ID_FILE, RunDirectory
-from pipelines.train.supervision import TrainingInterrupted, supervise
+from pipelines.train.supervision import supervise
 from pipelines.train.worker import WorkerConfig, train_loop_per_worker
 
 log = logging.getLogger(__name__)
@@ -236,121 +227,3 @@ def _finish(worker_cfg: WorkerConfig, run_dir: RunDirectory, seconds: float) -> 
     )
     run_dir.write_json(FINISHED_FILE, outcome.model_dump(mode="json"))
     return outcome
-
-
-# --- command line --------------------------------------------------------------------------------
-
-
-def train_command(
-    data: Annotated[str, typer.Option(help="prepared dataset directory or URL")],
-    model: Annotated[
-        str | None, typer.Option(help="preset (tiny|mini|small|medium|original) or file")
-    ] = None,
-    config: Annotated[Path | None, typer.Option(help="YAML with model/train/run sections")] = None,
-    set_: Annotated[list[str] | None, typer.Option("--set", help="section.key=value")] = None,
-    job_config: Annotated[
-        str | None,
-        typer.Option(help="a resolved config (JSON, as a Ray Job is given it) instead of these"),
-    ] = None,
-    init_from: Annotated[str | None, typer.Option(help=f"start from this {SOURCE_HELP}")] = None,
-    init_options: Annotated[str | None, typer.Option(help=OPTIONS_HELP)] = None,
-    parent_run_id: Annotated[str | None, typer.Option(help="MLflow parent run")] = None,
-    tag: Annotated[
-        list[str] | None, typer.Option(help="KEY=VALUE tag of the MLflow run (repeatable)")
-    ] = None,
-    hand_on: Annotated[
-        HandOn,
-        typer.Option(
-            help="the model evaluate and register get: best (lowest validation perplexity; the "
-            "final one when no validation ran) or final"
-        ),
-    ] = "best",
-    no_register: Annotated[
-        bool, typer.Option("--no-register", help="skip evaluate+register")
-    ] = False,
-) -> None:
-    """Pretrain a biLM on Ray Train; evaluate and register its best (or final) model."""
-    cfg = _job_config(model, config, set_ or [], job_config)
-    tags = dict(_key_value(text) for text in tag or [])
-    try:
-        result = train(
-            cfg,
-            data,
-            init_from=init_from,
-            init_options=init_options,
-            parent_run_id=parent_run_id,
-            tags=tags,
-        )
-    except TrainingInterrupted as stopped:
-        where = (
-            "from the start"
-            if stopped.checkpoint is None
-            else (f"from its checkpoint at step {stopped.checkpoint.step}")
-        )
-        typer.echo(
-            f"interrupted: {stopped.run_name} stopped; the same command resumes it {where}:\n"
-            f"  {_this_command()}",
-            err=True,
-        )
-        raise typer.Exit(130) from None
-    verb = "already finished" if result.already_finished else "finished"
-    best = "none" if result.best_perplexity is None else f"{result.best_perplexity:.2f}"
-    typer.echo(
-        f"{result.run_name} {verb}: {result.steps}/{result.total_steps} steps, best validation "
-        f"perplexity {best} (heldout sample), model → {result.model_dir}"
-    )
-    if no_register:
-        return
-    _evaluate_and_register(result, absolute_location(data), hand_on, parent_run_id)
-
-
-def _job_config(
-    model: str | None, config: Path | None, overrides: list[str], job_config: str | None
-) -> TrainJobConfig:
-    """The config from ``--job-config`` (already resolved), else resolved from the others."""
-    if job_config is None:
-        return resolve_train_config(model, config, overrides)
-    if model is not None or config is not None or overrides:
-        raise typer.BadParameter(
-            "a resolved config takes no --model, --config or --set", param_hint="--job-config"
-        )
-    return read_job_config(job_config)
-
-
-def _key_value(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise typer.BadParameter(f"'{text}' is not KEY=VALUE", param_hint="--tag")
-    return key, value
-
-
-def _evaluate_and_register(
-    result: TrainResult, data: str, hand_on: HandOn, parent_run_id: str | None
-) -> None:
-    handed = result.handed_on(hand_on)
-    typer.echo(f"evaluating and registering {handed.description}: {handed.model_dir}")
-    scores = evaluate_trained(result, data, hand_on=hand_on, parent_run_id=parent_run_id)
-    typer.echo(
-        f"heldout perplexity {scores.perplexity:.2f} (forward {scores.forward_perplexity:.2f}, "
-        f"backward {scores.backward_perplexity:.2f}) over all {scores.num_tokens:,} heldout "
-        "tokens predicted (each sentence's words and its end)"
-    )
-    registered = register_trained(
-        result, data, scores, hand_on=hand_on, parent_run_id=parent_run_id
-    )
-    verb = "registered" if registered.newly_registered else "already registered as"
-    decision = "" if registered.decision is None else f" ({registered.decision.reason})"
-    typer.echo(f"{verb} {registered.uri}, alias {registered.alias}{decision}")
-
-
-def _this_command() -> str:
-    """The command line this process was started with, as the user would type it again."""
-    program = Path(sys.argv[0]).name
-    if program == "elmo":
-        return shlex.join(["elmo", *sys.argv[1:]])
-    return shlex.join(["python", "-m", "pipelines.train", *sys.argv[1:]])
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m pipelines.train``: the same command as ``elmo train``."""
-    return run_command(train_command, argv)

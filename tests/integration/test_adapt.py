@@ -20,6 +20,7 @@ from elmo_core.presets import tiny
 from elmo_core.tasks import load_task_config
 from elmo_core.tasks.seeds import Scores
 from elmo_core.text.tokenize import WhitespaceTokenizer
+from pipelines.adapt import cli as adapt_cli
 from pipelines.adapt import stage as adapt_stage
 from pipelines.adapt.task_records import MODELS
 from pipelines.registry.register import DatasetFiles, log_bilm_model
@@ -399,7 +400,7 @@ def test_a_bad_bilm_path_fails_before_any_job(adapted, tmp_path) -> None:
 def test_a_bad_task_config_is_one_line_naming_its_key(adapted, tmp_path, capsys) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(adapted.configs[1].read_text() + "hed: {}\n")
-    status = adapt_stage.main(["--task", str(bad), "--bilm", str(adapted.model_dir)])
+    status = adapt_cli.main(["--task", str(bad), "--bilm", str(adapted.model_dir)])
     assert status == 2
     assert "hed" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="two tasks named questions"):

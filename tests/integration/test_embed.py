@@ -20,8 +20,9 @@ from elmo_core.model.serialization import CONFIG_FILE, read_bilm_dir, write_bilm
 from elmo_core.presets import tiny
 from elmo_core.text.char_ids import batch_to_ids
 from elmo_core.text.tokenize import MosesTokenizer
+from pipelines.embed.cli import main
 from pipelines.embed.embedding_shards import table_vectors
-from pipelines.embed.stage import EmbedResult, embed, main
+from pipelines.embed.stage import EmbedResult, embed
 from pipelines.tracking import stage_runs
 
 pytestmark = pytest.mark.integration

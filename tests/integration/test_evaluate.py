@@ -16,8 +16,9 @@ from elmo_core.model.bilm import BiLM
 from elmo_core.model.serialization import find_model_dir, read_bilm_dir, write_bilm_dir
 from elmo_core.perplexity import evaluate_perplexity
 from elmo_core.presets import tiny
+from pipelines.evaluate.cli import main
 from pipelines.evaluate.result import EvaluationResult
-from pipelines.evaluate.stage import PERPLEXITY_TABLE, evaluate_bilm, heldout_hash, main
+from pipelines.evaluate.stage import PERPLEXITY_TABLE, evaluate_bilm, heldout_hash
 from pipelines.prepare.corpus_sources import CorpusFiles
 from pipelines.prepare.stage import prepare_files
 from pipelines.tracking import stage_runs

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from elmo_core.data.manifest import MANIFEST_NAME, load_manifest
-from pipelines.prepare.stage import main as prepare_main
+from pipelines.prepare.cli import main as prepare_main
 from pipelines.serving.bilm_pyfunc import BiLMEmbedder
 from pipelines.train.job_config import resolve_train_config
 from pipelines.train.stage import train

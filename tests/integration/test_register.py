@@ -20,6 +20,7 @@ from elmo_core.model.serialization import write_bilm_dir
 from elmo_core.presets import tiny
 from elmo_core.text.char_ids import batch_to_ids
 from pipelines.evaluate.result import EvaluationResult
+from pipelines.registry import cli as registry_cli
 from pipelines.registry import register as reg
 from pipelines.registry.tags import KIND_TAG, PRESET_TAG, SIZE_TAG
 from pipelines.serving.bilm_loader import (
@@ -236,12 +237,12 @@ def test_command_line_registers_with_an_evaluation_file(registry, tmp_path, caps
     evaluation = tmp_path / "evaluation.json"
     _evaluation(12.5, 13.5, 13.0).write(evaluation)
     args = [str(registry.model_dir), str(registry.dataset), "--no-hdf5", "--name", "elmo-cli"]
-    assert reg.main([*args, "--evaluation", str(evaluation)]) == 0
+    assert registry_cli.main(["register", *args, "--evaluation", str(evaluation)]) == 0
     assert "models:/elmo-cli/1" in capsys.readouterr().out
     tags = registry.client.get_model_version("elmo-cli", "1").tags
     assert tags[reg.PERPLEXITY_TAG] == "13.0"
     evaluation.write_text("{}")
-    assert reg.main([*args, "--evaluation", str(evaluation)]) == 2
+    assert registry_cli.main(["register", *args, "--evaluation", str(evaluation)]) == 2
     assert "not an evaluation result" in capsys.readouterr().err
 
 

@@ -29,9 +29,10 @@ from elmo_core.model.serialization import read_bilm_dir
 from pipelines.prepare.corpus_sources import CorpusFiles
 from pipelines.prepare.stage import prepare_files
 from pipelines.tracking import stage_runs
+from pipelines.train.cli import main
 from pipelines.train.job_config import resolve_train_config, run_name
 from pipelines.train.run_directory import FINISHED_FILE
-from pipelines.train.stage import FAIL_ONCE_ENV, main, train
+from pipelines.train.stage import FAIL_ONCE_ENV, train
 from pipelines.train.supervision import TrainingFailed
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,8 @@ from elmo_core.model.bilm import BiLM
 from elmo_core.model.serialization import write_bilm_dir
 from elmo_core.presets import tiny
 from pipelines.embed import stage as embed_stage
-from pipelines.embed.stage import EmbedResult, main, summary_line, tokenizer_description
+from pipelines.embed.cli import main
+from pipelines.embed.stage import EmbedResult, summary_line, tokenizer_description
 from pipelines.serving.bilm_loader import resolve_bilm
 
 

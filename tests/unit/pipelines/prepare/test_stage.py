@@ -1,4 +1,4 @@
-"""prepare: counts against independent counts, shard contents, resumption, bad inputs, CLI."""
+"""prepare: counts against independent counts, shard contents, resumption, bad inputs."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from elmo_core.text.tokenize import MosesTokenizer, Tokenizer
 from elmo_core.text.vocab import SPECIALS
 from pipelines.prepare import run as run_module
 from pipelines.prepare.encode import encode_file
-from pipelines.prepare.stage import main, prepare_files
+from pipelines.prepare.stage import prepare_files
 
 LONG_TOKEN = "Überlänge" * 8  # 88 UTF-8 bytes: cut to 48 by the char ids
 WORDS = ["the", "of", "a", "cat", "Cat", "sat", "é", "日本", ",", ".", LONG_TOKEN] + [
@@ -274,37 +274,6 @@ def test_text_format_uses_moses_and_a_seeded_heldout_fraction(tmp_path):
     assert other.manifest.splits["heldout"].shards != heldout.shards
 
 
-def test_command_line_prepares_a_text_file_and_reports_user_errors(tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("ELMO_HOME", str(tmp_path / "home"))
-    text = tmp_path / "a.txt"
-    text.write_text("Hello world. This is a test.\nAnother line here.\n" * 20)
-    out = tmp_path / "out"
-    argv = [
-        "--corpus",
-        str(text),
-        "--out",
-        str(out),
-        "--format",
-        "text",
-        "--seed",
-        "1",
-        "--set",
-        "sentences_per_shard=10",
-        "--set",
-        "heldout_fraction=0.1",
-    ]
-    assert main(argv) == 0
-    manifest = load_manifest(str(out))
-    assert manifest.params.seed == 1 and manifest.params.sentences_per_shard == 10
-    printed = capsys.readouterr().out
-    assert "train: " in printed
-    assert re.search(r"phases: count [\d.]+s, vocabulary [\d.]+s, encode [\d.]+s, shuffle", printed)
-    assert (
-        main(["--corpus", str(tmp_path / "nope.txt"), "--out", str(out), "--format", "text"]) == 2
-    )
-    assert "error:" in capsys.readouterr().err
-
-
 def test_a_second_run_into_the_same_output_reads_the_new_word_type_table(tmp_path):
     """One process, two corpora, one output: the second run must not reuse the first type table."""
     first = write_corpus(tmp_path / "first", num_train=1, num_heldout=1, lines=40)
@@ -490,25 +459,3 @@ def test_english_by_default_leaves_the_tokenizer_section_out_of_the_manifest(tmp
     assert "tokenizer" not in raw["params"] and raw["tokenizer"]["lang"] == "en"
     assert "tokenizer" not in cfg.dataset_params()
     assert load_manifest(str(tmp_path / "out")).params == cfg
-
-
-@pytest.mark.parametrize(
-    ("options", "message"),
-    [
-        (["--set", "tokenizer.lang=xx"], r"key 'tokenizer\.lang': Input should be 'as', 'bn'"),
-        (
-            ["--format", "tokenized", "--set", "tokenizer.lang=de"],
-            r"tokenizer\.lang applies to format 'text' \(Moses\) only",
-        ),
-    ],
-)
-def test_command_line_refuses_a_language_it_cannot_use_naming_tokenizer_lang(
-    tmp_path, capsys, monkeypatch, options, message
-):
-    monkeypatch.setenv("ELMO_HOME", str(tmp_path / "home"))
-    text = tmp_path / "a.txt"
-    text.write_text("Hallo Welt .\n")
-    argv = ["--corpus", str(text), "--out", str(tmp_path / "out"), *options]
-    assert main(argv) == 2
-    assert re.search(message, capsys.readouterr().err)
-    assert not (tmp_path / "out").exists()

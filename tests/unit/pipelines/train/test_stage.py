@@ -24,11 +24,12 @@ from pipelines.evaluate.stage import evaluate_trained
 from pipelines.registry.tags import CHECKPOINT_STEP_TAG, CHECKPOINT_TAG, DEFAULT_NAME
 from pipelines.serving.bilm_loader import PATH_TAG
 from pipelines.tracking import stage_runs
+from pipelines.train.cli import main
 from pipelines.train.job_config import resolve_train_config
 from pipelines.train.preflight import TrainPlan, TrainResult, plan_training
 from pipelines.train.ray_job import write_job_config
 from pipelines.train.run_directory import BEST_DIR, FINISHED_FILE
-from pipelines.train.stage import main, train
+from pipelines.train.stage import train
 
 SENTENCES = [f"w{i % 97} w{(3 * i) % 89} w{i % 5} end" for i in range(120)]  # > 64 types
 
