@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from elmo_core.analysis.task_runs import DEFAULT_FRACTIONS
+from elmo_core.tasks.seeds import DEFAULT_SEEDS
 from pipelines.cli import STAGES, main
 
 
@@ -29,6 +31,21 @@ def test_prepare_does_not_import_the_training_stack():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.splitlines()[-1] == "0 []"
+
+
+@pytest.mark.parametrize(
+    ("stage", "defaults"),
+    [
+        ("adapt", [DEFAULT_SEEDS]),
+        ("analyze", [DEFAULT_FRACTIONS, DEFAULT_SEEDS]),
+    ],
+)
+def test_the_help_names_the_defaults_the_command_fills_in(stage, defaults, capsys):
+    """The help is built without importing the stage, so it states the defaults as text."""
+    assert main([stage, "--help"]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    for values in defaults:
+        assert f"(default {','.join(f'{value:g}' for value in values)})" in shown
 
 
 @pytest.mark.parametrize("stage", sorted(STAGES))
