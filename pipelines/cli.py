@@ -1,10 +1,8 @@
 """The ``elmo`` command: one sub-command per stage, each the same command as its ``python -m``.
 
-Each stage's command lives in its ``cli.py``, which imports the stage itself only when the command
-runs: ``elmo prepare`` must not pay for the torch, MLflow and Ray imports of the other stages
-(~3.5 s and ~300 MB before it reads a byte), and ``elmo --help`` imports none of them. User-caused
-errors (:class:`~elmo_core.errors.ElmoError`) print one line and exit with status 2; anything else
-is a bug and keeps its traceback.
+Each stage's ``cli.py`` imports its stage only when the command runs, so ``elmo prepare`` never
+pays for the torch, MLflow and Ray imports of the others and ``elmo --help`` for none
+(benchmarks/results/cli_startup-2026-11-27.md).
 """
 
 from __future__ import annotations
