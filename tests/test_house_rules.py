@@ -1,10 +1,12 @@
 """House rules a review would otherwise have to re-check: every module has its tests (a mirror
 file or a line in tests/README.md), no test file outlives its module, and module docstrings stay
-short (STYLE.md: they say why; figures live in benchmarks/results/)."""
+short (STYLE.md: they say why; figures live in benchmarks/results/). Run as a script, it prints
+the figures these rules are about: ``python tests/test_house_rules.py``."""
 
 from __future__ import annotations
 
 import ast
+import json
 import re
 from pathlib import Path
 
@@ -24,6 +26,10 @@ def _modules(packages: tuple[str, ...]) -> list[Path]:
 def _docstring_lines(path: Path) -> int:
     docstring = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")), clean=False)
     return len(docstring.splitlines()) if docstring else 0
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text(encoding="utf-8").splitlines())
 
 
 def _listed(path: str) -> bool:
@@ -61,6 +67,31 @@ def test_module_docstrings_are_short() -> None:
     modules = _modules(DOCUMENTED)
     lines = {path: _docstring_lines(path) for path in modules}
     long = sorted(str(p.relative_to(ROOT)) for p, n in lines.items() if n >= LONG_DOCSTRING)
-    total = sum(len(path.read_text(encoding="utf-8").splitlines()) for path in modules)
+    total = sum(_lines(path) for path in modules)
     assert len(long) <= MAX_LONG_DOCSTRINGS, long
     assert sum(lines.values()) <= MAX_DOCSTRING_SHARE * total
+
+
+def house_figures() -> dict[str, object]:
+    """Lines per top-level package, module docstrings (their share, the long ones) and the
+    fsspec imports outside elmo_core/location.py."""
+    packages = ("elmo_core", "pipelines", "flows", "benchmarks", "infra", "experiments")
+    documented = _modules(DOCUMENTED)
+    docstrings = {path: _docstring_lines(path) for path in documented}
+    fsspec = re.compile(r"^\s*(import fsspec|from fsspec\b)", re.MULTILINE)
+    return {
+        "lines": {package: sum(map(_lines, _modules((package,)))) for package in packages},
+        "docstring_share": round(sum(docstrings.values()) / sum(map(_lines, documented)), 4),
+        "long_docstrings": sorted(
+            str(p.relative_to(ROOT)) for p, n in docstrings.items() if n >= LONG_DOCSTRING
+        ),
+        "fsspec_outside_location": sorted(
+            str(path.relative_to(ROOT))
+            for path in _modules(DOCUMENTED)
+            if path.name != "location.py" and fsspec.search(path.read_text(encoding="utf-8"))
+        ),
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(house_figures(), indent=2))
