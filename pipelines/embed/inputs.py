@@ -6,12 +6,12 @@ chunk is a byte range of one file, so every node must see the input at the same 
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from elmo_core.errors import DataError
-from elmo_core.location import sha256_file
 from pipelines.common.console import console_progress
 
 PROGRESS_BYTES = 1 << 20  # update the bar once per MiB read, not once per line
@@ -87,9 +87,10 @@ def plan_chunks(files: Sequence[Path], sentences_per_chunk: int) -> InputPlan:
     total = sum(path.stat().st_size for path in files)
     with console_progress(total, "reading input") as bar:
         for path in files:
-            offset = 0
+            offset, digest = 0, hashlib.sha256()  # hashed as it is read, not read again
             with open(path, "rb") as handle:
                 for number, raw in enumerate(handle, start=1):
+                    digest.update(raw)
                     if _decoded(raw, path, number).strip():
                         chunker.add(path, offset, offset + len(raw), line_id)
                     else:
@@ -101,7 +102,7 @@ def plan_chunks(files: Sequence[Path], sentences_per_chunk: int) -> InputPlan:
                         bar.update(unreported)
                         unreported = 0
             chunker.close()
-            described.append(InputFile(path.name, offset, sha256_file(path)))
+            described.append(InputFile(path.name, offset, digest.hexdigest()))
         bar.update(unreported)
     num_sentences = sum(chunk.num_sentences for chunk in chunker.chunks)
     if not num_sentences:
