@@ -22,7 +22,7 @@ from elmo_core.tasks.seeds import DEFAULT_SEEDS
 from pipelines.common.settings import RAY_JOBS_ENV, elmo_home
 from pipelines.embed.embedding_shards import Dtype
 from pipelines.embed.inputs import DEFAULT_BATCH_SIZE, DEFAULT_SENTENCES_PER_SHARD
-from pipelines.embed.stage import Format
+from pipelines.embed.output import Format
 from pipelines.embed.vectors import Output
 from pipelines.train.job_config import TrainJobConfig, Where, resolve_train_config
 from pipelines.train.preflight import HandOn

@@ -7,7 +7,7 @@ with other settings is refused instead of mixing two kinds of vectors in one dir
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal, get_args
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -16,6 +16,9 @@ from elmo_core.errors import ConfigError
 from elmo_core.location import Location, is_temporary
 
 SETTINGS_FILE = "embed.json"
+
+Format = Literal["parquet", "hdf5"]  # shards, or one HDF5 file as AllenNLP's elmo command wrote
+FORMATS: tuple[Format, ...] = get_args(Format)
 
 
 class EmbeddingsDir(Location):

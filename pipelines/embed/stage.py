@@ -10,7 +10,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any
 
 import mlflow
 
@@ -29,7 +29,7 @@ from pipelines.embed.inputs import (
     InputPlan,
     plan_chunks,
 )
-from pipelines.embed.output import EmbeddingsDir
+from pipelines.embed.output import FORMATS, EmbeddingsDir, Format
 from pipelines.embed.vectors import OUTPUTS, Output
 from pipelines.embed.workers import EmbedJob, WorkerPool, embed_chunks
 from pipelines.prepare.corpus_sources import locate_corpus
@@ -41,8 +41,6 @@ from pipelines.serving.bilm_loader import (
 )
 from pipelines.tracking.stage_runs import flatten_params, stage_run
 
-Format = Literal["parquet", "hdf5"]
-FORMATS: tuple[Format, ...] = get_args(Format)
 FORMAT_VERSION = 1  # of the shards and embed.json
 MANIFEST_FILE = "manifest.json"
 
