@@ -50,6 +50,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture
+def ieee_float32() -> Iterator[None]:
+    """float32 means float32 on CUDA within the test: no TF32 in cuBLAS' GEMMs nor in cuDNN's
+    convolutions (which take it by default). Saved and restored by hand: torch's backend flags
+    are no attributes, so pytest's monkeypatch cannot restore them."""
+    matmuls, convolutions = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(matmuls)
+        torch.backends.cudnn.allow_tf32 = convolutions
+
+
+@pytest.fixture
 def make_dataset(tmp_path: Path) -> MakeDataset:
     """``make_dataset(train_lines, heldout={"file.txt": lines}, **prepare_keys) -> dataset dir``.
 

@@ -11,7 +11,7 @@ and each stage's status.
 1. environment: GPU, memory, clocks, driver, torch and CUDA; the bf16 matmul rate on 8192³ (the
    MFU denominator);
 2. correctness: golden bilm-tf parity in fp32 on CUDA, the fused layer and its Triton kernels
-   against the reference, 50 steps of bf16 against fp32, a training step with no host sync;
+   against the reference, 100 steps of bf16 against fp32, a training step with no host sync;
 3. speed at ``original``: the straightforward baseline, fused (directions batched) at 128 and 1,024
    rows, then the reference loop (directions batched) at 128: positions/s, MFU, peak memory;
 4. profile: where a fused step's time goes (the 15 longest kernels, GEMM and pointwise time, the
@@ -49,6 +49,7 @@ CORRECTNESS_TESTS = [
 ]
 # Within those files, the checks on CUDA (and the Triton kernels'): their CPU tests ran in CI.
 CORRECTNESS_CHECKS = "cuda or kernel or triton or buffer or bf16 or host"
+BF16_STEPS = 100  # the bf16 test's curve (ELMO_BF16_STEPS): 50 settled steps past its steep start
 ENVIRONMENT = """
 import json, subprocess, sys, torch
 sys.path.insert(0, "infra/device")
@@ -131,7 +132,7 @@ def correctness_tests(python: str) -> list[str]:
 def stage_environment() -> dict[str, str]:
     """What every stage runs with: this one's, the repository importable."""
     environment = dict(os.environ) | {
-        "ELMO_BF16_STEPS": "50",
+        "ELMO_BF16_STEPS": str(BF16_STEPS),
         "PYTHONUNBUFFERED": "1",
         "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",  # plugins by -p, as the device's --target site has
     }

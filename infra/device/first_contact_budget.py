@@ -36,7 +36,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from first_contact import REPO, TOTAL_SECONDS, correctness_tests, stage_environment, stages
+from first_contact import (
+    BF16_STEPS,
+    REPO,
+    TOTAL_SECONDS,
+    correctness_tests,
+    stage_environment,
+    stages,
+)
 from gpu_bilm import STEPS, WARMUP
 
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -49,11 +56,7 @@ CUDA_START_S = 8.0  # a process' CUDA context, cuBLAS handle and lazily loaded k
 CUDA_TEST_S = 1.0  # one CUDA parity test past its setup: a few small steps at tiny sizes
 PROFILER_FACTOR = 2.0  # recorded steps run slower
 HOST_TO_GPU = 10e9  # bytes/s, a model's parameters from pageable host memory
-BF16_STEPS, BF16_RUNS, BF16_ROWS = (
-    50,
-    2,
-    128,
-)  # the bf16 test's steps (ELMO_BF16_STEPS), fp32 and bf16
+BF16_RUNS, BF16_ROWS = 2, 128  # the bf16 test's runs (fp32 and bf16) and rows
 ORIGINAL_VOCAB, TYPES, WINDOW = 793_471, 50_000, 20  # gpu_bilm.py's defaults
 MATMUL_CALLS = 13  # gpu_bilm.matmul_flops_per_second's warm-up and timed calls
 MATMUL_SIZE = 8192

@@ -33,9 +33,11 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 import torch
+from torch.autograd import DeviceType
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from bench_bilm import StraightforwardBiLM  # noqa: E402
@@ -87,18 +89,20 @@ def straightforward_step(
 
 KERNEL_KINDS = (  # (kind, name pattern) in the order a kernel is classified
     ("GEMM", re.compile(r"gemm|cutlass|xmma|sm\d+_|cublas|Kernel2", re.IGNORECASE)),
-    ("fused (Triton)", re.compile(r"^triton_")),
-    ("copy", re.compile(r"memcpy|memset|copy", re.IGNORECASE)),
+    ("Triton", re.compile(r"^triton_|^_\w+_kernel$")),  # Inductor's, and the fused layer's own
+    ("copy", re.compile(r"memcpy|memset|copy|nchwToNhwc|nhwcToNchw", re.IGNORECASE)),
+    ("convolution", re.compile(r"conv|cudnn", re.IGNORECASE)),
     ("reduction", re.compile(r"reduce|softmax|norm", re.IGNORECASE)),
     ("pointwise", re.compile(r"elementwise|vectorized|unrolled|pointwise|index", re.IGNORECASE)),
 )
+TOP_KERNELS = 25
 LAUNCHES = re.compile(r"^cu(da)?LaunchKernel")
 SYNCS = re.compile(r"^cuda(Stream|Device|Event)Synchronize$")  # a host that waits for the GPU
 
 
 def where_the_time_goes(run: Callable[[], None], steps: int) -> dict[str, object]:
     """Per step: device milliseconds by kernel kind, the GPU's idle gaps between kernels, kernel
-    launches and host syncs, and the 15 kernels that take longest."""
+    launches and host syncs, and the kernels that take longest."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -112,9 +116,8 @@ def where_the_time_goes(run: Callable[[], None], steps: int) -> dict[str, object
     summary["top kernels"] = [
         [event.key[:80], round(event.self_device_time_total / 1e3 / steps, 3), event.count / steps]
         for event in sorted(
-            (e for e in profile.key_averages() if getattr(e, "self_device_time_total", 0) > 0),
-            key=lambda e: -e.self_device_time_total,
-        )[:15]
+            filter(on_device, profile.key_averages()), key=lambda e: -e.self_device_time_total
+        )[:TOP_KERNELS]
     ]
     return summary
 
@@ -145,18 +148,24 @@ def kernel_timeline(profile: torch.profiler.profile, steps: int) -> dict[str, fl
 
 
 def kernel_kinds(profile: torch.profiler.profile, steps: int) -> dict[str, float]:
-    """Per step: device milliseconds by kernel kind, kernel launches and host syncs."""
+    """Per step: device milliseconds by kernel kind, from the device's own events alone (the host
+    op that launched a kernel carries its time again), kernel launches and host syncs."""
     summary: dict[str, float] = {}
     for event in profile.key_averages():
-        device_us = getattr(event, "self_device_time_total", 0.0)
-        if device_us > 0:
+        if on_device(event):
             kind = next((k for k, pattern in KERNEL_KINDS if pattern.search(event.key)), "other")
-            summary[f"{kind} ms"] = summary.get(f"{kind} ms", 0.0) + device_us / 1e3 / steps
+            device_ms = event.self_device_time_total / 1e3 / steps
+            summary[f"{kind} ms"] = summary.get(f"{kind} ms", 0.0) + device_ms
         elif LAUNCHES.search(event.key):
             summary["launches"] = summary.get("launches", 0.0) + event.count / steps
         elif SYNCS.search(event.key):
             summary["host syncs"] = summary.get("host syncs", 0.0) + event.count / steps
     return {key: round(value, 3) for key, value in sorted(summary.items())}
+
+
+def on_device(event: Any) -> bool:
+    """A kernel, copy or fill that ran on the device, not a host event with device time."""
+    return event.device_type != DeviceType.CPU and event.self_device_time_total > 0
 
 
 def inference_seconds(

@@ -95,17 +95,14 @@ def test_the_dump_depends_on_the_carried_state():
 
 
 @pytest.mark.gpu
-def test_on_cuda_in_float32_the_outputs_match_tensorflow(monkeypatch):
-    """fp32 on the GPU: TF32 off (cuDNN's convolutions would take it by default)."""
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+@pytest.mark.usefixtures("ieee_float32")
+def test_on_cuda_in_float32_the_outputs_match_tensorflow():
     assert max(_max_difference(_released(stateful=True), "cuda")) < TOLERANCE
 
 
 @pytest.mark.gpu
-def test_on_cuda_in_float32_every_layer_equals_the_cpu(monkeypatch):
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+@pytest.mark.usefixtures("ieee_float32")
+def test_on_cuda_in_float32_every_layer_equals_the_cpu():
     sentences = json.loads((FIXTURES / "sentences.json").read_text())
     ids = batch_to_ids([sentence.split() for sentence in sentences[0]])
     bilm = _released()

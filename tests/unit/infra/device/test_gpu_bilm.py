@@ -3,6 +3,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -76,3 +77,37 @@ def test_a_host_tensor_in_the_baseline_fails_on_the_meta_device(gpu_bilm, monkey
     monkeypatch.setattr(gpu_bilm.StraightforwardBiLM, "softmax", with_host_tensor)
     with pytest.raises(RuntimeError, match="not on the expected device meta"):
         gpu_bilm.main(["--smoke", "--device", "meta"])
+
+
+def test_the_profile_split_counts_each_kernel_once_by_its_kind(gpu_bilm):
+    """An aten op's device time is its kernels' again: the split sums the device's own events
+    (first contact's split counted each kernel twice, benchmarks/results/
+    gpu_first_contact-2026-11-27.md)."""
+    cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+
+    def event(key, device_type, device_us, count=2):
+        return SimpleNamespace(
+            key=key, device_type=device_type, self_device_time_total=device_us, count=count
+        )
+
+    events = [
+        event("aten::bmm", cpu, 3000.0),  # the host op, carrying its GEMM's time
+        event("sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n", cuda, 3000.0),
+        event("_cell_grad_kernel", cuda, 1000.0),
+        event("void at::native::unrolled_elementwise_kernel<direct_copy_kernel_cuda>", cuda, 600.0),
+        event("cudnn::engines_precompiled::nchwToNhwcKernel", cuda, 400.0),
+        event("void at::native::vectorized_elementwise_kernel<4, AddFunctor>", cuda, 200.0),
+        event("cudaLaunchKernel", cpu, 0.0, count=8),
+        event("cuLaunchKernel", cpu, 0.0, count=2),
+    ]
+    profile = SimpleNamespace(key_averages=lambda: events)
+
+    split = gpu_bilm.kernel_kinds(profile, steps=2)
+
+    assert split == {
+        "GEMM ms": 1.5,
+        "Triton ms": 0.5,
+        "copy ms": 0.5,
+        "launches": 5.0,
+        "pointwise ms": 0.1,
+    }

@@ -95,12 +95,11 @@ def test_kernel_modules_are_not_part_of_the_state_dict():
 
 
 @pytest.mark.gpu
+@pytest.mark.usefixtures("ieee_float32")
 def test_cudnn_on_gpu_matches_the_reference_in_float32():
     reference, fused = _pair(device="cuda", dtype=torch.float32)
     mask = _right_padded_mask("cuda")
     inputs, state = _inputs("cuda", torch.float32), _state("cuda", torch.float32)
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
     _assert_same(_run(fused, inputs, mask, state), _run(reference, inputs, mask, state), 1e-4)
 
 
