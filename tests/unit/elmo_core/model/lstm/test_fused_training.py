@@ -8,7 +8,7 @@ from elmo_core.model.bilm import BiLM
 from elmo_core.model.lstm import fused_steps
 from elmo_core.model.lstm.fused import FusedProjectedLSTM, fused_layer
 from elmo_core.model.lstm.fused_inference import lstm_layer_inference
-from elmo_core.model.lstm.fused_training import lstm_layer, lstm_layer_backward
+from elmo_core.model.lstm.fused_training import _float32_gemms, lstm_layer, lstm_layer_backward
 from elmo_core.model.lstm.reference import ProjectedLSTM, run_layer
 from elmo_core.presets import tiny
 from tests.unit.elmo_core.model.lstm.fused_cases import (
@@ -218,3 +218,22 @@ def test_a_fused_stack_dispatches_far_fewer_ops_forward_and_backward():
         counts.append(ops.count)
     reference, fused = counts
     assert fused < 0.5 * reference, counts  # 1,095 against 3,065 when written
+
+
+@pytest.mark.parametrize(
+    ("device", "forward_gemms", "inside"),
+    [
+        ("cuda", torch.bfloat16, "high"),  # TF32: finer than the forward's bf16 GEMMs
+        ("cuda", torch.float32, "highest"),  # a float32 run stays IEEE float32
+        ("cpu", torch.bfloat16, "highest"),  # the CPU's GEMMs keep their precision
+    ],
+)
+def test_the_backward_takes_tf32_only_on_cuda_after_a_16_bit_forward(device, forward_gemms, inside):
+    """The switch alone (torch's flags need no GPU): set inside, restored after, even on error."""
+    torch.set_float32_matmul_precision("highest")
+    switch = _float32_gemms(torch.device(device), forward_gemms)
+    with pytest.raises(RuntimeError, match="inside"), switch:
+        assert torch.get_float32_matmul_precision() == inside
+        assert not torch.is_autocast_enabled(device)
+        raise RuntimeError("inside")
+    assert torch.get_float32_matmul_precision() == "highest"
