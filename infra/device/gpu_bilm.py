@@ -164,8 +164,10 @@ def kernel_kinds(profile: torch.profiler.profile, steps: int) -> dict[str, float
 
 
 def on_device(event: Any) -> bool:
-    """A kernel, copy or fill that ran on the device, not a host event with device time."""
-    return event.device_type != DeviceType.CPU and event.self_device_time_total > 0
+    """A kernel, copy or fill that ran on the device: not a host event with device time, nor a
+    ``record_function`` region drawn over the device's timeline (the optimiser's step)."""
+    device = event.device_type != DeviceType.CPU and not event.is_user_annotation
+    return device and event.self_device_time_total > 0
 
 
 def inference_seconds(

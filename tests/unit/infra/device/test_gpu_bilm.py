@@ -85,13 +85,18 @@ def test_the_profile_split_counts_each_kernel_once_by_its_kind(gpu_bilm):
     gpu_first_contact-2026-11-27.md)."""
     cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
 
-    def event(key, device_type, device_us, count=2):
+    def event(key, device_type, device_us, count=2, annotation=False):
         return SimpleNamespace(
-            key=key, device_type=device_type, self_device_time_total=device_us, count=count
+            key=key,
+            device_type=device_type,
+            self_device_time_total=device_us,
+            count=count,
+            is_user_annotation=annotation,
         )
 
     events = [
         event("aten::bmm", cpu, 3000.0),  # the host op, carrying its GEMM's time
+        event("Optimizer.step#RowSparseAdagrad.step", cuda, 900.0, annotation=True),
         event("sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n", cuda, 3000.0),
         event("_cell_grad_kernel", cuda, 1000.0),
         event("void at::native::unrolled_elementwise_kernel<direct_copy_kernel_cuda>", cuda, 600.0),
