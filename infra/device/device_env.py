@@ -8,6 +8,7 @@ these; ``guard`` runs a CPU process that sees only what the device would have.
 
     python infra/device/device_env.py wheels                 # name==version, one a line
     python infra/device/device_env.py fetch .device          # the cp312 wheels to carry
+    python infra/device/device_env.py baseline REF .device   # REF's tree, for the `ab` part
     python infra/device/device_env.py guard -m pytest ...    # python seeing only those packages
 """
 
@@ -38,6 +39,7 @@ IMAGE = ("torch", "numpy", "pyarrow", "h5py", "triton")
 ROOTS = ("pydantic", "pyyaml", "sacremoses", "typer", "tqdm", "fsspec", "pytest", "pytest-timeout")
 # The tree itself travels (on PYTHONPATH), not as a wheel.
 TREE = "elmo-platform"
+BASELINE_PATHS = ("elmo_core", "pipelines", "benchmarks", "infra")  # what gpu_bilm.py imports
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (28, 27, 17)] + [
     "manylinux2014_x86_64",
     "manylinux1_x86_64",
@@ -101,6 +103,26 @@ def fetch(into: Path, python: str = DEVICE_PYTHON) -> None:
     download(carried_wheels(python), wheels, python)
 
 
+def baseline(ref: str, into: Path) -> None:
+    """``into/baseline``: the tree at git ``ref`` (what ``gpu_bilm.py`` runs from), and
+    ``into/baseline/COMMIT``, for the suite's ``ab`` part to time against this tree's."""
+    commit = subprocess.run(
+        ["git", "rev-parse", "--verify", f"{ref}^{{commit}}"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    target = into / "baseline"
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    archive = subprocess.run(
+        ["git", "archive", commit, *BASELINE_PATHS], cwd=REPO, check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
+    (target / "COMMIT").write_text(commit + "\n")
+
+
 def allowed_distributions() -> set[str]:
     """What a process on the device can import: the image (with what it needs), the carried
     wheels and the tree."""
@@ -145,10 +167,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     fetched = commands.add_parser("fetch", help="download what the device needs into DIR")
     fetched.add_argument("into", type=Path)
     fetched.add_argument("--python", default=DEVICE_PYTHON)
+    earlier = commands.add_parser("baseline", help="git REF's tree into DIR/baseline")
+    earlier.add_argument("ref")
+    earlier.add_argument("into", type=Path)
     commands.add_parser("guard", help="-m MODULE ARGS...: run with the device's imports only")
     args = parser.parse_args(argv)
     if args.command == "wheels":
         print("\n".join(carried_wheels(args.python)))
+    elif args.command == "baseline":
+        baseline(args.ref, args.into)
     else:
         fetch(args.into, args.python)
 

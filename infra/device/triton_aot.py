@@ -28,8 +28,8 @@ import torch
 TARGET = ("cuda", 90, 32)  # the H100: compute capability 9.0, warps of 32
 TRITON_TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 # Each kernel's pointers by what they hold: the GEMMs' dtype ("gemm"), the cells and state's
-# ("state"), the step's mask (bool). The backward runs in float32 but writes the gates' gradient
-# in their dtype.
+# ("state"), the step's mask (bool). The backward reads the gates in their dtype and writes
+# float32 gradients.
 POINTERS = {
     "_cell_kernel": {
         "gates": "gemm",
@@ -44,10 +44,10 @@ POINTERS = {
         **dict.fromkeys(("h_prev", "h_next"), "state"),
     },
     "_cell_grad_kernel": {
-        "d_gates": "gemm",
-        **dict.fromkeys(
-            ("d_hidden", "d_c", "cell_factors", "out_factor", "hidden_factor", "carry"), "*fp32"
-        ),
+        "gates": "gemm",
+        "keep": "*i1",
+        **dict.fromkeys(("c_prev", "tanh_cell", "cell"), "state"),
+        **dict.fromkeys(("d_hidden", "d_c", "d_gates"), "*fp32"),
     },
 }
 SCALARS = {"clip": "fp32"}  # every other argument a stride or size: i32

@@ -1,4 +1,5 @@
-"""What the fused ops' forwards share: the step loop, its pointwise work, small tensor ops.
+"""What the fused ops share: the forward's step loop, each step's pointwise work forward and
+back, small tensor ops.
 
 The pointwise work runs in :mod:`~elmo_core.model.lstm.triton_kernels` on CUDA where triton
 imports, else in torch ops that write the same slices; :func:`on_triton` is the one switch.
@@ -16,6 +17,7 @@ from torch import Tensor
 
 Tensors3 = tuple[Tensor, Tensor, Tensor]
 StepKernel = Callable[..., None]
+GradStep = Callable[[int, Tensor], None]  # (t, d_hidden)
 
 
 class Step(NamedTuple):
@@ -83,13 +85,77 @@ def step_kernels(gates: Tensor, state: Tensor) -> tuple[StepKernel, StepKernel]:
     return triton_kernels.cell_step, triton_kernels.projection_step
 
 
-def grad_step_kernel(d_gates: Tensor, d_c: Tensor) -> StepKernel | None:
-    """The backward's per-step Triton kernel, or None where its torch ops run."""
-    if not on_triton(d_gates, d_c):
-        return None
-    import elmo_core.model.lstm.triton_kernels as triton_kernels  # imports triton: CUDA only
+def grad_steps(
+    gates: Tensor,
+    c_in: Tensor,
+    tanh_cells: Tensor,
+    cells: Tensor,
+    mask: Tensor,
+    cell_clip: float | None,
+    d_gates: Tensor,
+    d_c: Tensor,
+) -> GradStep:
+    """The backward's pointwise work of step ``t``, after its ``d(hidden)`` GEMM, over what the
+    training forward saved (``(…, T, B, X)``, ``mask (…, B, T)``): ``d_c (…, B, H)``, the new
+    cell's gradient from later steps, becomes the entering cell's, and step ``t`` of
+    ``d_gates (…, T, B, 4H)`` is written, both in ``d_c``'s dtype. Triton's kernel works the
+    gates' derivatives out from the saved activations step by step; torch's ops take them from
+    tensors computed once for all steps, four ops a step."""
+    saved = (gates, c_in, tanh_cells, cells)
+    d_gates_at = d_gates.unbind(-3)  # T × (…, B, 4H)
+    if on_triton(gates, c_in):
+        from elmo_core.model.lstm.triton_kernels import cell_grad_step  # imports triton
 
-    return triton_kernels.cell_grad_step
+        gates_at, c_in_at, tanh_cells_at, cells_at = (x.unbind(-3) for x in saved)
+        keep_at = mask.unbind(-1)  # T × (…, B)
+
+        def triton_step(t: int, d_hidden: Tensor) -> None:
+            step = (gates_at[t], c_in_at[t], tanh_cells_at[t], cells_at[t], keep_at[t])
+            cell_grad_step(d_hidden, d_c, d_gates_at[t], *step, cell_clip)
+
+        return triton_step
+    widened = [cast(x, d_c.dtype) for x in saved]
+    cell_factors, *factors = _gate_derivatives(widened, mask, cell_clip)
+    cell_factors_at = cell_factors.unbind(-4)  # T × (…, B, 3, H)
+    out_factor, hidden_factor, carry = (x.unbind(-3) for x in factors)  # T × (…, B, H) each
+    width = c_in.shape[-1]
+    d_ifg_at = d_gates[..., : 3 * width].unflatten(-1, (3, width)).unbind(-4)  # T × (…, B, 3, H)
+    d_o_at = d_gates[..., 3 * width :].unbind(-3)  # T × (…, B, H)
+    d_c_each_gate = d_c.unsqueeze(-2)  # (…, B, 1, H)
+
+    def torch_step(t: int, d_hidden: Tensor) -> None:
+        d_c.addcmul_(d_hidden, hidden_factor[t])  # now the new cell's gradient
+        torch.mul(d_c_each_gate, cell_factors_at[t], out=d_ifg_at[t])
+        torch.mul(d_hidden, out_factor[t], out=d_o_at[t])
+        d_c.mul_(carry[t])  # now the gradient of the c entering the step
+
+    return torch_step
+
+
+def _gate_derivatives(
+    saved: list[Tensor], mask: Tensor, cell_clip: float | None
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """For every step at once, from the saved gates, c entering, tanh of the clipped cells and
+    the cells, ``(…, T, B, ·)``: the factors that turn the new cell's gradient
+    into those of i, f, g (``(…, T, B, 3, H)``) and the hidden state's into o's; the hidden
+    state's into the new cell's; the new cell's into the entering cell's."""
+    gates, c_in, tanh_cells, cells = saved
+    in_gate, forget_gate, candidate, out_gate = gates.chunk(4, dim=-1)  # 4 × (…, T, B, H)
+    keep = mask.transpose(-2, -1).unsqueeze(-1)  # (…, T, B, 1)
+    flows = passes(cells, cell_clip) & keep  # where the new cell's gradient reaches the gates
+    sigmoid_grad, tanh_grad = torch.ops.aten.sigmoid_backward, torch.ops.aten.tanh_backward
+    cell_factors = torch.stack(
+        [
+            sigmoid_grad(candidate, in_gate),  # tanh(g) · σ'(i)
+            sigmoid_grad(c_in, forget_gate),  # c · σ'(f)
+            tanh_grad(in_gate, candidate),  # σ(i) · tanh'(g)
+        ],
+        dim=-2,
+    ).mul_(flows.unsqueeze(-2))
+    out_factor = sigmoid_grad(tanh_cells, out_gate)  # tanh(c) · σ'(o)
+    hidden_factor = tanh_grad(out_gate, tanh_cells)  # σ(o) · tanh'(c)
+    carry = torch.where(flows, forget_gate, (~keep).to(gates.dtype))  # whole where masked
+    return cell_factors, out_factor, hidden_factor, carry
 
 
 def cell_step(
@@ -161,6 +227,12 @@ def tanh(x: Tensor, out: Tensor) -> Tensor:
 
 def clip(x: Tensor, bound: float | None) -> Tensor:
     return x if bound is None else x.clamp(-bound, bound)
+
+
+def passes(x: Tensor, bound: float | None) -> Tensor:
+    """Where :func:`clip` lets the gradient through: ``-bound <= x <= bound``, the bounds
+    included, as in ``clamp``'s backward."""
+    return torch.ones_like(x, dtype=torch.bool) if bound is None else x.abs() <= bound
 
 
 def product(x: Tensor, weight: Tensor, out: Tensor | None = None) -> Tensor:

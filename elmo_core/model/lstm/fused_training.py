@@ -21,7 +21,8 @@ from elmo_core.model.lstm.fused_steps import (
     accumulate,
     add_product,
     cast,
-    grad_step_kernel,
+    grad_steps,
+    passes,
     product,
     result_buffers,
     run_steps,
@@ -164,60 +165,30 @@ def lstm_layer_backward(
     gradient as one GEMM over all rows. Returns the gradients of inputs, h, c and the weights; a
     missing incoming gradient (an unused output or state) counts as zero."""
     dtype = torch.promote_types(c_in.dtype, torch.float32)
-    saved = (gates, cells, tanh_cells, projected, h_in, c_in)
-    gates, cells, tanh_c, projected, h_in, c_in = (cast(t, dtype) for t in saved)
-    in_gate, forget_gate, candidate, out_gate = gates.chunk(4, dim=-1)  # 4 × (…, T, B, H)
+    projected, h_in = cast(projected, dtype), cast(h_in, dtype)  # (…, T, B, P)
     keep = mask.transpose(-2, -1).unsqueeze(-1)  # (…, T, B, 1)
-    cell_flows = _passes(cells, cell_clip) & keep  # where the new cell's gradient reaches the gates
-    proj_flows = (_passes(projected, proj_clip) & keep).to(dtype)  # (…, T, B, P)
-    # d(pre-activation) of i, f, g = d(new cell) × these; of o = d(hidden) × out_factor
-    sigmoid_grad, tanh_grad = torch.ops.aten.sigmoid_backward, torch.ops.aten.tanh_backward
-    cell_factors = torch.stack(
-        [
-            sigmoid_grad(candidate, in_gate),  # tanh(g) · σ'(i)
-            sigmoid_grad(c_in, forget_gate),  # c · σ'(f)
-            tanh_grad(in_gate, candidate),  # σ(i) · tanh'(g)
-        ],
-        dim=-2,
-    ).mul_(cell_flows.unsqueeze(-2))  # (…, T, B, 3, H)
-    out_factor = sigmoid_grad(tanh_c, out_gate)  # tanh(c) · σ'(o)
-    hidden_factor = tanh_grad(out_gate, tanh_c)  # d(hidden)/d(new cell): σ(o) · tanh'(c)
+    proj_flows = (passes(projected, proj_clip) & keep).to(dtype)  # (…, T, B, P)
     skip = (~keep).to(dtype)  # masked steps pass the state's gradient straight through
-    carry = torch.where(cell_flows, forget_gate, skip)  # d(c entering)/d(new cell)
     through = (  # the outputs' gradient reaching the projection
         torch.zeros_like(proj_flows)
         if grad_outputs is None
         else cast(grad_outputs, dtype).transpose(-3, -2) * proj_flows
     )  # (…, T, B, P)
 
-    d_gates = torch.empty_like(gates)  # (…, T, B, 4H)
+    d_gates = gates.new_empty(gates.shape, dtype=dtype)  # (…, T, B, 4H)
     d_projected = torch.empty_like(projected)  # (…, T, B, P)
-    d_h = _state_grad(grad_h, h_in)  # (…, B, P)
-    d_c = _state_grad(grad_c, c_in)  # (…, B, H)
-    d_c_each_gate = d_c.unsqueeze(-2)  # (…, B, 1, H)
+    d_h = _state_grad(grad_h, h_in, dtype)  # (…, B, P)
+    d_c = _state_grad(grad_c, c_in, dtype)  # (…, B, H)
     recurrent, projection = (cast(w, dtype).mT for w in (recurrent_weight, projection_weight))
-    cell = c_in.shape[-1]
-    grad_step = grad_step_kernel(d_gates, d_c)  # Triton's, or None: the torch ops below
+    cell_grad = grad_steps(gates, c_in, tanh_cells, cells, mask, cell_clip, d_gates, d_c)
     # each step's slice, T × (…, B, ·)
-    through_at, proj_flows_at, hidden_factor_at, out_factor_at, carry_at, skip_at = (
-        t.unbind(-3) for t in (through, proj_flows, hidden_factor, out_factor, carry, skip)
+    through_at, proj_flows_at, skip_at, d_projected_at, d_gates_at = (
+        t.unbind(-3) for t in (through, proj_flows, skip, d_projected, d_gates)
     )
-    cell_factors_at = cell_factors.unbind(-4)  # T × (…, B, 3, H)
-    d_projected_at, d_gates_at = d_projected.unbind(-3), d_gates.unbind(-3)
-    d_ifg_at = d_gates[..., : 3 * cell].unflatten(-1, (3, cell)).unbind(-4)  # T × (…, B, 3, H)
-    d_o_at = d_gates[..., 3 * cell :].unbind(-3)  # T × (…, B, H)
     with _float32_gemms(inputs.device, input_weight.dtype):
         for t in reversed(range(len(d_gates_at))):
             d_proj = torch.addcmul(through_at[t], d_h, proj_flows_at[t], out=d_projected_at[t])
-            d_hidden = product(d_proj, projection)  # (…, B, H)
-            if grad_step is not None:  # the four ops below in one kernel
-                factors = (cell_factors_at[t], out_factor_at[t], hidden_factor_at[t], carry_at[t])
-                grad_step(d_hidden, d_c, d_gates_at[t], *factors)
-            else:
-                d_c.addcmul_(d_hidden, hidden_factor_at[t])  # now the new cell's gradient
-                torch.mul(d_c_each_gate, cell_factors_at[t], out=d_ifg_at[t])
-                torch.mul(d_hidden, out_factor_at[t], out=d_o_at[t])
-                d_c.mul_(carry_at[t])  # now the gradient of the c entering the step
+            cell_grad(t, product(d_proj, projection))
             accumulate(d_h.mul_(skip_at[t]), d_gates_at[t], recurrent)
 
         gate_rows = _rows(d_gates)  # (…, T·B, 4H)
@@ -226,7 +197,8 @@ def lstm_layer_backward(
         d_input = _weight_grad(_rows(steps_first), gate_rows, input_weight)  # (…, I, 4H)
         d_recurrent = _weight_grad(_rows(h_in), gate_rows, recurrent_weight)  # (…, P, 4H)
         d_bias = gate_rows.sum(-2, keepdim=gate_rows.dim() == 3)  # (4H,) or (D, 1, 4H)
-        hidden = _rows(out_gate * tanh_c)  # (…, T·B, H)
+        out_gate = gates[..., 3 * c_in.shape[-1] :]  # (…, T, B, H), σ(o) as saved
+        hidden = _rows(cast(torch.mul(out_gate, tanh_cells), dtype))  # (…, T·B, H)
         d_projection = _weight_grad(hidden, _rows(d_projected), projection_weight)  # (…, H, P)
     weight_dtype = input_weight.dtype
     return (
@@ -296,12 +268,12 @@ def _rows(x: Tensor) -> Tensor:
     return x.flatten(-3, -2)
 
 
-def _state_grad(grad: Tensor | None, saved: Tensor) -> Tensor:
-    """A fresh float32 (at least) copy of the final state's gradient, to update in place; zero
-    when the state went unused. ``saved (…, T, B, X)`` is the state entering each step."""
+def _state_grad(grad: Tensor | None, saved: Tensor, dtype: torch.dtype) -> Tensor:
+    """A fresh ``dtype`` copy of the final state's gradient, to update in place; zero when the
+    state went unused. ``saved (…, T, B, X)`` is the state entering each step."""
     if grad is None:
-        return saved.new_zeros((*saved.shape[:-3], *saved.shape[-2:]))
-    return grad.to(saved.dtype, copy=True)
+        return saved.new_zeros((*saved.shape[:-3], *saved.shape[-2:]), dtype=dtype)
+    return grad.to(dtype, copy=True)
 
 
 def _weight_grad(x: Tensor, d_out: Tensor, weight: Tensor) -> Tensor:
@@ -310,9 +282,3 @@ def _weight_grad(x: Tensor, d_out: Tensor, weight: Tensor) -> Tensor:
     if weight.mT.is_contiguous():
         return product(d_out.mT, x).mT
     return product(x.mT, d_out)
-
-
-def _passes(x: Tensor, clip: float | None) -> Tensor:
-    """Where the clip lets the gradient through: ``-clip <= x <= clip``, the bounds included, as
-    in ``clamp``'s backward."""
-    return torch.ones_like(x, dtype=torch.bool) if clip is None else x.abs() <= clip

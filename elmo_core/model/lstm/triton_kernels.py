@@ -101,32 +101,37 @@ def cell_grad_step(
     d_hidden: Tensor,
     d_c: Tensor,
     d_gates: Tensor,
-    cell_factors: Tensor,
-    out_factor: Tensor,
-    hidden_factor: Tensor,
-    carry: Tensor,
+    gates: Tensor,
+    c_prev: Tensor,
+    tanh_cell: Tensor,
+    cell: Tensor,
+    keep: Tensor,
+    cell_clip: float | None,
 ) -> None:
-    """The backward's step after the ``d(hidden)`` GEMM, as the training op's torch loop does it:
-    ``d_c (…, B, H)``, the new cell's gradient from later steps in, the entering cell's out;
-    ``d_gates (…, B, 4H)`` written; ``cell_factors (…, B, 3, H)`` and the ``(…, B, H)``
-    ``d_hidden``, ``out_factor``, ``hidden_factor`` and ``carry`` read."""
+    """The backward's step after the ``d(hidden)`` GEMM, in float32: ``d_c (…, B, H)``, the new
+    cell's gradient from later steps in, the entering cell's out; ``d_gates (…, B, 4H)``
+    written. Read as the forward saved them: ``gates`` (σ(i), σ(f), tanh(g), σ(o)), ``c_prev``,
+    ``tanh_cell`` (after the clip) and ``cell`` (before it); their derivatives are worked out
+    here rather than stored for every step."""
     _cell_grad_kernel[_grid(d_c)](
         d_hidden,
         d_c,
         d_gates,
-        cell_factors,
-        out_factor,
-        hidden_factor,
-        carry,
+        gates,
+        c_prev,
+        tanh_cell,
+        cell,
+        keep,
         *d_c.shape[-2:],
-        cell_factors.stride(-2),
+        _bound(cell_clip),
         *_strides(d_hidden),
         *_strides(d_c),
         *_strides(d_gates),
-        *_strides(cell_factors.select(-2, 0)),
-        *_strides(out_factor),
-        *_strides(hidden_factor),
-        *_strides(carry),
+        *_strides(gates),
+        *_strides(c_prev),
+        *_strides(tanh_cell),
+        *_strides(cell),
+        *_strides(keep, rows_dim=-1),
         BLOCK_ROWS=BLOCK_ROWS,
         BLOCK_COLS=BLOCK_COLS,
         num_warps=NUM_WARPS,
@@ -296,41 +301,55 @@ def _cell_grad_kernel(
     d_hidden,
     d_c,
     d_gates,
-    cell_factors,
-    out_factor,
-    hidden_factor,
-    carry,
+    gates,
+    c_prev,
+    tanh_cell,
+    cell,
+    keep,
     rows,
     width,
-    factor_stride,
+    clip,
     d_hidden_dir,
     d_hidden_row,
     d_c_dir,
     d_c_row,
     d_gates_dir,
     d_gates_row,
-    factors_dir,
-    factors_row,
-    out_factor_dir,
-    out_factor_row,
-    hidden_factor_dir,
-    hidden_factor_row,
-    carry_dir,
-    carry_row,
+    gates_dir,
+    gates_row,
+    c_prev_dir,
+    c_prev_row,
+    tanh_dir,
+    tanh_row,
+    cell_dir,
+    cell_row,
+    keep_dir,
+    keep_row,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_COLS: tl.constexpr,
 ):
     row, col, inside = _tile(rows, width, BLOCK_ROWS, BLOCK_COLS)
+    in_gate = _load(gates, gates_dir, gates_row, row, col, inside)
+    forget_gate = _load(gates, gates_dir, gates_row, row, col + width, inside)
+    candidate = _load(gates, gates_dir, gates_row, row, col + 2 * width, inside)
+    out_gate = _load(gates, gates_dir, gates_row, row, col + 3 * width, inside)
     grad_hidden = _load(d_hidden, d_hidden_dir, d_hidden_row, row, col, inside)
+    tanh_new = _load(tanh_cell, tanh_dir, tanh_row, row, col, inside)
+    # the new cell's gradient: from later steps, and through the hidden state σ(o)·tanh(c)
     grad_c = _load(d_c, d_c_dir, d_c_row, row, col, inside)
-    factor = _load(hidden_factor, hidden_factor_dir, hidden_factor_row, row, col, inside)
-    grad_c = grad_c + grad_hidden * factor  # the new cell's gradient
-    for gate in tl.static_range(3):  # i, f, g: the new cell's gradient times their factors
-        factor = _load(
-            cell_factors, factors_dir, factors_row, row, col + gate * factor_stride, inside
-        )
-        _store(d_gates, d_gates_dir, d_gates_row, row, col + gate * width, inside, grad_c * factor)
-    factor = _load(out_factor, out_factor_dir, out_factor_row, row, col, inside)
-    _store(d_gates, d_gates_dir, d_gates_row, row, col + 3 * width, inside, grad_hidden * factor)
-    factor = _load(carry, carry_dir, carry_row, row, col, inside)
-    _store(d_c, d_c_dir, d_c_row, row, col, inside, grad_c * factor)  # the entering cell's
+    grad_c = grad_c + grad_hidden * (out_gate * (1.0 - tanh_new * tanh_new))
+    kept = tl.load(keep + tl.program_id(2) * keep_dir + row * keep_row, mask=row < rows) != 0
+    new = _load(cell, cell_dir, cell_row, row, col, inside)
+    flows = kept & (tl.abs(new) <= clip)  # where it reaches the gates and the entering cell
+    grad_new = tl.where(flows, grad_c, 0.0)
+    old = _load(c_prev, c_prev_dir, c_prev_row, row, col, inside)
+    d_in = grad_new * (candidate * (1.0 - in_gate) * in_gate)
+    d_forget = grad_new * (old * (1.0 - forget_gate) * forget_gate)
+    d_candidate = grad_new * (in_gate * (1.0 - candidate * candidate))
+    d_out = grad_hidden * (tanh_new * (1.0 - out_gate) * out_gate)
+    _store(d_gates, d_gates_dir, d_gates_row, row, col, inside, d_in)
+    _store(d_gates, d_gates_dir, d_gates_row, row, col + width, inside, d_forget)
+    _store(d_gates, d_gates_dir, d_gates_row, row, col + 2 * width, inside, d_candidate)
+    _store(d_gates, d_gates_dir, d_gates_row, row, col + 3 * width, inside, d_out)
+    carry = tl.where(flows, forget_gate, tl.where(kept, 0.0, 1.0))  # whole where masked
+    _store(d_c, d_c_dir, d_c_row, row, col, inside, grad_c * carry)  # the entering cell's

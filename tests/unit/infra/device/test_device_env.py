@@ -80,3 +80,21 @@ def test_the_gpu_benchmark_runs_with_only_the_devices_imports():
     result = guarded(str(SCRIPT.with_name("gpu_bilm.py")), "--smoke", "--device", "meta")
     assert result.returncode == 0, result.stderr[-3000:]
     assert '"device": "meta"' in result.stdout.strip().splitlines()[-1]
+
+
+def test_the_baseline_is_the_commits_tree_with_its_name(device_env, tmp_path):
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD~1"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    device_env.baseline("HEAD~1", tmp_path)
+    baseline = tmp_path / "baseline"
+    assert (baseline / "COMMIT").read_text().strip() == commit
+    assert (baseline / "infra" / "device" / "gpu_bilm.py").is_file()
+    shown = subprocess.run(
+        ["git", "show", f"{commit}:elmo_core/model/lstm/fused_training.py"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert (baseline / "elmo_core" / "model" / "lstm" / "fused_training.py").read_text() == shown

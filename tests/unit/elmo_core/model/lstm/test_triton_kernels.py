@@ -104,22 +104,30 @@ def test_the_projection_kernel_equals_the_torch_step(lead, lstm_triton):
 
 
 @DIRECTIONS
-def test_the_cell_gradient_kernel_equals_the_torch_step(lead, lstm_triton):
-    d_hidden = _randn(*lead, B, H, seed=4)
-    d_c = _randn(*lead, B, H, seed=5)
-    cell_factors = _randn(*lead, T, B, 3, H, seed=6)[..., 0, :, :, :]  # (…, B, 3, H)
-    out_factor, hidden_factor, carry = (_randn(*lead, B, H, seed=s) for s in (7, 8, 9))
-    d_gates = torch.full((*lead, B, 4 * H), float("nan"))
-    expected_d_c = d_c + d_hidden * hidden_factor  # the new cell's
-    expected = torch.cat(
-        [(expected_d_c.unsqueeze(-2) * cell_factors).flatten(-2), d_hidden * out_factor], -1
-    )
-    lstm_triton.cell_grad_step(
-        d_hidden, d_c, d_gates, cell_factors, out_factor, hidden_factor, carry
-    )
+@pytest.mark.parametrize("gemm", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_the_cell_gradient_kernel_equals_the_torch_step(lead, gemm, monkeypatch):
+    """Over buffers laid out as the training forward saves them (the gates in the GEMMs' dtype),
+    many cells clipped and rows masked: the kernel's step ``t``, working the derivatives out as
+    it goes, writes the float32 gradients torch's writes from derivatives computed for all
+    steps at once."""
+    gates = _randn(*lead, T, B, 4 * H, seed=6).tanh().to(gemm)  # (…, T, B, 4H)
+    cells = _randn(*lead, T, B, H, seed=7)  # before the clip
+    tanh_cells = _clip(cells, CELL_CLIP).tanh()
+    c_in = _randn(*lead, T, B, H, seed=8)
+    d_hidden, d_c = (_randn(*lead, B, H, seed=s) for s in (9, 10))
+    saved = (gates, c_in, tanh_cells, cells, _mask(lead), CELL_CLIP)
+    t = 1
+    assert (cells[..., t, :, :].abs() > CELL_CLIP).any() and not _mask(lead)[..., t].all()
+    expected_d_c, expected_d_gates = d_c.clone(), torch.zeros(*lead, T, B, 4 * H)
+    fused_steps.grad_steps(*saved, expected_d_gates, expected_d_c)(t, d_hidden)
+    monkeypatch.setattr(fused_steps, "on_triton", lambda gates, state: True)
+    d_gates = torch.full((*lead, T, B, 4 * H), float("nan"))
+    fused_steps.grad_steps(*saved, d_gates, d_c)(t, d_hidden)
 
-    torch.testing.assert_close(d_gates, expected, atol=1e-6, rtol=0)
-    torch.testing.assert_close(d_c, expected_d_c * carry, atol=1e-6, rtol=0)
+    step = (..., t, slice(None), slice(None))
+    torch.testing.assert_close(d_gates[step], expected_d_gates[step], atol=1e-6, rtol=0)
+    assert d_gates[..., :t, :, :].isnan().all() and d_gates[..., t + 1 :, :, :].isnan().all()
+    torch.testing.assert_close(d_c, expected_d_c, atol=1e-6, rtol=0)
 
 
 def _layer_arguments(lead: tuple[int, ...], clips: tuple[float | None, float | None]):

@@ -1,0 +1,90 @@
+"""One change timed against the tree before it, in one device call: ``gpu_bilm.py`` from each
+tree in turn, alternated over rounds, so that the machine's drift falls on both alike.
+
+    python infra/device/ab.py BASELINE [gpu_bilm.py's arguments]
+
+``BASELINE`` is a tree made by ``device_env.py baseline REF DIR`` (``DIR/baseline``, its commit in
+``COMMIT``); this tree is the one the script sits in. Each run is its own process (its own CUDA
+context and Inductor cache). Printed: each run's summary line, then one JSON object: per tree the
+runs' positions/s at each row count, and this tree's median over the baseline's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+RATE = "_positions_per_s"
+
+
+def run(tree: Path, arguments: list[str]) -> dict[str, object]:
+    """``gpu_bilm.py`` from ``tree``, importing ``tree``'s packages: its summary line."""
+    path = [str(tree), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    path = [p for p in path if Path(p).resolve() != REPO or tree.resolve() == REPO]
+    environment = dict(os.environ) | {"PYTHONPATH": os.pathsep.join(path)}
+    script = tree / "infra" / "device" / "gpu_bilm.py"
+    done = subprocess.run(
+        [sys.executable, str(script), *arguments],
+        env=environment,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"ab.py: {script} failed:\n{done.stdout[-2000:]}{done.stderr[-4000:]}")
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert isinstance(summary, dict)
+    return summary
+
+
+def rates(summary: dict[str, object]) -> dict[str, float]:
+    """Positions/s by what was timed: ``ours``, ``ours@1024``, ``straightforward``."""
+    return {
+        key.removesuffix(RATE): float(str(value))
+        for key, value in summary.items()
+        if key.endswith(RATE)
+    }
+
+
+def compare(runs: dict[str, list[dict[str, float]]]) -> dict[str, object]:
+    """Per tree and rate, every round's figure; this tree's median over the baseline's."""
+    result: dict[str, object] = {
+        tree: {name: [r[name] for r in rounds] for name in rounds[0]}
+        for tree, rounds in runs.items()
+    }
+    ours, before = runs["this"], runs["baseline"]
+    result["ratio"] = {
+        name: round(
+            statistics.median(r[name] for r in ours) / statistics.median(r[name] for r in before),
+            3,
+        )
+        for name in ours[0]
+        if name in before[0]
+    }
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
+    parser.add_argument("baseline", type=Path)
+    parser.add_argument("--rounds", type=int, default=2)
+    args, arguments = parser.parse_known_args(argv)
+    commit = (args.baseline / "COMMIT").read_text().strip()
+    runs: dict[str, list[dict[str, float]]] = {"baseline": [], "this": []}
+    for round_ in range(1, args.rounds + 1):
+        for name, tree in (("baseline", args.baseline), ("this", REPO)):
+            summary = run(tree, arguments)
+            runs[name].append(rates(summary))
+            print(f"round {round_}, {name}: {json.dumps(summary)}", flush=True)
+    print(json.dumps({"baseline_commit": commit, **compare(runs)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
