@@ -249,8 +249,8 @@ def _(
 def _float32_gemms(device: torch.device, forward_gemms: torch.dtype) -> Iterator[None]:
     """Autocast off, so the per-step and weight GEMMs run in float32; on CUDA, on TF32 tensor
     cores where the forward's GEMMs ran in a 16-bit type (TF32 keeps 10 mantissa bits to bf16's
-    7): IEEE float32's FFMA GEMMs took half a step's time on the H100 (first contact,
-    infra/device/results). A float32 forward keeps IEEE float32 throughout."""
+    7): IEEE float32's FFMA GEMMs took half a step's time on the H100
+    (benchmarks/results/gpu_first_contact-2026-11-27.md). A float32 forward keeps IEEE float32."""
     before = torch.get_float32_matmul_precision()
     tensor_float32 = device.type == "cuda" and torch.finfo(forward_gemms).bits < 32
     if tensor_float32:
