@@ -1,12 +1,13 @@
-"""One change timed against the tree before it, in one device call: ``gpu_bilm.py`` from each
-tree in turn, alternated over rounds, so that the machine's drift falls on both alike.
+"""Each change timed against the tree before it, in one device call: ``gpu_bilm.py`` from each
+tree in turn, alternated over rounds, so that the machine's drift falls on all alike.
 
-    python infra/device/ab.py BASELINE [gpu_bilm.py's arguments]
+    python infra/device/ab.py BASELINE... [gpu_bilm.py's arguments]
 
-``BASELINE`` is a tree made by ``device_env.py baseline REF DIR`` (``DIR/baseline``, its commit in
-``COMMIT``); this tree is the one the script sits in. Each run is its own process (its own CUDA
-context and Inductor cache). Printed: each run's summary line, then one JSON object: per tree the
-runs' positions/s at each row count, and this tree's median over the baseline's.
+Each ``BASELINE`` is a tree made by ``device_env.py baseline REF... DIR`` (``DIR/baseline-K``, its
+commit in ``COMMIT``), oldest first; this tree, the one the script sits in, comes last. Each run
+is its own process (its own CUDA context and Inductor cache). Printed: each run's summary line,
+then one JSON object: per tree the runs' positions/s at each row count, and each tree's median
+over the one before it's.
 """
 
 from __future__ import annotations
@@ -53,36 +54,42 @@ def rates(summary: dict[str, object]) -> dict[str, float]:
 
 
 def compare(runs: dict[str, list[dict[str, float]]]) -> dict[str, object]:
-    """Per tree and rate, every round's figure; this tree's median over the baseline's."""
+    """Per tree (in the order timed) and rate, every round's figure; then, as ``"A -> B"``, each
+    tree's median over the one before it's."""
     result: dict[str, object] = {
         tree: {name: [r[name] for r in rounds] for name in rounds[0]}
         for tree, rounds in runs.items()
     }
-    ours, before = runs["this"], runs["baseline"]
+    trees = list(runs)
     result["ratio"] = {
-        name: round(
-            statistics.median(r[name] for r in ours) / statistics.median(r[name] for r in before),
-            3,
-        )
-        for name in ours[0]
-        if name in before[0]
+        f"{before} -> {after}": {
+            name: round(
+                statistics.median(r[name] for r in runs[after])
+                / statistics.median(r[name] for r in runs[before]),
+                3,
+            )
+            for name in runs[after][0]
+            if name in runs[before][0]
+        }
+        for before, after in zip(trees, trees[1:], strict=False)
     }
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
-    parser.add_argument("baseline", type=Path)
+    parser.add_argument("baselines", type=Path, nargs="+")
     parser.add_argument("--rounds", type=int, default=2)
     args, arguments = parser.parse_known_args(argv)
-    commit = (args.baseline / "COMMIT").read_text().strip()
-    runs: dict[str, list[dict[str, float]]] = {"baseline": [], "this": []}
+    trees = {(tree / "COMMIT").read_text().strip()[:12]: tree for tree in args.baselines}
+    trees["this"] = REPO
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
     for round_ in range(1, args.rounds + 1):
-        for name, tree in (("baseline", args.baseline), ("this", REPO)):
+        for name, tree in trees.items():
             summary = run(tree, arguments)
             runs[name].append(rates(summary))
             print(f"round {round_}, {name}: {json.dumps(summary)}", flush=True)
-    print(json.dumps({"baseline_commit": commit, **compare(runs)}))
+    print(json.dumps(compare(runs)))
     return 0
 
 

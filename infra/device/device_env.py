@@ -8,7 +8,7 @@ these; ``guard`` runs a CPU process that sees only what the device would have.
 
     python infra/device/device_env.py wheels                 # name==version, one a line
     python infra/device/device_env.py fetch .device          # the cp312 wheels to carry
-    python infra/device/device_env.py baseline REF .device   # REF's tree, for the `ab` part
+    python infra/device/device_env.py baseline REF... .device   # the trees for the `ab` part
     python infra/device/device_env.py guard -m pytest ...    # python seeing only those packages
 """
 
@@ -103,9 +103,17 @@ def fetch(into: Path, python: str = DEVICE_PYTHON) -> None:
     download(carried_wheels(python), wheels, python)
 
 
-def baseline(ref: str, into: Path) -> None:
-    """``into/baseline``: the tree at git ``ref`` (what ``gpu_bilm.py`` runs from), and
-    ``into/baseline/COMMIT``, for the suite's ``ab`` part to time against this tree's."""
+def baselines(refs: Sequence[str], into: Path) -> list[Path]:
+    """``into/baseline-K``: the tree at each git ref in turn (what ``gpu_bilm.py`` runs from), its
+    commit in ``COMMIT``, for the suite's ``ab`` part to time each against the next and the last
+    against this tree's; earlier ones removed."""
+    for old in into.glob("baseline-*"):
+        shutil.rmtree(old)
+    return [baseline(ref, into / f"baseline-{k}") for k, ref in enumerate(refs, start=1)]
+
+
+def baseline(ref: str, target: Path) -> Path:
+    """``target``: the tree at git ``ref``, its commit in ``target/COMMIT``."""
     commit = subprocess.run(
         ["git", "rev-parse", "--verify", f"{ref}^{{commit}}"],
         cwd=REPO,
@@ -113,7 +121,6 @@ def baseline(ref: str, into: Path) -> None:
         capture_output=True,
         text=True,
     ).stdout.strip()
-    target = into / "baseline"
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)
     archive = subprocess.run(
@@ -121,6 +128,7 @@ def baseline(ref: str, into: Path) -> None:
     ).stdout
     subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
     (target / "COMMIT").write_text(commit + "\n")
+    return target
 
 
 def allowed_distributions() -> set[str]:
@@ -167,15 +175,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     fetched = commands.add_parser("fetch", help="download what the device needs into DIR")
     fetched.add_argument("into", type=Path)
     fetched.add_argument("--python", default=DEVICE_PYTHON)
-    earlier = commands.add_parser("baseline", help="git REF's tree into DIR/baseline")
-    earlier.add_argument("ref")
+    earlier = commands.add_parser("baseline", help="each git REF's tree into DIR/baseline-K")
+    earlier.add_argument("refs", nargs="+")
     earlier.add_argument("into", type=Path)
     commands.add_parser("guard", help="-m MODULE ARGS...: run with the device's imports only")
     args = parser.parse_args(argv)
     if args.command == "wheels":
         print("\n".join(carried_wheels(args.python)))
     elif args.command == "baseline":
-        baseline(args.ref, args.into)
+        baselines(args.refs, args.into)
     else:
         fetch(args.into, args.python)
 

@@ -20,10 +20,10 @@
 #                    directions apart and batched: ours against the straightforward baseline, MFU,
 #                    where a step's time goes;
 #   sweep-IMPL       ours at 256, 512 and 1024 rows, directions batched;
-#   ab               fused (directions batched) at 128 and 1,024 rows, from DIR/baseline (a
-#                    tree made by infra/device/device_env.py baseline REF DIR) and from this
-#                    tree, alternated twice (infra/device/ab.py): one change against the tree
-#                    before it, in the same call;
+#   ab               fused (directions batched) at 128 and 1,024 rows, from each DIR/baseline-K
+#                    (trees made by infra/device/device_env.py baseline REF... DIR) and from
+#                    this tree, alternated twice (infra/device/ab.py): each change against the
+#                    tree before it, in the same call;
 #   inference        embedding 64 sentences with the frozen biLM (reference, compiled, fused);
 #   data             the data path on this machine's CPUs;
 #   recipe           300 steps of original at 128 rows against 1024 rows at two learning rates
@@ -109,15 +109,20 @@ run_part() {
             [[ -n $rehearse ]] && rows=6,8
             bilm "${part#sweep-}" --batch-directions --only sweep --sweep "$rows" ;;
         ab)
-            if [[ ! -f $carried/baseline/COMMIT ]]; then
-                echo "gpu_suite.sh: ab times this tree against --carried DIR's DIR/baseline:" \
-                    "python infra/device/device_env.py baseline REF DIR makes it" >&2
+            local trees=() k=1
+            while [[ -f $carried/baseline-$k/COMMIT ]]; do
+                trees+=("$carried/baseline-$k")
+                k=$((k + 1))
+            done
+            if [[ ${#trees[@]} -eq 0 ]]; then
+                echo "gpu_suite.sh: ab times this tree against --carried DIR's DIR/baseline-K:" \
+                    "python infra/device/device_env.py baseline REF... DIR makes them" >&2
                 return 2
             fi
-            local size=(--sweep 1024)
-            [[ -n $rehearse ]] && size=(--rounds 1 --smoke --device meta --sweep 8)
-            "$python" infra/device/ab.py "$carried/baseline" --lstm-impl fused --batch-directions \
-                "${size[@]}" ;;
+            local size=(--sweep 128,1024)
+            [[ -n $rehearse ]] && size=(--rounds 1 --smoke --device meta --sweep 6,8)
+            "$python" infra/device/ab.py "${trees[@]}" --lstm-impl fused --batch-directions \
+                --only sweep "${size[@]}" ;;
         inference)
             bilm reference --only inference &&
                 bilm compiled --batch-directions --only inference &&

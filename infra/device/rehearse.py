@@ -40,7 +40,7 @@ from device_env import (
     DEVICE_PYTHON,
     IMAGE,
     REPO,
-    baseline,
+    baselines,
     carried_wheels,
     download,
     fetch,
@@ -276,8 +276,8 @@ def device_commands(timings: dict[str, float]) -> str:
         "Here, once before the device calls (the wheels for the device's Python;",
         f"{CARRY} is git-ignored and travels only where carry names it):",
         f"  .venv/bin/python infra/device/device_env.py fetch {CARRY}",
-        f"  .venv/bin/python infra/device/device_env.py baseline REF {CARRY}   # for ab: the tree"
-        " before the change",
+        f"  .venv/bin/python infra/device/device_env.py baseline REF... {CARRY}   # for ab: the"
+        " trees before each change, oldest first",
         "Then one device call per part (PTB for recipe: copy ../shared/data/ptb to shared/data):",
     ]
     for part, seconds in timings.items():
@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     tree = work / "tree"
     archive(tree)
     shutil.copytree(home / "carried", tree / CARRY)
-    baseline("HEAD", tree / CARRY)  # the ab part's: here the last commit against the tree
+    baselines(["HEAD"], tree / CARRY)  # the ab part's: here the last commit against the tree
     suite = (tree / "infra/device/gpu_suite.sh").read_text()
     failed = False
     if tools.stand_in:

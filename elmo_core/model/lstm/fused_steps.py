@@ -98,9 +98,9 @@ def grad_steps(
     """The backward's pointwise work of step ``t``, after its ``d(hidden)`` GEMM, over what the
     training forward saved (``(…, T, B, X)``, ``mask (…, B, T)``): ``d_c (…, B, H)``, the new
     cell's gradient from later steps, becomes the entering cell's, and step ``t`` of
-    ``d_gates (…, T, B, 4H)`` is written, both in ``d_c``'s dtype. Triton's kernel works the
-    gates' derivatives out from the saved activations step by step; torch's ops take them from
-    tensors computed once for all steps, four ops a step."""
+    ``d_gates (…, T, B, 4H)`` is written (in its own dtype, worked in ``d_c``'s). Triton's kernel
+    works the gates' derivatives out from the saved activations step by step; torch's ops take
+    them from tensors computed once for all steps, four ops a step."""
     saved = (gates, c_in, tanh_cells, cells)
     d_gates_at = d_gates.unbind(-3)  # T × (…, B, 4H)
     if on_triton(gates, c_in):
@@ -235,9 +235,17 @@ def passes(x: Tensor, bound: float | None) -> Tensor:
     return torch.ones_like(x, dtype=torch.bool) if bound is None else x.abs() <= bound
 
 
-def product(x: Tensor, weight: Tensor, out: Tensor | None = None) -> Tensor:
-    """``x·weight``, batched over the directions when ``x`` is 3-D."""
-    return (torch.mm if x.dim() == 2 else torch.bmm)(x, weight, out=out)
+def product(
+    x: Tensor, weight: Tensor, out: Tensor | None = None, *, out_dtype: torch.dtype | None = None
+) -> Tensor:
+    """``x·weight``, batched over the directions when ``x`` is 3-D; in ``out_dtype`` where it
+    differs from ``x``'s (float32 from 16-bit operands: CUDA only, and into no ``out``, as only
+    that form has a meta kernel for fake tensors)."""
+    gemm = torch.mm if x.dim() == 2 else torch.bmm
+    if out_dtype is None or out_dtype == x.dtype:
+        return gemm(x, weight, out=out)
+    assert out is None, "a GEMM with its own result dtype writes a new tensor"
+    return gemm(x, weight, out_dtype=out_dtype)
 
 
 def add_product(base: Tensor, x: Tensor, weight: Tensor, out: Tensor | None = None) -> Tensor:

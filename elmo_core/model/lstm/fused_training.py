@@ -1,16 +1,15 @@
 """``elmo::lstm_layer``: a layer's step loop as one op with its own backward, for training.
 
 The forward keeps only what the backward reads. Both ops have fake implementations, so
-``torch.compile`` keeps them whole; they run below autocast, so the backward computes in at least
-float32 and returns each gradient in its input's dtype.
+``torch.compile`` keeps them whole; they run below autocast. The backward carries its gradients in
+at least float32, runs its GEMMs as :func:`_backward_gemms` says, and returns each gradient in its
+input's dtype.
 
 Shape legend: D = 2 directions (or none), B rows, T window, I input width, P projection, H cell.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -18,7 +17,6 @@ from torch import Tensor
 
 from elmo_core.model.lstm.fused_steps import (
     Step,
-    accumulate,
     add_product,
     cast,
     grad_steps,
@@ -164,7 +162,8 @@ def lstm_layer_backward(
     """The steps walked back once, every step's gate gradients into one tensor; then each weight's
     gradient as one GEMM over all rows. Returns the gradients of inputs, h, c and the weights; a
     missing incoming gradient (an unused output or state) counts as zero."""
-    dtype = torch.promote_types(c_in.dtype, torch.float32)
+    dtype = torch.promote_types(c_in.dtype, torch.float32)  # the carried gradients'
+    gemm = _backward_gemms(inputs.device, input_weight.dtype)  # the GEMMs' operands
     projected, h_in = cast(projected, dtype), cast(h_in, dtype)  # (…, T, B, P)
     keep = mask.transpose(-2, -1).unsqueeze(-1)  # (…, T, B, 1)
     proj_flows = (passes(projected, proj_clip) & keep).to(dtype)  # (…, T, B, P)
@@ -175,30 +174,31 @@ def lstm_layer_backward(
         else cast(grad_outputs, dtype).transpose(-3, -2) * proj_flows
     )  # (…, T, B, P)
 
-    d_gates = gates.new_empty(gates.shape, dtype=dtype)  # (…, T, B, 4H)
-    d_projected = torch.empty_like(projected)  # (…, T, B, P)
+    d_gates = gates.new_empty(gates.shape, dtype=gemm)  # (…, T, B, 4H)
+    d_projected = torch.empty_like(projected, dtype=gemm)  # (…, T, B, P)
     d_h = _state_grad(grad_h, h_in, dtype)  # (…, B, P)
     d_c = _state_grad(grad_c, c_in, dtype)  # (…, B, H)
-    recurrent, projection = (cast(w, dtype).mT for w in (recurrent_weight, projection_weight))
+    recurrent, projection = (cast(w, gemm).mT for w in (recurrent_weight, projection_weight))
     cell_grad = grad_steps(gates, c_in, tanh_cells, cells, mask, cell_clip, d_gates, d_c)
     # each step's slice, T × (…, B, ·)
     through_at, proj_flows_at, skip_at, d_projected_at, d_gates_at = (
         t.unbind(-3) for t in (through, proj_flows, skip, d_projected, d_gates)
     )
-    with _float32_gemms(inputs.device, input_weight.dtype):
+    with torch.autocast(inputs.device.type, enabled=False):
         for t in reversed(range(len(d_gates_at))):
             d_proj = torch.addcmul(through_at[t], d_h, proj_flows_at[t], out=d_projected_at[t])
-            cell_grad(t, product(d_proj, projection))
-            accumulate(d_h.mul_(skip_at[t]), d_gates_at[t], recurrent)
+            cell_grad(t, product(d_proj, projection, out_dtype=dtype))
+            from_gates = product(d_gates_at[t], recurrent, out_dtype=dtype)  # (…, B, P)
+            torch.addcmul(from_gates, d_h, skip_at[t], out=d_h)
 
         gate_rows = _rows(d_gates)  # (…, T·B, 4H)
-        steps_first = cast(inputs, dtype).transpose(-3, -2)  # (…, T, B, I)
-        d_inputs = product(gate_rows, cast(input_weight, dtype).mT).view(steps_first.shape)
+        steps_first = cast(inputs, gemm).transpose(-3, -2)  # (…, T, B, I)
+        d_inputs = product(gate_rows, cast(input_weight, gemm).mT).view(steps_first.shape)
         d_input = _weight_grad(_rows(steps_first), gate_rows, input_weight)  # (…, I, 4H)
-        d_recurrent = _weight_grad(_rows(h_in), gate_rows, recurrent_weight)  # (…, P, 4H)
-        d_bias = gate_rows.sum(-2, keepdim=gate_rows.dim() == 3)  # (4H,) or (D, 1, 4H)
+        d_recurrent = _weight_grad(_rows(cast(h_in, gemm)), gate_rows, recurrent_weight)
+        d_bias = gate_rows.sum(-2, keepdim=gate_rows.dim() == 3, dtype=dtype)  # (4H,), (D, 1, 4H)
         out_gate = gates[..., 3 * c_in.shape[-1] :]  # (…, T, B, H), σ(o) as saved
-        hidden = _rows(cast(torch.mul(out_gate, tanh_cells), dtype))  # (…, T·B, H)
+        hidden = _rows(cast(torch.mul(out_gate, tanh_cells), gemm))  # (…, T·B, H)
         d_projection = _weight_grad(hidden, _rows(d_projected), projection_weight)  # (…, H, P)
     weight_dtype = input_weight.dtype
     return (
@@ -245,22 +245,16 @@ def _(
     )
 
 
-@contextmanager
-def _float32_gemms(device: torch.device, forward_gemms: torch.dtype) -> Iterator[None]:
-    """Autocast off, so the per-step and weight GEMMs run in float32; on CUDA, on TF32 tensor
-    cores where the forward's GEMMs ran in a 16-bit type (TF32 keeps 10 mantissa bits to bf16's
-    7): IEEE float32's FFMA GEMMs took half a step's time on the H100
-    (benchmarks/results/gpu_first_contact-2026-11-27.md). A float32 forward keeps IEEE float32."""
-    before = torch.get_float32_matmul_precision()
-    tensor_float32 = device.type == "cuda" and torch.finfo(forward_gemms).bits < 32
-    if tensor_float32:
-        torch.set_float32_matmul_precision("high")
-    try:
-        with torch.autocast(device.type, enabled=False):
-            yield
-    finally:
-        if tensor_float32:
-            torch.set_float32_matmul_precision(before)
+def _backward_gemms(device: torch.device, forward_gemms: torch.dtype) -> torch.dtype:
+    """The backward GEMMs' operand dtype. On CUDA after a 16-bit forward, that 16-bit type, as
+    autocast gives any layer's backward: float32 operands (even on TF32 tensor cores) made the
+    backward's GEMMs a third of a step on the H200
+    (benchmarks/results/gpu_first_contact-2026-11-27.md). They accumulate in float32, and write
+    float32 where a result feeds the carried gradients. Elsewhere float32: the CPU has no 16-bit
+    GEMM with a float32 result."""
+    if device.type == "cuda" and torch.finfo(forward_gemms).bits < 32:
+        return forward_gemms
+    return torch.float32
 
 
 def _rows(x: Tensor) -> Tensor:

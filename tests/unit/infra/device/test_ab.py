@@ -1,4 +1,4 @@
-"""``ab.py``'s verdict: this tree's median over the baseline's, per figure both trees timed."""
+"""``ab.py``'s verdict: each tree's median over the one before it's, per figure both timed."""
 
 from pathlib import Path
 
@@ -19,9 +19,13 @@ def test_the_ratio_is_of_medians_over_the_rounds(ab):
     summary = {"ours_positions_per_s": 100.0, "ours_mfu": 0.1, "ours@1024_positions_per_s": 300.0}
     assert ab.rates(summary) == {"ours": 100.0, "ours@1024": 300.0}
     runs = {
-        "baseline": [{"ours": 100.0, "ours@1024": 300.0}, {"ours": 90.0, "ours@1024": 330.0}],
-        "this": [{"ours": 200.0, "ours@1024": 330.0}, {"ours": 190.0, "ours@1024": 363.0}],
+        "f29ad39": [{"ours": 100.0, "ours@1024": 300.0}, {"ours": 90.0, "ours@1024": 330.0}],
+        "9a4cfe7": [{"ours": 200.0, "ours@1024": 330.0}, {"ours": 190.0, "ours@1024": 363.0}],
+        "this": [{"ours": 195.0}, {"ours": 390.0}],
     }
     result = ab.compare(runs)
-    assert result["ratio"] == {"ours": pytest.approx(195 / 95, abs=1e-3), "ours@1024": 1.1}
-    assert result["this"] == {"ours": [200.0, 190.0], "ours@1024": [330.0, 363.0]}
+    assert result["ratio"] == {
+        "f29ad39 -> 9a4cfe7": {"ours": pytest.approx(195 / 95, abs=1e-3), "ours@1024": 1.1},
+        "9a4cfe7 -> this": {"ours": pytest.approx(292.5 / 195, abs=1e-3)},
+    }
+    assert result["9a4cfe7"] == {"ours": [200.0, 190.0], "ours@1024": [330.0, 363.0]}

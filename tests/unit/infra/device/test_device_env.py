@@ -82,12 +82,15 @@ def test_the_gpu_benchmark_runs_with_only_the_devices_imports():
     assert '"device": "meta"' in result.stdout.strip().splitlines()[-1]
 
 
-def test_the_baseline_is_the_commits_tree_with_its_name(device_env, tmp_path):
+def test_each_baseline_is_its_commits_tree_with_its_name_in_the_order_given(device_env, tmp_path):
     commit = subprocess.run(
         ["git", "rev-parse", "HEAD~1"], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout.strip()
-    device_env.baseline("HEAD~1", tmp_path)
-    baseline = tmp_path / "baseline"
+    (tmp_path / "baseline-3").mkdir()  # a previous call's
+    trees = device_env.baselines(["HEAD~1", "HEAD"], tmp_path)
+    assert trees == [tmp_path / "baseline-1", tmp_path / "baseline-2"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["baseline-1", "baseline-2"]
+    baseline = trees[0]
     assert (baseline / "COMMIT").read_text().strip() == commit
     assert (baseline / "infra" / "device" / "gpu_bilm.py").is_file()
     shown = subprocess.run(

@@ -2,13 +2,15 @@
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from elmo_core.config import LSTMConfig, ModelConfig
 from elmo_core.model.bilm import BiLM
 from elmo_core.model.lstm import fused_steps
 from elmo_core.model.lstm.fused import FusedProjectedLSTM, fused_layer
 from elmo_core.model.lstm.fused_inference import lstm_layer_inference
-from elmo_core.model.lstm.fused_training import _float32_gemms, lstm_layer, lstm_layer_backward
+from elmo_core.model.lstm.fused_training import _backward_gemms, lstm_layer, lstm_layer_backward
 from elmo_core.model.lstm.reference import ProjectedLSTM, run_layer
 from elmo_core.presets import tiny
 from tests.unit.elmo_core.model.lstm.fused_cases import (
@@ -221,19 +223,86 @@ def test_a_fused_stack_dispatches_far_fewer_ops_forward_and_backward():
 
 
 @pytest.mark.parametrize(
-    ("device", "forward_gemms", "inside"),
+    ("device", "forward_gemms", "operands"),
     [
-        ("cuda", torch.bfloat16, "high"),  # TF32: finer than the forward's bf16 GEMMs
-        ("cuda", torch.float32, "highest"),  # a float32 run stays IEEE float32
-        ("cpu", torch.bfloat16, "highest"),  # the CPU's GEMMs keep their precision
+        ("cuda", torch.bfloat16, torch.bfloat16),  # as autocast gives any layer's backward
+        ("cuda", torch.float16, torch.float16),
+        ("cuda", torch.float32, torch.float32),  # a float32 run stays float32
+        ("cpu", torch.bfloat16, torch.float32),  # no 16-bit GEMM with a float32 result there
     ],
 )
-def test_the_backward_takes_tf32_only_on_cuda_after_a_16_bit_forward(device, forward_gemms, inside):
-    """The switch alone (torch's flags need no GPU): set inside, restored after, even on error."""
-    torch.set_float32_matmul_precision("highest")
-    switch = _float32_gemms(torch.device(device), forward_gemms)
-    with pytest.raises(RuntimeError, match="inside"), switch:
-        assert torch.get_float32_matmul_precision() == inside
-        assert not torch.is_autocast_enabled(device)
-        raise RuntimeError("inside")
-    assert torch.get_float32_matmul_precision() == "highest"
+def test_the_backward_gemms_take_16_bit_operands_only_on_cuda_after_a_16_bit_forward(
+    device, forward_gemms, operands
+):
+    assert _backward_gemms(torch.device(device), forward_gemms) == operands
+
+
+class _Gemms(TorchDispatchMode):
+    """The operand and result dtypes of each GEMM dispatched."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dtypes: list[tuple[torch.dtype, torch.dtype]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        result = func(*args, **(kwargs or {}))
+        if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.bmm):
+            self.dtypes.append((args[0].dtype, result.dtype))
+        return result
+
+
+@pytest.mark.skipif(torch.version.cuda is None, reason="fake CUDA tensors need a CUDA build")
+@pytest.mark.parametrize("directions", [None, 2], ids=["one-stack", "directions-batched"])
+def test_on_fake_cuda_the_backward_runs_bf16_gemms_and_carries_float32(directions, monkeypatch):
+    """The backward's CUDA path on a CPU (fake tensors on device ``cuda``; its torch steps, as
+    Triton's kernels need a GPU): every GEMM takes bf16; the two a step feeding the carried
+    gradients write float32, and so do those gradients."""
+    monkeypatch.setattr(fused_steps, "on_triton", lambda gates, state: False)
+    lead = () if directions is None else (directions,)
+    with FakeTensorMode(), torch.device("cuda"):
+        bf16 = [x.detach().to("cuda", torch.bfloat16) for x in _leaves(directions)]
+        inputs = torch.randn(*lead, B, T, I, dtype=torch.bfloat16)
+        mask, h, c = (
+            _mask([T, 2, 0, 1], lead).cuda(),
+            torch.randn(*lead, B, P),
+            torch.randn(*lead, B, H),
+        )
+        weights = _weights(bf16)
+        saved = lstm_layer(inputs, mask, h, c, *weights, CELL_CLIP, PROJ_CLIP)[3:]
+        arguments = (torch.randn(*lead, B, T, P), None, torch.randn(*lead, B, H), inputs, mask)
+        with _Gemms() as gemms:
+            results = lstm_layer_backward._init_fn(
+                *arguments, weights.input, weights.recurrent, weights.projection, *saved,
+                CELL_CLIP, PROJ_CLIP,
+            )  # fmt: skip
+    assert {operands for operands, _ in gemms.dtypes} == {torch.bfloat16}
+    assert sum(result == torch.float32 for _, result in gemms.dtypes) == 2 * T
+    assert [x.dtype for x in results[1:3]] == [torch.float32, torch.float32]  # d_h, d_c
+    assert all(x.dtype == torch.bfloat16 for x in results[3:])  # as the weights
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("directions", [None, 2], ids=["one-stack", "directions-batched"])
+def test_on_cuda_the_bf16_backward_is_within_bf16_rounding_of_float32_gemms(directions):
+    """After a bf16 forward, the backward's 16-bit GEMMs on CUDA against float32 GEMMs on the CPU
+    over the same saved tensors: each gradient within 1 % (bf16 keeps 8 bits, 0.4 %)."""
+    lead = () if directions is None else (directions,)
+    generator = torch.Generator().manual_seed(4)
+    leaves = [leaf.detach().to(torch.bfloat16) for leaf in _leaves(directions)]
+    inputs = torch.randn(*lead, B, T, I, generator=generator).to(torch.bfloat16)
+    mask = _mask([T, 2, 0, 1], lead)
+    h, c = torch.randn(*lead, B, P), torch.randn(*lead, B, H)
+    d_outputs, d_c = torch.randn(*lead, B, T, P).cuda(), torch.randn(*lead, B, H).cuda()
+    on_cuda = [x.cuda() for x in (inputs, mask, h, c, *_weights(leaves))]
+    saved = lstm_layer(*on_cuda, CELL_CLIP, PROJ_CLIP)[3:]
+    inputs, mask, _, _, input_weight, recurrent, _, projection = on_cuda
+    backward = (d_outputs, d_c, inputs, mask, input_weight, recurrent, projection, *saved)
+    results = []
+    for device in ("cuda", "cpu"):  # h's gradient absent: the state went unused
+        d_outputs, d_c, *rest = (x.to(device) for x in backward)
+        results.append(lstm_layer_backward(d_outputs, None, d_c, *rest, CELL_CLIP, PROJ_CLIP))
+    names = ["inputs", "h", "c", "input", "recurrent", "bias", "projection"]
+    for got, expected, name in zip(*results, names, strict=True):
+        assert got.dtype == expected.dtype, name
+        error = (got.cpu().float() - expected.float()).norm() / expected.float().norm()
+        assert error < 0.01, (name, error.item())
