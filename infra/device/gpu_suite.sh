@@ -20,6 +20,7 @@
 #                    directions apart and batched: ours against the straightforward baseline, MFU,
 #                    where a step's time goes;
 #   sweep-IMPL       ours at 256, 512 and 1024 rows, directions batched;
+#   profile-IMPL     where ours spends a step (directions batched) at 128 and 1,024 rows, alone;
 #   ab               fused (directions batched) at 128 and 1,024 rows, from each DIR/baseline-K
 #                    (trees made by infra/device/device_env.py baseline REF... DIR) and from
 #                    this tree, alternated twice (infra/device/ab.py): each change against the
@@ -104,6 +105,9 @@ run_part() {
                 tests/unit/elmo_core/model/test_bilm_autocast.py ;;
         speed-reference | speed-compiled | speed-graphed | speed-fused)
             bilm "${part#speed-}" --profile && bilm "${part#speed-}" --batch-directions --profile ;;
+        profile-reference | profile-compiled | profile-graphed | profile-fused)
+            bilm "${part#profile-}" --batch-directions --only profile &&
+                bilm "${part#profile-}" --batch-directions --only profile --batch 1024 ;;
         sweep-reference | sweep-compiled | sweep-graphed | sweep-fused)
             local rows=256,512,1024
             [[ -n $rehearse ]] && rows=6,8

@@ -59,6 +59,7 @@ PARTS = [
     "sweep-compiled",
     "sweep-graphed",
     "sweep-fused",
+    "profile-fused",
     "ab",
     "inference",
     "data",
