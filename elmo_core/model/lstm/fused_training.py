@@ -163,7 +163,7 @@ def lstm_layer_backward(
     gradient as one GEMM over all rows. Returns the gradients of inputs, h, c and the weights; a
     missing incoming gradient (an unused output or state) counts as zero."""
     dtype = torch.promote_types(c_in.dtype, torch.float32)  # the carried gradients'
-    gemm = _backward_gemms(inputs.device, input_weight.dtype)  # the GEMMs' operands
+    gemm = _backward_gemms(inputs.device, input_weight.dtype, dtype)  # the GEMMs' operands
     projected, h_in = cast(projected, dtype), cast(h_in, dtype)  # (…, T, B, P)
     keep = mask.transpose(-2, -1).unsqueeze(-1)  # (…, T, B, 1)
     proj_flows = (passes(projected, proj_clip) & keep).to(dtype)  # (…, T, B, P)
@@ -245,16 +245,18 @@ def _(
     )
 
 
-def _backward_gemms(device: torch.device, forward_gemms: torch.dtype) -> torch.dtype:
+def _backward_gemms(
+    device: torch.device, forward_gemms: torch.dtype, carried: torch.dtype
+) -> torch.dtype:
     """The backward GEMMs' operand dtype. On CUDA after a 16-bit forward, that 16-bit type, as
     autocast gives any layer's backward: float32 operands (even on TF32 tensor cores) made the
     backward's GEMMs a third of a step on the H200
     (benchmarks/results/gpu_first_contact-2026-11-27.md). They accumulate in float32, and write
-    float32 where a result feeds the carried gradients. Elsewhere float32: the CPU has no 16-bit
-    GEMM with a float32 result."""
+    float32 where a result feeds the carried gradients. Elsewhere the ``carried`` gradients'
+    dtype: the CPU has no 16-bit GEMM with a float32 result."""
     if device.type == "cuda" and torch.finfo(forward_gemms).bits < 32:
         return forward_gemms
-    return torch.float32
+    return carried
 
 
 def _rows(x: Tensor) -> Tensor:

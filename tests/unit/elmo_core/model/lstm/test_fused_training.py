@@ -229,12 +229,14 @@ def test_a_fused_stack_dispatches_far_fewer_ops_forward_and_backward():
         ("cuda", torch.float16, torch.float16),
         ("cuda", torch.float32, torch.float32),  # a float32 run stays float32
         ("cpu", torch.bfloat16, torch.float32),  # no 16-bit GEMM with a float32 result there
+        ("cpu", torch.float64, torch.float64),  # a float64 run, as the parity tests run
     ],
 )
 def test_the_backward_gemms_take_16_bit_operands_only_on_cuda_after_a_16_bit_forward(
     device, forward_gemms, operands
 ):
-    assert _backward_gemms(torch.device(device), forward_gemms) == operands
+    carried = torch.promote_types(forward_gemms, torch.float32)
+    assert _backward_gemms(torch.device(device), forward_gemms, carried) == operands
 
 
 class _Gemms(TorchDispatchMode):
