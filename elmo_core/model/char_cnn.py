@@ -124,7 +124,11 @@ def _pool_per_width(encoder: CharCNN, chars: torch.Tensor, used_width: int) -> t
     only on ties, which on real text are copies of one window (the tail, a repeated letter): the
     same chars under the same weights, so every parameter's gradient sums the same.
     """
-    return torch.cat([conv(chars).max(dim=-1).values for conv in encoder.convolutions], dim=-1)
+    convolutions = [cast(nn.Conv1d, conv) for conv in encoder.convolutions]
+    return torch.cat(
+        [_max_over_positions(_convolve(chars, conv.weight, conv.bias)) for conv in convolutions],
+        dim=-1,
+    )
 
 
 def _pool_padded(encoder: CharCNN, chars: torch.Tensor, used_width: int) -> torch.Tensor:
@@ -148,17 +152,43 @@ def _pool_padded(encoder: CharCNN, chars: torch.Tensor, used_width: int) -> torc
     )
     bias = torch.cat([cast(torch.Tensor, conv.bias) for conv in convolutions])  # (F,)
     missing = used_width + encoder.max_width - chars.shape[-1]  # columns past W'
-    out = F.conv1d(F.pad(chars, (0, missing)), weight, bias)  # (N, F, used_width + 1)
+    out = _convolve(F.pad(chars, (0, missing)), weight, bias)  # (N, F, used_width + 1)
     if missing > 0:
         last = torch.tensor(  # (F,) each filter's last own position
             [chars.shape[-1] - width for width, num in filters for _ in range(num)]
         )
         beyond = torch.arange(out.shape[-1]) > last[:, None]  # (F, used_width + 1)
         out = out.masked_fill(beyond.to(out.device), float("-inf"))
-    return out.max(dim=-1).values  # (N, F)
+    return _max_over_positions(out)  # (N, F)
 
 
 _POOLS = {"per_width": _pool_per_width, "padded": _pool_padded}
+
+
+def _convolve(chars: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``conv1d(chars (N, E, W'), weight (F, E, w))`` → ``(N, F, L)``. Where :func:`channels_last`
+    says so, a 2-D convolution over channels-last views: the embedding writes ``(N, W', E)``, the
+    layout cuDNN's tensor-core kernels take, and NCHW operands cost 54 layout conversions a
+    profiled step at 1,024 rows (benchmarks/results/gpu_bf16_backward-2026-11-27.md)."""
+    if not channels_last(chars):
+        return F.conv1d(chars, weight, bias)
+    kernels = weight.unsqueeze(2).contiguous(memory_format=torch.channels_last)  # (F, E, 1, w)
+    return F.conv2d(chars.unsqueeze(2), kernels, bias).squeeze(2)  # (N, F, L), F innermost
+
+
+def _max_over_positions(out: torch.Tensor) -> torch.Tensor:
+    """``out (N, F, L)`` → ``(N, F)``, reduced in the layout ``out`` lies in: where the filters
+    are innermost, over the middle dimension of that ``(N, L, F)`` storage, so that the backward's
+    gradient (zero but at each maximum) comes back channels-last too."""
+    if out.stride(1) == 1 and out.shape[-1] > 1:
+        return out.transpose(1, 2).max(dim=1).values
+    return out.max(dim=-1).values
+
+
+def channels_last(chars: torch.Tensor) -> bool:
+    """Whether :func:`_convolve` runs channels-last: on CUDA. (A test patches it to compare both
+    forms on the CPU.)"""
+    return chars.is_cuda
 
 
 def _trim_tail(char_ids: torch.Tensor, max_width: int, used_width: int) -> torch.Tensor:

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from elmo_core.config import CharCNNConfig, LSTMConfig, ModelConfig
+from elmo_core.model import char_cnn
 from elmo_core.model.char_cnn import CharCNN, _trim_tail, _used_width, token_types
 from elmo_core.presets import tiny
 from elmo_core.text.char_ids import batch_to_ids
@@ -139,3 +140,28 @@ def test_trimming_the_constant_tail_keeps_features_and_gradients():
         torch.testing.assert_close(fast, plain, rtol=0, atol=1e-12)
         for fast_grad, parameter in zip(fast_grads, encoder.parameters(), strict=True):
             torch.testing.assert_close(fast_grad, parameter.grad, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("conv_impl", ["per_width", "padded"])
+def test_channels_last_convolutions_give_the_same_features_and_gradients(conv_impl, monkeypatch):
+    """The CUDA form (2-D convolutions over channels-last views, the max over the positions of
+    that storage) on the CPU, against the plain one; its gradient comes back channels-last."""
+    torch.manual_seed(0)
+    encoder = CharCNN(tiny().model_copy(update={"conv_impl": conv_impl})).double()
+    ids = batch_to_ids([["a", "rose", "is", "a"], ["x" * 60, "roses"]])  # one token past the cut
+    results = []
+    for channels_last in (False, True):
+        monkeypatch.setattr(char_cnn, "channels_last", lambda chars, on=channels_last: on)
+        encoder.zero_grad()
+        encoded = encoder(ids)
+        encoded.pow(2).sum().backward()
+        results.append([encoded, *(p.grad.clone() for p in encoder.parameters())])
+    for plain, channels_last in zip(*results, strict=True):
+        torch.testing.assert_close(channels_last, plain, rtol=0, atol=1e-10)
+
+    chars = torch.randn(3, 9, 4, dtype=torch.float64).transpose(1, 2)  # (N, E, W') as embedded
+    out = char_cnn._convolve(chars, torch.randn(5, 4, 3, dtype=torch.float64), None)
+    assert out.shape == (3, 5, 7) and out.stride(1) == 1  # the filters innermost
+    leaf = out.detach().requires_grad_()
+    char_cnn._max_over_positions(leaf).sum().backward()
+    assert leaf.grad.stride(1) == 1
