@@ -96,13 +96,15 @@ KERNEL_KINDS = (  # (kind, name pattern) in the order a kernel is classified
     ("pointwise", re.compile(r"elementwise|vectorized|unrolled|pointwise|index", re.IGNORECASE)),
 )
 TOP_KERNELS = 25
+TOP_HOST_OPS = 15
 LAUNCHES = re.compile(r"^cu(da)?LaunchKernel")
 SYNCS = re.compile(r"^cuda(Stream|Device|Event)Synchronize$")  # a host that waits for the GPU
 
 
 def where_the_time_goes(run: Callable[[], None], steps: int) -> dict[str, object]:
     """Per step: device milliseconds by kernel kind, the GPU's idle gaps between kernels, kernel
-    launches and host syncs, and the kernels that take longest."""
+    launches and host syncs, the kernels that take longest, and the host's side (:func:`host_ops`):
+    where the GPU idles, the host is what binds."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -112,7 +114,11 @@ def where_the_time_goes(run: Callable[[], None], steps: int) -> dict[str, object
             run()
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-    summary: dict[str, object] = {**kernel_timeline(profile, steps), **kernel_kinds(profile, steps)}
+    summary: dict[str, object] = {
+        **kernel_timeline(profile, steps),
+        **kernel_kinds(profile, steps),
+        **host_ops(profile, steps),
+    }
     summary["top kernels"] = [
         [event.key[:80], round(event.self_device_time_total / 1e3 / steps, 3), event.count / steps]
         for event in sorted(
@@ -161,6 +167,21 @@ def kernel_kinds(profile: torch.profiler.profile, steps: int) -> dict[str, float
         elif SYNCS.search(event.key):
             summary["host syncs"] = summary.get("host syncs", 0.0) + event.count / steps
     return {key: round(value, 3) for key, value in sorted(summary.items())}
+
+
+def host_ops(profile: torch.profiler.profile, steps: int) -> dict[str, object]:
+    """Per step: the host's milliseconds inside the profiled ops and regions, each counted by its
+    own time (its children's apart; the backward's thread too), and the ops that take most. A
+    fused op's own time is the Python that launches its Triton kernels."""
+    host = [event for event in profile.key_averages() if event.device_type == DeviceType.CPU]
+    top = sorted(host, key=lambda e: -e.self_cpu_time_total)[:TOP_HOST_OPS]
+    return {
+        "host ms": round(sum(e.self_cpu_time_total for e in host) / 1e3 / steps, 3),
+        "top host ops": [
+            [e.key[:80], round(e.self_cpu_time_total / 1e3 / steps, 3), e.count / steps]
+            for e in top
+        ],
+    }
 
 
 def on_device(event: Any) -> bool:

@@ -116,3 +116,33 @@ def test_the_profile_split_counts_each_kernel_once_by_its_kind(gpu_bilm):
         "launches": 5.0,
         "pointwise ms": 0.1,
     }
+
+
+def test_the_host_side_counts_each_op_by_its_own_time(gpu_bilm):
+    """Where a step is host-bound, the host's ops by their own time: a kernel's device time is
+    not the host's, and a parent op's time without its children's."""
+    cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+
+    def event(key, device_type, self_cpu_us, count=2):
+        return SimpleNamespace(
+            key=key, device_type=device_type, self_cpu_time_total=self_cpu_us, count=count
+        )
+
+    events = [
+        event("elmo::lstm_layer", cpu, 4000.0),  # its Python: the Triton launches
+        event("aten::bmm", cpu, 1000.0, count=80),
+        event("cudaLaunchKernel", cpu, 2000.0, count=160),
+        event("_cell_kernel", cuda, 0.0, count=40),
+    ]
+    profile = SimpleNamespace(key_averages=lambda: events)
+
+    host = gpu_bilm.host_ops(profile, steps=2)
+
+    assert host == {
+        "host ms": 3.5,
+        "top host ops": [
+            ["elmo::lstm_layer", 2.0, 1.0],
+            ["cudaLaunchKernel", 1.0, 80.0],
+            ["aten::bmm", 0.5, 40.0],
+        ],
+    }
