@@ -89,9 +89,9 @@ class ModelConfig(StrictModel):
         description="LSTM kernel: 'auto' is the device's choice in elmo_core.model.lstm's table "
         "(fused; on CUDA cudnn where both clips are null and the directions apart); 'cudnn' "
         "(fused nn.LSTM) needs both clips null; 'compiled' is the reference loop under "
-        "torch.compile (clips kept, for GPUs); 'graphed' also replays it as CUDA graphs; 'fused' "
-        "runs each layer as one op with its own backward (clips kept, a third of the ops); the "
-        "parameters are the same either way",
+        "torch.compile (clips kept, for GPUs); 'fused' runs each layer as one op with its own "
+        "backward (clips kept, a third of the ops); 'graphed' replays fused's ops as CUDA graphs "
+        "while training; the parameters are the same either way",
     )
     conv_impl: Literal["per_width", "padded"] = Field(
         "per_width",

@@ -1,13 +1,14 @@
 """Each change timed against the tree before it, in one device call: ``gpu_bilm.py`` from each
 tree in turn, alternated over rounds, so that the machine's drift falls on all alike.
 
-    python infra/device/ab.py BASELINE... [gpu_bilm.py's arguments]
+    python infra/device/ab.py [BASELINE...] [--impls fused,graphed] [gpu_bilm.py's arguments]
 
 Each ``BASELINE`` is a tree made by ``device_env.py baseline REF... DIR`` (``DIR/baseline-K``, its
-commit in ``COMMIT``), oldest first; this tree, the one the script sits in, comes last. Each run
-is its own process (its own CUDA context and Inductor cache). Printed: each run's summary line,
-then one JSON object: per tree the runs' positions/s at each row count, and each tree's median
-over the one before it's.
+commit in ``COMMIT``), oldest first; this tree, the one the script sits in, comes last. With
+``--impls``, each tree runs each LSTM variant in turn: one variant against another. Each run is
+its own process (its own CUDA context and Inductor cache). Printed: each run's summary line, then
+one JSON object: per tree (and variant) the runs' positions/s at each row count, and each one's
+median over the one before it's.
 """
 
 from __future__ import annotations
@@ -78,15 +79,27 @@ def compare(runs: dict[str, list[dict[str, float]]]) -> dict[str, object]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
-    parser.add_argument("baselines", type=Path, nargs="+")
+    parser.add_argument("baselines", type=Path, nargs="*")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--impls", default="", help="LSTM variants to time in turn on each tree: fused,graphed"
+    )
     args, arguments = parser.parse_known_args(argv)
     trees = {(tree / "COMMIT").read_text().strip()[:12]: tree for tree in args.baselines}
     trees["this"] = REPO
-    runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+    impls = [impl for impl in args.impls.split(",") if impl]
+    timed = {  # name -> (tree, gpu_bilm.py's arguments)
+        f"{name} {impl}" if impl else name: (
+            tree,
+            [*arguments, *(["--lstm-impl", impl] * bool(impl))],
+        )
+        for name, tree in trees.items()
+        for impl in impls or [""]
+    }
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in timed}
     for round_ in range(1, args.rounds + 1):
-        for name, tree in trees.items():
-            summary = run(tree, arguments)
+        for name, (tree, tree_arguments) in timed.items():
+            summary = run(tree, tree_arguments)
             runs[name].append(rates(summary))
             print(f"round {round_}, {name}: {json.dumps(summary)}", flush=True)
     print(json.dumps(compare(runs)))

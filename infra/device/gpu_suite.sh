@@ -25,6 +25,8 @@
 #                    (trees made by infra/device/device_env.py baseline REF... DIR) and from
 #                    this tree, alternated twice (infra/device/ab.py): each change against the
 #                    tree before it, in the same call;
+#   ab-graphed       this tree's fused against graphed (fused's ops replayed as CUDA graphs) at 128
+#                    and 1,024 rows, directions batched, alternated twice (infra/device/ab.py);
 #   inference        embedding 64 sentences with the frozen biLM (reference, compiled, fused);
 #   data             the data path on this machine's CPUs;
 #   recipe           300 steps of original at 128 rows against 1024 rows at two learning rates
@@ -127,6 +129,11 @@ run_part() {
             [[ -n $rehearse ]] && size=(--rounds 1 --smoke --device meta --sweep 6,8)
             "$python" infra/device/ab.py "${trees[@]}" --lstm-impl fused --batch-directions \
                 --only sweep "${size[@]}" ;;
+        ab-graphed)
+            local size=(--sweep 128,1024)
+            [[ -n $rehearse ]] && size=(--rounds 1 --smoke --sweep 6,8)
+            "$python" infra/device/ab.py --impls fused,graphed --batch-directions --only sweep \
+                "${size[@]}" ;;
         inference)
             bilm reference --only inference &&
                 bilm compiled --batch-directions --only inference &&

@@ -61,6 +61,7 @@ PARTS = [
     "sweep-fused",
     "profile-fused",
     "ab",
+    "ab-graphed",
     "inference",
     "data",
     "recipe",

@@ -1,5 +1,6 @@
 """``ab.py``'s verdict: each tree's median over the one before it's, per figure both timed."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -29,3 +30,32 @@ def test_the_ratio_is_of_medians_over_the_rounds(ab):
         "9a4cfe7 -> this": {"ours": pytest.approx(292.5 / 195, abs=1e-3)},
     }
     assert result["9a4cfe7"] == {"ours": [200.0, 190.0], "ours@1024": [330.0, 363.0]}
+
+
+def test_with_impls_each_tree_runs_each_variant_in_turn(ab, monkeypatch, tmp_path, capsys):
+    baseline = tmp_path / "baseline-1"
+    baseline.mkdir()
+    (baseline / "COMMIT").write_text("f29ad39156e730ef9de5e8c37793cea274ef8bf4\n")
+    calls = []
+
+    def run(tree, arguments):
+        calls.append((tree, arguments))
+        return {"ours@128_positions_per_s": 100.0 * len(calls)}
+
+    monkeypatch.setattr(ab, "run", run)
+    ab.main([str(baseline), "--impls", "fused,graphed", "--rounds", "1", "--sweep", "128"])
+
+    assert [(tree, arguments[-1]) for tree, arguments in calls] == [
+        (baseline, "fused"),
+        (baseline, "graphed"),
+        (ab.REPO, "fused"),
+        (ab.REPO, "graphed"),
+    ]
+    assert all(arguments[:2] == ["--sweep", "128"] for _, arguments in calls)
+    ratios = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["ratio"]
+    assert list(ratios) == [
+        "f29ad39156e7 fused -> f29ad39156e7 graphed",
+        "f29ad39156e7 graphed -> this fused",
+        "this fused -> this graphed",
+    ]
+    assert ratios["this fused -> this graphed"] == {"ours@128": 1.333}

@@ -16,7 +16,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_leaves
 
-from elmo_core.model.lstm import compiled as lstm_compiled
+from elmo_core.model.lstm import fused as lstm_fused
 from elmo_core.model.lstm.reference import LayerLoop
 
 OVERWRITTEN = "accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run"
@@ -71,16 +71,15 @@ def _address(tensor: torch.Tensor) -> int:
 
 @contextlib.contextmanager
 def emulate_graph_replays() -> Iterator[None]:
-    """Within: the reduce-overhead loop's outputs are overwritten as on a GPU, and reads fail."""
-    compiled_layer_loop = lstm_compiled._compiled_layer_loop
+    """Within: the graphed loop's outputs are overwritten as on a GPU, and reads fail; the plain
+    fused loop's inputs are checked too."""
+    loops = (lstm_fused.fused_layer, lstm_fused.graphed_layer)
     replays = _GraphReplays()
-    loops = {
-        mode: replays.outside(compiled_layer_loop(mode), mode == "reduce-overhead")
-        for mode in (None, "reduce-overhead")
-    }
-    lstm_compiled._compiled_layer_loop = loops.__getitem__  # type: ignore[assignment]
+    graphed = replays.outside(lstm_fused.graphed_layer(), graphed=True)
+    lstm_fused.fused_layer = replays.outside(loops[0], graphed=False)  # type: ignore[assignment]
+    lstm_fused.graphed_layer = lambda: graphed  # type: ignore[assignment]
     try:
         with replays:
             yield
     finally:
-        lstm_compiled._compiled_layer_loop = compiled_layer_loop
+        lstm_fused.fused_layer, lstm_fused.graphed_layer = loops  # type: ignore[assignment]

@@ -1,13 +1,15 @@
-"""The compiled LSTM stack (torch.compile; Inductor's CPU backend here) equals the reference."""
+"""The stacks under torch.compile equal the reference: the compiled loop (Inductor's CPU backend
+here) and the fused ops replayed as CUDA graphs (``graphed``; compiled, without graphs, here)."""
 
 import pytest
 import torch
 
 from elmo_core.config import LSTMConfig, TrainConfig
 from elmo_core.model.bilm import BiLM
-from elmo_core.model.lstm import compiled as lstm_compiled
-from elmo_core.model.lstm.compiled import CompiledProjectedLSTM, GraphedProjectedLSTM
+from elmo_core.model.lstm import fused as lstm_fused
+from elmo_core.model.lstm.compiled import CompiledProjectedLSTM
 from elmo_core.model.lstm.directions import run_both_directions
+from elmo_core.model.lstm.fused import FusedProjectedLSTM, GraphedProjectedLSTM
 from elmo_core.model.lstm.reference import LSTMState, ProjectedLSTM, ProjectedLSTMLayer
 from elmo_core.presets import tiny
 from elmo_core.training.step import TrainingStep
@@ -71,13 +73,13 @@ def test_both_directions_compiled_together_equal_the_reference_stacks_alone():
 
 
 @pytest.mark.gpu
-def test_training_steps_replayed_as_cuda_graphs_equal_the_compiled_ones():
+def test_training_steps_replayed_as_cuda_graphs_equal_the_fused_ones():
     """Captured graphs replayed across steps, the LSTM state carried between them, backward and
-    Adagrad in between: the same weights as the compiled loop launched kernel by kernel."""
+    Adagrad in between: the same weights as the fused ops launched kernel by kernel."""
     device = torch.device("cuda")
     torch.manual_seed(0)
     models = []
-    for impl in ("compiled", "graphed"):
+    for impl in ("fused", "graphed"):
         config = tiny().model_copy(update={"lstm_impl": impl, "batch_directions": True})
         torch.manual_seed(0)
         models.append(BiLM(config, vocab_size=100).to(device).train())
@@ -98,10 +100,10 @@ def test_training_steps_replayed_as_cuda_graphs_equal_the_compiled_ones():
         for index, step in enumerate(steps):
             torch.manual_seed(seed)  # the same dropout masks and candidates
             states[index] = step(**windows, state=states[index]).state
-    for (name, graphed), compiled in zip(
+    for (name, graphed), fused in zip(
         models[1].named_parameters(), models[0].parameters(), strict=True
     ):
-        torch.testing.assert_close(graphed, compiled, rtol=1e-4, atol=1e-5, msg=name)
+        torch.testing.assert_close(graphed, fused, rtol=1e-4, atol=1e-5, msg=name)
 
 
 def test_the_config_selects_it_with_the_reference_parameters():
@@ -126,16 +128,16 @@ _MASKS = torch.arange(T) < torch.tensor([[T, 2, 0, 1], [1, T, 3, 0]]).unsqueeze(
 
 
 @pytest.mark.parametrize("batch_directions", [False, True])
-def test_without_grad_the_graphed_stack_runs_the_compiled_loop(batch_directions):
+def test_without_grad_the_graphed_stack_runs_the_fused_ops_uncaptured(batch_directions):
     """No CUDA graphs without a backward to come: each call would overwrite the previous one's
     outputs, which the next layer's residual still reads."""
     graphed = GraphedProjectedLSTM(CLIPPED, P)
-    assert graphed.layer_loop() is lstm_compiled._compiled_layer_loop("reduce-overhead")
+    assert graphed.layer_loop() is lstm_fused.graphed_layer()
     with torch.no_grad():
-        assert graphed.layer_loop() is lstm_compiled._compiled_layer_loop(None)
+        assert graphed.layer_loop() is lstm_fused.fused_layer
         outputs, states = _both_directions(GraphedProjectedLSTM, batch_directions, _INPUTS, _MASKS)
         ref_outputs, ref_states = _both_directions(
-            CompiledProjectedLSTM, batch_directions, _INPUTS, _MASKS
+            FusedProjectedLSTM, batch_directions, _INPUTS, _MASKS
         )
     torch.testing.assert_close((outputs, states), (ref_outputs, ref_states), rtol=0, atol=0)
 
@@ -152,7 +154,7 @@ def test_the_emulated_replays_fail_a_read_of_an_output_after_the_next_replay():
     state = (torch.zeros(B, P), torch.zeros(B, H))
     args = (_INPUTS[0], _MASKS[0], *state, layer.weights(), layer.cell_clip, layer.proj_clip)
     with emulate_graph_replays(), torch.no_grad():
-        loop = lstm_compiled._compiled_layer_loop("reduce-overhead")
+        loop = lstm_fused.graphed_layer()
         first, _, _ = loop(*args)
         first + 1  # read before the next replay: still the graph's output
         loop(*args)  # no backward pending: a new generation, over the first call's outputs
