@@ -14,6 +14,7 @@ median over the one before it's.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -78,14 +79,17 @@ def compare(runs: dict[str, list[dict[str, float]]]) -> dict[str, object]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    # the baselines lead; what follows is ab.py's options and gpu_bilm.py's, whose values
+    # (``--only sweep``) argparse would take for more baselines
+    baselines = [Path(a) for a in itertools.takewhile(lambda a: not a.startswith("-"), argv)]
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
-    parser.add_argument("baselines", type=Path, nargs="*")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument(
         "--impls", default="", help="LSTM variants to time in turn on each tree: fused,graphed"
     )
-    args, arguments = parser.parse_known_args(argv)
-    trees = {(tree / "COMMIT").read_text().strip()[:12]: tree for tree in args.baselines}
+    args, arguments = parser.parse_known_args(argv[len(baselines) :])
+    trees = {(tree / "COMMIT").read_text().strip()[:12]: tree for tree in baselines}
     trees["this"] = REPO
     impls = [impl for impl in args.impls.split(",") if impl]
     timed = {  # name -> (tree, gpu_bilm.py's arguments)

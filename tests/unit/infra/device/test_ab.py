@@ -43,7 +43,7 @@ def test_with_impls_each_tree_runs_each_variant_in_turn(ab, monkeypatch, tmp_pat
         return {"ours@128_positions_per_s": 100.0 * len(calls)}
 
     monkeypatch.setattr(ab, "run", run)
-    ab.main([str(baseline), "--impls", "fused,graphed", "--rounds", "1", "--sweep", "128"])
+    ab.main([str(baseline), "--impls", "fused,graphed", "--rounds", "1", "--only", "sweep"])
 
     assert [(tree, arguments[-1]) for tree, arguments in calls] == [
         (baseline, "fused"),
@@ -51,7 +51,6 @@ def test_with_impls_each_tree_runs_each_variant_in_turn(ab, monkeypatch, tmp_pat
         (ab.REPO, "fused"),
         (ab.REPO, "graphed"),
     ]
-    assert all(arguments[:2] == ["--sweep", "128"] for _, arguments in calls)
     ratios = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["ratio"]
     assert list(ratios) == [
         "f29ad39156e7 fused -> f29ad39156e7 graphed",
@@ -59,3 +58,11 @@ def test_with_impls_each_tree_runs_each_variant_in_turn(ab, monkeypatch, tmp_pat
         "this fused -> this graphed",
     ]
     assert ratios["this fused -> this graphed"] == {"ours@128": 1.333}
+
+
+def test_an_option_s_value_is_passed_on_not_taken_for_a_baseline(ab, monkeypatch):
+    """``--only sweep`` with no baseline before it: ``sweep`` is gpu_bilm.py's."""
+    calls = []
+    monkeypatch.setattr(ab, "run", lambda tree, arguments: calls.append(arguments) or {})
+    ab.main(["--impls", "fused,graphed", "--rounds", "1", "--only", "sweep"])
+    assert calls == [["--only", "sweep", "--lstm-impl", impl] for impl in ("fused", "graphed")]
