@@ -83,27 +83,22 @@ def test_the_profile_split_counts_each_kernel_once_by_its_kind(gpu_bilm):
     """An aten op's device time is its kernels' again: the split sums the device's own events
     (first contact's split counted each kernel twice, benchmarks/results/
     gpu_first_contact-2026-11-27.md)."""
-    cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
-
-    def event(key, device_type, device_us, count=2, annotation=False):
-        return SimpleNamespace(
-            key=key,
-            device_type=device_type,
-            self_device_time_total=device_us,
-            count=count,
-            is_user_annotation=annotation,
-        )
-
     events = [
-        event("aten::bmm", cpu, 3000.0),  # the host op, carrying its GEMM's time
-        event("Optimizer.step#RowSparseAdagrad.step", cuda, 900.0, annotation=True),
-        event("sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n", cuda, 3000.0),
-        event("_cell_grad_kernel", cuda, 1000.0),
-        event("void at::native::unrolled_elementwise_kernel<direct_copy_kernel_cuda>", cuda, 600.0),
-        event("cudnn::engines_precompiled::nchwToNhwcKernel", cuda, 400.0),
-        event("void at::native::vectorized_elementwise_kernel<4, AddFunctor>", cuda, 200.0),
-        event("cudaLaunchKernel", cpu, 0.0, count=8),
-        event("cuLaunchKernel", cpu, 0.0, count=2),
+        _event("aten::bmm", CPU, device_us=3000.0),  # the host op, carrying its GEMM's time
+        _event("Optimizer.step#RowSparseAdagrad.step", CUDA, device_us=900.0, annotation=True),
+        _event("sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n", CUDA, device_us=3000.0),
+        _event("_cell_grad_kernel", CUDA, device_us=1000.0),
+        _event(
+            "void at::native::unrolled_elementwise_kernel<direct_copy_kernel_cuda>",
+            CUDA,
+            device_us=600.0,
+        ),
+        _event("cudnn::engines_precompiled::nchwToNhwcKernel", CUDA, device_us=400.0),
+        _event(
+            "void at::native::vectorized_elementwise_kernel<4, AddFunctor>", CUDA, device_us=200.0
+        ),
+        _event("cudaLaunchKernel", CPU, count=8),
+        _event("cuLaunchKernel", CPU, count=2),
     ]
     profile = SimpleNamespace(key_averages=lambda: events)
 
@@ -121,18 +116,11 @@ def test_the_profile_split_counts_each_kernel_once_by_its_kind(gpu_bilm):
 def test_the_host_side_counts_each_op_by_its_own_time(gpu_bilm):
     """Where a step is host-bound, the host's ops by their own time: a kernel's device time is
     not the host's, and a parent op's time without its children's."""
-    cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
-
-    def event(key, device_type, self_cpu_us, count=2):
-        return SimpleNamespace(
-            key=key, device_type=device_type, self_cpu_time_total=self_cpu_us, count=count
-        )
-
     events = [
-        event("elmo::lstm_layer", cpu, 4000.0),  # its Python: the Triton launches
-        event("aten::bmm", cpu, 1000.0, count=80),
-        event("cudaLaunchKernel", cpu, 2000.0, count=160),
-        event("_cell_kernel", cuda, 0.0, count=40),
+        _event("elmo::lstm_layer", CPU, cpu_us=4000.0),  # its Python: the Triton launches
+        _event("aten::bmm", CPU, cpu_us=1000.0, count=80),
+        _event("cudaLaunchKernel", CPU, cpu_us=2000.0, count=160),
+        _event("_cell_kernel", CUDA, device_us=500.0, count=40),
     ]
     profile = SimpleNamespace(key_averages=lambda: events)
 
@@ -146,3 +134,18 @@ def test_the_host_side_counts_each_op_by_its_own_time(gpu_bilm):
             ["aten::bmm", 0.5, 40.0],
         ],
     }
+
+
+CPU, CUDA = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+
+
+def _event(key, device_type, count=2, device_us=0.0, cpu_us=0.0, annotation=False):
+    """One row of a profile's ``key_averages()``, as the summaries read it."""
+    return SimpleNamespace(
+        key=key,
+        device_type=device_type,
+        count=count,
+        self_device_time_total=device_us,
+        self_cpu_time_total=cpu_us,
+        is_user_annotation=annotation,
+    )
