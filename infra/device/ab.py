@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     timed = {  # name -> (tree, gpu_bilm.py's arguments)
         f"{name} {impl}" if impl else name: (
             tree,
-            [*arguments, *(["--lstm-impl", impl] * bool(impl))],
+            [*arguments, "--lstm-impl", impl] if impl else arguments,
         )
         for name, tree in trees.items()
         for impl in impls or [""]
