@@ -9,7 +9,9 @@ Shapes: N positions (rows × window, flattened), P projection, V vocabulary, K s
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -236,14 +238,15 @@ class _SampledCrossEntropy(torch.autograd.Function):
         )
         # every position's corrected target logit, in one pass (only (N, P) wide)
         target = (hidden * weights[:num_positions]).sum(-1).float() + offsets[:num_positions]
-        log_partition = torch.empty_like(target)  # (N,)
-        for start in range(0, num_positions, chunk_size):
-            end = min(start + chunk_size, num_positions)
-            candidate = candidates.logits(hidden[start:end], ids[start:end])  # (C, K)
-            # logsumexp([target, candidates]) without concatenating them
-            torch.logaddexp(
-                target[start:end], torch.logsumexp(candidate, dim=1), out=log_partition[start:end]
-            )
+        chunk_log_partition = _epilogue(_log_partition, hidden)
+        log_partition = torch.cat(  # (N,)
+            [
+                chunk_log_partition(
+                    candidates, hidden[start:end], ids[start:end], target[start:end]
+                )
+                for start, end in _chunks(num_positions, chunk_size)
+            ]
+        )
         ctx.save_for_backward(
             hidden, weights, ids, target, log_partition, candidates.rows, candidates.offsets
         )
@@ -262,20 +265,16 @@ class _SampledCrossEntropy(torch.autograd.Function):
         grad_target = torch.expm1(target - log_partition).mul_(scale)  # (N,)
         grad_hidden = (grad_target.unsqueeze(1) * weights[:num_positions]).to(hidden.dtype)
         sums: list[torch.Tensor] = []  # the candidates' rows (K, P) and biases (K,), float32
-        for start in range(0, num_positions, ctx.chunk_size):
-            end = min(start + ctx.chunk_size, num_positions)
+        chunk_gradient = _epilogue(_candidate_gradient, hidden)
+        for start, end in _chunks(num_positions, ctx.chunk_size):
             chunk_hidden = hidden[start:end]  # (C, P)
-            grad_candidate = (
-                candidates.logits(chunk_hidden, ids[start:end])
-                .sub_(log_partition[start:end].unsqueeze(1))
-                .exp_()
-                .mul_(scale[start:end].unsqueeze(1))
-            )  # (C, K)
-            grad_candidate_mm = grad_candidate.to(matmul_dtype)  # (C, K)
-            grad_hidden[start:end].add_((grad_candidate_mm @ candidates.rows).to(hidden.dtype))
+            grad_candidate, grad_bias = chunk_gradient(
+                candidates, chunk_hidden, ids[start:end], log_partition[start:end], scale[start:end]
+            )  # (C, K) in the matmul dtype, (K,) float32
+            grad_hidden[start:end].add_((grad_candidate @ candidates.rows).to(hidden.dtype))
             chunk_sums = [
-                (grad_candidate_mm.t() @ chunk_hidden.to(matmul_dtype)).float(),
-                grad_candidate.sum(0),
+                (grad_candidate.t() @ chunk_hidden.to(matmul_dtype)).float(),
+                grad_bias,
             ]  # fresh tensors: the first chunk's are the sums (no zero-fill)
             if sums:
                 torch._foreach_add_(sums, chunk_sums)
@@ -301,6 +300,61 @@ class _Candidates(NamedTuple):
         candidate = (chunk.to(self.rows.dtype) @ self.rows.t()).float().add_(self.offsets)
         hits = chunk_ids.unsqueeze(1) == self.ids  # (C, K)
         return candidate.masked_fill_(hits, torch.finfo(torch.float32).min)
+
+
+def _chunks(num_positions: int, chunk_size: int) -> list[tuple[int, int]]:
+    """Each chunk's ``(start, end)`` positions."""
+    return [
+        (start, min(start + chunk_size, num_positions))
+        for start in range(0, num_positions, chunk_size)
+    ]
+
+
+def _log_partition(
+    candidates: _Candidates, chunk: torch.Tensor, chunk_ids: torch.Tensor, target: torch.Tensor
+) -> torch.Tensor:
+    """A chunk's ``logsumexp([target, candidates])``, without concatenating them. → (C,)"""
+    return torch.logaddexp(target, torch.logsumexp(candidates.logits(chunk, chunk_ids), dim=1))
+
+
+def _candidate_gradient(
+    candidates: _Candidates,
+    chunk: torch.Tensor,
+    chunk_ids: torch.Tensor,
+    log_partition: torch.Tensor,
+    scale: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A chunk's loss gradient at its candidate logits (their softmax times each position's
+    incoming gradient), in the rows' dtype for the GEMMs, and its float32 sum over positions (the
+    candidates' biases). → (C, K), (K,)"""
+    grad = (
+        candidates.logits(chunk, chunk_ids)
+        .sub_(log_partition.unsqueeze(1))
+        .exp_()
+        .mul_(scale.unsqueeze(1))
+    )
+    return grad.to(candidates.rows.dtype), grad.sum(0)
+
+
+def _epilogue(function: Callable[..., Any], hidden: torch.Tensor) -> Callable[..., Any]:
+    """``function`` as the chunks of ``hidden`` run it: compiled where :func:`compile_epilogues`
+    says so, and else as it is."""
+    return _compiled(function) if compile_epilogues(hidden) else function
+
+
+@functools.cache
+def _compiled(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` under ``torch.compile``, made on first use: Inductor runs each chunk's
+    pointwise work and reductions after the GEMM in one or two kernels that read the GEMM's 16-bit
+    output once, where eager runs a dozen passes over float32 ``(C, K)`` buffers. One compile per
+    chunk shape: at most two a run."""
+    return torch.compile(function, fullgraph=True, dynamic=False)
+
+
+def compile_epilogues(hidden: torch.Tensor) -> bool:
+    """Whether the sampled loss runs its chunks' epilogues compiled: on CUDA. (A test patches it
+    to compare both forms on the CPU.)"""
+    return hidden.is_cuda
 
 
 def _matmul_dtype(hidden: torch.Tensor) -> torch.dtype:

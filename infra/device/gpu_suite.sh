@@ -14,7 +14,8 @@
 #                           first-contact", "carry": [".device"], "timeout_s": 480}
 #   tests            the CUDA tests: golden TensorFlow parity in fp32, CPU parity, bf16 against
 #                    fp32 over 300 steps, every LSTM variant (the fused one's Triton steps
-#                    included), the step's host-sync check;
+#                    included), the compiled softmax epilogues, the step's host-sync check;
+#                    GPU_TESTS="PATH..." runs those pytest paths instead (a short call's re-check);
 #   speed-IMPL       gpu_bilm.py at original size, 128 rows, IMPL = reference, compiled, graphed or
 #                    fused (each layer one op with its own backward),
 #                    directions apart and batched: ours against the straightforward baseline, MFU,
@@ -23,8 +24,8 @@
 #   profile-IMPL     where ours spends a step (directions batched) at 128 and 1,024 rows, alone;
 #   ab               fused (directions batched) at 128 and 1,024 rows, from each DIR/baseline-K
 #                    (trees made by infra/device/device_env.py baseline REF... DIR) and from
-#                    this tree, alternated twice (infra/device/ab.py): each change against the
-#                    tree before it, in the same call;
+#                    this tree, alternated twice, or AB_ROUNDS times (infra/device/ab.py): each
+#                    change against the tree before it, in the same call;
 #   ab-graphed       this tree's fused against graphed (fused's ops replayed as CUDA graphs) at 128
 #                    and 1,024 rows, directions batched, alternated twice (infra/device/ab.py);
 #   inference        embedding 64 sentences with the frozen biLM (reference, compiled, fused);
@@ -94,17 +95,21 @@ run_part() {
         first-contact)
             "$python" infra/device/first_contact.py "$out" ${rehearse:+--rehearse} ;;
         tests)
+            local paths=(
+                tests/integration/test_allennlp_parity.py
+                tests/unit/elmo_core/training
+                tests/unit/elmo_core/model/lstm/test_cudnn.py
+                tests/unit/elmo_core/model/lstm/test_compiled.py
+                tests/unit/elmo_core/model/lstm/test_directions.py
+                tests/unit/elmo_core/model/lstm/test_fused_training.py
+                tests/unit/elmo_core/model/lstm/test_fused_inference.py
+                tests/unit/elmo_core/model/lstm/test_triton_kernels.py
+                tests/unit/elmo_core/model/test_bilm_autocast.py
+                tests/unit/elmo_core/model/test_softmax.py
+            )
+            [[ -n ${GPU_TESTS:-} ]] && read -ra paths <<<"$GPU_TESTS"
             PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 "$python" -m pytest -q -p pytest_timeout \
-                -p no:cacheprovider --junitxml "$out/tests.xml" \
-                tests/integration/test_allennlp_parity.py \
-                tests/unit/elmo_core/training \
-                tests/unit/elmo_core/model/lstm/test_cudnn.py \
-                tests/unit/elmo_core/model/lstm/test_compiled.py \
-                tests/unit/elmo_core/model/lstm/test_directions.py \
-                tests/unit/elmo_core/model/lstm/test_fused_training.py \
-                tests/unit/elmo_core/model/lstm/test_fused_inference.py \
-                tests/unit/elmo_core/model/lstm/test_triton_kernels.py \
-                tests/unit/elmo_core/model/test_bilm_autocast.py ;;
+                -p no:cacheprovider --junitxml "$out/tests.xml" "${paths[@]}" ;;
         speed-reference | speed-compiled | speed-graphed | speed-fused)
             bilm "${part#speed-}" --profile && bilm "${part#speed-}" --batch-directions --profile ;;
         profile-reference | profile-compiled | profile-graphed | profile-fused)
@@ -125,7 +130,7 @@ run_part() {
                     "python infra/device/device_env.py baseline REF... DIR makes them" >&2
                 return 2
             fi
-            local size=(--sweep 128,1024)
+            local size=(--rounds "${AB_ROUNDS:-2}" --sweep 128,1024)
             [[ -n $rehearse ]] && size=(--rounds 1 --smoke --device meta --sweep 6,8)
             "$python" infra/device/ab.py "${trees[@]}" --lstm-impl fused --batch-directions \
                 --only sweep "${size[@]}" ;;

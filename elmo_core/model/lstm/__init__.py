@@ -4,11 +4,12 @@ Every variant keeps :class:`~.reference.ProjectedLSTM`'s parameters and passes i
 a device's choice is the fastest that does (figures: benchmarks/results/).
 
 | variant   | CPU                                | CUDA                                         |
-| fused     | chosen: fastest to embed and train | chosen, directions batched                   |
+| fused     | chosen: fastest to embed and train | runs; what graphed runs where grad is off    |
 | cudnn     | runs, no clips; slower than fused  | chosen where no clips and directions apart   |
 | reference | runs: the parity baseline          | runs                                         |
 | compiled  | runs (Inductor's CPU backend)      | runs, one compile per shape                  |
-| graphed   | runs as fused, compiled            | runs, fused's ops replayed as CUDA graphs    |
+| graphed   | runs as fused, compiled            | chosen, directions batched: fused's ops      |
+|           |                                    | replayed as CUDA graphs while training       |
 """
 
 from __future__ import annotations
@@ -48,9 +49,10 @@ CHOICES: dict[Device, Choice] = {
     # measured: benchmarks/results/bench_inference-2026-11-26.md, bench_cpu_step-2026-11-25.md
     # (batched directions gain nothing on a CPU), lstm_dispatch-2026-11-27.md (cudnn)
     "cpu": Choice("fused", batch_directions=False, unclipped="fused"),
-    # measured: fused batched 1.7x the reference loop at 128 rows on an H200
-    # (gpu_bf16_backward-2026-11-27.md); cuDNN, predicted: one kernel a layer
-    "cuda": Choice("fused", batch_directions=True, unclipped="cudnn"),
+    # measured on an H200: graphed 1.8x fused at 128 rows, where the step waits for the host,
+    # and equal at 1,024 (gpu_graphed-2026-11-27.md); fused batched 1.7x the reference loop at
+    # 128 rows (gpu_bf16_backward-2026-11-27.md); cuDNN, predicted: one kernel a layer
+    "cuda": Choice("graphed", batch_directions=True, unclipped="cudnn"),
 }
 
 

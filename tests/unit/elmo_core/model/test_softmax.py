@@ -5,9 +5,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch._dynamo.utils import counters
 from torch.utils._pytree import tree_leaves
 
 from elmo_core.errors import ConfigError
+from elmo_core.model import softmax as softmax_module
 from elmo_core.model.softmax import (
     LogUniformSampler,
     SampledCandidates,
@@ -448,3 +450,43 @@ def test_a_chunk_of_the_sampled_loss_adds_a_fixed_handful_of_launches():
     assert 0 < two - one <= CHUNK_LAUNCHES
     assert four - two == 2 * (two - one)  # every chunk after the first the same
     assert launches(64, 1) == one  # what is not chunked runs once, whatever the positions
+
+
+def _compiled_against_eager(device: str, bf16: bool, monkeypatch) -> None:
+    """Two chunks of one shape (one compile per epilogue and dtype), accidental hits and unscored
+    positions among them: the compiled epilogues give the eager loss and every gradient."""
+    softmax, hidden, targets, candidates, counts, scale = _sampled_case(num_positions=32)
+    softmax, hidden, scale = softmax.to(device), hidden.to(device), scale.to(device)
+    targets, candidates = targets.to(device), candidates.to(device)
+    counts = tuple(count.to(device) for count in counts)
+
+    def run(compiled: bool):
+        monkeypatch.setattr(softmax_module, "compile_epilogues", lambda hidden: compiled)
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
+            return _loss_and_grads(
+                softmax,
+                hidden,
+                scale,
+                lambda h: softmax.sampled_loss(h, targets, candidates, *counts, chunk_size=16),
+            )
+
+    graphs = counters["stats"]["unique_graphs"]
+    eager, compiled = run(False), run(True)
+    assert counters["stats"]["unique_graphs"] > graphs  # the compiled epilogues ran
+    names = ["loss", "hidden", "weight", "bias"]
+    for got, expected, name in zip(compiled, eager, names, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6, msg=name)
+    assert compiled[2].abs().sum() > 0
+
+
+@pytest.mark.parametrize("bf16", [False, True], ids=["float32", "bf16-autocast"])
+def test_compiled_chunk_epilogues_give_the_eager_loss_and_gradients(bf16, monkeypatch):
+    _compiled_against_eager("cpu", bf16, monkeypatch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bf16", [False, True], ids=["float32", "bf16-autocast"])
+def test_on_cuda_the_compiled_chunk_epilogues_give_the_eager_loss_and_gradients(
+    bf16, monkeypatch
+):
+    _compiled_against_eager("cuda", bf16, monkeypatch)

@@ -83,7 +83,8 @@ def test_bf16_follows_the_fp32_loss_curve_and_keeps_fp32_where_it_must(dataset, 
 
 def test_a_training_step_makes_the_host_wait_for_nothing(dataset):
     """The step a worker runs, with rows restarted from zero, under CUDA's sync check: the
-    batch's copies are made before it, as the loader makes them."""
+    batch's copies are made before it, as the loader makes them. The steps before it compile
+    and capture what the device's LSTM choice compiles (a replay is what every later step runs)."""
     device = torch.device("cuda")
     manifest = load_manifest(dataset)
     torch.manual_seed(0)
@@ -93,13 +94,15 @@ def test_a_training_step_makes_the_host_wait_for_nothing(dataset):
     streams = training_streams(step, dataset, manifest, (1, 2))
     reset = StateReset(0.5, seed=0, device=device)
     with step_batches(step, streams, manifest, table, device, workers=0) as batches:
-        first, second = itertools.islice(batches, 2)
-        state = step(**first.step_arguments(device), state=None).state
-        arguments = second.step_arguments(device)
+        *earlier, checked = itertools.islice(batches, 4)
+        state = None
+        for batch in earlier:
+            state = step(**batch.step_arguments(device), state=state).state
+        arguments = checked.step_arguments(device)
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
-            result = step(**arguments, state=reset(state, 2))
+            result = step(**arguments, state=reset(state, 4))
         finally:
             torch.cuda.set_sync_debug_mode(0)
     assert math.isfinite(float(result.output.loss))

@@ -96,9 +96,9 @@ def test_storage_root_defaults_under_elmo_home_and_is_absolute(
     assert storage_root(remote) == "s3://bucket/runs"
 
 
-def test_a_gpu_run_defaults_to_the_fused_batched_layer_and_the_larger_batch() -> None:
+def test_a_gpu_run_defaults_to_the_graphed_batched_layer_and_the_larger_batch() -> None:
     cfg = resolve_train_config("original", None, ["run.use_gpu=true"])
-    assert (cfg.model.lstm_impl, cfg.model.batch_directions) == ("fused", True)
+    assert (cfg.model.lstm_impl, cfg.model.batch_directions) == ("graphed", True)
     assert (cfg.train.batch_size, cfg.train.lr) == (1024, pytest.approx(0.2 * 8**0.5, abs=1e-4))
     assert cfg.model.lstm.cell_dim == 4096  # the preset still applies above the defaults
     on_cpu = resolve_train_config("original")
