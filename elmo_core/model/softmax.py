@@ -201,10 +201,11 @@ class _SampledCrossEntropy(torch.autograd.Function):
     backward. Here only each position's target logit and log-partition ``(N,)`` are saved, and
     the backward recomputes each chunk's candidate logits. Whatever is not ``K`` wide (target
     logits, their gradients) is computed once over all positions, and the candidates' cast rows and
-    offsets once a step (kept for the backward), so a chunk adds a handful of ops: on a GPU each
-    is a launch. Storing gradients from the forward
-    instead is not possible: the candidate rows' and biases' gradients sum over positions weighted
-    by the per-position ``grad_output``, so they need the ``(N, K)`` softmax until it is known.
+    offsets once a step (kept for the backward), so a chunk adds a handful of ops: on CUDA a GEMM
+    and one compiled epilogue forward, three GEMMs and one epilogue back. Storing gradients from
+    the forward instead is not possible: the candidate rows' and biases' gradients sum over
+    positions weighted by the per-position ``grad_output``, so they need the ``(N, K)`` softmax
+    until it is known.
     The recompute costs one more ``C × K × P`` GEMM per chunk (four softmax GEMMs instead of
     three); memory is a few ``C × K`` float32 buffers at a time plus a ``(K, P)`` float32
     accumulator.
@@ -345,9 +346,10 @@ def _epilogue(function: Callable[..., Any], hidden: torch.Tensor) -> Callable[..
 @functools.cache
 def _compiled(function: Callable[..., Any]) -> Callable[..., Any]:
     """``function`` under ``torch.compile``, made on first use: Inductor runs each chunk's
-    pointwise work and reductions after the GEMM in one or two kernels that read the GEMM's 16-bit
-    output once, where eager runs a dozen passes over float32 ``(C, K)`` buffers. One compile per
-    chunk shape: at most two a run."""
+    pointwise work and reductions after the GEMM in one kernel that reads the GEMM's 16-bit output
+    once, where eager makes a dozen passes over float32 ``(C, K)`` buffers: 1.19x a step at 1,024
+    rows on an H200 (benchmarks/results/gpu_graphed-2026-11-27.md). One compile per chunk shape:
+    at most two a run."""
     return torch.compile(function, fullgraph=True, dynamic=False)
 
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch._dynamo.utils import counters
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from elmo_core.errors import ConfigError
@@ -336,8 +336,10 @@ def test_chunked_sampled_loss_and_gradients_equal_the_whole_logits(chunk_size, s
         lambda h: _whole_logits_loss(softmax, h, targets, candidates, *counts),
     )
     assert chunked[0].dtype == torch.float32
+    # float32 sums in another order: one-row chunks' products against one GEMM (on the device
+    # machine's CPU, a weight gradient 7e-6 apart, relative)
     for got, expected in zip(chunked, whole, strict=True):
-        torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
     assert (chunked[2].abs().sum(1) > 0).sum() > 0  # the weight gradient is not all zero
 
 
@@ -486,7 +488,5 @@ def test_compiled_chunk_epilogues_give_the_eager_loss_and_gradients(bf16, monkey
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("bf16", [False, True], ids=["float32", "bf16-autocast"])
-def test_on_cuda_the_compiled_chunk_epilogues_give_the_eager_loss_and_gradients(
-    bf16, monkeypatch
-):
+def test_on_cuda_the_compiled_chunk_epilogues_give_the_eager_loss_and_gradients(bf16, monkeypatch):
     _compiled_against_eager("cuda", bf16, monkeypatch)
