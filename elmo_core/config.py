@@ -87,7 +87,8 @@ class ModelConfig(StrictModel):
     lstm_impl: Literal["auto", "reference", "cudnn", "compiled", "graphed", "fused"] = Field(
         "auto",
         description="LSTM kernel: 'auto' is the device's choice in elmo_core.model.lstm's table "
-        "(fused; on CUDA cudnn where both clips are null and the directions apart); 'cudnn' "
+        "(fused on a CPU; on CUDA graphed, or cudnn where both clips are null and the "
+        "directions apart); 'cudnn' "
         "(fused nn.LSTM) needs both clips null; 'compiled' is the reference loop under "
         "torch.compile (clips kept, for GPUs); 'fused' runs each layer as one op with its own "
         "backward (clips kept, a third of the ops); 'graphed' replays fused's ops as CUDA graphs "
