@@ -97,19 +97,21 @@ KERNEL_KINDS = (  # (kind, name pattern) in the order a kernel is classified
 )
 TOP_KERNELS = 25
 TOP_HOST_OPS = 15
+TOP_DEVICE_OPS = 15
 LAUNCHES = re.compile(r"^cu(da)?LaunchKernel")
 SYNCS = re.compile(r"^cuda(Stream|Device|Event)Synchronize$")  # a host that waits for the GPU
 
 
 def where_the_time_goes(run: Callable[[], None], steps: int) -> dict[str, object]:
     """Per step: device milliseconds by kernel kind, the GPU's idle gaps between kernels, kernel
-    launches and host syncs, the kernels that take longest, and the host's side (:func:`host_ops`):
-    where the GPU idles, the host is what binds."""
+    launches and host syncs, the kernels that take longest, the ops that launched them
+    (:func:`device_ops`), and the host's side (:func:`host_ops`): where the GPU idles, the host is
+    what binds."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     run()
-    with torch.profiler.profile(activities=activities) as profile:
+    with torch.profiler.profile(activities=activities, record_shapes=True) as profile:
         for _ in range(steps):
             run()
         if torch.cuda.is_available():
@@ -118,6 +120,7 @@ def where_the_time_goes(run: Callable[[], None], steps: int) -> dict[str, object
         **kernel_timeline(profile, steps),
         **kernel_kinds(profile, steps),
         **host_ops(profile, steps),
+        **device_ops(profile, steps),
     }
     summary["top kernels"] = [
         [event.key[:80], round(event.self_device_time_total / 1e3 / steps, 3), event.count / steps]
@@ -181,6 +184,31 @@ def host_ops(profile: torch.profiler.profile, steps: int) -> dict[str, object]:
             [e.key[:80], round(e.self_cpu_time_total / 1e3 / steps, 3), e.count / steps]
             for e in top
         ],
+    }
+
+
+def device_ops(profile: torch.profiler.profile, steps: int) -> dict[str, object]:
+    """Per step: the host ops whose own kernels take the device longest, each with its inputs'
+    shapes. A kernel the profile names by its template alone (``elementwise_kernel<128, 4>``) is
+    found by the op that launched it and the tensors it ran over."""
+    ops = [
+        event
+        for event in profile.key_averages(group_by_input_shape=True)
+        if event.device_type == DeviceType.CPU
+        and not event.is_user_annotation
+        and event.self_device_time_total > 0
+    ]
+    top = sorted(ops, key=lambda e: -e.self_device_time_total)[:TOP_DEVICE_OPS]
+    return {
+        "top device ops": [
+            [
+                e.key[:60],
+                str(e.input_shapes)[:160],
+                round(e.self_device_time_total / 1e3 / steps, 3),
+                e.count / steps,
+            ]
+            for e in top
+        ]
     }
 
 

@@ -136,10 +136,37 @@ def test_the_host_side_counts_each_op_by_its_own_time(gpu_bilm):
     }
 
 
+def test_each_kernel_is_named_by_the_op_that_launched_it_and_its_shapes(gpu_bilm):
+    """A pointwise kernel's template names no op: the launching op's own device time, grouped by
+    its inputs' shapes, does (a region drawn over the device's timeline is not an op)."""
+    events = [
+        _event("aten::add_", CPU, device_us=3000.0, shapes=[[16000, 1024, 1, 15], [1024, 1, 1]]),
+        _event("aten::add_", CPU, device_us=400.0, shapes=[[2560, 512], [512]]),
+        _event("Optimizer.step#Adagrad.step", CPU, device_us=9000.0, annotation=True),
+        _event("aten::max", CPU, cpu_us=50.0),  # no kernel of its own
+        _event("void at::native::elementwise_kernel<128, 4>", CUDA, device_us=3400.0),
+    ]
+    grouped: list[bool] = []
+
+    def key_averages(group_by_input_shape=False):
+        grouped.append(group_by_input_shape)
+        return events
+
+    ops = gpu_bilm.device_ops(SimpleNamespace(key_averages=key_averages), steps=2)
+
+    assert grouped == [True]
+    assert ops == {
+        "top device ops": [
+            ["aten::add_", "[[16000, 1024, 1, 15], [1024, 1, 1]]", 1.5, 1.0],
+            ["aten::add_", "[[2560, 512], [512]]", 0.2, 1.0],
+        ]
+    }
+
+
 CPU, CUDA = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
 
 
-def _event(key, device_type, count=2, device_us=0.0, cpu_us=0.0, annotation=False):
+def _event(key, device_type, count=2, device_us=0.0, cpu_us=0.0, annotation=False, shapes=()):
     """One row of a profile's ``key_averages()``, as the summaries read it."""
     return SimpleNamespace(
         key=key,
@@ -148,4 +175,5 @@ def _event(key, device_type, count=2, device_us=0.0, cpu_us=0.0, annotation=Fals
         self_device_time_total=device_us,
         self_cpu_time_total=cpu_us,
         is_user_annotation=annotation,
+        input_shapes=list(shapes),
     )
