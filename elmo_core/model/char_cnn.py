@@ -2,6 +2,9 @@
 
 Per token (DESIGN.md §3): char embedding → convolutions of several widths → max over positions
 (before the activation, as in bilm-tf) → highway layers → projection. Callers mask padding tokens.
+The convolutions' biases are added after the max: ``max(conv + b) = max(conv) + b`` (rounding is
+monotone), so the bias meets ``(N, F)`` pooled values rather than every one of the ``(N, L, F)``
+positions, and its gradient sums N rows rather than N × L.
 
 Shape legend: B rows, T window, W (W' trimmed) chars per token, E char embedding, F filters,
 P projection, N tokens (flattened), U unique word types.
@@ -125,10 +128,10 @@ def _pool_per_width(encoder: CharCNN, chars: torch.Tensor, used_width: int) -> t
     same chars under the same weights, so every parameter's gradient sums the same.
     """
     convolutions = [cast(nn.Conv1d, conv) for conv in encoder.convolutions]
-    return torch.cat(
-        [_max_over_positions(_convolve(chars, conv.weight, conv.bias)) for conv in convolutions],
-        dim=-1,
+    pooled = torch.cat(
+        [_max_over_positions(_convolve(chars, conv.weight)) for conv in convolutions], dim=-1
     )
+    return _add_biases(pooled, convolutions)
 
 
 def _pool_padded(encoder: CharCNN, chars: torch.Tensor, used_width: int) -> torch.Tensor:
@@ -150,30 +153,36 @@ def _pool_padded(encoder: CharCNN, chars: torch.Tensor, used_width: int) -> torc
             for conv, (width, _) in zip(convolutions, filters, strict=True)
         ]
     )
-    bias = torch.cat([cast(torch.Tensor, conv.bias) for conv in convolutions])  # (F,)
     missing = used_width + encoder.max_width - chars.shape[-1]  # columns past W'
-    out = _convolve(F.pad(chars, (0, missing)), weight, bias)  # (N, F, used_width + 1)
+    out = _convolve(F.pad(chars, (0, missing)), weight)  # (N, F, used_width + 1)
     if missing > 0:
         last = torch.tensor(  # (F,) each filter's last own position
             [chars.shape[-1] - width for width, num in filters for _ in range(num)]
         )
         beyond = torch.arange(out.shape[-1]) > last[:, None]  # (F, used_width + 1)
         out = out.masked_fill(beyond.to(out.device), float("-inf"))
-    return _max_over_positions(out)  # (N, F)
+    return _add_biases(_max_over_positions(out), convolutions)  # (N, F)
 
 
 _POOLS = {"per_width": _pool_per_width, "padded": _pool_padded}
 
 
-def _convolve(chars: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _add_biases(pooled: torch.Tensor, convolutions: list[nn.Conv1d]) -> torch.Tensor:
+    """``pooled (N, F)`` plus every filter's bias, in ``pooled``'s dtype (a convolution under
+    autocast adds it in bf16 too)."""
+    bias = torch.cat([cast(torch.Tensor, conv.bias) for conv in convolutions])  # (F,)
+    return pooled + bias.to(pooled.dtype)
+
+
+def _convolve(chars: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``conv1d(chars (N, E, W'), weight (F, E, w))`` → ``(N, F, L)``. Where :func:`channels_last`
     says so, a 2-D convolution over channels-last views: the embedding writes ``(N, W', E)``, the
     layout cuDNN's tensor-core kernels take, and NCHW operands cost 54 layout conversions a
     profiled step at 1,024 rows (benchmarks/results/gpu_bf16_backward-2026-11-27.md)."""
     if not channels_last(chars):
-        return F.conv1d(chars, weight, bias)
+        return F.conv1d(chars, weight)
     kernels = weight.unsqueeze(2).contiguous(memory_format=torch.channels_last)  # (F, E, 1, w)
-    return F.conv2d(chars.unsqueeze(2), kernels, bias).squeeze(2)  # (N, F, L), F innermost
+    return F.conv2d(chars.unsqueeze(2), kernels).squeeze(2)  # (N, F, L), F innermost
 
 
 def _max_over_positions(out: torch.Tensor) -> torch.Tensor:

@@ -160,7 +160,7 @@ def test_channels_last_convolutions_give_the_same_features_and_gradients(conv_im
         torch.testing.assert_close(channels_last, plain, rtol=0, atol=1e-10)
 
     chars = torch.randn(3, 9, 4, dtype=torch.float64).transpose(1, 2)  # (N, E, W') as embedded
-    out = char_cnn._convolve(chars, torch.randn(5, 4, 3, dtype=torch.float64), None)
+    out = char_cnn._convolve(chars, torch.randn(5, 4, 3, dtype=torch.float64))
     assert out.shape == (3, 5, 7) and out.stride(1) == 1  # the filters innermost
     leaf = out.detach().requires_grad_()
     char_cnn._max_over_positions(leaf).sum().backward()
