@@ -4,6 +4,7 @@ from unittest import mock
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from elmo_core.config import CharCNNConfig, LSTMConfig, ModelConfig
 from elmo_core.model import char_cnn
@@ -117,6 +118,30 @@ def test_types_found_ahead_on_the_cpu_give_the_same_encoding_and_gradients():
     ahead.sum().backward()
     for grad, parameter in zip(expected, encoder.parameters(), strict=True):
         torch.testing.assert_close(parameter.grad, grad, rtol=0, atol=1e-10)
+
+
+class _Ops(TorchDispatchMode):
+    """The names of the ops that run, backward included."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        self.names.add(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_gather_of_each_positions_type_sums_its_gradient_as_an_embedding_does():
+    """The encoded types reach their positions by ``F.embedding``, whose backward sums a frequent
+    word's thousands of positions in parallel pieces on CUDA; indexing's (``index_put_``) sums
+    them one after another (2.1 ms of a 1,024-row step on an H200)."""
+    encoder = CharCNN(tiny())
+    char_ids = batch_to_ids([["a", "rose", "a", "a"], ["is", "a", "rose", "a"]])  # (2, 4, W)
+    with _Ops() as ops:
+        encoder.encode_types(char_ids).sum().backward()
+    assert "embedding_dense_backward.default" in ops.names
+    assert not {name for name in ops.names if "index_put" in name}
 
 
 def test_trimming_the_constant_tail_keeps_features_and_gradients():
