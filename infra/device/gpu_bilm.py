@@ -45,6 +45,7 @@ from harness import print_summary, seconds_per_call  # noqa: E402
 from workload import found_ahead, synthetic_windows, training_flops_per_position, worker_step  # noqa: E402
 
 from elmo_core.config import ModelConfig, TrainConfig  # noqa: E402
+from elmo_core.model import softmax as softmax_module  # noqa: E402
 from elmo_core.model.bilm import BiLM  # noqa: E402
 from elmo_core.model.char_cnn import TokenTypes  # noqa: E402
 from elmo_core.model.softmax import SampledCandidates, SampledSoftmax  # noqa: E402
@@ -278,9 +279,16 @@ def on_fake_cuda(config: ModelConfig, args: argparse.Namespace) -> dict[str, obj
         )
         rows = ahead[1][0].to(cuda)
         state = None
-        # autocast asks the driver, and turns itself off where none answers; fake tensors need none
+        # autocast asks the driver, and turns itself off where none answers; fake tensors need
+        # none. Inductor asks it for the GPU's properties: the sampled loss's epilogues run as
+        # they are (their compiled form is tested on a GPU).
         answers = {"is_available": lambda: True, "is_bf16_supported": lambda *_, **__: True}
-        with mock.patch.multiple(torch.cuda, **answers), torch.autocast("cuda", torch.bfloat16):
+        eager = mock.patch.object(softmax_module, "compile_epilogues", lambda hidden: False)
+        with (
+            mock.patch.multiple(torch.cuda, **answers),
+            eager,
+            torch.autocast("cuda", torch.bfloat16),
+        ):
             for _ in range(2):  # the second window from the carried state
                 output, state = step.module(
                     **on_cuda,
