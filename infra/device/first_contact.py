@@ -11,7 +11,8 @@ and each stage's status.
 1. environment: GPU, memory, clocks, driver, torch and CUDA; the bf16 matmul rate on 8192³ (the
    MFU denominator);
 2. correctness: golden bilm-tf parity in fp32 on CUDA, the fused layer and its Triton kernels
-   against the reference, 100 steps of bf16 against fp32, a training step with no host sync;
+   against the reference, graphed (CUDA's choice) against fused, the compiled softmax epilogues
+   against eager, 100 steps of bf16 against fp32, a training step with no host sync;
 3. speed at ``original``: the straightforward baseline, fused (directions batched) at 128 and 1,024
    rows, then the reference loop (directions batched) at 128: positions/s, MFU, peak memory;
 4. profile: where a fused step's time goes (the 15 longest kernels, GEMM and pointwise time, the
@@ -45,6 +46,8 @@ CORRECTNESS_TESTS = [
     "tests/unit/elmo_core/model/lstm/test_fused_training.py",
     "tests/unit/elmo_core/model/lstm/test_fused_inference.py",
     "tests/unit/elmo_core/model/lstm/test_triton_kernels.py",
+    "tests/unit/elmo_core/model/lstm/test_compiled.py",
+    "tests/unit/elmo_core/model/test_softmax.py",
     "tests/unit/elmo_core/training/test_bf16_on_cuda.py",
 ]
 # Within those files, the checks on CUDA (and the Triton kernels'): their CPU tests ran in CI.

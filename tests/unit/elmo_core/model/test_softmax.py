@@ -481,12 +481,12 @@ def _compiled_against_eager(device: str, bf16: bool, monkeypatch) -> None:
     assert compiled[2].abs().sum() > 0
 
 
-@pytest.mark.parametrize("bf16", [False, True], ids=["float32", "bf16-autocast"])
+@pytest.mark.parametrize("bf16", [False, True], ids=["float32", "autocast"])
 def test_compiled_chunk_epilogues_give_the_eager_loss_and_gradients(bf16, monkeypatch):
     _compiled_against_eager("cpu", bf16, monkeypatch)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("bf16", [False, True], ids=["float32", "bf16-autocast"])
+@pytest.mark.parametrize("bf16", [False, True], ids=["float32", "autocast"])
 def test_on_cuda_the_compiled_chunk_epilogues_give_the_eager_loss_and_gradients(bf16, monkeypatch):
     _compiled_against_eager("cuda", bf16, monkeypatch)
