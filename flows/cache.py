@@ -1,7 +1,7 @@
 """The prepare step's cache: a key from its inputs and the version of the code that prepares.
 
-Prefect's ``TASK_SOURCE`` sees only the task's own lines, so the key hashes the ``elmo_core`` and
-``pipelines`` files that decide a dataset's bytes. Whether the dataset still exists is checked at
+The key hashes the ``elmo_core`` and ``pipelines.prepare`` files that decide a dataset's bytes
+(:mod:`pipelines.common.code_version`). Whether the dataset still exists is checked at
 call time rather than put in the key, which would hit stale records after a deletion.
 """
 
@@ -19,28 +19,14 @@ from prefect.context import TaskRunContext
 import elmo_core
 import pipelines.prepare
 from elmo_core.data.manifest import MANIFEST_NAME
-from elmo_core.location import Location, sha256_file
+from elmo_core.location import Location
 from flows.params import DataParams
+from pipelines.common.code_version import code_version, source_files
 
 
 def code_files() -> list[Path]:
-    """The source files a prepared dataset depends on, in a stable order."""
-    core = Path(elmo_core.__file__).parent
-    stage = Path(pipelines.prepare.__file__).parent  # the prepare stage's package, whole
-    files = set(core.rglob("*.py"))
-    files.update(stage.glob("*.py"))
-    return sorted(files)
-
-
-def code_version(files: list[Path] | None = None, root: Path | None = None) -> str:
-    """sha256 over the names (relative to ``root``) and sha256s of ``files`` (default: the
-    prepare code, relative to the directory holding the packages)."""
-    base = root or Path(elmo_core.__file__).parent.parent
-    listing = [
-        f"{path.relative_to(base)}\0{sha256_file(path)}\0"
-        for path in (code_files() if files is None else files)
-    ]
-    return hashlib.sha256("".join(listing).encode()).hexdigest()
+    """The source files a prepared dataset depends on: ``elmo_core`` and the prepare stage."""
+    return source_files(elmo_core, pipelines.prepare)
 
 
 def prepare_cache_key(data: DataParams, version: str | None = None) -> str:
@@ -49,7 +35,7 @@ def prepare_cache_key(data: DataParams, version: str | None = None) -> str:
         "corpus": data.corpus,
         "config": data.prepare_config().dataset_params(),  # workers, executor: same bytes
         "out": data.dataset_dir(),
-        "code": version or code_version(),
+        "code": version or code_version(code_files()),
     }
     return "prepare-" + hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 

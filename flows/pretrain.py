@@ -1,7 +1,8 @@
 """The ``pretrain`` flow: corpus → dataset → biLM → perplexity → registered model → task models.
 
 Re-running reuses what is done: the cached dataset, a finished training run (a stopped one
-resumes), the model version registered from that run.
+resumes), the model version registered from that run, finished adapt and analyze runs of the same
+biLM, tasks and settings.
 """
 
 from __future__ import annotations

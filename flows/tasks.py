@@ -407,6 +407,8 @@ def analyze(
             tags=flow_tags(),
             console=False,  # its progress is this task's log
         )
+    if result.reused:
+        get_run_logger().info("analysis reused: a finished analyze run of this biLM and settings")
     for line in [*format_rows(result.rows).splitlines(), *result.headline]:
         get_run_logger().info(line)
     get_run_logger().info(run_link_line("analyze run", mlflow_link(result.run_id)))

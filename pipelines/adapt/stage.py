@@ -2,11 +2,13 @@
 
 The biLM's activations come from the activation cache, computed once for every epoch and later
 job. The baseline is the same head on task-trained word embeddings, not the paper's GloVe (none
-offline).
+offline). A finished run of the same biLM weights, task (config and data) and seeds is reused
+with the model it registered: re-running a flow redoes no adaptation.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 import time
@@ -18,7 +20,11 @@ import mlflow
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+import elmo_core
+import pipelines.adapt
+import pipelines.common
 from elmo_core.errors import ConfigError
+from elmo_core.tasks.activation_cache import bilm_fingerprint
 from elmo_core.tasks.readers import AnyDataset
 from elmo_core.tasks.seeds import DEFAULT_SEEDS, Scores
 from elmo_core.tasks.task_config import TaskConfig
@@ -38,8 +44,9 @@ from pipelines.adapt.task_records import (
     log_task_model,
     task_params,
 )
+from pipelines.common.code_version import code_version, source_files
 from pipelines.common.settings import elmo_home, mlflow_tracking_uri
-from pipelines.common.task_data import cache_splits, check_tasks, read_splits
+from pipelines.common.task_data import cache_splits, check_tasks, read_splits, task_inputs
 from pipelines.registry.tags import TASK_TAG
 from pipelines.serving.bilm_loader import (
     BiLMReference,
@@ -51,8 +58,11 @@ from pipelines.tracking.figures import log_curves, log_figure, metric_label
 from pipelines.tracking.stage_runs import (
     EXPERIMENT,
     PARENT_RUN_ENV,
+    REUSE_KEY_TAG,
     ensure_experiment,
+    find_finished,
     report_progress,
+    reuse_key,
     source_tags,
     stage_run,
     use_tracking,
@@ -61,6 +71,7 @@ from pipelines.tracking.stage_runs import (
 BASELINE_TAG = "elmo.baseline"
 MIX_FIGURE = "scalar_mix.png"
 DEV_CURVE_FIGURE = "dev_curve.png"
+RESULT_FILE = "adapt_result.json"  # the run's AdaptResult, which a re-run of the same job reuses
 
 
 class AdaptResources(BaseModel):
@@ -108,6 +119,7 @@ class AdaptResult:
     baseline_scores: list[float] = field(default_factory=list)
     baseline: str = BASELINE  # which baseline ran
     examples: int = 0  # the size of the split the scores are on (test, else dev)
+    reused: bool = False  # True when a finished run of the same job gave it
 
 
 def adapt(
@@ -140,12 +152,17 @@ def adapt(
 
 
 def run_adapt_job(job: AdaptJob) -> AdaptResult:
-    """One task: cached activations, ELMo and baseline training, MLflow run, registered model."""
+    """One task: cached activations, ELMo and baseline training, MLflow run, registered model;
+    or the result of a finished run of the same job (:func:`job_key`)."""
     task = job.task
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    datasets = read_splits(task)
     with tempfile.TemporaryDirectory(prefix="elmo-adapt-") as scratch:
         source = load_bilm(job.bilm, Path(scratch) / "bilm-source")
+        key = job_key(job, source.bilm)
+        finished = _finished(key)
+        if finished is not None:
+            return finished
+        datasets = read_splits(task)
         started = time.perf_counter()
         splits = cache_splits(source.bilm.to(device), datasets, job.cache_dir)
         seconds = {"cache": time.perf_counter() - started}
@@ -182,7 +199,39 @@ def run_adapt_job(job: AdaptJob) -> AdaptResult:
             model = log_task_model(runs, sizes, source, job.bilm, Path(scratch), example)
             log_outcome(runs, seconds, model.model_id)
             _log_analysis(task, runs[0], source, datasets)
-    return _result(run.info.run_id, model, runs, sizes)
+            result = _result(run.info.run_id, model, runs, sizes)
+            mlflow.log_dict(dataclasses.asdict(result), RESULT_FILE)
+            mlflow.set_tag(REUSE_KEY_TAG, key)  # last: only a complete run is ever reused
+    return result
+
+
+def job_key(job: AdaptJob, bilm: torch.nn.Module) -> str:
+    """What a job's result depends on: the biLM's weights (wherever they were loaded from), the
+    task's config and data, the seeds and the code that adapts."""
+    code = source_files(elmo_core, pipelines.adapt, pipelines.common)
+    return reuse_key(
+        {
+            "bilm": bilm_fingerprint(bilm),
+            "task": task_inputs(job.task),
+            "seeds": list(job.seeds),
+            "code": code_version(code),
+        }
+    )
+
+
+def _finished(key: str) -> AdaptResult | None:
+    """The result of the newest finished run of ``key``, unless the model version it registered
+    has been deleted since (then the job runs again and registers a new one)."""
+    run = find_finished("adapt", key)
+    if run is None:
+        return None
+    stored = mlflow.artifacts.load_dict(f"runs:/{run.info.run_id}/{RESULT_FILE}")
+    result = AdaptResult(**stored)
+    try:
+        mlflow.MlflowClient().get_model_version(result.model_name, str(result.model_version))
+    except mlflow.exceptions.MlflowException:
+        return None
+    return dataclasses.replace(result, reused=True)
 
 
 def _train(
@@ -302,7 +351,8 @@ def result_line(result: AdaptResult) -> str:
     """``task ner: test f1 0.9120 ± 0.0100 with ELMo, 0.8800 ± 0.0200 without (mean ± sample
     standard deviation over seeds 0, 1, 2; 300 test examples): gain +0.0320, beyond the seeds'
     spread (0.0224). This version holds seed 0's weights (test f1 0.9150) →
-    models:/elmo-ner/3``, in the registered version's own words."""
+    models:/elmo-ner/3``, in the registered version's own words; ``task ner reused (already
+    adapted): ...`` when a finished run gave it."""
     headline = Headline(
         "test" if result.elmo_test else "dev",
         result.metric,
@@ -311,4 +361,5 @@ def result_line(result: AdaptResult) -> str:
         tuple(result.seeds),
         result.examples,
     )
-    return f"task {result.task}: {headline} → {result.model_uri}"
+    reused = " reused (already adapted)" if result.reused else ""
+    return f"task {result.task}{reused}: {headline} → {result.model_uri}"

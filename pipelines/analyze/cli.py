@@ -62,6 +62,8 @@ def analyze_command(
         seeds=DEFAULT_SEEDS if seeds is None else comma_separated(seeds, int, "seeds"),
         parent_run_id=parent_run_id,
     )
+    if result.reused:
+        typer.echo(f"reused analyze run {result.run_id}: the same biLM, tasks and settings, done")
     typer.echo(format_rows(result.rows))
     typer.echo("\n".join(["", *result.headline]))
 

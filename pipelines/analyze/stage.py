@@ -2,6 +2,7 @@
 
 Every biLM pass goes through the activation cache. The run holds one table of the analyses, which
 ``elmo analyze --compare RUN_A RUN_B`` lines up for two biLMs, and the headline as its description.
+A finished run of the same biLM weights, tasks, senses, fractions and seeds is reused.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ from pathlib import Path
 import mlflow
 import torch
 
+import elmo_core
+import pipelines.analyze
+import pipelines.common
 from elmo_core.analysis.probe import flat_tag_ids, linear_probe
 from elmo_core.analysis.sampling import check_fractions
 from elmo_core.analysis.senses import (
@@ -26,7 +30,8 @@ from elmo_core.analysis.senses import (
 )
 from elmo_core.analysis.task_runs import DEFAULT_FRACTIONS, TaskAnalysis, analyze_task, num_runs
 from elmo_core.errors import ConfigError
-from elmo_core.tasks.activation_cache import ActivationCache
+from elmo_core.location import sha256_file
+from elmo_core.tasks.activation_cache import ActivationCache, bilm_fingerprint
 from elmo_core.tasks.readers import AnyDataset, task_labels
 from elmo_core.tasks.seeds import DEFAULT_SEEDS
 from elmo_core.tasks.task_config import TaskConfig
@@ -47,16 +52,20 @@ from pipelines.analyze.table import (
     task_rows,
     to_json,
 )
+from pipelines.common.code_version import code_version, source_files
 from pipelines.common.console import ProgressBar, console_progress
 from pipelines.common.settings import elmo_home
-from pipelines.common.task_data import cache_splits, check_tasks, read_splits
+from pipelines.common.task_data import cache_splits, check_tasks, read_splits, task_inputs
 from pipelines.serving.bilm_loader import load_bilm, resolve_bilm
 from pipelines.tracking.figures import log_figure
 from pipelines.tracking.stage_runs import (
     DESCRIPTION_TAG,
     PARENT_RUN_ENV,
+    REUSE_KEY_TAG,
+    find_finished,
     location_name,
     report_progress,
+    reuse_key,
     stage_run,
     stage_run_name,
     use_tracking,
@@ -72,7 +81,7 @@ class AnalyzeResult:
     run_id: str
     rows: list[Row] = field(default_factory=list)
     headline: list[str] = field(default_factory=list)  # table.headline's lines
-    tasks: list[TaskAnalysis] = field(default_factory=list)  # what the task rows came from
+    reused: bool = False  # True when a finished run of the same analysis gave it
 
 
 def analyze(
@@ -96,6 +105,10 @@ def analyze(
     cache_dir = elmo_home() / "cache" / "activations"
     with tempfile.TemporaryDirectory(prefix="elmo-analyze-") as scratch:
         source = load_bilm(reference, Path(scratch) / "bilm-source").bilm.to(device)
+        key = analysis_key(source, tasks, senses, fractions, seeds)
+        finished = _finished(key)
+        if finished is not None:
+            return finished
         with stage_run(
             "analyze",
             run_name=stage_run_name("analyze", location_name(bilm)),
@@ -117,7 +130,40 @@ def analyze(
             rows = [row for result in results for row in task_rows(result)] + probes
             lines = headline(results, probes)
             _log_outcome(results, probes, rows, lines)
-    return AnalyzeResult(run.info.run_id, rows, lines, results)
+            mlflow.set_tag(REUSE_KEY_TAG, key)  # last: only a complete run is ever reused
+    return AnalyzeResult(run.info.run_id, rows, lines)
+
+
+def analysis_key(
+    bilm: torch.nn.Module,
+    tasks: Sequence[TaskConfig],
+    senses: tuple[Path, Path] | None,
+    fractions: Sequence[float],
+    seeds: Sequence[int],
+) -> str:
+    """What an analysis depends on: the biLM's weights, each task's config and data, the sense
+    files, the fractions, the seeds and the code that analyzes."""
+    code = source_files(elmo_core, pipelines.analyze, pipelines.common)
+    return reuse_key(
+        {
+            "bilm": bilm_fingerprint(bilm),
+            "tasks": [task_inputs(task) for task in tasks],
+            "senses": [sha256_file(path) for path in senses] if senses is not None else None,
+            "fractions": sorted(fractions),
+            "seeds": list(seeds),
+            "code": code_version(code),
+        }
+    )
+
+
+def _finished(key: str) -> AnalyzeResult | None:
+    """The table and headline of the newest finished analysis of ``key``."""
+    run = find_finished("analyze", key)
+    if run is None:
+        return None
+    rows = from_json(mlflow.artifacts.load_text(f"runs:/{run.info.run_id}/{TABLE_FILE}"))
+    lines = run.data.tags.get(DESCRIPTION_TAG, "").splitlines()
+    return AnalyzeResult(run.info.run_id, rows, lines, reused=True)
 
 
 def check_inputs(

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from elmo_core.errors import ConfigError, DataError
+from elmo_core.location import sha256_file
 from elmo_core.tasks import read_task_split
 from elmo_core.tasks.activation_cache import ActivationCache
 from elmo_core.tasks.readers import AnyDataset, check_labels, task_labels
@@ -33,6 +35,13 @@ def check_tasks(tasks: Sequence[TaskConfig]) -> None:
             path = task.split_path(split)
             if path is not None and not path.is_file():
                 raise DataError(f"{task.name}: {split} file not found", path=path)
+
+
+def task_inputs(task: TaskConfig) -> dict[str, Any]:
+    """What a task's results depend on, for a reuse key: its config, each data file named by its
+    sha256 instead of its path (a moved file holds the same data; an edited one does not)."""
+    files = {split: sha256_file(path) for split in SPLITS if (path := task.split_path(split))}
+    return task.model_dump(mode="json", exclude=set(SPLITS)) | {"files": files}
 
 
 def read_splits(task: TaskConfig) -> dict[str, AnyDataset]:

@@ -7,7 +7,9 @@ hop into a Ray job; a stage run on its own is a top-level run.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
+import json
 import logging
 import os
 import subprocess
@@ -44,6 +46,7 @@ LOCAL_UI = "http://127.0.0.1:5000"  # where `mlflow ui` serves the embedded stor
 MLFLOW_UI_ENV = "ELMO_MLFLOW_UI_URL"  # where the user serves it, if elsewhere
 DESCRIPTION_TAG = "mlflow.note.content"  # the run's (and the experiment's) description
 PROGRESS_TAG = "elmo.progress"  # a stage run's latest step of work (adapt, analyze)
+REUSE_KEY_TAG = "elmo.reuse_key"  # what a finished adapt or analyze run was made from
 EXPERIMENT_DESCRIPTION = (
     "ELMo pretraining and adaptation. Each flow run is a parent run; its stages (prepare, train, "
     "evaluate, register, adapt, analyze, embed) are its child runs, named `<stage>-<subject>`. "
@@ -258,6 +261,32 @@ def find_run(run_name: str, stage: str) -> Run | None:
     runs = mlflow.search_runs(
         [experiment.experiment_id],
         filter_string=f"tags.`{STAGE_TAG}` = '{stage}' and attributes.run_name = '{run_name}'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+        output_format="list",
+    )
+    return runs[0] if runs else None
+
+
+def reuse_key(inputs: Mapping[str, Any]) -> str:
+    """sha256 of ``inputs`` (JSON): everything a stage run's result depends on, its code's
+    version included, so that a re-run with the same inputs finds it (:func:`find_finished`)."""
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+
+
+def find_finished(stage: str, key: str) -> Run | None:
+    """The newest FINISHED run of ``stage`` tagged with ``key``, which a stage sets once the
+    run's result is stored: what a re-run of the same work reuses instead of redoing it."""
+    use_tracking()
+    experiment = mlflow.get_experiment_by_name(EXPERIMENT)
+    if experiment is None:
+        return None
+    runs = mlflow.search_runs(
+        [experiment.experiment_id],
+        filter_string=(
+            f"tags.`{STAGE_TAG}` = '{stage}' and tags.`{REUSE_KEY_TAG}` = '{key}' "
+            "and attributes.status = 'FINISHED'"
+        ),
         order_by=["attributes.start_time DESC"],
         max_results=1,
         output_format="list",

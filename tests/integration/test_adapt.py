@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -264,6 +265,7 @@ def test_every_score_the_mix_and_the_timings_are_in_scores_json(adapted) -> None
 
 def test_each_run_logs_its_figures_and_tables(adapted) -> None:
     figures = {"scalar_mix.png", "dev_curve.png", "config.json", "scores.json"}
+    figures |= {adapt_stage.RESULT_FILE}  # what a re-run of the same job reuses
     tables = {"sample_predictions.json"}
     expected = {
         "tagger": figures | tables | {"per_type_scores.json"},
@@ -408,3 +410,33 @@ def test_a_bad_task_config_is_one_line_naming_its_key(adapted, tmp_path, capsys)
     for seeds in ([], [1, 1]):
         with pytest.raises(ConfigError, match="seeds must be distinct and at least one"):
             adapt_stage.adapt(adapted.tasks, str(adapted.model_dir), seeds=seeds)
+
+
+def test_the_same_job_again_reuses_its_run_and_model_wherever_its_files_lie(
+    adapted, tmp_path
+) -> None:
+    """The nested job again: the same weights, read from the checkpoint rather than the
+    registry, the same task with its files copied elsewhere, the same seed."""
+    for name in ("questions.yaml", "questions.train", "questions.dev"):
+        shutil.copy(adapted.root / name, tmp_path / name)
+    versions = adapted.client.search_model_versions("name = 'elmo-questions'")
+
+    (again,) = adapt_stage.adapt(
+        [load_task_config(tmp_path / "questions.yaml")], str(adapted.model_dir), seeds=[5]
+    )
+    assert again.reused and not adapted.nested.reused
+    assert (again.run_id, again.model_uri) == (adapted.nested.run_id, adapted.nested.model_uri)
+    assert again.elmo_scores == adapted.nested.elmo_scores
+    assert len(adapted.client.search_model_versions("name = 'elmo-questions'")) == len(versions)
+    assert adapt_stage.result_line(again).startswith("task questions reused (already adapted): ")
+
+
+def test_a_job_whose_registered_version_was_deleted_runs_again(adapted) -> None:
+    (first,) = adapt_stage.adapt([adapted.tasks[0]], str(adapted.model_dir), seeds=[7])
+    (reused,) = adapt_stage.adapt([adapted.tasks[0]], str(adapted.model_dir), seeds=[7])
+    adapted.client.delete_model_version("elmo-tagger", str(first.model_version))
+    (again,) = adapt_stage.adapt([adapted.tasks[0]], str(adapted.model_dir), seeds=[7])
+
+    assert reused.reused and reused.run_id == first.run_id
+    assert not again.reused and again.run_id != first.run_id
+    assert again.model_version > first.model_version

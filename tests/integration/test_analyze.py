@@ -146,3 +146,16 @@ def test_bad_input_fails_before_the_biLM_loads(analyzed, tmp_path) -> None:
         analyze_stage.analyze([load_task_config(tiny_task)], "/nowhere", fractions=(0.01,))
     with pytest.raises(ConfigError, match="seed"):
         analyze_stage.analyze([analyzed.task], "/nowhere", fractions=FRACTIONS, seeds=())
+
+
+def test_the_same_analysis_again_reuses_its_run_and_other_settings_run_anew(analyzed) -> None:
+    first = analyzed.runs[0]
+    senses = (SENSES / "senses.train.tsv", SENSES / "senses.test.tsv")
+    again = analyze_stage.analyze(
+        [analyzed.task], str(analyzed.bilm), senses=senses, fractions=FRACTIONS[::-1], seeds=SEEDS
+    )
+    assert again.reused and not first.reused
+    assert (again.run_id, again.rows, again.headline) == (first.run_id, first.rows, first.headline)
+
+    other = analyze_stage.analyze([analyzed.task], str(analyzed.bilm), fractions=(1.0,), seeds=(0,))
+    assert not other.reused and other.run_id not in {run.run_id for run in analyzed.runs}

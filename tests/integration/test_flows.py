@@ -1,8 +1,8 @@
 """The flows against a real Prefect API (a temporary server), a real SQLite MLflow and a real Ray.
 
 One module-wide ELMo home and Prefect server; the pretrain flow runs twice on a tiny corpus of
-its own (the second run must reuse the cached dataset, the finished training and the registered
-version), the prepare task alone shows the cache and its invalidation, and bad input fails early
+its own (the second run must reuse the cached dataset, the finished training, the registered
+version and the finished adaptation), the prepare task alone shows the cache and its invalidation, and bad input fails early
 with messages that name the field or the address. ``make run`` (``python -m flows.run_local``) runs
 twice in a subprocess on a fresh home, for its console: what a user reads.
 """
@@ -329,7 +329,7 @@ def test_the_flow_log_says_what_happens_in_domain_terms(
     assert training[-1][0] == "biLM"
 
 
-def test_a_rerun_reuses_the_cached_dataset_the_finished_training_and_its_version(
+def test_a_rerun_reuses_the_cached_dataset_the_finished_training_and_adaptation_and_versions(
     two_runs: list[tuple[PretrainSummary, UUID]],
 ) -> None:
     (first, _), (second, flow_run_id) = two_runs
@@ -339,12 +339,14 @@ def test_a_rerun_reuses_the_cached_dataset_the_finished_training_and_its_version
     assert second.already_trained
     log = "\n".join(_log_messages(flow_run_id))
     assert re.search(rf"^train run of biLM bilm-\w+ in MLflow: {RUN_URL}", log, re.MULTILINE)
-    assert (second.dataset, second.train_run, second.model_uri) == (
+    assert (second.dataset, second.train_run, second.model_uri, second.task_models) == (
         first.dataset,
         first.train_run,
         first.model_uri,
+        first.task_models,
     )
     assert second.parent_run_id != first.parent_run_id
+    assert re.search(r"^task ner reused \(already adapted\): test f1 ", log, re.MULTILINE)
 
 
 def test_the_run_publishes_tables_and_a_summary_linking_to_mlflow(
@@ -578,7 +580,8 @@ def winner(others: str = "") -> str:
 MAKE_RUN_ENDING = (
     r"biLM models:/elmo-bilm/1 \(@champion\): heldout perplexity [\d.]+",
     *(
-        rf"task {task}: test {metric} {SCORES} with ELMo, {SCORES} without \(seed 0; \d+ test "
+        rf"task {task}( reused \(already adapted\))?: test {metric} {SCORES} with ELMo, {SCORES} "
+        rf"without \(seed 0; \d+ test "
         rf"examples\): gain [+-][\d.]+ \(one seed, no spread\) → models:/elmo-{task}/\d"
         for task, metric in (("docstrings", "accuracy"), ("ner", "f1"), ("questions", "accuracy"))
     ),
@@ -702,3 +705,10 @@ def test_make_run_ends_with_the_model_its_task_scores_the_ui_links_and_bank_in_t
         ending = console[-len(MAKE_RUN_ENDING) :]
         for pattern, line in zip(MAKE_RUN_ENDING, ending, strict=True):
             assert re.fullmatch(pattern, line), (pattern, line)
+    # The second run adapts and analyzes nothing again: the first's runs and models are reused.
+    first, second = ("\n".join(console) for console in make_run_consoles)
+    assert "reused (already adapted)" not in first
+    ending = make_run_consoles[1][-len(MAKE_RUN_ENDING) :]
+    assert sum(" reused (already adapted): test " in line for line in ending) == 3
+    assert "analysis reused: a finished analyze run" in second
+    assert not re.search(r"adapt-\w+: seed 0|analyze-\S+: \w+: run \d", second)

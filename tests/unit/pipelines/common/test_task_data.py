@@ -13,7 +13,7 @@ from elmo_core.model.bilm import BiLM
 from elmo_core.presets import tiny
 from elmo_core.tasks import load_task_config
 from elmo_core.tasks.task_config import TaskConfig
-from pipelines.common.task_data import cache_splits, check_tasks, read_splits
+from pipelines.common.task_data import cache_splits, check_tasks, read_splits, task_inputs
 
 
 def _task(root: Path, name: str = "questions", dev: list[str] | None = None) -> TaskConfig:
@@ -59,3 +59,17 @@ def test_splits_are_read_with_train_labels_and_cached_with_their_activations(
 def test_a_dev_label_train_never_saw_is_refused(tmp_path: Path) -> None:
     with pytest.raises(DataError):
         read_splits(_task(tmp_path, dev=["NUM\thow many ?"]))
+
+
+def test_a_tasks_inputs_follow_its_config_and_file_contents_not_where_the_files_lie(
+    tmp_path: Path,
+) -> None:
+    here, there = tmp_path / "here", tmp_path / "there"
+    here.mkdir(), there.mkdir()
+    inputs = task_inputs(_task(here))
+
+    assert task_inputs(_task(there)) == inputs  # the same files, moved
+    assert "train" not in inputs and set(inputs["files"]) == {"train", "dev"}
+    assert task_inputs(_task(there, dev=["DESC\thow was it ?"])) != inputs  # an edited file
+    other = _task(here).model_copy(update={"labels": ["LOC", "DESC"]})
+    assert task_inputs(other) != inputs  # the config
