@@ -3,8 +3,9 @@
 One module-wide ELMo home and Prefect server; the pretrain flow runs twice on a tiny corpus of
 its own (the second run must reuse the cached dataset, the finished training, the registered
 version and the finished adaptation), the prepare task alone shows the cache and its
-invalidation, and bad input fails early with messages that name the field or the address. ``make run`` (``python -m flows.run_local``) runs
-twice in a subprocess on a fresh home, for its console: what a user reads.
+invalidation, and bad input fails early with messages that name the field or the address.
+``make run`` (``python -m flows.run_local``) runs twice in a subprocess on a fresh home, for its
+console: what a user reads.
 """
 
 from __future__ import annotations
