@@ -21,8 +21,8 @@ ROOT = Path(elmo_core.__file__).parent.parent  # the directory holding the packa
 def source_files(*packages: ModuleType) -> list[Path]:
     """Every ``.py`` file under each package's directory, subpackages included, in a stable
     order."""
-    files = {path for package in packages for path in Path(package.__file__).parent.rglob("*.py")}
-    return sorted(files)
+    roots = [Path(str(package.__file__)).parent for package in packages]
+    return sorted({path for root in roots for path in root.rglob("*.py")})
 
 
 def code_version(files: Sequence[Path], root: Path = ROOT) -> str:

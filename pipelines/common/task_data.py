@@ -41,7 +41,7 @@ def task_inputs(task: TaskConfig) -> dict[str, Any]:
     """What a task's results depend on, for a reuse key: its config, each data file named by its
     sha256 instead of its path (a moved file holds the same data; an edited one does not)."""
     files = {split: sha256_file(path) for split in SPLITS if (path := task.split_path(split))}
-    return task.model_dump(mode="json", exclude=set(SPLITS)) | {"files": files}
+    return task.model_dump(mode="json", exclude={"train", "dev", "test"}) | {"files": files}
 
 
 def read_splits(task: TaskConfig) -> dict[str, AnyDataset]:
