@@ -16,8 +16,10 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PY) -m pip check
 	touch $@
 
+# Two processes (pytest-xdist), each test file in one of them: a module's servers and fixtures
+# start once, and one process's waits (Ray start-up, polls, subprocesses) overlap the other's work.
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 # The unit tests alone (no tests/integration): under 3 minutes on 2 cores.
 test-unit: setup

@@ -13,6 +13,10 @@ import sys
 
 # MLflow 3 starts a telemetry client on import; tests never reach the network.
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+# Ray Train's controller takes a worker's report off its one-slot queue once a poll, 2 s apart by
+# default, and a second report waits for that: the tests' steps take milliseconds, a real run's
+# checkpoints minutes apart never wait. Ray processes the tests start inherit it.
+os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager

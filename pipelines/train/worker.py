@@ -59,7 +59,8 @@ from pipelines.train.run_directory import RunDirectory
 log = logging.getLogger(__name__)
 
 Metrics = Mapping[str, float | int | bool]
-FAULT_DELAY_S = 6.0  # three of Ray Train's 2 s controller polls
+# Ray Train's controller polls its workers this often (seconds; Ray's variable and default).
+POLL_INTERVAL_ENV, DEFAULT_POLL_INTERVAL_S = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", 2.0
 # Ray Train logs a worker's exception with its traceback from this logger before the driver sees
 # it; a user error (ElmoError) reaches the driver's terminal as its one line instead.
 RAY_TRAIN_ERROR_LOGGER = "ray.train.v2._internal.util"
@@ -388,7 +389,7 @@ class Worker:
         rank, step, marker = self.cfg.fail_once.split(":", 2)
         if int(rank) == self.rank and int(step) == self.shared.step and not Path(marker).exists():
             Path(marker).touch()
-            time.sleep(FAULT_DELAY_S)
+            time.sleep(3 * float(os.environ.get(POLL_INTERVAL_ENV, DEFAULT_POLL_INTERVAL_S)))
             os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -610,6 +610,10 @@ MAKE_RUN_ENDING = (
 )
 
 
+# Whichever of its tests comes first runs the fixture's two whole runs within its own timeout.
+MAKE_RUN_TIMEOUT = pytest.mark.timeout(600)
+
+
 @pytest.fixture(scope="module")
 def make_run_consoles(tmp_path_factory: pytest.TempPathFactory) -> list[list[str]]:
     """What ``make run`` prints (stdout and stderr as a terminal shows them) on a fresh machine:
@@ -642,7 +646,7 @@ def make_run_consoles(tmp_path_factory: pytest.TempPathFactory) -> list[list[str
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            timeout=300,
+            timeout=480,
         )
         assert done.returncode == 0, done.stdout[-3000:]
         consoles.append(done.stdout.splitlines())
@@ -665,6 +669,7 @@ def test_the_train_tasks_own_page_shows_every_logged_step_and_validation_once(
     )
 
 
+@MAKE_RUN_TIMEOUT
 def test_make_run_prints_every_line_once_and_none_of_the_libraries_chatter(
     make_run_consoles: list[list[str]],
 ) -> None:
@@ -678,6 +683,7 @@ def test_make_run_prints_every_line_once_and_none_of_the_libraries_chatter(
     assert not [line for line in first if "[train]" in line]
 
 
+@MAKE_RUN_TIMEOUT
 def test_make_run_names_the_training_run_and_links_each_stages_mlflow_run_to_the_console(
     make_run_consoles: list[list[str]],
 ) -> None:
@@ -699,6 +705,7 @@ def test_make_run_names_the_training_run_and_links_each_stages_mlflow_run_to_the
             assert re.search(rf" - {what} in MLflow: {RUN_URL}", text, re.MULTILINE), what
 
 
+@MAKE_RUN_TIMEOUT
 def test_make_run_ends_with_the_model_its_task_scores_the_ui_links_and_bank_in_two_senses(
     make_run_consoles: list[list[str]],
 ) -> None:
