@@ -63,7 +63,9 @@ def analyze_command(
         parent_run_id=parent_run_id,
     )
     if result.reused:
-        typer.echo(f"reused analyze run {result.run_id}: the same biLM, tasks and settings, done")
+        typer.echo(
+            f"reused analyze run {result.run_id}: it analyzed these weights, tasks and settings"
+        )
     typer.echo(format_rows(result.rows))
     typer.echo("\n".join(["", *result.headline]))
 
