@@ -17,6 +17,7 @@ from elmo_core.model.bilm import BiLM
 from elmo_core.model.serialization import write_bilm_dir
 from elmo_core.presets import tiny
 from elmo_core.tasks import load_task_config
+from pipelines.analyze import cli as analyze_cli
 from pipelines.analyze import stage as analyze_stage
 from pipelines.tracking import stage_runs
 
@@ -148,7 +149,9 @@ def test_bad_input_fails_before_the_biLM_loads(analyzed, tmp_path) -> None:
         analyze_stage.analyze([analyzed.task], "/nowhere", fractions=FRACTIONS, seeds=())
 
 
-def test_the_same_analysis_again_reuses_its_run_and_other_settings_run_anew(analyzed) -> None:
+def test_the_same_analysis_again_reuses_its_run_and_other_settings_run_anew(
+    analyzed, capsys
+) -> None:
     first = analyzed.runs[0]
     senses = (SENSES / "senses.train.tsv", SENSES / "senses.test.tsv")
     again = analyze_stage.analyze(
@@ -156,6 +159,12 @@ def test_the_same_analysis_again_reuses_its_run_and_other_settings_run_anew(anal
     )
     assert again.reused and not first.reused
     assert (again.run_id, again.rows, again.headline) == (first.run_id, first.rows, first.headline)
+    command = ["--task", str(analyzed.root / "tags.yaml"), "--bilm", str(analyzed.bilm)]
+    command += ["--senses-train", str(senses[0]), "--senses-test", str(senses[1])]
+    assert analyze_cli.main([*command, "--fractions", "0.5,1", "--seeds", "0,1"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith(f"reused analyze run {first.run_id}: ")
+    assert first.headline[0] in printed
 
     other = analyze_stage.analyze([analyzed.task], str(analyzed.bilm), fractions=(1.0,), seeds=(0,))
     assert not other.reused and other.run_id not in {run.run_id for run in analyzed.runs}
