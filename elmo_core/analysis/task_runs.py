@@ -2,15 +2,23 @@
 
 Sample efficiency (§5.5), one biLM layer against the learned mix (§5.3), and where ELMo enters
 the task model (§5.2). A fraction trains for as many updates as the whole split; the full-data
-ELMo run with the mix at the input serves all three comparisons, so it runs once per seed.
+ELMo run with the mix at the input serves all three comparisons, so it runs once per seed. Each
+finished run's outcome can be kept (:class:`FinishedRuns`), so an analysis stopped after hours
+resumes where it stopped.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import math
+import os
 import statistics
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -39,6 +47,40 @@ class TaskAnalysis:
     mix_weights: list[float] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class RunOutcome:
+    """What the comparisons read of one trained task model."""
+
+    metric: str
+    dev_metrics: dict[str, float]
+    test_metrics: dict[str, float]
+    mix_weights: list[float] | None = None
+
+    @classmethod
+    def of(cls, result: TaskResult) -> RunOutcome:
+        return cls(result.metric, result.dev_metrics, result.test_metrics, result.mix_weights)
+
+
+class FinishedRuns:
+    """The outcome of each finished run, one JSON file per run in ``directory``, named by a hash
+    of what the run trained. The directory must belong to one biLM, task data and code version
+    (the caller's key): the run's own key covers only its config, seed and part of the data."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def get(self, key: str) -> RunOutcome | None:
+        path = self.directory / f"{key}.json"
+        return RunOutcome(**json.loads(path.read_text())) if path.is_file() else None
+
+    def put(self, key: str, outcome: RunOutcome) -> None:
+        """Written whole or not at all: a run killed while writing is trained again."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        staging = self.directory / f".{key}.{uuid.uuid4().hex}"
+        staging.write_text(json.dumps(dataclasses.asdict(outcome)))
+        os.replace(staging, self.directory / f"{key}.json")
+
+
 def analyze_task(
     task: TaskConfig,
     splits: Mapping[str, TaskSplit],
@@ -47,8 +89,10 @@ def analyze_task(
     seeds: Sequence[int] = DEFAULT_SEEDS,
     device: str | torch.device = "cpu",
     progress: Progress | None = None,
+    finished: FinishedRuns | None = None,
 ) -> TaskAnalysis:
-    """Every run of the three comparisons for ``task`` (``splits``: train, and dev/test)."""
+    """Every run of the three comparisons for ``task`` (``splits``: train, and dev/test); a run
+    whose outcome ``finished`` holds is not trained again."""
     train = splits["train"]
     if train.activations is None:
         raise ValueError("the analysis needs the cached activations of the training split")
@@ -60,8 +104,9 @@ def analyze_task(
     # The labels of the whole training split: a fraction may lack a rare tag that dev or test has.
     labels = task_labels(task, train.dataset)
     base = task.model_copy(update={"head": head, "labels": labels})
-    runs = _Runs(splits, split, device, progress, total=num_runs(fractions, seeds, num_layers))
-    full: dict[int, TaskResult] = {}
+    total = num_runs(fractions, seeds, num_layers)
+    runs = _Runs(splits, split, device, progress, finished, total=total)
+    full: dict[int, RunOutcome] = {}
     for fraction in sorted(fractions):
         scores: dict[str, list[float]] = {"elmo": [], "baseline": []}
         for seed in seeds:
@@ -90,37 +135,46 @@ def analyze_task(
 
 @dataclass
 class _Runs:
-    """Trains runs one after another, reporting each to ``progress``."""
+    """Trains runs one after another, reporting each to ``progress``, keeping each outcome in
+    ``finished`` and taking the outcomes it already holds."""
 
     splits: Mapping[str, TaskSplit]
     split: str
     device: str | torch.device
     progress: Progress | None
+    finished: FinishedRuns | None
     total: int
     done: int = 0
 
     def train(
         self, task: TaskConfig, train: TaskSplit, use_elmo: bool, seed: int, what: str
-    ) -> TaskResult:
-        result = train_task(
-            task,
-            train,
-            self.splits.get("dev"),
-            self.splits.get("test"),
-            use_elmo,
-            seed=seed,
-            device=self.device,
-        )
+    ) -> RunOutcome:
+        key = _run_key(task, len(train.dataset.examples), use_elmo, seed, what)
+        outcome = self.finished.get(key) if self.finished is not None else None
+        earlier = outcome is not None
+        if outcome is None:
+            result = train_task(
+                task,
+                train,
+                self.splits.get("dev"),
+                self.splits.get("test"),
+                use_elmo,
+                seed=seed,
+                device=self.device,
+            )
+            outcome = RunOutcome.of(result)
+            if self.finished is not None:
+                self.finished.put(key, outcome)
         self.done += 1
         if self.progress is not None:
-            score = self.score(result)
             self.progress(
                 f"{task.name}: run {self.done}/{self.total}, {what}, seed {seed}: "
-                f"{self.split} {result.metric} {score:.4f}"
+                f"{self.split} {outcome.metric} {self.score(outcome):.4f}"
+                + (" (finished earlier)" if earlier else "")
             )
-        return result
+        return outcome
 
-    def score(self, result: TaskResult) -> float:
+    def score(self, result: RunOutcome) -> float:
         scores = result.test_metrics if self.split == "test" else result.dev_metrics
         return scores[result.metric]
 
@@ -128,6 +182,14 @@ class _Runs:
         return Scores(
             tuple(self.score(self.train(task, train, True, seed, what)) for seed in seeds)
         )
+
+
+def _run_key(task: TaskConfig, examples: int, use_elmo: bool, seed: int, what: str) -> str:
+    """A run's name in :class:`FinishedRuns`: its config (epochs, head), the size of its part of
+    the training split, which input, which seed and which comparison it serves."""
+    run = {"task": task.model_dump(mode="json"), "examples": examples, "elmo": use_elmo}
+    run |= {"seed": seed, "what": what}
+    return hashlib.sha256(json.dumps(run, sort_keys=True).encode()).hexdigest()[:32]
 
 
 def _fraction_of(train: TaskSplit, fraction: float, seed: int) -> TaskSplit:

@@ -2,12 +2,14 @@
 
 Every biLM pass goes through the activation cache. The run holds one table of the analyses, which
 ``elmo analyze --compare RUN_A RUN_B`` lines up for two biLMs, and the headline as its description.
-A finished run of the same biLM weights, tasks, senses, fractions and seeds is reused.
+A finished run of the same biLM weights, tasks, senses, fractions and seeds is reused; one that
+stopped resumes, its finished task runs kept under ``ELMO_HOME/cache/analysis-runs``.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,7 +30,13 @@ from elmo_core.analysis.senses import (
     sense_sentences,
     target_vectors,
 )
-from elmo_core.analysis.task_runs import DEFAULT_FRACTIONS, TaskAnalysis, analyze_task, num_runs
+from elmo_core.analysis.task_runs import (
+    DEFAULT_FRACTIONS,
+    FinishedRuns,
+    TaskAnalysis,
+    analyze_task,
+    num_runs,
+)
 from elmo_core.errors import ConfigError
 from elmo_core.location import sha256_file
 from elmo_core.tasks.activation_cache import ActivationCache, bilm_fingerprint
@@ -109,6 +117,7 @@ def analyze(
         finished = _finished(key)
         if finished is not None:
             return finished
+        runs = FinishedRuns(elmo_home() / "cache" / "analysis-runs" / key)
         with stage_run(
             "analyze",
             run_name=stage_run_name("analyze", location_name(bilm)),
@@ -125,12 +134,22 @@ def analyze(
                 }
             )
             results, probes = _run_analyses(
-                tasks, datasets, source, sense_splits, cache_dir, device, fractions, seeds, console
+                tasks,
+                datasets,
+                source,
+                sense_splits,
+                cache_dir,
+                device,
+                fractions,
+                seeds,
+                console,
+                runs,
             )
             rows = [row for result in results for row in task_rows(result)] + probes
             lines = headline(results, probes)
             _log_outcome(results, probes, rows, lines)
             mlflow.set_tag(REUSE_KEY_TAG, key)  # last: only a complete run is ever reused
+    shutil.rmtree(runs.directory, ignore_errors=True)  # the finished MLflow run holds it all now
     return AnalyzeResult(run.info.run_id, rows, lines)
 
 
@@ -194,8 +213,10 @@ def _run_analyses(
     fractions: Sequence[float],
     seeds: Sequence[int],
     console: bool,
+    finished: FinishedRuns,
 ) -> tuple[list[TaskAnalysis], list[Row]]:
-    """Each task's analysis and each probe's row, their figures logged."""
+    """Each task's analysis and each probe's row, their figures logged; the task runs that
+    ``finished`` holds are not trained again."""
     results, probes = [], []
     for task in tasks:
         splits = cache_splits(bilm, datasets[task.name], cache_dir)
@@ -215,6 +236,7 @@ def _run_analyses(
                 seeds=seeds,
                 device=device,
                 progress=advance,
+                finished=finished,
             )
         log_figure(efficiency_figure(result), f"efficiency_{task.name}.png")
         results.append(result)

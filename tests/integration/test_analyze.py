@@ -159,6 +159,8 @@ def test_the_same_analysis_again_reuses_its_run_and_other_settings_run_anew(
     )
     assert again.reused and not first.reused
     assert (again.run_id, again.rows, again.headline) == (first.run_id, first.rows, first.headline)
+    # A finished analysis keeps no per-run outcomes (they resume a stopped one): its run has all.
+    assert not list((analyzed.root / "home" / "cache" / "analysis-runs").glob("*"))
     command = ["--task", str(analyzed.root / "tags.yaml"), "--bilm", str(analyzed.bilm)]
     command += ["--senses-train", str(senses[0]), "--senses-test", str(senses[1])]
     assert analyze_cli.main([*command, "--fractions", "0.5,1", "--seeds", "0,1"]) == 0

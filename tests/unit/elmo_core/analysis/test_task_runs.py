@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
-from elmo_core.analysis.task_runs import INPUT, INPUT_OUTPUT, MIX, analyze_task, same_updates
+from elmo_core.analysis import task_runs
+from elmo_core.analysis.task_runs import (
+    INPUT,
+    INPUT_OUTPUT,
+    MIX,
+    FinishedRuns,
+    analyze_task,
+    same_updates,
+)
 from elmo_core.tasks.activation_cache import CachedActivations
 from elmo_core.tasks.dataset import TaggingExample, TaskDataset
 from elmo_core.tasks.task_config import TaskConfig
-from elmo_core.tasks.trainer import TaskSplit
+from elmo_core.tasks.trainer import TaskResult, TaskSplit
 
 NUM_LAYERS, DIM = 3, 4
 
@@ -41,7 +50,7 @@ def _examples(count: int, rare_at: int | None) -> list[TaggingExample]:
     return examples
 
 
-def test_every_comparison_runs_over_the_seeds_and_the_full_data_run_is_shared() -> None:
+def _toy() -> tuple[TaskConfig, dict[str, TaskSplit]]:
     task = TaskConfig(
         name="toy",
         type="tagging",
@@ -54,6 +63,11 @@ def test_every_comparison_runs_over_the_seeds_and_the_full_data_run_is_shared() 
         "train": _split(_examples(8, rare_at=7), 0),
         "dev": _split(_examples(4, rare_at=0), 1),  # INTJ in dev: fractions must keep the tag set
     }
+    return task, splits
+
+
+def test_every_comparison_runs_over_the_seeds_and_the_full_data_run_is_shared() -> None:
+    task, splits = _toy()
     lines: list[str] = []
     result = analyze_task(task, splits, fractions=(0.5, 1.0), seeds=(0, 1), progress=lines.append)
     assert result.metric == "dev_accuracy"
@@ -72,3 +86,43 @@ def test_a_fraction_trains_for_as_many_updates_as_the_whole_split() -> None:
     assert same_updates(task, full=100, part=25).training.epochs == 4 * task.training.epochs
     assert same_updates(task, full=100, part=30).training.epochs == 34  # ceil(10 · 100 / 30)
     assert same_updates(task, full=100, part=100) == task
+
+
+def test_an_analysis_stopped_midway_resumes_with_the_runs_it_finished(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    task, splits = _toy()
+    fractions, seeds = (0.5, 1.0), (0,)  # 8 runs
+    straight = analyze_task(task, splits, fractions=fractions, seeds=seeds)
+    trained: list[str] = []
+    train_task = task_runs.train_task
+
+    def counted(task: TaskConfig, *args: Any, **kwargs: Any) -> TaskResult:
+        trained.append(task.name)
+        return train_task(task, *args, **kwargs)
+
+    def stop_after_three(line: str) -> None:
+        if line.startswith("toy: run 3/"):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(task_runs, "train_task", counted)
+    finished = FinishedRuns(tmp_path / "runs")
+    with pytest.raises(KeyboardInterrupt):
+        analyze_task(
+            task,
+            splits,
+            fractions=fractions,
+            seeds=seeds,
+            progress=stop_after_three,
+            finished=finished,
+        )
+    assert len(trained) == 3 and len(list(finished.directory.glob("*.json"))) == 3
+
+    lines: list[str] = []
+    resumed = analyze_task(
+        task, splits, fractions=fractions, seeds=seeds, progress=lines.append, finished=finished
+    )
+    assert len(trained) == 8  # the 3 finished runs, then the 5 the stop left
+    assert [line.endswith(" (finished earlier)") for line in lines] == [True] * 3 + [False] * 5
+    assert resumed == straight
+    assert not list(finished.directory.glob(".*"))  # no half-written outcome
