@@ -254,18 +254,7 @@ def ensure_experiment() -> None:
 
 def find_run(run_name: str, stage: str) -> Run | None:
     """The newest run of ``stage`` called ``run_name`` (how a re-run finds the run it resumes)."""
-    use_tracking()
-    experiment = mlflow.get_experiment_by_name(EXPERIMENT)
-    if experiment is None:
-        return None
-    runs = mlflow.search_runs(
-        [experiment.experiment_id],
-        filter_string=f"tags.`{STAGE_TAG}` = '{stage}' and attributes.run_name = '{run_name}'",
-        order_by=["attributes.start_time DESC"],
-        max_results=1,
-        output_format="list",
-    )
-    return runs[0] if runs else None
+    return _newest_run(stage, f"attributes.run_name = '{run_name}'")
 
 
 def reuse_key(inputs: Mapping[str, Any]) -> str:
@@ -277,16 +266,20 @@ def reuse_key(inputs: Mapping[str, Any]) -> str:
 def find_finished(stage: str, key: str) -> Run | None:
     """The newest FINISHED run of ``stage`` tagged with ``key``, which a stage sets once the
     run's result is stored: what a re-run of the same work reuses instead of redoing it."""
+    return _newest_run(
+        stage, f"tags.`{REUSE_KEY_TAG}` = '{key}' and attributes.status = 'FINISHED'"
+    )
+
+
+def _newest_run(stage: str, condition: str) -> Run | None:
+    """The newest run of ``stage`` in the experiment that also meets ``condition`` (a filter)."""
     use_tracking()
     experiment = mlflow.get_experiment_by_name(EXPERIMENT)
     if experiment is None:
         return None
     runs = mlflow.search_runs(
         [experiment.experiment_id],
-        filter_string=(
-            f"tags.`{STAGE_TAG}` = '{stage}' and tags.`{REUSE_KEY_TAG}` = '{key}' "
-            "and attributes.status = 'FINISHED'"
-        ),
+        filter_string=f"tags.`{STAGE_TAG}` = '{stage}' and {condition}",
         order_by=["attributes.start_time DESC"],
         max_results=1,
         output_format="list",
