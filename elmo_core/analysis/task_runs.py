@@ -200,9 +200,16 @@ def _fraction_of(train: TaskSplit, fraction: float, seed: int) -> TaskSplit:
 
 def same_updates(task: TaskConfig, full: int, part: int) -> TaskConfig:
     """``task`` with as many epochs over ``part`` examples as make the updates of its epochs over
-    ``full``: a smaller fraction must not lose by training less (early stopping still ends it)."""
-    epochs = math.ceil(task.training.epochs * full / max(part, 1))
-    return task.model_copy(update={"training": task.training.model_copy(update={"epochs": epochs})})
+    ``full``, scored on dev as often as those (once per ``full`` epoch's updates): a smaller
+    fraction must not lose by training less, nor spend its time scoring dev after each of its
+    short epochs (early stopping still ends it, its patience counted in those scorings)."""
+    settings = task.training
+    if part >= full:
+        return task
+    epochs = math.ceil(settings.epochs * full / max(part, 1))
+    every = settings.eval_every or math.ceil(full / settings.batch_size)
+    training = settings.model_copy(update={"epochs": epochs, "eval_every": every})
+    return task.model_copy(update={"training": training})
 
 
 def _with_head(task: TaskConfig, **head: object) -> TaskConfig:

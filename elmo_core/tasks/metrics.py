@@ -6,8 +6,7 @@ Spans follow conlleval's chunk rules, right for IOB1 and IOB2: a span starts at 
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -23,21 +22,52 @@ def tags_to_spans(tags: Sequence[str], scheme: SpanScheme = "iob2") -> set[Span]
     ``scheme`` names the encoding (``iob1`` or ``iob2``); both are read with the same rules
     (module docstring). A tag that is not ``O``, ``B-TYPE`` or ``I-TYPE`` raises ``ValueError``.
     """
-    if scheme not in ("iob1", "iob2"):
-        raise ValueError(f"span scheme must be 'iob1' or 'iob2', not {scheme!r}")
-    spans: set[Span] = set()
-    current: str | None = None
-    start = 0
-    for index, tag in enumerate(tags):
-        prefix, kind = _split_tag(tag, index)
-        if current is not None and (prefix != "I" or kind != current):
-            spans.add((current, start, index))
-            current = None
-        if prefix == "B" or (prefix == "I" and current is None):
-            current, start = kind, index
-    if current is not None:
-        spans.add((current, start, len(tags)))
-    return spans
+    _check_scheme(scheme)
+    labels = sorted(set(tags))
+    index = {label: i for i, label in enumerate(labels)}
+    tagging = TagSpans(labels, first_positions=lambda label: list(tags).index(label))
+    ids = np.array([index[tag] for tag in tags], dtype=np.int64)
+    kinds, starts, ends = tagging.spans(ids, np.array([0, len(ids)], dtype=np.int64))
+    return {(tagging.kinds[k], int(s), int(e)) for k, s, e in zip(kinds, starts, ends, strict=True)}
+
+
+class TagSpans:
+    """Span reading over label ids: each label's entity type and whether it is a ``B-`` tag, parsed
+    once, so that a whole split's spans come from array operations, not a loop per token."""
+
+    def __init__(
+        self, labels: Sequence[str], first_positions: Callable[[str], int] | None = None
+    ) -> None:
+        parsed = []
+        for label in labels:
+            try:
+                parsed.append(_split_tag(label))
+            except ValueError:
+                where = first_positions(label) if first_positions is not None else None
+                at = f" at position {where}" if where is not None else ""
+                raise ValueError(f"tag {label!r}{at} is not O, B-TYPE or I-TYPE") from None
+        self.kinds = sorted({kind for _, kind in parsed if kind is not None})
+        kind_ids = {kind: i for i, kind in enumerate(self.kinds)}
+        self.label_kind = np.array(
+            [-1 if kind is None else kind_ids[kind] for _, kind in parsed], dtype=np.int64
+        )  # (K,) -1 for O
+        self.label_begins = np.array([prefix == "B" for prefix, _ in parsed], dtype=bool)  # (K,)
+
+    def spans(
+        self, ids: np.ndarray, offsets: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Label ids ``(N,)`` of sentences ``offsets (S + 1,)`` → each span's type id, start and
+        exclusive end, as positions in ``ids``."""
+        kinds = self.label_kind[ids]  # (N,)
+        inside = kinds >= 0
+        firsts = np.zeros(len(ids), dtype=bool)
+        firsts[offsets[:-1][offsets[:-1] < len(ids)]] = True  # (N,) a sentence's first token
+        previous = np.concatenate([[-1], kinds[:-1]])  # (N,)
+        opens = inside & (self.label_begins[ids] | firsts | (previous != kinds))  # (N,)
+        continues = inside & ~opens  # (N,) same type as the token before, in the same span
+        closes = inside & ~np.concatenate([continues[1:], [False]])  # (N,) a span's last token
+        starts = np.flatnonzero(opens)
+        return kinds[starts], starts, np.flatnonzero(closes) + 1
 
 
 @dataclass(frozen=True)
@@ -79,25 +109,50 @@ def span_f1(
     gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]], scheme: SpanScheme = "iob2"
 ) -> SpanF1Result:
     """CoNLL span precision/recall/F1 of ``predicted`` against ``gold`` tag sequences."""
+    _check_scheme(scheme)
     _check_parallel(gold, predicted)
-    gold_counts: Counter[str] = Counter()
-    predicted_counts: Counter[str] = Counter()
-    correct_counts: Counter[str] = Counter()
-    for gold_tags, predicted_tags in zip(gold, predicted, strict=True):
-        gold_spans = tags_to_spans(gold_tags, scheme)
-        predicted_spans = tags_to_spans(predicted_tags, scheme)
-        gold_counts.update(kind for kind, _, _ in gold_spans)
-        predicted_counts.update(kind for kind, _, _ in predicted_spans)
-        correct_counts.update(kind for kind, _, _ in gold_spans & predicted_spans)
-    per_type = {
-        kind: SpanScores.from_counts(
-            gold_counts[kind], predicted_counts[kind], correct_counts[kind]
-        )
-        for kind in sorted(gold_counts.keys() | predicted_counts.keys())
-    }
-    total = SpanScores.from_counts(
-        sum(gold_counts.values()), sum(predicted_counts.values()), sum(correct_counts.values())
+    flat_gold = [tag for tags in gold for tag in tags]
+    flat_predicted = [tag for tags in predicted for tag in tags]
+    labels = sorted(set(flat_gold) | set(flat_predicted))
+    index = {label: i for i, label in enumerate(labels)}
+    lengths = [len(tags) for tags in gold]
+    offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
+
+    def position(label: str) -> int:
+        flat = flat_gold if label in flat_gold else flat_predicted
+        at = flat.index(label)
+        return at - int(offsets[np.searchsorted(offsets, at, side="right") - 1])
+
+    tagging = TagSpans(labels, first_positions=position)
+    return span_f1_ids(
+        np.array([index[tag] for tag in flat_gold], dtype=np.int64),
+        np.array([index[tag] for tag in flat_predicted], dtype=np.int64),
+        offsets,
+        tagging,
     )
+
+
+def span_f1_ids(
+    gold: np.ndarray, predicted: np.ndarray, offsets: np.ndarray, tagging: TagSpans
+) -> SpanF1Result:
+    """:func:`span_f1` over label ids ``(N,)`` of the sentences ``offsets (S + 1,)``: what a
+    trainer scores its dev split with every evaluation, with no per-token Python work."""
+    if gold.shape != predicted.shape:
+        raise ValueError(f"{len(gold)} gold tags but {len(predicted)} predicted")
+    num_kinds = len(tagging.kinds)
+    keys, counts = [], []
+    for ids in (gold, predicted):
+        kinds, starts, ends = tagging.spans(ids, offsets)
+        keys.append((starts * (len(ids) + 1) + ends) * max(num_kinds, 1) + kinds)  # one per span
+        counts.append(np.bincount(kinds, minlength=num_kinds))  # (types,)
+    correct = np.intersect1d(keys[0], keys[1], assume_unique=True) % max(num_kinds, 1)
+    correct_counts = np.bincount(correct, minlength=num_kinds)
+    per_type = {
+        kind: SpanScores.from_counts(int(counts[0][i]), int(counts[1][i]), int(correct_counts[i]))
+        for i, kind in enumerate(tagging.kinds)
+        if counts[0][i] or counts[1][i]
+    }
+    total = SpanScores.from_counts(int(counts[0].sum()), int(counts[1].sum()), len(correct))
     return SpanF1Result(**vars(total), per_type=per_type)
 
 
@@ -152,13 +207,18 @@ def label_scores(matrix: np.ndarray, labels: Sequence[str]) -> dict[str, SpanSco
     }
 
 
-def _split_tag(tag: str, index: int) -> tuple[str, str | None]:
+def _split_tag(tag: str) -> tuple[str, str | None]:
     if tag == "O":
         return "O", None
     prefix, dash, kind = tag.partition("-")
     if prefix not in ("B", "I") or not dash or not kind:
-        raise ValueError(f"tag {tag!r} at position {index} is not O, B-TYPE or I-TYPE")
+        raise ValueError(f"tag {tag!r} is not O, B-TYPE or I-TYPE")
     return prefix, kind
+
+
+def _check_scheme(scheme: str) -> None:
+    if scheme not in ("iob1", "iob2"):
+        raise ValueError(f"span scheme must be 'iob1' or 'iob2', not {scheme!r}")
 
 
 def _check_parallel(gold: Sequence[Sequence[Any]], predicted: Sequence[Sequence[Any]]) -> None:

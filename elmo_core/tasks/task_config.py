@@ -74,9 +74,10 @@ class HeadConfig(StrictModel):
 
 
 class TaskTrainingConfig(StrictModel):
-    """Adaptation run length and optimiser; ``patience`` epochs without dev improvement stop it,
+    """Adaptation run length and optimiser; ``patience`` dev scorings without improvement stop it,
     counted only once ``min_updates`` updates have run: a small training set scores 0 for its
-    first epochs, and a score of 0 that stays 0 must not end the run before it learns."""
+    first epochs, and a score of 0 that stays 0 must not end the run before it learns. Dev is
+    scored at an epoch's end once ``eval_every`` updates have run since the last scoring."""
 
     epochs: int = Field(10, gt=0)
     batch_size: int = Field(32, gt=0)
@@ -85,6 +86,9 @@ class TaskTrainingConfig(StrictModel):
     patience: int | None = Field(3, gt=0, description="None: no early stopping")
     min_updates: int = Field(
         100, ge=0, description="optimizer updates before patience counts (early stopping)"
+    )
+    eval_every: int | None = Field(
+        None, gt=0, description="updates between dev scorings (at epoch ends); None: every epoch"
     )
 
 

@@ -71,6 +71,22 @@ class EncodedSplit:
     tagging: bool
     activations: CachedActivations | None = None
 
+    def length_batches(self, max_positions: int) -> list[np.ndarray]:
+        """Every example once, shortest first, in batches of at most ``max_positions`` padded
+        positions (a longer example alone): evaluation order, where order does not matter."""
+        lengths = np.diff(self.offsets).reshape(self.num_sides, self.num_examples).max(axis=0)
+        order = np.argsort(lengths, kind="stable")  # (num_examples,)
+        batches, start = [], 0
+        while start < len(order):
+            end = start + 1
+            while end < len(order) and (end - start + 1) * max(lengths[order[end]], 1) <= (
+                max_positions
+            ):
+                end += 1
+            batches.append(order[start:end])
+            start = end
+        return batches
+
     def batch(self, indices: np.ndarray) -> tuple[list[TaskInputs], torch.Tensor]:
         """Examples ``indices`` → one :class:`TaskInputs` per side, ``targets (B, T)`` or (B,)."""
         sides = []

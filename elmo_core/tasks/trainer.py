@@ -18,9 +18,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from elmo_core.tasks.activation_cache import CachedActivations
+from elmo_core.tasks.activation_cache import CachedActivations, flat_positions
 from elmo_core.tasks.dataset import PairExample
-from elmo_core.tasks.metrics import accuracy, span_f1
+from elmo_core.tasks.metrics import TagSpans, span_f1_ids
 from elmo_core.tasks.readers import AnyDataset, check_labels, task_labels
 from elmo_core.tasks.task_config import TaskConfig
 from elmo_core.tasks.task_model import (
@@ -40,6 +40,7 @@ BASELINE = (
     "no ELMo; the paper's baselines used pretrained GloVe vectors, unavailable offline"
 )
 ELMO = "task-trained word embeddings concatenated with a scalar mix of the frozen biLM's layers"
+EVAL_BATCH_TOKENS = 8192  # positions per evaluation batch (length-sorted, so little padding)
 EpochCallback = Callable[[int, dict[str, float]], None]
 Prediction = list[str] | str
 
@@ -174,34 +175,49 @@ def _fit(
 ) -> tuple[list[dict[str, float]], int]:
     """Epochs of Adam with early stopping on the dev score; leaves the best weights in ``model``.
 
-    Only a higher score is an improvement (a tie is not), and patience counts only from the
-    epoch that completes ``min_updates`` updates: a model that scores 0 for its first epochs of a
-    small training set is not stopped before it learns."""
+    Dev is scored at the end of an epoch once ``eval_every`` updates have run since the last
+    score (every epoch by default), and at the last epoch: a small training set's many short
+    epochs do not each pay for a pass over dev. Only a higher score is an improvement (a tie is
+    not), and ``patience`` counts scorings only from the one that completes ``min_updates``
+    updates: a model that scores 0 while a small training set's first updates run is not stopped
+    before it learns."""
     settings = task.training
     optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr)
     shuffler = np.random.default_rng(seed)
     metric = main_metric(task)
     history: list[dict[str, float]] = []
     best_score, best_epoch, best_state = -math.inf, 0, copy.deepcopy(model.state_dict())
+    best_scoring, warm_scoring = 0, 0  # which scoring was best; which completed min_updates
     updates_per_epoch = math.ceil(splits["train"].num_examples / settings.batch_size)
-    warm_epoch = math.ceil(settings.min_updates / max(updates_per_epoch, 1))
+    interval = settings.eval_every or 1
+    updates, scored_at, losses = 0, 0, []
     for epoch in range(1, settings.epochs + 1):
         order = shuffler.permutation(splits["train"].num_examples)
-        metrics = {
-            "train_loss": train_epoch(model, optimizer, splits["train"], order, settings.batch_size)
-        }
+        losses.append(train_epoch(model, optimizer, splits["train"], order, settings.batch_size))
+        updates += updates_per_epoch
+        if updates - scored_at < interval and epoch < settings.epochs:
+            continue
+        scored_at = updates
+        metrics = {"train_loss": float(np.mean(losses))}
+        losses = []
         if "dev" in splits:
             dev_scores = evaluate_task(model, splits["dev"], task, device)
             metrics |= {f"dev_{name}": value for name, value in dev_scores.items()}
         metrics |= _mix_metrics(model)
-        history.append({"epoch": float(epoch), **metrics})
+        history.append({"epoch": float(epoch), "updates": float(updates), **metrics})
         if epoch_callback is not None:
             epoch_callback(epoch, metrics)
+        scoring = len(history)
+        if not warm_scoring and updates >= settings.min_updates:
+            warm_scoring = scoring
         score = metrics.get(f"dev_{metric}", float(epoch))  # no dev: the last epoch is best
         if score > best_score:
             best_score, best_epoch, best_state = score, epoch, copy.deepcopy(model.state_dict())
-        elif settings.patience is not None and epoch - max(best_epoch, warm_epoch) >= (
-            settings.patience
+            best_scoring = scoring
+        elif (
+            settings.patience is not None
+            and warm_scoring
+            and (scoring - max(best_scoring, warm_scoring) >= settings.patience)
         ):
             break
     model.load_state_dict(best_state)
@@ -233,22 +249,39 @@ def train_epoch(
 def evaluate_task(
     model: TaskModel, split: EncodedSplit, task: TaskConfig, device: torch.device
 ) -> dict[str, float]:
-    """Scores of ``model`` on an encoded split: span P/R/F1 (per type too) and/or accuracy."""
-    gold: list[Prediction] = []
-    predicted: list[Prediction] = []
-    indices = np.arange(split.num_examples)
-    batch_size = task.training.batch_size
-    for start in range(0, split.num_examples, batch_size):
-        rows = indices[start : start + batch_size]
-        sides, targets = split.batch(rows)
-        predicted += _predict_batch(model, [_to(side, device) for side in sides])
-        gold += _label_strings(model, targets, sides[0].mask if split.tagging else None)
+    """Scores of ``model`` on an encoded split: span P/R/F1 (per type too) and/or accuracy.
+
+    Examples go in length order, ``EVAL_BATCH_TOKENS`` positions a batch, so batches are large
+    and hold little padding; the predictions are compared with the split's label ids as arrays.
+    """
+    predicted = predict_ids(model, split, device)  # (N,) per token or (B,) per example
+    gold = split.targets
+    if not len(gold):
+        raise ValueError("accuracy of no items is undefined")
+    scores = {"accuracy": float(np.mean(predicted == gold))}
     scheme = task.reader.tag_scheme
     if main_metric(task) == "f1" and scheme != "none":
-        tagged = [list(tags) for tags in gold]
-        scores = span_f1(tagged, [list(tags) for tags in predicted], scheme)
-        return scores.to_metrics() | {"accuracy": accuracy(tagged, predicted)}
-    return {"accuracy": accuracy(gold, predicted)}
+        tagging = TagSpans(model.labels)
+        sentences = split.offsets[: split.num_examples + 1]
+        return span_f1_ids(gold, predicted, sentences, tagging).to_metrics() | scores
+    return scores
+
+
+def predict_ids(model: TaskModel, split: EncodedSplit, device: torch.device) -> np.ndarray:
+    """The label ids ``model`` predicts for an encoded split, aligned with ``split.targets``."""
+    model.eval()
+    predicted = np.zeros_like(split.targets)
+    for rows in split.length_batches(EVAL_BATCH_TOKENS):
+        sides, _ = split.batch(rows)
+        sides = [_to(side, device) for side in sides]
+        with torch.no_grad():
+            decoded = model.decode(model(sides), sides).cpu()  # (B, T) or (B,)
+        if not split.tagging:
+            predicted[rows] = decoded.numpy()
+            continue
+        starts, lengths = split.offsets[rows], split.offsets[rows + 1] - split.offsets[rows]
+        predicted[flat_positions(starts, lengths)] = decoded[sides[0].mask.cpu()].numpy()
+    return predicted
 
 
 def predict(

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from elmo_core.model.highway import CPU_HAS_BF16_GEMMS
 from elmo_core.text.char_ids import tokens_to_ids
 
 SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_char_cnn.py"
@@ -60,5 +61,10 @@ def test_smoke_run_checks_agreement_times_every_run_and_ends_with_json(bench_cha
     assert summary["max_grad_difference_tiny"] < 1e-4
     assert summary["ops_padded_tiny"] < summary["ops_per_width_tiny"] < summary["ops_amax_tiny"]
     assert summary["ops_char_CNN_padded_tiny"] < summary["ops_char_CNN_tiny"]
-    assert summary["bf16_output_difference_tiny"] > 0  # bf16 really ran
+    # bf16 runs only where the CPU has bf16 GEMMs (elsewhere emulated, slower): then its output
+    # differs from float32 by bf16's rounding; without them the highway stays in float32
+    if CPU_HAS_BF16_GEMMS:
+        assert 0 < summary["bf16_output_difference_tiny"] < 0.05
+    else:
+        assert summary["bf16_output_difference_tiny"] == 0
     assert summary["bf16_loss_difference_tiny"] < 0.02  # test_bilm_autocast's bar for the loss

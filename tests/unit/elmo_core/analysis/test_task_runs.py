@@ -81,11 +81,13 @@ def test_every_comparison_runs_over_the_seeds_and_the_full_data_run_is_shared() 
     assert len(lines) == 2 * (4 + 3 + 1) and lines[-1].startswith("toy: run 16/16")
 
 
-def test_a_fraction_trains_for_as_many_updates_as_the_whole_split() -> None:
+def test_a_fraction_trains_for_as_many_updates_as_the_whole_split_and_scores_dev_as_often() -> None:
     task = TaskConfig(name="toy", type="tagging", format="conllu", train=Path("unused"))
     assert same_updates(task, full=100, part=25).training.epochs == 4 * task.training.epochs
     assert same_updates(task, full=100, part=30).training.epochs == 34  # ceil(10 · 100 / 30)
     assert same_updates(task, full=100, part=100) == task
+    # dev scored as often as over the whole split: once per ceil(100 / 32) updates
+    assert same_updates(task, full=100, part=25).training.eval_every == 4
 
 
 def test_an_analysis_stopped_midway_resumes_with_the_runs_it_finished(

@@ -193,3 +193,32 @@ def test_tags_to_spans_matches_conlleval_on_random_sequences():
         expected = _conlleval_spans(tags)
         assert tags_to_spans(tags, "iob1") == expected, tags
         assert tags_to_spans(tags, "iob2") == expected, tags
+
+
+def test_span_f1_over_label_ids_matches_the_per_sentence_sets_on_random_tags():
+    """The array reading of a whole split counts the spans that :func:`tags_to_spans` finds in
+    each sentence alone: none runs across a sentence boundary, every type is counted apart."""
+    rng = np.random.default_rng(0)
+    tags = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "I-ORG"]
+    for scheme in ("iob1", "iob2"):
+        gold = [list(rng.choice(tags, size=rng.integers(0, 9))) for _ in range(60)]
+        predicted = [
+            [tag if rng.random() < 0.7 else str(rng.choice(tags)) for tag in sentence]
+            for sentence in gold
+        ]
+        counts: dict[str, list[int]] = {}
+        for gold_tags, predicted_tags in zip(gold, predicted, strict=True):
+            found = tags_to_spans(gold_tags, scheme), tags_to_spans(predicted_tags, scheme)
+            for column, spans in enumerate((*found, found[0] & found[1])):
+                for kind, _, _ in spans:
+                    counts.setdefault(kind, [0, 0, 0])[column] += 1
+        result = span_f1(gold, predicted, scheme)
+        assert {kind: [s.num_gold, s.num_predicted, s.num_correct] for kind, s in
+                result.per_type.items()} == counts  # fmt: skip
+        totals = [sum(column) for column in zip(*counts.values(), strict=True)]
+        assert [result.num_gold, result.num_predicted, result.num_correct] == totals
+
+
+def test_span_f1_names_a_bad_tag_by_its_position_in_its_sentence():
+    with pytest.raises(ValueError, match=r"tag 'PER' at position 1"):
+        span_f1([["O"], ["B-LOC", "PER"]], [["O"], ["O", "O"]])

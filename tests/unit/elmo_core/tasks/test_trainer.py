@@ -12,6 +12,7 @@ import torch
 from elmo_core.errors import DataError
 from elmo_core.model.bilm import BiLM
 from elmo_core.tasks.dataset import ClassificationExample, TaskDataset
+from elmo_core.tasks.metrics import accuracy, span_f1
 from elmo_core.tasks.task_config import TaskConfig
 from elmo_core.tasks.trainer import (
     BASELINE,
@@ -193,3 +194,49 @@ def test_a_subset_keeps_each_examples_own_activations(
         whole, _ = split.activations.batch([i + side * len(split.dataset) for i in indices])
         part, _ = subset.activations.batch([i + side * len(indices) for i in range(3)])
         assert torch.equal(whole, part)
+
+
+def test_dev_is_scored_once_eval_every_updates_have_run_and_at_the_last_epoch(
+    task_splits: Splits, task_factory: TaskFactory
+) -> None:
+    """64 training sentences in batches of 16: 4 updates an epoch. Scoring once 7 updates have
+    run falls at the ends of epochs 2, 4, 6 and 7 (the last); patience counts those scorings."""
+    splits = task_splits["tagging"]
+    assert len(splits["train"].dataset.examples) == 64
+    training = {"epochs": 7, "patience": None, "eval_every": 7}
+    seen: list[int] = []
+    result = _train(
+        splits, task_factory("tagging", training=training), False,
+        epoch_callback=lambda epoch, _: seen.append(epoch),
+    )  # fmt: skip
+    assert seen == [2, 4, 6, 7] and [h["epoch"] for h in result.history] == [2, 4, 6, 7]
+    assert [h["updates"] for h in result.history] == [8, 16, 24, 28]
+    assert result.best_epoch in seen
+    flat = {"epochs": 12, "patience": 1, "lr": 1e-9, "min_updates": 0, "eval_every": 6}
+    stopped = _train(splits, task_factory("tagging", training=flat), False)
+    assert [h["epoch"] for h in stopped.history] == [2, 4] and stopped.best_epoch == 2
+
+
+@pytest.mark.parametrize(
+    ("task_type", "crf"),
+    [("tagging", False), ("tagging", True), ("classification", False), ("pair", False)],
+)
+def test_evaluation_over_label_ids_scores_what_the_label_strings_score(
+    task_type: str, crf: bool, task_splits: Splits, task_factory: TaskFactory
+) -> None:
+    """The trainer's scores (length-sorted batches, ids against the split's own label ids) are
+    those of the predicted label strings of each example, in order, against its gold labels."""
+    head = {"crf": crf} if task_type == "tagging" else {}
+    result = _train(task_splits[task_type], task_factory(task_type, **head), False)
+    examples = task_splits[task_type]["test"].dataset.examples
+    if task_type == "pair":
+        predicted = predict(result.model, [(e.premise, e.hypothesis) for e in examples])
+    else:
+        predicted = predict(result.model, [e.tokens for e in examples], batch_size=3)
+    gold = [e.tags if task_type == "tagging" else e.label for e in examples]
+    assert result.test_metrics["accuracy"] == pytest.approx(accuracy(gold, predicted))
+    if task_type == "tagging":
+        spans = span_f1(gold, predicted, "iob2")  # type: ignore[arg-type]
+        assert result.test_metrics == pytest.approx(
+            spans.to_metrics() | {"accuracy": accuracy(gold, predicted)}
+        )

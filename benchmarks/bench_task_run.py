@@ -1,0 +1,149 @@
+"""One analysis task-model run on real data: this tree against another, and where its time goes.
+
+    python benchmarks/bench_task_run.py --bilm MODEL_DIR [--before TREE] [--fraction 0.1]
+        [--max-train 1000] [--repeats 2] [--profile]
+
+The run is the analysis's (``elmo analyze``): UD English EWT UPOS tagging, the first
+``--max-train`` training sentences with the full dev and test, ``--fraction`` of train with ELMo,
+seed 0, given the updates of the whole split (the analysis's budget, from each tree's own
+``same_updates``). The activation cache is built once; then each tree times the same run in a
+subprocess of its own (``PYTHONPATH`` at the tree, so its ``elmo_core`` is the one imported),
+the trees taking turns. ``--before`` is a checkout of the tree before a change (``git worktree
+add /tmp/before HEAD``). ``--profile`` prints each tree's top functions by cumulative time.
+
+Skips cleanly (exit 0) when the shared data is absent. Last line: one JSON object with each
+tree's seconds per run and test score, and ``speedup = before / this tree``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import pstats
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from harness import print_summary
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "ud_ewt"
+HERE = Path(__file__).resolve().parents[1]
+
+
+def ud_task(work: Path, max_train: int) -> object:
+    """UD EWT UPOS: the first ``max_train`` training sentences, the full dev and test."""
+    from elmo_core.tasks.task_config import TaskConfig
+
+    blocks = (SHARED / "en_ewt-ud-train.conllu").read_text(encoding="utf-8").split("\n\n")
+    train = work / "ud_ewt.train.conllu"
+    train.write_text("\n\n".join(blocks[:max_train]) + "\n\n", encoding="utf-8")
+    return TaskConfig.model_validate(
+        {
+            "name": "ud-ewt-upos",
+            "type": "tagging",
+            "format": "conllu",
+            "train": str(train),
+            "dev": str(SHARED / "en_ewt-ud-dev.conllu"),
+            "test": str(SHARED / "en_ewt-ud-test.conllu"),
+            "reader": {"conllu_column": "upos", "tag_scheme": "none"},
+            "head": {"hidden_dim": 64, "dropout": 0.3},
+            "training": {"epochs": 10, "batch_size": 32, "lr": 0.003, "patience": 3},
+        }
+    )
+
+
+def one_run(args: argparse.Namespace) -> dict[str, float]:
+    """The worker: one run in whichever ``elmo_core`` this process imports."""
+    import torch
+
+    from elmo_core.analysis.sampling import subsample
+    from elmo_core.analysis.task_runs import same_updates
+    from elmo_core.tasks.readers import task_labels
+    from elmo_core.tasks.trainer import train_task
+    from pipelines.common.task_data import cache_splits, read_splits
+    from pipelines.serving.bilm_loader import load_bilm, resolve_bilm
+
+    torch.set_num_threads(args.threads)
+    task = ud_task(args.work, args.max_train)
+    bilm = load_bilm(resolve_bilm(args.bilm)).bilm
+    splits = cache_splits(bilm, read_splits(task), args.work / "activations")
+    train = splits["train"]
+    part = train
+    if args.fraction < 1:
+        part = train.subset(subsample(list(train.dataset.examples), args.fraction, 0))
+    task = task.model_copy(update={"labels": task_labels(task, train.dataset)})  # as analyze does
+    budget = same_updates(task, len(train.dataset.examples), len(part.dataset.examples))
+    profiler = cProfile.Profile() if args.profile else None
+    started = time.perf_counter()
+    if profiler is not None:
+        profiler.enable()
+    result = train_task(budget, part, splits["dev"], splits["test"], True, seed=0)
+    seconds = time.perf_counter() - started
+    if profiler is not None:
+        profiler.disable()
+        pstats.Stats(profiler, stream=sys.stderr).sort_stats("cumulative").print_stats(25)
+    test = result.test_metrics["accuracy"]
+    return {"seconds": seconds, "test": test, "epochs": result.best_epoch}
+
+
+def in_tree(tree: Path, args: argparse.Namespace, profile: bool) -> dict[str, float]:
+    command = [sys.executable, __file__, "--worker", "--bilm", args.bilm, "--work", str(args.work)]
+    command += ["--fraction", str(args.fraction), "--max-train", str(args.max_train)]
+    command += ["--threads", str(args.threads)] + (["--profile"] if profile else [])
+    env = os.environ | {"PYTHONPATH": str(tree)}
+    done = subprocess.run(command, env=env, cwd=tree, capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise SystemExit(f"{tree}: {done.stderr[-3000:]}")
+    if profile:
+        print(f"--- profile, {tree} ---\n{done.stderr[-6000:]}", file=sys.stderr)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--bilm", required=True, help="a biLM model directory or URI")
+    parser.add_argument("--before", type=Path, help="the tree before the change")
+    parser.add_argument("--fraction", type=float, default=0.1)
+    parser.add_argument("--max-train", type=int, default=1000)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        print(json.dumps(one_run(args)))
+        return 0
+    if not SHARED.is_dir():
+        print(f"no {SHARED}: the real task sets are not on this machine", file=sys.stderr)
+        return 0
+    trees = {"this tree": HERE} | ({"before": args.before.resolve()} if args.before else {})
+    with tempfile.TemporaryDirectory(prefix="bench-task-run-") as work:
+        args.work = Path(work)
+        times: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+        for round_ in range(args.repeats + args.profile):
+            for name in list(trees)[round_ % len(trees) :] + list(trees)[: round_ % len(trees)]:
+                profile = args.profile and round_ == args.repeats
+                outcome = in_tree(trees[name], args, profile)
+                print(f"round {round_}, {name}: {outcome}", file=sys.stderr, flush=True)
+                if not profile:
+                    times[name].append(outcome)
+    summary: dict[str, object] = {"benchmark": "task_run", "fraction": args.fraction}
+    for name, outcomes in times.items():
+        seconds = statistics.median(o["seconds"] for o in outcomes)
+        summary[name] = {"seconds": round(seconds, 2), "test_accuracy": outcomes[0]["test"]}
+        print(f"{name:>10}: {seconds:7.1f} s a run, test accuracy {outcomes[0]['test']:.4f}")
+    if args.before:
+        before = summary["before"]["seconds"]  # type: ignore[index]
+        summary["speedup"] = round(before / summary["this tree"]["seconds"], 2)  # type: ignore[index]
+    print_summary(summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
