@@ -13,7 +13,9 @@ run per task.
     python experiments/analysis_small_data.py --bilm RUN_DIR/best [--max-train 3000]
 
 ``--max-train`` caps each task's training set (the first sentences) where a 2-core machine cannot
-run the whole in its time; the results say when it was used. Last line: one JSON object, the
+run the whole in its time, for every task or per task (``ud-ewt-upos=1000,subj=2000``); the
+results say when it was used. Issue 47's twin of a held-out check: ``--tasks ud-ewt-upos,subj
+--max-train ud-ewt-upos=1000,subj=2000 --fractions 0.1,1``. Last line: one JSON object, the
 gains per task and fraction and the verdict.
 """
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import sys
 import time
@@ -28,9 +31,9 @@ from collections import Counter
 from pathlib import Path
 
 from elmo_core.analysis.sampling import smallest_fraction
-from elmo_core.tasks.seeds import Scores, difference_spread
 from elmo_core.tasks.task_config import TaskConfig
 from pipelines.analyze.stage import analyze
+from pipelines.analyze.table import Row
 from pipelines.common.task_data import read_splits
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -120,20 +123,43 @@ def _first_sentences(source: Path, target: Path, count: int) -> Path:
     return target
 
 
-def verdict(efficiency: dict[float, dict[str, Scores]]) -> dict[str, object]:
-    """Each fraction's gain and its spread; whether 10 % gains at least as much as 100 %, beyond
-    its spread."""
-    gains = {
-        fraction: (
-            scores["elmo"].mean - scores["baseline"].mean,
-            difference_spread(scores["elmo"], scores["baseline"]),
+def verdict(rows: list[Row], name: str) -> dict[str, object]:
+    """Each fraction's gain and its spread (√(s²_ELMo + s²_baseline)), from the task's two
+    sample-efficiency rows; whether 10 % gains at least as much as 100 %, beyond its spread."""
+    curves = {
+        model: next(
+            row.cells
+            for row in rows
+            if row.analysis.startswith(f"{name} ")
+            and row.analysis.endswith(f", {model} by train fraction")
         )
-        for fraction, scores in sorted(efficiency.items())
+        for model in ("elmo", "baseline")
     }
-    small, full = gains.get(0.1), gains.get(1.0)
+    gains = {
+        column: (
+            cell.mean - curves["baseline"][column].mean,
+            math.hypot(cell.spread, curves["baseline"][column].spread),
+        )
+        for column, cell in curves["elmo"].items()
+    }
+    small, full = gains.get("10%"), gains.get("100%")
     holds = small is not None and full is not None and small[0] >= full[0] and small[0] > small[1]
-    return {"gains": {f"{f:g}": [round(g, 4), round(s, 4)] for f, (g, s) in gains.items()},
-            "holds": holds}  # fmt: skip
+    scores = {
+        model: {column: [round(c.mean, 4), round(c.spread, 4)] for column, c in cells.items()}
+        for model, cells in curves.items()
+    }
+    gains_out = {column: [round(g, 4), round(sd, 4)] for column, (g, sd) in gains.items()}
+    return {"gains": gains_out, "holds": holds, "scores": scores}
+
+
+def caps(text: str | None, names: list[str]) -> dict[str, int | None]:
+    """``--max-train``: one cap for every task (``1000``) or one per task (``subj=2000,...``)."""
+    if text is None:
+        return dict.fromkeys(names)
+    if "=" not in text:
+        return dict.fromkeys(names, int(text))
+    given = dict(part.split("=", 1) for part in text.split(","))
+    return {name: int(given[name]) if name in given else None for name in names}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,7 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument("--fractions", default="0.01,0.05,0.1,1")
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--max-train", type=int, help="cap each task's training sentences")
+    parser.add_argument(
+        "--max-train", help="cap the training sentences: N for every task, or task=N,..."
+    )
     parser.add_argument("--work", type=Path, default=Path("analysis-small-data"))
     args = parser.parse_args(argv)
     if not SHARED.is_dir():
@@ -151,31 +179,29 @@ def main(argv: list[str] | None = None) -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     fractions = [float(f) for f in args.fractions.split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]
+    names = args.tasks.split(",")
+    max_train = caps(args.max_train, names)
     summary: dict[str, object] = {
         "benchmark": "analysis_small_data",
         "bilm": args.bilm,
         "seeds": seeds,
-        "max_train": args.max_train,
+        "max_train": max_train,
     }
-    for name in args.tasks.split(","):  # one analyze run each: a finished task is kept
-        task = TASKS[name](args.work, args.max_train)
+    started_all = time.perf_counter()
+    for name in names:  # one analyze run each: a finished task is kept
+        task = TASKS[name](args.work, max_train[name])
         kept = feasible(task, fractions)
         started = time.perf_counter()
         result = analyze([task], args.bilm, fractions=kept, seeds=seeds)
         print("\n".join(result.headline), flush=True)
-        (analysis,) = result.tasks
         summary[name] = {
-            "metric": analysis.metric,
             "fractions": kept,
             "run_id": result.run_id,
             "seconds": round(time.perf_counter() - started, 1),
-            **verdict(analysis.efficiency),
-            "scores": {
-                f"{fraction:g}": {model: [round(v, 4) for v in s.values] for model, s in by.items()}
-                for fraction, by in sorted(analysis.efficiency.items())
-            },
+            **verdict(result.rows, name),
         }
         print(json.dumps({name: summary[name]}), flush=True)  # kept should a later task fail
+    summary["seconds"] = round(time.perf_counter() - started_all, 1)
     print(json.dumps(summary))
     return 0
 

@@ -2,9 +2,10 @@
 
 Sample efficiency (§5.5), one biLM layer against the learned mix (§5.3), and where ELMo enters
 the task model (§5.2). A fraction trains for as many updates as the whole split; the full-data
-ELMo run with the mix at the input serves all three comparisons, so it runs once per seed. Each
-finished run's outcome can be kept (:class:`FinishedRuns`), so an analysis stopped after hours
-resumes where it stopped.
+ELMo run with the mix at the input serves all three comparisons, so it runs once per seed. The
+runs are planned first and depend on none other, so a runner may train them side by side (the
+analyze stage: one Ray task each). Each finished run's outcome can be kept
+(:class:`FinishedRuns`), so an analysis stopped after hours resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import math
 import os
 import statistics
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -81,6 +82,62 @@ class FinishedRuns:
         os.replace(staging, self.directory / f"{key}.json")
 
 
+@dataclass(frozen=True)
+class PlannedRun:
+    """One task model an analysis trains: its config (run length, head), the examples of the
+    training split it trains on (None: all of them), which input, its seed, and ``what``
+    comparison it serves. Independent of every other run, so runs may go side by side."""
+
+    task: TaskConfig
+    examples: tuple[int, ...] | None
+    use_elmo: bool
+    seed: int
+    what: str
+
+    @property
+    def key(self) -> str:
+        """The run's name in :class:`FinishedRuns`: its config, the size of its part of the
+        training split, which input, which seed and which comparison."""
+        run = {"task": self.task.model_dump(mode="json"), "elmo": self.use_elmo}
+        run |= {"examples": len(self.examples) if self.examples is not None else None}
+        run |= {"seed": self.seed, "what": self.what}
+        return hashlib.sha256(json.dumps(run, sort_keys=True).encode()).hexdigest()[:32]
+
+
+# Takes planned runs, yields (index, outcome) of each as it finishes, in any order.
+Runner = Callable[[Sequence[PlannedRun]], Iterator[tuple[int, RunOutcome]]]
+
+
+def train_run(
+    run: PlannedRun, splits: Mapping[str, TaskSplit], device: str | torch.device = "cpu"
+) -> RunOutcome:
+    """Train one planned run on ``splits`` (train, and dev/test) and keep what the analysis
+    reads of it."""
+    train = splits["train"]
+    if run.examples is not None:
+        train = train.subset(run.examples)
+    result = train_task(
+        run.task,
+        train,
+        splits.get("dev"),
+        splits.get("test"),
+        run.use_elmo,
+        seed=run.seed,
+        device=device,
+    )
+    return RunOutcome.of(result)
+
+
+def serial_runner(splits: Mapping[str, TaskSplit], device: str | torch.device = "cpu") -> Runner:
+    """Runs one after another in this process."""
+
+    def run_all(runs: Sequence[PlannedRun]) -> Iterator[tuple[int, RunOutcome]]:
+        for index, run in enumerate(runs):
+            yield index, train_run(run, splits, device)
+
+    return run_all
+
+
 def analyze_task(
     task: TaskConfig,
     splits: Mapping[str, TaskSplit],
@@ -90,9 +147,11 @@ def analyze_task(
     device: str | torch.device = "cpu",
     progress: Progress | None = None,
     finished: FinishedRuns | None = None,
+    runner: Runner | None = None,
 ) -> TaskAnalysis:
     """Every run of the three comparisons for ``task`` (``splits``: train, and dev/test); a run
-    whose outcome ``finished`` holds is not trained again."""
+    whose outcome ``finished`` holds is not trained again. ``runner`` trains the others (default:
+    one after another in this process, on ``device``)."""
     train = splits["train"]
     if train.activations is None:
         raise ValueError("the analysis needs the cached activations of the training split")
@@ -100,102 +159,125 @@ def analyze_task(
     check_fractions(list(train.dataset.examples), fractions, task.name)
     split = "test" if "test" in splits else "dev"
     analysis = TaskAnalysis(task.name, f"{split}_{main_metric(task)}")
+    plan = plan_runs(task, train, fractions, seeds, num_layers)
+    outcomes = _Outcomes(task.name, split, plan, progress, finished)
+    outcomes.train((runner or serial_runner(splits, device)))
+    score = outcomes.score
+    for fraction in sorted(fractions):
+        analysis.efficiency[fraction] = {
+            name: Scores(tuple(score(_efficiency_run(fraction, name, seed)) for seed in seeds))
+            for name in ("elmo", "baseline")
+        }
+    full = {seed: outcomes.get(_full_run(fractions, seed)) for seed in seeds}
+    analysis.layers[MIX] = analysis.placement[INPUT] = Scores(
+        tuple(outcomes.score_of(full[seed]) for seed in seeds)
+    )
+    analysis.mix_weights = _mean_weights([full[seed].mix_weights or [] for seed in seeds])
+    for layer in range(num_layers):
+        what = f"layer {layer} alone"
+        analysis.layers[str(layer)] = Scores(tuple(score((what, seed)) for seed in seeds))
+    what = "ELMo at input and output"
+    analysis.placement[INPUT_OUTPUT] = Scores(tuple(score((what, seed)) for seed in seeds))
+    return analysis
+
+
+def plan_runs(
+    task: TaskConfig,
+    train: TaskSplit,
+    fractions: Sequence[float],
+    seeds: Sequence[int],
+    num_layers: int,
+) -> list[PlannedRun]:
+    """The runs of the three comparisons, in the order they are reported: each fraction's ELMo
+    and baseline runs per seed, the shared full-data ELMo run where 1.0 is not a fraction, each
+    layer alone, ELMo at input and output."""
     head = task.head.model_copy(update={"elmo_at_output": False, "elmo_layers": None})
     # The labels of the whole training split: a fraction may lack a rare tag that dev or test has.
     labels = task_labels(task, train.dataset)
     base = task.model_copy(update={"head": head, "labels": labels})
-    total = num_runs(fractions, seeds, num_layers)
-    runs = _Runs(splits, split, device, progress, finished, total=total)
-    full: dict[int, RunOutcome] = {}
+    size = len(train.dataset.examples)
+    runs = []
     for fraction in sorted(fractions):
-        scores: dict[str, list[float]] = {"elmo": [], "baseline": []}
         for seed in seeds:
             part = _fraction_of(train, fraction, seed)
-            budget = same_updates(base, len(train.dataset.examples), len(part.dataset.examples))
+            budget = same_updates(base, size, len(part) if part is not None else size)
             for name, use_elmo in (("elmo", True), ("baseline", False)):
                 what = f"{fraction:g} of train, {name}"
-                result = runs.train(budget, part, use_elmo, seed, what)
-                scores[name].append(runs.score(result))
-                if use_elmo and fraction == 1.0:
-                    full[seed] = result
-        analysis.efficiency[fraction] = {name: Scores(tuple(v)) for name, v in scores.items()}
-    if not full:  # 1.0 was not among the fractions: the shared run is made here
-        full = {seed: runs.train(base, train, True, seed, "all of train, elmo") for seed in seeds}
-    analysis.layers[MIX] = analysis.placement[INPUT] = Scores(
-        tuple(runs.score(full[seed]) for seed in seeds)
-    )
-    analysis.mix_weights = _mean_weights([full[seed].mix_weights or [] for seed in seeds])
+                runs.append(PlannedRun(budget, part, use_elmo, seed, what))
+    if 1.0 not in fractions:  # the shared full-data run is made here
+        runs += [PlannedRun(base, None, True, seed, "all of train, elmo") for seed in seeds]
     for layer in range(num_layers):
         alone = _with_head(base, elmo_layers=[layer])
-        analysis.layers[str(layer)] = runs.scores(alone, train, seeds, f"layer {layer} alone")
+        runs += [PlannedRun(alone, None, True, seed, f"layer {layer} alone") for seed in seeds]
     both = _with_head(base, elmo_at_output=True)
-    analysis.placement[INPUT_OUTPUT] = runs.scores(both, train, seeds, "ELMo at input and output")
-    return analysis
+    runs += [PlannedRun(both, None, True, seed, "ELMo at input and output") for seed in seeds]
+    return runs
 
 
-@dataclass
-class _Runs:
-    """Trains runs one after another, reporting each to ``progress``, keeping each outcome in
-    ``finished`` and taking the outcomes it already holds."""
+def _efficiency_run(fraction: float, name: str, seed: int) -> tuple[str, int]:
+    return f"{fraction:g} of train, {name}", seed
 
-    splits: Mapping[str, TaskSplit]
-    split: str
-    device: str | torch.device
-    progress: Progress | None
-    finished: FinishedRuns | None
-    total: int
-    done: int = 0
 
-    def train(
-        self, task: TaskConfig, train: TaskSplit, use_elmo: bool, seed: int, what: str
-    ) -> RunOutcome:
-        key = _run_key(task, len(train.dataset.examples), use_elmo, seed, what)
-        outcome = self.finished.get(key) if self.finished is not None else None
-        earlier = outcome is not None
-        if outcome is None:
-            result = train_task(
-                task,
-                train,
-                self.splits.get("dev"),
-                self.splits.get("test"),
-                use_elmo,
-                seed=seed,
-                device=self.device,
-            )
-            outcome = RunOutcome.of(result)
+def _full_run(fractions: Sequence[float], seed: int) -> tuple[str, int]:
+    return _efficiency_run(1.0, "elmo", seed) if 1.0 in fractions else ("all of train, elmo", seed)
+
+
+class _Outcomes:
+    """The outcome of every planned run: those ``finished`` holds, then the rest as ``runner``
+    trains them, each kept in ``finished`` and reported to ``progress`` as it comes."""
+
+    def __init__(
+        self,
+        task: str,
+        split: str,
+        plan: Sequence[PlannedRun],
+        progress: Progress | None,
+        finished: FinishedRuns | None,
+    ) -> None:
+        self.task, self.split, self.plan = task, split, plan
+        self.progress, self.finished = progress, finished
+        self.by_run: dict[tuple[str, int], RunOutcome] = {}
+        self.done = 0
+
+    def train(self, runner: Runner) -> None:
+        waiting = []
+        for run in self.plan:
+            outcome = self.finished.get(run.key) if self.finished is not None else None
+            if outcome is None:
+                waiting.append(run)
+            else:
+                self._record(run, outcome, earlier=True)
+        for index, outcome in runner(waiting):
             if self.finished is not None:
-                self.finished.put(key, outcome)
+                self.finished.put(waiting[index].key, outcome)
+            self._record(waiting[index], outcome, earlier=False)
+
+    def get(self, run: tuple[str, int]) -> RunOutcome:
+        return self.by_run[run]
+
+    def score(self, run: tuple[str, int]) -> float:
+        return self.score_of(self.by_run[run])
+
+    def score_of(self, outcome: RunOutcome) -> float:
+        scores = outcome.test_metrics if self.split == "test" else outcome.dev_metrics
+        return scores[outcome.metric]
+
+    def _record(self, run: PlannedRun, outcome: RunOutcome, *, earlier: bool) -> None:
+        self.by_run[(run.what, run.seed)] = outcome
         self.done += 1
         if self.progress is not None:
             self.progress(
-                f"{task.name}: run {self.done}/{self.total}, {what}, seed {seed}: "
-                f"{self.split} {outcome.metric} {self.score(outcome):.4f}"
+                f"{self.task}: run {self.done}/{len(self.plan)}, {run.what}, seed {run.seed}: "
+                f"{self.split} {outcome.metric} {self.score_of(outcome):.4f}"
                 + (" (finished earlier)" if earlier else "")
             )
-        return outcome
-
-    def score(self, result: RunOutcome) -> float:
-        scores = result.test_metrics if self.split == "test" else result.dev_metrics
-        return scores[result.metric]
-
-    def scores(self, task: TaskConfig, train: TaskSplit, seeds: Sequence[int], what: str) -> Scores:
-        return Scores(
-            tuple(self.score(self.train(task, train, True, seed, what)) for seed in seeds)
-        )
 
 
-def _run_key(task: TaskConfig, examples: int, use_elmo: bool, seed: int, what: str) -> str:
-    """A run's name in :class:`FinishedRuns`: its config (epochs, head), the size of its part of
-    the training split, which input, which seed and which comparison it serves."""
-    run = {"task": task.model_dump(mode="json"), "examples": examples, "elmo": use_elmo}
-    run |= {"seed": seed, "what": what}
-    return hashlib.sha256(json.dumps(run, sort_keys=True).encode()).hexdigest()[:32]
-
-
-def _fraction_of(train: TaskSplit, fraction: float, seed: int) -> TaskSplit:
+def _fraction_of(train: TaskSplit, fraction: float, seed: int) -> tuple[int, ...] | None:
+    """The examples of ``fraction`` of train drawn with ``seed``; None for all of them."""
     if fraction == 1.0:
-        return train
-    return train.subset(subsample(list(train.dataset.examples), fraction, seed))
+        return None
+    return tuple(subsample(list(train.dataset.examples), fraction, seed))
 
 
 def same_updates(task: TaskConfig, full: int, part: int) -> TaskConfig:

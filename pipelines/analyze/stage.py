@@ -45,6 +45,7 @@ from elmo_core.tasks.seeds import DEFAULT_SEEDS
 from elmo_core.tasks.task_config import TaskConfig
 from elmo_core.tasks.trainer import TaskSplit
 from pipelines.analyze.figures import efficiency_figure, layers_figure
+from pipelines.analyze.runner import ray_runner
 from pipelines.analyze.table import (
     CELLS_TABLE,
     MARKDOWN_FILE,
@@ -234,9 +235,9 @@ def _run_analyses(
                 splits,
                 fractions=fractions,
                 seeds=seeds,
-                device=device,
                 progress=advance,
                 finished=finished,
+                runner=ray_runner(splits),
             )
         log_figure(efficiency_figure(result), f"efficiency_{task.name}.png")
         results.append(result)
