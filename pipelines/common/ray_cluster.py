@@ -60,6 +60,16 @@ def connect_ray(num_cpus: int | None = None) -> None:
     )
 
 
+def cpus_available() -> float | None:
+    """The CPUs of the Ray this process uses or will start: None for a cluster it has not joined
+    yet (``RAY_ADDRESS``; it may grow)."""
+    if ray.is_initialized():
+        return float(ray.cluster_resources().get("CPU", 0))
+    if os.environ.get("RAY_ADDRESS"):
+        return None
+    return float(os.cpu_count() or 1)
+
+
 def setup_local_worker() -> None:
     """Run by every worker process of a local Ray as it starts (its ``worker_process_setup_hook``).
 

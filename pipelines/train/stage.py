@@ -22,7 +22,7 @@ from ray.train.torch import TorchTrainer
 
 from elmo_core.errors import ConfigError
 from elmo_core.model.serialization import MODEL_DIR
-from pipelines.common.ray_cluster import connect_ray
+from pipelines.common.ray_cluster import connect_ray, cpus_available
 from pipelines.common.settings import RAY_JOBS_ENV, mlflow_tracking_uri
 from pipelines.tracking.flow_runs import HEALTH_TAG, TOTAL_STEPS_TAG, VALIDATION_SECTION
 from pipelines.tracking.stage_runs import (
@@ -78,6 +78,7 @@ def train(
         if not address:
             raise ConfigError(f"training as a Ray job needs {RAY_JOBS_ENV}", key="where")
         return train_as_job(address, cfg, plan, parent_run_id=parent_run_id, tags=tags)
+    _check_cpus(cfg)
     with _tracked_run(cfg, plan, parent_run_id, tags) as run_id:
         worker_cfg = _worker_config(cfg, plan, run_id).model_copy(update={"console": console})
         mlflow.set_tag(TOTAL_STEPS_TAG, str(worker_cfg.total_steps))
@@ -89,6 +90,17 @@ def train(
             max_failures=cfg.run.max_failures,
         )
         return _finish(worker_cfg, plan.run_dir, time.perf_counter() - started)
+
+
+def _check_cpus(cfg: TrainJobConfig) -> None:
+    """Workers that ask for more CPUs than the Ray has would wait for them for ever."""
+    wanted, cpus = cfg.run.cpus_per_worker * cfg.run.num_workers, cpus_available()
+    if cpus is not None and wanted > cpus:
+        raise ConfigError(
+            f"{cfg.run.num_workers} worker(s) × {cfg.run.cpus_per_worker} CPUs is more than the "
+            f"{cpus:g} CPUs this Ray has",
+            key="run.cpus_per_worker",
+        )
 
 
 def _worker_config(cfg: TrainJobConfig, plan: TrainPlan, run_id: str) -> WorkerConfig:

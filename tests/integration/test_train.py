@@ -24,7 +24,7 @@ import torch
 
 from elmo_core.config import PrepareConfig
 from elmo_core.data.manifest import load_manifest, manifest_sha256
-from elmo_core.errors import DataError
+from elmo_core.errors import ConfigError, DataError
 from elmo_core.model.serialization import read_bilm_dir
 from pipelines.prepare.corpus_sources import CorpusFiles
 from pipelines.prepare.stage import prepare_files
@@ -259,6 +259,21 @@ def test_a_user_error_in_a_worker_is_raised_once_as_itself_and_the_run_failed(
     name = stage_runs.stage_run_name("train", run_name(cfg, manifest_sha256(str(corrupt))))
     failed = stage_runs.find_run(name, "train")
     assert failed is not None and failed.info.status == "FAILED"
+
+
+def test_workers_that_ask_for_more_cpus_than_the_ray_has_are_refused_before_a_run_starts(
+    ray_session, store, dataset, tmp_path
+) -> None:
+    """The session's Ray has 2 CPUs: 2 workers of 2 would wait for them for ever."""
+    overrides = [*SMALL_RUN, "train.max_steps=4", f"run.storage_path={tmp_path}"]
+    cfg = resolve_train_config(
+        "tiny", None, [*overrides, "run.num_workers=2", "run.cpus_per_worker=2"]
+    )
+    with pytest.raises(ConfigError, match=r"2 worker\(s\) × 2 CPUs is more than the 2 CPUs") as err:
+        train(cfg, dataset)
+    assert err.value.key == "run.cpus_per_worker"
+    name = stage_runs.stage_run_name("train", run_name(cfg, manifest_sha256(dataset)))
+    assert stage_runs.find_run(name, "train") is None  # no run was started
 
 
 @pytest.mark.timeout(400)
