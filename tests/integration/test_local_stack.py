@@ -92,6 +92,7 @@ def _check_ray(exports: dict[str, str]) -> None:
     assert f"42 {sys.prefix}" in job["logs"]
 
 
+@pytest.mark.timeout(400)  # 125 s on a slow 2-core machine (issue 47)
 def test_stack_starts_serves_and_stops_without_leftovers(stack, tmp_path: Path) -> None:
     began = time.monotonic()
     started = stack.run("start")

@@ -74,6 +74,7 @@ def dataset(tmp_path_factory) -> str:
     return str(root / "dataset")
 
 
+@pytest.mark.timeout(500)  # 156 s on a slow 2-core machine (issue 47)
 def test_two_workers_survive_a_killed_worker_and_record_the_run(
     ray_session, store, dataset, tmp_path, monkeypatch, capsys
 ) -> None:
@@ -195,6 +196,7 @@ def test_a_dataset_with_fewer_row_groups_than_workers_trains_on_two(
     assert store.get_run(result.mlflow_run_id).info.status == "FINISHED"
 
 
+@pytest.mark.timeout(500)  # 144 s on a slow 2-core machine (issue 47)
 def test_a_killed_run_resumes_from_its_newest_checkpoint_and_equals_a_straight_run(
     ray_session, store, dataset, tmp_path, monkeypatch
 ) -> None:
@@ -269,14 +271,16 @@ def test_workers_that_ask_for_more_cpus_than_the_ray_has_are_refused_before_a_ru
     cfg = resolve_train_config(
         "tiny", None, [*overrides, "run.num_workers=2", "run.cpus_per_worker=2"]
     )
+    name = stage_runs.stage_run_name("train", run_name(cfg, manifest_sha256(dataset)))
+    earlier = stage_runs.find_run(name, "train")  # another test's run of the same name, if any
     with pytest.raises(ConfigError, match=r"2 worker\(s\) × 2 CPUs is more than the 2 CPUs") as err:
         train(cfg, dataset)
     assert err.value.key == "run.cpus_per_worker"
-    name = stage_runs.stage_run_name("train", run_name(cfg, manifest_sha256(dataset)))
-    assert stage_runs.find_run(name, "train") is None  # no run was started
+    newest = stage_runs.find_run(name, "train")
+    assert (newest and newest.info.run_id) == (earlier and earlier.info.run_id)  # none started
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(600)  # 172 s on a slow 2-core machine (issue 47)
 def test_ctrl_c_stops_the_run_killed_and_the_same_command_resumes_it(
     store, dataset, tmp_path
 ) -> None:
