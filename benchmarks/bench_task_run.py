@@ -1,18 +1,18 @@
-"""One analysis task-model run on real data: this tree against another, and where its time goes.
+"""One analysis task-model run: this tree against another, and where its time goes.
 
-    python benchmarks/bench_task_run.py --bilm MODEL_DIR [--before TREE] [--fraction 0.1]
-        [--max-train 1000] [--repeats 2] [--profile]
+    python benchmarks/bench_task_run.py --bilm MODEL_DIR --task TASK.yaml [--before TREE]
+        [--fraction 0.1] [--repeats 2] [--profile]
 
-The run is the analysis's (``elmo analyze``): UD English EWT UPOS tagging, the first
-``--max-train`` training sentences with the full dev and test, ``--fraction`` of train with ELMo,
-seed 0, given the updates of the whole split (the analysis's budget, from each tree's own
-``same_updates``). The activation cache is built once; then each tree times the same run in a
+The run is the analysis's (``elmo analyze``): ``--fraction`` of the task's training split with
+ELMo, seed 0, given the updates of the whole split (each tree's own ``same_updates``). Issue 47's
+twin used UD EWT UPOS as ``experiments/analysis_small_data.py`` writes it (``ud-ewt-upos.yaml`` in
+its ``--work``). The activation cache is built once; then each tree times the same run in a
 subprocess of its own (``PYTHONPATH`` at the tree, so its ``elmo_core`` is the one imported),
 the trees taking turns. ``--before`` is a checkout of the tree before a change (``git worktree
 add /tmp/before HEAD``). ``--profile`` prints each tree's top functions by cumulative time.
 
-Skips cleanly (exit 0) when the shared data is absent. Last line: one JSON object with each
-tree's seconds per run and test score, and ``speedup = before / this tree``.
+Last line: one JSON object with each tree's seconds per run and test accuracy, and
+``speedup = before / this tree``.
 """
 
 from __future__ import annotations
@@ -31,30 +31,7 @@ from pathlib import Path
 
 from harness import print_summary
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "ud_ewt"
 HERE = Path(__file__).resolve().parents[1]
-
-
-def ud_task(work: Path, max_train: int) -> object:
-    """UD EWT UPOS: the first ``max_train`` training sentences, the full dev and test."""
-    from elmo_core.tasks.task_config import TaskConfig
-
-    blocks = (SHARED / "en_ewt-ud-train.conllu").read_text(encoding="utf-8").split("\n\n")
-    train = work / "ud_ewt.train.conllu"
-    train.write_text("\n\n".join(blocks[:max_train]) + "\n\n", encoding="utf-8")
-    return TaskConfig.model_validate(
-        {
-            "name": "ud-ewt-upos",
-            "type": "tagging",
-            "format": "conllu",
-            "train": str(train),
-            "dev": str(SHARED / "en_ewt-ud-dev.conllu"),
-            "test": str(SHARED / "en_ewt-ud-test.conllu"),
-            "reader": {"conllu_column": "upos", "tag_scheme": "none"},
-            "head": {"hidden_dim": 64, "dropout": 0.3},
-            "training": {"epochs": 10, "batch_size": 32, "lr": 0.003, "patience": 3},
-        }
-    )
 
 
 def one_run(args: argparse.Namespace) -> dict[str, float]:
@@ -63,13 +40,14 @@ def one_run(args: argparse.Namespace) -> dict[str, float]:
 
     from elmo_core.analysis.sampling import subsample
     from elmo_core.analysis.task_runs import same_updates
+    from elmo_core.tasks import load_task_config
     from elmo_core.tasks.readers import task_labels
     from elmo_core.tasks.trainer import train_task
     from pipelines.common.task_data import cache_splits, read_splits
     from pipelines.serving.bilm_loader import load_bilm, resolve_bilm
 
     torch.set_num_threads(args.threads)
-    task = ud_task(args.work, args.max_train)
+    task = load_task_config(args.task)
     bilm = load_bilm(resolve_bilm(args.bilm)).bilm
     splits = cache_splits(bilm, read_splits(task), args.work / "activations")
     train = splits["train"]
@@ -93,7 +71,7 @@ def one_run(args: argparse.Namespace) -> dict[str, float]:
 
 def in_tree(tree: Path, args: argparse.Namespace, profile: bool) -> dict[str, float]:
     command = [sys.executable, __file__, "--worker", "--bilm", args.bilm, "--work", str(args.work)]
-    command += ["--fraction", str(args.fraction), "--max-train", str(args.max_train)]
+    command += ["--fraction", str(args.fraction), "--task", str(args.task.resolve())]
     command += ["--threads", str(args.threads)] + (["--profile"] if profile else [])
     env = os.environ | {"PYTHONPATH": str(tree)}
     done = subprocess.run(command, env=env, cwd=tree, capture_output=True, text=True, check=False)
@@ -109,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bilm", required=True, help="a biLM model directory or URI")
     parser.add_argument("--before", type=Path, help="the tree before the change")
     parser.add_argument("--fraction", type=float, default=0.1)
-    parser.add_argument("--max-train", type=int, default=1000)
+    parser.add_argument("--task", type=Path, required=True, help="a task config (YAML)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--profile", action="store_true")
@@ -118,9 +96,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.worker:
         print(json.dumps(one_run(args)))
-        return 0
-    if not SHARED.is_dir():
-        print(f"no {SHARED}: the real task sets are not on this machine", file=sys.stderr)
         return 0
     trees = {"this tree": HERE} | ({"before": args.before.resolve()} if args.before else {})
     with tempfile.TemporaryDirectory(prefix="bench-task-run-") as work:

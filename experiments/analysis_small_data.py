@@ -30,6 +30,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import yaml
+
 from elmo_core.analysis.sampling import smallest_fraction
 from elmo_core.tasks.task_config import TaskConfig
 from pipelines.analyze.stage import analyze
@@ -190,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     started_all = time.perf_counter()
     for name in names:  # one analyze run each: a finished task is kept
         task = TASKS[name](args.work, max_train[name])
+        config = yaml.safe_dump(task.model_dump(mode="json", exclude_defaults=True))
+        (args.work / f"{name}.yaml").write_text(config)  # for benchmarks/bench_task_run.py
         kept = feasible(task, fractions)
         started = time.perf_counter()
         result = analyze([task], args.bilm, fractions=kept, seeds=seeds)
