@@ -35,7 +35,7 @@ def mix_figure(elmo: TaskResult, seed: int) -> Figure:
         axis.bar_label(bars, fmt="%.2f", padding=2)
     num_layers = len(mixes[0][1]) if mixes else 0
     axis.set_xticks([layer + (len(mixes) - 1) * width / 2 for layer in range(num_layers)])
-    axis.set_xticklabels(["token"] + [f"LSTM {j}" for j in range(1, num_layers)])
+    axis.set_xticklabels([f"layer {j}" for j in range(num_layers)])  # as the tables name them
     title = f"{elmo.task}: learned scalar mix (seed {seed}, best epoch {elmo.best_epoch})"
     axis.set(title=title, xlabel="layer", ylabel="weight (softmax of the mix's w)")
     axis.set_ylim(0, 1.12 * max((max(weights) for _, weights, _ in mixes), default=1.0))

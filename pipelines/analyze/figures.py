@@ -1,6 +1,8 @@
 """The analysis figures: each task's sample-efficiency curve, and what each layer holds.
 
-Axes zoom to the scores so that close scores show apart; baselines are reference lines.
+Scores are dots with their spread, not bars, so that an axis may zoom to show close scores apart
+(a bar's length would then lie); baselines are reference lines named in the panel's title, and
+legends sit outside the axes, where they hide nothing. Layers are named as the tables name them.
 """
 
 from __future__ import annotations
@@ -44,7 +46,11 @@ def efficiency_figure(result: TaskAnalysis) -> Figure:
         ylabel=metric_label(result.metric),
     )
     axis.grid(alpha=0.3)
-    axis.legend(title=_spread_note(result.efficiency[fractions[-1]]["elmo"]))
+    figure.legend(
+        loc="outside lower center",
+        ncols=2,
+        title=_spread_note(result.efficiency[fractions[-1]]["elmo"]),
+    )
     return figure
 
 
@@ -65,38 +71,54 @@ def layers_figure(results: Sequence[TaskAnalysis], probes: Sequence[Row]) -> Fig
     flat = list(axes.flat)
     for axis, result in zip(flat, results, strict=False):
         names = [k for k in result.layers if k != MIX] + [MIX]
-        scores = [result.layers[k] for k in names]
-        _bars(axis, [_layer_name(k) for k in names], scores)
+        _dots(axis, [_layer_name(k) for k in names], [result.layers[k] for k in names])
         weights = " / ".join(f"{w:.2f}" for w in result.mix_weights)
         axis.set(
             title=f"{result.task}: each layer alone and the mix\nmix weights {weights}",
             ylabel=metric_label(result.metric),
+            xlabel=f"layer ({_spread_note(result.layers[MIX])})",
         )
-        axis.legend(title=_spread_note(result.layers[MIX]), loc="lower right")
     for axis, row in zip(flat[len(results) :], probes, strict=False):
         layers = {name: cell for name, cell in row.cells.items() if name.startswith("layer ")}
-        names = [_layer_name(name.removeprefix("layer ")) for name in layers]
-        _bars(axis, names, list(layers.values()))
-        for name, cell in row.cells.items():
-            if name not in layers:  # the probe's own baseline
-                axis.axhline(cell.mean, color="grey", linestyle="--", label=f"{name} {cell.text()}")
-        _zoom(axis, [*layers.values(), *(c for n, c in row.cells.items() if n not in layers)])
-        axis.set(title=row.analysis, ylabel="accuracy")
-        axis.legend(title="one seed" if not any(c.spread for c in layers.values()) else None)
+        baselines = {name: cell for name, cell in row.cells.items() if name not in layers}
+        _dots(axis, list(layers), list(layers.values()), baselines=list(baselines.values()))
+        for cell in baselines.values():
+            axis.axhline(cell.mean, color="grey", linestyle="--")
+        named = ", ".join(f"{name} {cell.text()}" for name, cell in baselines.items())
+        spread = "one seed" if not any(c.spread for c in layers.values()) else "± spread"
+        axis.set(
+            title=f"{row.analysis}\ndashed: {named}" if named else row.analysis,
+            ylabel="accuracy",
+            xlabel=f"layer ({spread})",
+        )
     for axis in flat[panels if results or probes else 0 :]:
         axis.set_axis_off()
     return figure
 
 
-def _bars(axis: Axes, names: list[str], scores: Sequence[Scores | Cell]) -> None:
-    """Bars at each score's mean with its bounded spread, labelled inside the axes."""
+def _dots(
+    axis: Axes,
+    names: list[str],
+    scores: Sequence[Scores | Cell],
+    baselines: Sequence[Cell] = (),
+) -> None:
+    """A dot at each score's mean with its bounded spread (none where no score has one), its
+    value written beside it, on an axis zoomed to the scores and ``baselines``."""
     means = [score.mean for score in scores]
-    bars = axis.bar(
-        names, means, yerr=_bounded(scores), capsize=3, color="tab:blue", alpha=0.8, label="score"
+    spread = _bounded(scores) if any(score.spread for score in scores) else None
+    positions = list(range(len(names)))
+    axis.errorbar(
+        positions, means, yerr=spread, fmt="o", color="tab:blue", capsize=4, clip_on=False
     )
-    axis.bar_label(bars, fmt="%.3f", label_type="center", color="white", fontsize=8)
-    axis.set_xlabel("layer")
-    _zoom(axis, scores)
+    for position, mean in zip(positions, means, strict=True):
+        axis.annotate(
+            f"{mean:.3f}", (position, mean), xytext=(8, 0), textcoords="offset points",
+            va="center", fontsize=8,
+        )  # fmt: skip
+    axis.set_xticks(positions, names)
+    axis.set_xlim(-0.5, len(names) - 0.3)  # room for the last value on its right
+    axis.grid(axis="y", alpha=0.3)
+    _zoom(axis, [*scores, *baselines])
 
 
 def _zoom(axis: Axes, scores: Sequence[Scores | Cell]) -> None:
@@ -104,7 +126,7 @@ def _zoom(axis: Axes, scores: Sequence[Scores | Cell]) -> None:
     low = min(score.mean - score.spread for score in scores)
     high = max(score.mean + score.spread for score in scores)
     margin = max(0.02, 0.25 * (high - low))
-    axis.set_ylim(max(0.0, low - margin), min(1.0, high + margin) + 0.01)
+    axis.set_ylim(max(0.0, low - margin), min(1.0, high + margin))
 
 
 def _bounded(scores: Sequence[Scores | Cell]) -> list[list[float]]:
@@ -116,11 +138,9 @@ def _bounded(scores: Sequence[Scores | Cell]) -> list[list[float]]:
 
 def _spread_note(scores: Scores) -> str:
     seeds = len(scores.values)
-    return f"bars: ± sample std over {seeds} seeds" if seeds > 1 else "one seed: no spread"
+    return f"error bars: ± sample std over {seeds} seeds" if seeds > 1 else "one seed: no spread"
 
 
 def _layer_name(key: str) -> str:
-    """``0`` → ``token``, ``1`` → ``LSTM 1``, the mix as is."""
-    if key == MIX or not key.isdigit():
-        return key
-    return "token" if key == "0" else f"LSTM {key}"
+    """``0`` → ``layer 0`` (as the tables name layers), the mix as is."""
+    return f"layer {key}" if key.isdigit() else key

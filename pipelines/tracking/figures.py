@@ -86,7 +86,8 @@ def curves_figure(
     if log_y:
         plain_log_axis(axis)
     axis.grid(alpha=0.3)
-    axis.legend()
+    if axis.get_legend_handles_labels()[0]:  # below the axes, where it hides no curve
+        figure.legend(loc="outside lower center", ncols=min(len(curves), 4))
     return figure
 
 

@@ -94,22 +94,58 @@ def test_shares_of_the_training_data_read_as_percentages_and_bars_stay_within_0_
     assert [tick.get_text() for tick in axis.get_xticklabels()] == ["10%", "25%", "50%", "100%"]
     for line in axis.get_lines():  # the error bars' caps
         assert all(0.0 <= y <= 1.0 for y in line.get_ydata())
-    assert "sample std over 3 seeds" in axis.get_legend().get_title().get_text()
+    assert "sample std over 3 seeds" in figure.legends[0].get_title().get_text()
     pyplot().close(figure)
 
 
-def test_the_layer_panels_zoom_on_the_scores_and_draw_the_baseline_as_a_line() -> None:
+def test_the_layer_panels_zoom_on_dots_name_layers_as_the_tables_and_draw_baselines_as_lines() -> (
+    None
+):
     figure = layers_figure([_analysis()], [_probe()])
     task, probe = figure.axes[:2]
-    assert task.get_ylim()[0] > 0.5  # 0.621 against 0.632 shows
-    assert [tick.get_text() for tick in task.get_xticklabels()] == [
-        "token",
-        "LSTM 1",
-        "LSTM 2",
-        "mix",
-    ]
-    assert len(probe.patches) == 3  # the layers are bars; the majority baseline is a line
+    assert task.get_ylim()[0] > 0.5 and task.get_ylim()[1] <= 1.0  # 0.621 against 0.632 shows
+    names = ["layer 0", "layer 1", "layer 2"]
+    assert [tick.get_text() for tick in task.get_xticklabels()] == [*names, "mix"]
+    assert [tick.get_text() for tick in probe.get_xticklabels()] == names
+    assert not task.patches and not probe.patches  # dots, not bars cut off by the zoom
+    assert "sample std over 3 seeds" in task.get_xlabel()
     assert any(line.get_linestyle() == "--" for line in probe.get_lines())
+    assert "majority 0.620" in probe.get_title() and "one seed" in probe.get_xlabel()
+    values = [text.get_text() for text in probe.texts]
+    assert values == ["0.810", "0.860", "0.840"]
+    # one seed: no error bars, so no zero-width caps
+    assert not any(collection.get_segments() for collection in probe.collections)
+    pyplot().close(figure)
+
+
+def _extents(figure: Figure) -> tuple[list, list, list]:
+    """Rendered boxes: each legend's, each value label's, each bar's; and each data point."""
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()  # type: ignore[attr-defined]
+    legends = [legend.get_window_extent(renderer) for legend in figure.legends]
+    marks: list = []
+    points: list = []
+    for axis in figure.axes:
+        legends += [axis.get_legend().get_window_extent(renderer)] if axis.get_legend() else []
+        marks += [text.get_window_extent(renderer) for text in axis.texts]
+        marks += [patch.get_window_extent(renderer) for patch in axis.patches]
+        for line in axis.get_lines():
+            if len(line.get_xdata()) and line.get_linestyle() != "--":  # a baseline spans all
+                xy = np.column_stack([line.get_xdata(), line.get_ydata()]).astype(float)
+                points += list(axis.transData.transform(xy))
+    return legends, marks, points
+
+
+@pytest.mark.parametrize("name", list(FIGURES))
+def test_no_legend_hides_a_bar_a_value_label_or_a_point_and_bars_start_at_0(name: str) -> None:
+    figure: Figure = FIGURES[name]()
+    legends, marks, points = _extents(figure)
+    for legend in legends:
+        assert not [mark for mark in marks if legend.overlaps(mark)], name
+        assert not [p for p in points if legend.contains(*p)], name
+    for axis in figure.axes:
+        if axis.patches and axis.get_label() != "<colorbar>":  # bars: their length is the value
+            assert axis.get_ylim()[0] == 0, name
     pyplot().close(figure)
 
 
