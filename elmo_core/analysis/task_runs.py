@@ -148,10 +148,12 @@ def analyze_task(
     progress: Progress | None = None,
     finished: FinishedRuns | None = None,
     runner: Runner | None = None,
+    numbering: tuple[int, int] | None = None,
 ) -> TaskAnalysis:
     """Every run of the three comparisons for ``task`` (``splits``: train, and dev/test); a run
     whose outcome ``finished`` holds is not trained again. ``runner`` trains the others (default:
-    one after another in this process, on ``device``)."""
+    one after another in this process, on ``device``). ``numbering`` (runs before this task's,
+    runs in all) numbers the progress lines within a whole analysis of several tasks."""
     train = splits["train"]
     if train.activations is None:
         raise ValueError("the analysis needs the cached activations of the training split")
@@ -160,7 +162,7 @@ def analyze_task(
     split = "test" if "test" in splits else "dev"
     analysis = TaskAnalysis(task.name, f"{split}_{main_metric(task)}")
     plan = plan_runs(task, train, fractions, seeds, num_layers)
-    outcomes = _Outcomes(task.name, split, plan, progress, finished)
+    outcomes = _Outcomes(task.name, split, plan, progress, finished, numbering or (0, len(plan)))
     outcomes.train((runner or serial_runner(splits, device)))
     score = outcomes.score
     for fraction in sorted(fractions):
@@ -202,7 +204,7 @@ def plan_runs(
             part = _fraction_of(train, fraction, seed)
             budget = same_updates(base, size, len(part) if part is not None else size)
             for name, use_elmo in (("elmo", True), ("baseline", False)):
-                what = f"{fraction:g} of train, {name}"
+                what, _ = _efficiency_run(fraction, name, seed)
                 runs.append(PlannedRun(budget, part, use_elmo, seed, what))
     if 1.0 not in fractions:  # the shared full-data run is made here
         runs += [PlannedRun(base, None, True, seed, "all of train, elmo") for seed in seeds]
@@ -215,7 +217,7 @@ def plan_runs(
 
 
 def _efficiency_run(fraction: float, name: str, seed: int) -> tuple[str, int]:
-    return f"{fraction:g} of train, {name}", seed
+    return f"{100 * fraction:g}% of train, {name}", seed
 
 
 def _full_run(fractions: Sequence[float], seed: int) -> tuple[str, int]:
@@ -233,9 +235,11 @@ class _Outcomes:
         plan: Sequence[PlannedRun],
         progress: Progress | None,
         finished: FinishedRuns | None,
+        numbering: tuple[int, int],
     ) -> None:
         self.task, self.split, self.plan = task, split, plan
         self.progress, self.finished = progress, finished
+        self.before, self.total = numbering
         self.by_run: dict[tuple[str, int], RunOutcome] = {}
         self.done = 0
 
@@ -267,7 +271,8 @@ class _Outcomes:
         self.done += 1
         if self.progress is not None:
             self.progress(
-                f"{self.task}: run {self.done}/{len(self.plan)}, {run.what}, seed {run.seed}: "
+                f"{self.task}: run {self.before + self.done}/{self.total}, {run.what}, "
+                f"seed {run.seed}: "
                 f"{self.split} {outcome.metric} {self.score_of(outcome):.4f}"
                 + (" (finished earlier)" if earlier else "")
             )

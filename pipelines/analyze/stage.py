@@ -14,6 +14,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import mlflow
 import torch
@@ -37,6 +38,7 @@ from elmo_core.analysis.task_runs import (
     analyze_task,
     num_runs,
 )
+from elmo_core.config import ModelConfig
 from elmo_core.errors import ConfigError
 from elmo_core.location import sha256_file
 from elmo_core.tasks.activation_cache import ActivationCache, bilm_fingerprint
@@ -62,7 +64,7 @@ from pipelines.analyze.table import (
     to_json,
 )
 from pipelines.common.code_version import code_version, source_files
-from pipelines.common.console import ProgressBar, console_progress
+from pipelines.common.console import console_progress
 from pipelines.common.settings import elmo_home
 from pipelines.common.task_data import cache_splits, check_tasks, read_splits, task_inputs
 from pipelines.serving.bilm_loader import load_bilm, resolve_bilm
@@ -219,17 +221,17 @@ def _run_analyses(
     """Each task's analysis and each probe's row, their figures logged; the task runs that
     ``finished`` holds are not trained again."""
     results, probes = [], []
-    for task in tasks:
-        splits = cache_splits(bilm, datasets[task.name], cache_dir)
-        activations = splits["train"].activations
-        assert activations is not None  # cache_splits computes them
-        total = num_runs(fractions, seeds, activations.num_layers)
-        with console_progress(total, f"analyze {task.name}", unit="run", enabled=console) as bar:
+    layers = cast(ModelConfig, bilm.config).lstm.num_layers + 1  # the token layer and each LSTM's
+    per_task = num_runs(fractions, seeds, layers)
+    total = per_task * len(tasks)
+    with console_progress(total, "analyze", unit="run", enabled=console) as bar:
 
-            def advance(line: str, bar: ProgressBar = bar) -> None:
-                bar.update(1)
-                report_progress(line)
+        def advance(line: str) -> None:
+            bar.update(1)
+            report_progress(line)
 
+        for index, task in enumerate(tasks):
+            splits = cache_splits(bilm, datasets[task.name], cache_dir)
             result = analyze_task(
                 task,
                 splits,
@@ -238,11 +240,12 @@ def _run_analyses(
                 progress=advance,
                 finished=finished,
                 runner=ray_runner(splits),
+                numbering=(index * per_task, total),
             )
-        log_figure(efficiency_figure(result), f"efficiency_{task.name}.png")
-        results.append(result)
-        if task.type == "tagging":
-            probes.append(_probe(task, splits, seeds[0], device))
+            log_figure(efficiency_figure(result), f"efficiency_{task.name}.png")
+            results.append(result)
+            if task.type == "tagging":
+                probes.append(_probe(task, splits, seeds[0], device))
     if sense_splits is not None:
         probes.append(_senses(bilm, sense_splits, cache_dir))
     log_figure(layers_figure(results, probes), "layers.png")

@@ -79,6 +79,18 @@ def test_every_comparison_runs_over_the_seeds_and_the_full_data_run_is_shared() 
     assert sum(result.mix_weights) == pytest.approx(1.0) and len(result.mix_weights) == 3
     # 2 seeds × (2 fractions × 2 models + 3 layers alone + input and output)
     assert len(lines) == 2 * (4 + 3 + 1) and lines[-1].startswith("toy: run 16/16")
+    assert lines[0].startswith("toy: run 1/16, 50% of train, elmo, seed 0: dev accuracy ")
+
+
+def test_a_task_numbers_its_runs_within_the_whole_analysis() -> None:
+    """The second of three tasks of 16 runs each: its runs are 17 to 32 of 48."""
+    task, splits = _toy()
+    lines: list[str] = []
+    analyze_task(
+        task, splits, fractions=(0.5, 1.0), seeds=(0, 1), progress=lines.append,
+        numbering=(16, 48),
+    )  # fmt: skip
+    assert lines[0].startswith("toy: run 17/48, ") and lines[-1].startswith("toy: run 32/48, ")
 
 
 def test_a_fraction_trains_for_as_many_updates_as_the_whole_split_and_scores_dev_as_often() -> None:
