@@ -11,11 +11,13 @@ analyze stage: one Ray task each). Each finished run's outcome can be kept
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import hashlib
 import json
 import math
 import os
 import statistics
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -163,7 +165,7 @@ def analyze_task(
     analysis = TaskAnalysis(task.name, f"{split}_{main_metric(task)}")
     plan = plan_runs(task, train, fractions, seeds, num_layers)
     outcomes = _Outcomes(task.name, split, plan, progress, finished, numbering or (0, len(plan)))
-    outcomes.train((runner or serial_runner(splits, device)))
+    outcomes.train(runner or serial_runner(splits, device))
     score = outcomes.score
     for fraction in sorted(fractions):
         analysis.efficiency[fraction] = {
@@ -251,7 +253,9 @@ class _Outcomes:
                 waiting.append(run)
             else:
                 self._record(run, outcome, earlier=True)
+        self.started, self.trained = time.monotonic(), 0
         for index, outcome in runner(waiting):
+            self.trained += 1
             if self.finished is not None:
                 self.finished.put(waiting[index].key, outcome)
             self._record(waiting[index], outcome, earlier=False)
@@ -274,8 +278,14 @@ class _Outcomes:
                 f"{self.task}: run {self.before + self.done}/{self.total}, {run.what}, "
                 f"seed {run.seed}: "
                 f"{self.split} {outcome.metric} {self.score_of(outcome):.4f}"
-                + (" (finished earlier)" if earlier else "")
+                + (" (finished earlier)" if earlier else self._eta())
             )
+
+    def _eta(self) -> str:
+        """The time the analysis' runs still to come take at this task's rate so far."""
+        left = self.total - self.before - self.done
+        seconds = (time.monotonic() - self.started) / self.trained * left
+        return f", ETA {datetime.timedelta(seconds=round(seconds))}" if left else ""
 
 
 def _fraction_of(train: TaskSplit, fraction: float, seed: int) -> tuple[int, ...] | None:

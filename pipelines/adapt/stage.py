@@ -257,7 +257,8 @@ def _train(
         if log_curve is not None:
             log_curve(epoch, metrics)
         dev = f", dev {metric} {metrics[f'dev_{metric}']:.4f}" if f"dev_{metric}" in metrics else ""
-        report_progress(f"{which}, {model}: epoch {epoch} of {task.training.epochs}{dev}")
+        at_most = f"epoch {epoch} of at most {task.training.epochs}"  # early stopping may end it
+        report_progress(f"{which}, {model}: {at_most}{dev}")
 
     started = time.perf_counter()
     result = train_task(
