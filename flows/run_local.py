@@ -13,6 +13,7 @@ import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 from uuid import UUID
 
 from pipelines.common.console import quiet_environment
@@ -95,16 +96,24 @@ def main(argv: list[str] | None = None) -> int:
 
 def prefect_ui_hint(flow_run_id: UUID | None) -> str:
     """The link that opens this flow run in Prefect's UI; in ephemeral mode, first the command
-    that serves the history it left in PREFECT_HOME (on 127.0.0.1:4200, Prefect's default)."""
+    that serves the history it left in PREFECT_HOME where the link points: 127.0.0.1:4200,
+    Prefect's default, or ``PREFECT_UI_URL``'s address (the UI then needs ``PREFECT_UI_API_URL``
+    to find its API on that port)."""
     from prefect.settings import get_current_settings
 
-    from flows.tasks import flow_run_url
+    from flows.tasks import LOCAL_PREFECT_UI, flow_run_url
 
     settings, link = get_current_settings(), flow_run_url(flow_run_id)
     if settings.api.url:
         return f"Prefect UI: {link}"
-    home = shlex.quote(str(settings.home))
-    return f"Prefect UI: PREFECT_HOME={home} prefect server start\n  then open {link}"
+    environment = f"PREFECT_HOME={shlex.quote(str(settings.home))}"
+    where = ""
+    address = urlparse(settings.ui_url or LOCAL_PREFECT_UI)
+    if address.geturl().rstrip("/") != LOCAL_PREFECT_UI:
+        base = f"{address.scheme}://{address.hostname}:{address.port or 80}"
+        environment += f" PREFECT_UI_API_URL={base}/api"
+        where = f" --host {address.hostname} --port {address.port or 80}"
+    return f"Prefect UI: {environment} prefect server start{where}\n  then open {link}"
 
 
 def embedded_settings(home: Path, environ: Mapping[str, str]) -> dict[str, str]:

@@ -586,7 +586,7 @@ MAKE_RUN_ENDING = (
         rf"examples\): gain [+-][\d.]+ \(one seed, no spread\) → models:/elmo-{task}/\d"
         for task, metric in (("docstrings", "accuracy"), ("ner", "f1"), ("questions", "accuracy"))
     ),
-    r"MLflow UI: mlflow ui --backend-store-uri sqlite:///\S+/mlflow\.db",
+    r"MLflow UI: mlflow ui --backend-store-uri sqlite:///\S+/mlflow\.db --workers 1",
     r"  then open http://127\.0\.0\.1:5000/#/experiments/\d+\?workflowType=machine_learning",
     r"Prefect UI: PREFECT_HOME=\S+/home/prefect prefect server start",
     r"  then open http://127\.0\.0\.1:4200/runs/flow-run/[\da-f-]{36}",

@@ -27,6 +27,24 @@ def test_the_embedded_run_names_the_command_that_serves_its_history_then_the_flo
     ]
 
 
+def test_a_ui_on_another_port_is_served_there_and_finds_its_api_there(tmp_path: Path) -> None:
+    """``PREFECT_UI_URL`` moves the link; the printed command serves the UI at that address, and
+    tells the UI where its API is (else the page asks 4200 for its data)."""
+    home = embedded_settings(tmp_path / "elmo", {})["PREFECT_HOME"]
+    with temporary_settings(
+        updates={PREFECT_HOME: home, PREFECT_UI_URL: "http://127.0.0.1:4255"},
+        restore_defaults={PREFECT_API_URL},
+    ):
+        hint = prefect_ui_hint(FLOW_RUN)
+
+    assert hint.splitlines() == [
+        f"Prefect UI: PREFECT_HOME={tmp_path}/elmo/prefect "
+        "PREFECT_UI_API_URL=http://127.0.0.1:4255/api prefect server start "
+        "--host 127.0.0.1 --port 4255",
+        f"  then open http://127.0.0.1:4255/runs/flow-run/{FLOW_RUN}",
+    ]
+
+
 def test_a_run_on_a_prefect_server_links_to_it() -> None:
     with temporary_settings(
         updates={PREFECT_API_URL: "http://prefect.example:4200/api"},

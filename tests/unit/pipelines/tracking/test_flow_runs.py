@@ -109,12 +109,14 @@ def test_run_links_name_each_run_and_say_how_to_serve_the_local_ui_where_it_serv
     elsewhere = flow_runs.run_links({"train": run_id})
 
     assert lines[0] == f"- train: [train-bilm-t](http://127.0.0.1:5000/{route})"
-    assert lines[-1] == f"Open the MLflow UI first: `mlflow ui --backend-store-uri {uri}`"
+    assert lines[-1] == (
+        f"Open the MLflow UI first: `mlflow ui --backend-store-uri {uri} --workers 1`"
+    )
     assert inside == [f"- train: [train-bilm-t]({route})"]  # works on any address serving it
     assert elsewhere[0] == f"- train: [train-bilm-t](http://10.0.0.5:8081/{route})"
     assert elsewhere[-1] == (
         f"Open the MLflow UI first: `mlflow ui --backend-store-uri {uri} --host 10.0.0.5 "
-        "--port 8081`"
+        "--port 8081 --workers 1`"
     )
 
 
