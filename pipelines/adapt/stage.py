@@ -56,6 +56,7 @@ from pipelines.serving.bilm_loader import (
 )
 from pipelines.tracking.figures import log_curves, log_figure, metric_label
 from pipelines.tracking.stage_runs import (
+    DESCRIPTION_TAG,
     EXPERIMENT,
     PARENT_RUN_ENV,
     REUSE_KEY_TAG,
@@ -201,8 +202,20 @@ def run_adapt_job(job: AdaptJob) -> AdaptResult:
             _log_analysis(task, runs[0], source, datasets)
             result = _result(run.info.run_id, model, runs, sizes)
             mlflow.log_dict(dataclasses.asdict(result), RESULT_FILE)
+            mlflow.set_tag(DESCRIPTION_TAG, _description(job, result))
             mlflow.set_tag(REUSE_KEY_TAG, key)  # last: only a complete run is ever reused
     return result
+
+
+def _description(job: AdaptJob, result: AdaptResult) -> str:
+    """What the run did, then its result in the registered version's own words: a task model's
+    Source Run leads here."""
+    seeds = ", ".join(map(str, job.seeds))
+    did = (
+        f"Adapted the frozen biLM {job.bilm.location} to {job.task.name} ({job.task.type}): "
+        f"the task head trained with ELMo and without it (the baseline) over seeds {seeds}."
+    )
+    return f"{did}\n\n{result_line(result)}"
 
 
 def job_key(job: AdaptJob, bilm: torch.nn.Module) -> str:
