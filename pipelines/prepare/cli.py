@@ -41,7 +41,7 @@ def prepare_command(
     """Prepare a corpus into Parquet shards, vocab.txt and manifest.json."""
     from elmo_core.config import PrepareConfig, resolve_config
     from pipelines.prepare.pool import tune_process
-    from pipelines.prepare.stage import prepare
+    from pipelines.prepare.stage import prepare, split_lines
 
     tune_process()  # this process exists to prepare (`elmo prepare` or `python -m`)
     flags = {
@@ -56,11 +56,8 @@ def prepare_command(
     overrides = [f"{key}={json.dumps(value)}" for key, value in flags.items() if value is not None]
     cfg = resolve_config(PrepareConfig, None, config, [*overrides, *(set_ or [])])
     result = prepare(cfg, corpus, out, overwrite=overwrite)
-    for name, split in result.manifest.splits.items():
-        typer.echo(
-            f"{name}: {split.num_sentences} sentences, {split.num_tokens} tokens, "
-            f"OOV {split.oov_rate:.4%}, {len(split.shards)} shards"
-        )
+    for line in split_lines(result.manifest):
+        typer.echo(line)
     typer.echo(
         f"vocabulary {result.manifest.vocab.size}, {result.manifest.word_types.num_types} "
         f"word types; {result.num_shards_written} shards written, "

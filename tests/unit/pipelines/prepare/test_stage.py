@@ -386,6 +386,10 @@ def test_prepare_is_an_mlflow_run_with_sizes_the_manifest_and_the_dataset_as_inp
     }
     (dataset_input,) = run.inputs.dataset_inputs
     assert dataset_input.dataset.digest == manifest_sha256(result.dataset)[:36]
+    description = run.data.tags[stage_runs.DESCRIPTION_TAG].split("\n\n")
+    assert description[0] == f"Prepared {corpus.train[0]} into {result.dataset}."
+    assert description[1].startswith(f"train: {train.num_sentences:,} sentences, ")
+    assert description[-1].startswith(f"vocabulary {result.manifest.vocab.size:,} of ")
 
 
 def _all_sentences(out: str) -> list[list[str]]:
