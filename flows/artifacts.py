@@ -15,11 +15,11 @@ from elmo_core.data.manifest import Manifest
 from elmo_core.tasks.seeds import Scores
 from pipelines.adapt.stage import AdaptResult, result_line
 from pipelines.analyze.table import Row, markdown
+from pipelines.common.handoff import HandOn, TrainResult
 from pipelines.embed.stage import EmbedResult
 from pipelines.evaluate.result import EvaluationResult
 from pipelines.registry.register import RegisteredBiLM
 from pipelines.tracking.flow_runs import run_links
-from pipelines.train.preflight import HandOn, TrainResult
 
 Rows = list[dict[str, Any]]
 

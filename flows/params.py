@@ -19,13 +19,13 @@ from elmo_core.analysis.task_runs import DEFAULT_FRACTIONS
 from elmo_core.config import PrepareConfig, override_pattern, resolve_config
 from elmo_core.errors import ConfigError
 from elmo_core.tasks.seeds import DEFAULT_SEEDS
+from pipelines.common.handoff import HandOn
 from pipelines.common.settings import RAY_JOBS_ENV, elmo_home
 from pipelines.embed.embedding_shards import Dtype
 from pipelines.embed.inputs import DEFAULT_BATCH_SIZE, DEFAULT_SENTENCES_PER_SHARD
 from pipelines.embed.output import Format
 from pipelines.embed.vectors import Output
 from pipelines.train.job_config import TrainJobConfig, Where, resolve_train_config
-from pipelines.train.preflight import HandOn
 
 Preset = Literal["tiny", "mini", "small", "medium", "original"]
 DEFAULT_BILM = "models:/elmo-bilm@champion"

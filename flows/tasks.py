@@ -48,6 +48,7 @@ from pipelines.adapt.stage import AdaptResult, result_line
 from pipelines.analyze import stage as analyze_stage
 from pipelines.analyze.stage import AnalyzeResult
 from pipelines.analyze.table import format_rows
+from pipelines.common.handoff import HandOn, TrainResult
 from pipelines.common.settings import RAY_JOBS_ENV, elmo_home
 from pipelines.common.task_data import check_tasks
 from pipelines.embed import stage as embed_stage
@@ -67,7 +68,7 @@ from pipelines.tracking.stage_runs import find_run, location_name, stage_run_nam
 from pipelines.tracking.train_progress import event_order, training_progress
 from pipelines.train import ray_job
 from pipelines.train import stage as train_stage
-from pipelines.train.preflight import HandOn, TrainResult, plan_training
+from pipelines.train.preflight import plan_training
 
 PROGRESS_LOOK_S = 2.0  # how often the flow looks at a training run's MLflow record
 # Where `prefect server start` serves the flow runs an ephemeral run left in PREFECT_HOME.

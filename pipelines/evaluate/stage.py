@@ -27,6 +27,7 @@ from elmo_core.perplexity import (
     evaluate_perplexity,
 )
 from elmo_core.threads import fewer_threads_under_load
+from pipelines.common.handoff import HandOn, TrainResult
 from pipelines.evaluate.result import EvaluationResult
 from pipelines.serving.bilm_loader import BiLMReference, load_bilm, resolve_bilm
 from pipelines.tracking.stage_runs import (
@@ -36,7 +37,6 @@ from pipelines.tracking.stage_runs import (
     stage_run,
     stage_run_name,
 )
-from pipelines.train.preflight import HandOn, TrainResult
 
 PERPLEXITY_TABLE = "perplexity.json"  # the evaluate run's table: each direction and their mean
 
@@ -122,7 +122,7 @@ def evaluate_trained(
     tags: dict[str, str] | None = None,
 ) -> EvaluationResult:
     """The full-softmax heldout perplexity of the training run's model that ``hand_on`` picks
-    (:meth:`~pipelines.train.preflight.TrainResult.handed_on`): what registers it. The run is
+    (:meth:`~pipelines.common.handoff.TrainResult.handed_on`): what registers it. The run is
     named after the training run and tagged with which of its models it scored."""
     handed = result.handed_on(hand_on)
     return evaluate_bilm(

@@ -15,11 +15,10 @@ from mlflow import MlflowClient
 
 from elmo_core.config import ModelConfig
 from elmo_core.presets import PRESETS
+from pipelines.common.handoff import CHECKPOINT_STEP_TAG, CHECKPOINT_TAG
 from pipelines.registry.tags import (
     BACKWARD_PERPLEXITY_TAG,
     CHAMPION,
-    CHECKPOINT_STEP_TAG,
-    CHECKPOINT_TAG,
     DATASET_TAG,
     FORWARD_PERPLEXITY_TAG,
     KIND_TAG,

@@ -24,6 +24,7 @@ from elmo_core.data.manifest import MANIFEST_NAME, load_manifest
 from elmo_core.errors import ConfigError, DataError
 from elmo_core.location import Location, join_url, sha256_file
 from elmo_core.model.bilm import BiLM
+from pipelines.common.handoff import HandOn, TrainResult
 from pipelines.evaluate.result import EvaluationResult
 from pipelines.registry.model_card import (
     BILM_EXAMPLE,
@@ -76,7 +77,6 @@ from pipelines.tracking.stage_runs import (
     stage_run_name,
     use_tracking,
 )
-from pipelines.train.preflight import HandOn, TrainResult
 
 BILM_TF_ARTIFACTS = "bilm_tf"  # run artifact folder of the HDF5 export
 

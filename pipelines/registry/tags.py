@@ -32,10 +32,8 @@ SIZE_TAG = "elmo.size"  # <LSTM layers>x<cells>_<projection>, as the released mo
 TRAIN_RUN_TAG = "elmo.train_run_id"  # the training run; also on the register run
 EVALUATE_RUN_TAG = "elmo.evaluate_run_id"  # the perplexities' run; also on the register run
 REGISTER_RUN_TAG = "elmo.register_run_id"  # the run that registered the version
-# Which model of its training run a version is ("best" or "final") and the step it was saved at;
-# also on the evaluate and register runs (pipelines.train.preflight.TrainResult.handed_on).
-CHECKPOINT_TAG = "elmo.bilm_checkpoint"
-CHECKPOINT_STEP_TAG = "elmo.bilm_checkpoint_step"
+# Which model of its training run a version is, and its step: pipelines.common.handoff's
+# CHECKPOINT_TAG and CHECKPOINT_STEP_TAG (also on the evaluate and register runs).
 
 # What the champion policy records: its decision (alias, reason, the champion it was measured
 # against) and, on a dethroned champion, its successor. The register run carries the same tags.

@@ -14,8 +14,8 @@ import typer
 from pipelines.common.cli_runner import OPTIONS_HELP, SOURCE_HELP, run_command
 
 if TYPE_CHECKING:
+    from pipelines.common.handoff import HandOn, TrainResult
     from pipelines.train.job_config import TrainJobConfig
-    from pipelines.train.preflight import HandOn, TrainResult
 
 
 def train_command(
@@ -48,11 +48,11 @@ def train_command(
 ) -> None:
     """Pretrain a biLM on Ray Train; evaluate and register its best (or final) model."""
     from elmo_core.location import absolute_location
-    from pipelines.train import preflight
+    from pipelines.common import handoff
     from pipelines.train.stage import train
     from pipelines.train.supervision import TrainingInterrupted
 
-    if hand_on not in get_args(preflight.HandOn):
+    if hand_on not in get_args(handoff.HandOn):
         raise typer.BadParameter(f"{hand_on!r} is not best or final", param_hint="--hand-on")
     cfg = _job_config(model, config, set_ or [], job_config)
     tags = dict(_key_value(text) for text in tag or [])

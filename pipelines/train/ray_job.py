@@ -16,11 +16,12 @@ from collections.abc import Mapping
 from ray.job_submission import JobStatus, JobSubmissionClient
 
 from elmo_core.location import open_url
+from pipelines.common.handoff import TrainResult
 from pipelines.common.settings import mlflow_tracking_uri
 from pipelines.tracking.flow_runs import tag_run
 from pipelines.tracking.stage_runs import PARENT_RUN_ENV
 from pipelines.train.job_config import TrainJobConfig
-from pipelines.train.preflight import TrainPlan, TrainResult
+from pipelines.train.preflight import TrainPlan
 
 log = logging.getLogger(__name__)
 

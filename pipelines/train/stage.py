@@ -22,6 +22,7 @@ from ray.train.torch import TorchTrainer
 
 from elmo_core.errors import ConfigError
 from elmo_core.model.serialization import MODEL_DIR
+from pipelines.common.handoff import TrainResult
 from pipelines.common.ray_cluster import connect_ray, cpus_available
 from pipelines.common.settings import RAY_JOBS_ENV, mlflow_tracking_uri
 from pipelines.tracking.flow_runs import HEALTH_TAG, TOTAL_STEPS_TAG, VALIDATION_SECTION
@@ -36,7 +37,7 @@ from pipelines.tracking.stage_runs import (
 )
 from pipelines.train.checkpoint import CheckpointStore, StoredCheckpoint
 from pipelines.train.job_config import TrainJobConfig, Where
-from pipelines.train.preflight import TrainPlan, TrainResult, plan_training
+from pipelines.train.preflight import TrainPlan, plan_training
 from pipelines.train.ray_job import train_as_job
 from pipelines.train.run_directory import BEST_DIR, FINISHED_FILE, RUN_ID_FILE, RunDirectory
 from pipelines.train.supervision import supervise

@@ -11,8 +11,9 @@ from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL, temporary_settings
 
 from flows.params import TrainingParams
 from flows.tasks import _train, flow_run_url
+from pipelines.common.handoff import TrainResult
 from pipelines.tracking.stage_runs import ensure_experiment, use_tracking
-from pipelines.train.preflight import TrainResult, plan_training
+from pipelines.train.preflight import plan_training
 from pipelines.train.run_directory import FINISHED_FILE
 
 FLOW_RUN = UUID("12345678-1234-5678-1234-567812345678")

@@ -2,6 +2,7 @@
 
 from elmo_core.config import LSTMConfig
 from elmo_core.presets import original, tiny
+from pipelines.common.handoff import CHECKPOINT_STEP_TAG, CHECKPOINT_TAG
 from pipelines.registry.model_card import (
     ModelCard,
     architecture_tags,
@@ -11,8 +12,6 @@ from pipelines.registry.model_card import (
 )
 from pipelines.registry.tags import (
     BACKWARD_PERPLEXITY_TAG,
-    CHECKPOINT_STEP_TAG,
-    CHECKPOINT_TAG,
     DATASET_TAG,
     FORWARD_PERPLEXITY_TAG,
     KIND_TAG,

@@ -1,6 +1,5 @@
 """The train driver's checks: every mistake a user can make in the data, the storage or the
-starting weights fails in the driver, in seconds, before Ray starts, naming the path or key. And
-which model of a finished run is handed on to evaluate and register."""
+starting weights fails in the driver, in seconds, before Ray starts, naming the path or key."""
 
 from __future__ import annotations
 
@@ -14,9 +13,8 @@ from elmo_core.errors import ConfigError, DataError, WeightsError
 from elmo_core.model.bilm import BiLM
 from elmo_core.model.serialization import write_bilm_dir
 from elmo_core.presets import tiny
-from pipelines.registry.tags import CHECKPOINT_STEP_TAG, CHECKPOINT_TAG
 from pipelines.train.job_config import resolve_train_config
-from pipelines.train.preflight import TrainResult, plan_training
+from pipelines.train.preflight import plan_training
 
 SENTENCES = [f"w{i % 97} w{(3 * i) % 89} w{i % 5} end" for i in range(120)]  # > 64 types
 
@@ -94,59 +92,3 @@ def test_the_checks_never_start_ray(dataset, monkeypatch):
 
     monkeypatch.setattr(ray, "init", refuse)
     plan_training(_config(), dataset)
-
-
-# A FINISHED.json as runs wrote it before they recorded the best model's step.
-FINISHED = {
-    "run_name": "bilm-1",
-    "run_dir": "/runs/bilm-1",
-    "model_dir": "/runs/bilm-1/model",
-    "best_model_dir": "/runs/bilm-1/best",
-    "mlflow_run_id": "r1",
-    "steps": 3000,
-    "total_steps": 3000,
-    "resumed_from_step": 0,
-    "best_perplexity": 151.0,
-    "stopped_early": False,
-    "seconds": 60.0,
-}
-
-
-def test_the_best_model_is_handed_on_unless_the_final_one_is_asked_for():
-    result = TrainResult.model_validate({**FINISHED, "best_step": 2000})
-
-    best, final = result.handed_on(), result.handed_on("final")
-
-    assert (best.model_dir, best.checkpoint, best.step) == ("/runs/bilm-1/best", "best", 2000)
-    assert best.tags == {CHECKPOINT_TAG: "best", CHECKPOINT_STEP_TAG: "2000"}
-    assert best.description == "the best model (step 2000, validation perplexity 151.00)"
-    assert (final.model_dir, final.checkpoint, final.step) == ("/runs/bilm-1/model", "final", 3000)
-    assert final.tags == {CHECKPOINT_TAG: "final", CHECKPOINT_STEP_TAG: "3000"}
-    assert final.description == "the final model (step 3000)"
-
-
-def test_a_run_without_a_best_model_hands_on_its_final_one_and_says_why():
-    result = TrainResult.model_validate(
-        {**FINISHED, "best_model_dir": None, "best_perplexity": None}
-    )
-
-    handed = result.handed_on("best")
-
-    assert (handed.model_dir, handed.checkpoint, handed.step) == (
-        "/runs/bilm-1/model",
-        "final",
-        3000,
-    )
-    assert handed.description == (
-        "the final model (step 3000): no validation ran, so there is no best model"
-    )
-
-
-def test_an_older_runs_record_still_reads_and_hands_on_its_best_model_without_a_step():
-    result = TrainResult.model_validate(FINISHED)
-
-    handed = result.handed_on()
-
-    assert result.best_step is None
-    assert handed.model_dir == "/runs/bilm-1/best" and handed.tags == {CHECKPOINT_TAG: "best"}
-    assert handed.description == "the best model (validation perplexity 151.00)"
