@@ -25,7 +25,7 @@ from elmo_core.model.serialization import MODEL_DIR
 from pipelines.common.handoff import TrainResult
 from pipelines.common.ray_cluster import connect_ray, cpus_available
 from pipelines.common.settings import RAY_JOBS_ENV, mlflow_tracking_uri
-from pipelines.tracking.flow_runs import HEALTH_TAG, TOTAL_STEPS_TAG, VALIDATION_SECTION
+from pipelines.tracking.flow_runs import HEALTH_TAG, TOTAL_STEPS_TAG
 from pipelines.tracking.stage_runs import (
     DESCRIPTION_TAG,
     find_run,
@@ -199,7 +199,7 @@ def _run_exists(run_id: str) -> bool:
 
 def _finish(worker_cfg: WorkerConfig, run_dir: RunDirectory, seconds: float) -> TrainResult:
     """Copy the final model out of the last checkpoint, write FINISHED.json, log the outcome
-    (with the best validation perplexity, once: the curve is rank 0's)."""
+    (the best validation perplexity in the description: the curve is rank 0's)."""
     store = CheckpointStore(run_dir)
     final = store.newest()
     record = {} if final is None else store.record(final)
@@ -221,10 +221,9 @@ def _finish(worker_cfg: WorkerConfig, run_dir: RunDirectory, seconds: float) -> 
         stopped_early=bool(record["stopped_early"]),
         seconds=seconds,
     )
+    # The best validation perplexity is one number: it is in the description, not a metric whose
+    # chart would be a single dot.
     mlflow.log_dict(outcome.model_dump(mode="json"), "train_result.json")
-    if outcome.best_perplexity is not None:
-        best_metric = f"{VALIDATION_SECTION}/best_perplexity"
-        mlflow.log_metric(best_metric, outcome.best_perplexity, step=outcome.steps)
     models = f"final model (step {outcome.steps}) `{outcome.model_dir}`"
     if outcome.best_model_dir is not None:
         at = f" (step {outcome.best_step})" if outcome.best_step else ""

@@ -104,8 +104,8 @@ def test_two_workers_survive_a_killed_worker_and_record_the_run(
     by_step = {m.step: m.value for m in validation}
     assert sorted(by_step) == [8, 16, 24] and by_step[24] < by_step[8]  # the loss falls
     assert result.best_perplexity == pytest.approx(min(by_step.values()))
-    best = store.get_metric_history(result.mlflow_run_id, "bilm/validation/best_perplexity")
-    assert [(m.step, m.value) for m in best] == [(24, pytest.approx(result.best_perplexity))]
+    # one number, in the description: no single-dot chart of it
+    assert not store.get_metric_history(result.mlflow_run_id, "bilm/validation/best_perplexity")
 
     run = store.get_run(result.mlflow_run_id)
     assert run.info.run_name == f"train-{result.run_name}"  # <stage>-<subject>
