@@ -177,7 +177,8 @@ class Progress:
 
     def after_validation(self, step: int, sums: PerplexitySums, best: BiLM | None) -> None:
         """Log the validation perplexities; keep the model as ``best/`` when it improved (the
-        best perplexity itself is logged once, when the run ends: :mod:`pipelines.train.stage`).
+        best perplexity itself is in the run's description, written when the run ends:
+        :mod:`pipelines.train.stage`).
 
         Validation scores a fixed sample of the heldout split, not all of it: it is named
         "validation" everywhere, and "heldout perplexity" is the evaluate stage's, on every
