@@ -60,13 +60,15 @@ def threads_under_load(summary: dict) -> None:
         load: {setting: summary[f"{setting}_{load}_positions_per_s"] for setting in settings}
         for load in ("loaded", "idle")
     }
+    # The ratios are rounded to 3 places: on a loaded machine a ratio of 0.03 is off by up to
+    # 1.7 % from its rates' quotient, so the rounding's own 5e-4 is allowed beside 1 %.
     for setting in settings[1:]:
         assert summary[f"ratio_{setting}_vs_1thread"] == pytest.approx(
-            rates["loaded"][setting] / rates["loaded"]["1thread"], rel=1e-2
+            rates["loaded"][setting] / rates["loaded"]["1thread"], rel=1e-2, abs=5e-4
         )
     for load, rate in rates.items():
         assert summary[f"ratio_{load}_2threads_passive_vs_2threads"] == pytest.approx(
-            rate["2threads_passive"] / rate["2threads"], rel=1e-2
+            rate["2threads_passive"] / rate["2threads"], rel=1e-2, abs=5e-4
         )
 
 
