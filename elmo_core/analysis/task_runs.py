@@ -192,9 +192,9 @@ def plan_runs(
     seeds: Sequence[int],
     num_layers: int,
 ) -> list[PlannedRun]:
-    """The runs of the three comparisons, in the order they are reported: each fraction's ELMo
-    and baseline runs per seed, the shared full-data ELMo run where 1.0 is not a fraction, each
-    layer alone, ELMo at input and output."""
+    """The runs of the three comparisons: each fraction's ELMo and baseline runs per seed, the
+    shared full-data ELMo run where 1.0 is not a fraction, each layer alone, ELMo at input and
+    output (one after another they are reported in this order; side by side, as they finish)."""
     head = task.head.model_copy(update={"elmo_at_output": False, "elmo_layers": None})
     # The labels of the whole training split: a fraction may lack a rare tag that dev or test has.
     labels = task_labels(task, train.dataset)
