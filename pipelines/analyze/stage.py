@@ -14,7 +14,6 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
 
 import mlflow
 import torch
@@ -38,7 +37,6 @@ from elmo_core.analysis.task_runs import (
     analyze_task,
     num_runs,
 )
-from elmo_core.config import ModelConfig
 from elmo_core.errors import ConfigError
 from elmo_core.location import sha256_file
 from elmo_core.tasks.activation_cache import ActivationCache, bilm_fingerprint
@@ -221,9 +219,9 @@ def _run_analyses(
     """Each task's analysis and each probe's row, their figures logged; the task runs that
     ``finished`` holds are not trained again."""
     results, probes = [], []
-    layers = cast(ModelConfig, bilm.config).lstm.num_layers + 1  # the token layer and each LSTM's
-    per_task = num_runs(fractions, seeds, layers)
-    total = per_task * len(tasks)
+    cached = {task.name: cache_splits(bilm, datasets[task.name], cache_dir) for task in tasks}
+    counts = [_num_runs(cached[task.name], fractions, seeds) for task in tasks]
+    total = sum(counts)
     with console_progress(total, "analyze", unit="run", enabled=console) as bar:
 
         def advance(line: str) -> None:
@@ -231,7 +229,7 @@ def _run_analyses(
             report_progress(line)
 
         for index, task in enumerate(tasks):
-            splits = cache_splits(bilm, datasets[task.name], cache_dir)
+            splits = cached[task.name]
             result = analyze_task(
                 task,
                 splits,
@@ -240,7 +238,7 @@ def _run_analyses(
                 progress=advance,
                 finished=finished,
                 runner=ray_runner(splits),
-                numbering=(index * per_task, total),
+                numbering=(sum(counts[:index]), total),
             )
             log_figure(efficiency_figure(result), f"efficiency_{task.name}.png")
             results.append(result)
@@ -250,6 +248,14 @@ def _run_analyses(
         probes.append(_senses(bilm, sense_splits, cache_dir))
     log_figure(layers_figure(results, probes), "layers.png")
     return results, probes
+
+
+def _num_runs(
+    splits: Mapping[str, TaskSplit], fractions: Sequence[float], seeds: Sequence[int]
+) -> int:
+    activations = splits["train"].activations
+    assert activations is not None  # cache_splits computes them
+    return num_runs(fractions, seeds, activations.num_layers)
 
 
 def _probe(task: TaskConfig, splits: dict[str, TaskSplit], seed: int, device: str) -> Row:
