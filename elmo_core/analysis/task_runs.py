@@ -33,6 +33,8 @@ from elmo_core.tasks.trainer import TaskResult, TaskSplit, main_metric, train_ta
 
 DEFAULT_FRACTIONS = (0.01, 0.05, 0.1, 0.25, 1.0)
 MIX = "mix"  # the per-layer comparison's learned mix of every layer
+ALL_OF_TRAIN = "all of train, elmo"  # the shared full-data run, where 1.0 is not a fraction
+AT_INPUT_AND_OUTPUT = "ELMo at input and output"  # the placement comparison's run
 INPUT, INPUT_OUTPUT = "input", "input+output"  # ELMo's placements
 Progress = Callable[[str], object]
 
@@ -169,19 +171,20 @@ def analyze_task(
     score = outcomes.score
     for fraction in sorted(fractions):
         analysis.efficiency[fraction] = {
-            name: Scores(tuple(score(_efficiency_run(fraction, name, seed)) for seed in seeds))
+            name: Scores(tuple(score((_part(fraction, name), seed)) for seed in seeds))
             for name in ("elmo", "baseline")
         }
-    full = {seed: outcomes.get(_full_run(fractions, seed)) for seed in seeds}
+    shared = _part(1.0, "elmo") if 1.0 in fractions else ALL_OF_TRAIN
+    full = {seed: outcomes.get((shared, seed)) for seed in seeds}
     analysis.layers[MIX] = analysis.placement[INPUT] = Scores(
         tuple(outcomes.score_of(full[seed]) for seed in seeds)
     )
     analysis.mix_weights = _mean_weights([full[seed].mix_weights or [] for seed in seeds])
     for layer in range(num_layers):
-        what = f"layer {layer} alone"
-        analysis.layers[str(layer)] = Scores(tuple(score((what, seed)) for seed in seeds))
-    what = "ELMo at input and output"
-    analysis.placement[INPUT_OUTPUT] = Scores(tuple(score((what, seed)) for seed in seeds))
+        alone = _alone(layer)
+        analysis.layers[str(layer)] = Scores(tuple(score((alone, seed)) for seed in seeds))
+    both = Scores(tuple(score((AT_INPUT_AND_OUTPUT, seed)) for seed in seeds))
+    analysis.placement[INPUT_OUTPUT] = both
     return analysis
 
 
@@ -206,24 +209,24 @@ def plan_runs(
             part = _fraction_of(train, fraction, seed)
             budget = same_updates(base, size, len(part) if part is not None else size)
             for name, use_elmo in (("elmo", True), ("baseline", False)):
-                what, _ = _efficiency_run(fraction, name, seed)
-                runs.append(PlannedRun(budget, part, use_elmo, seed, what))
+                runs.append(PlannedRun(budget, part, use_elmo, seed, _part(fraction, name)))
     if 1.0 not in fractions:  # the shared full-data run is made here
-        runs += [PlannedRun(base, None, True, seed, "all of train, elmo") for seed in seeds]
+        runs += [PlannedRun(base, None, True, seed, ALL_OF_TRAIN) for seed in seeds]
     for layer in range(num_layers):
         alone = _with_head(base, elmo_layers=[layer])
-        runs += [PlannedRun(alone, None, True, seed, f"layer {layer} alone") for seed in seeds]
+        runs += [PlannedRun(alone, None, True, seed, _alone(layer)) for seed in seeds]
     both = _with_head(base, elmo_at_output=True)
-    runs += [PlannedRun(both, None, True, seed, "ELMo at input and output") for seed in seeds]
+    runs += [PlannedRun(both, None, True, seed, AT_INPUT_AND_OUTPUT) for seed in seeds]
     return runs
 
 
-def _efficiency_run(fraction: float, name: str, seed: int) -> tuple[str, int]:
-    return f"{100 * fraction:g}% of train, {name}", seed
+def _part(fraction: float, name: str) -> str:
+    """A sample-efficiency run's ``what``: ``10% of train, elmo``."""
+    return f"{100 * fraction:g}% of train, {name}"
 
 
-def _full_run(fractions: Sequence[float], seed: int) -> tuple[str, int]:
-    return _efficiency_run(1.0, "elmo", seed) if 1.0 in fractions else ("all of train, elmo", seed)
+def _alone(layer: int) -> str:
+    return f"layer {layer} alone"
 
 
 class _Outcomes:
