@@ -13,7 +13,6 @@ import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 from uuid import UUID
 
 from pipelines.common.console import quiet_environment
@@ -102,17 +101,15 @@ def prefect_ui_hint(flow_run_id: UUID | None) -> str:
     from prefect.settings import get_current_settings
 
     from flows.tasks import LOCAL_PREFECT_UI, flow_run_url
+    from pipelines.tracking.flow_runs import listen_flags
 
     settings, link = get_current_settings(), flow_run_url(flow_run_id)
     if settings.api.url:
         return f"Prefect UI: {link}"
     environment = f"PREFECT_HOME={shlex.quote(str(settings.home))}"
-    where = ""
-    address = urlparse(settings.ui_url or LOCAL_PREFECT_UI)
-    if address.geturl().rstrip("/") != LOCAL_PREFECT_UI:
-        base = f"{address.scheme}://{address.hostname}:{address.port or 80}"
-        environment += f" PREFECT_UI_API_URL={base}/api"
-        where = f" --host {address.hostname} --port {address.port or 80}"
+    where = listen_flags(settings.ui_url or LOCAL_PREFECT_UI, LOCAL_PREFECT_UI)
+    if where:
+        environment += f" PREFECT_UI_API_URL={settings.ui_url.rstrip('/')}/api"
     return f"Prefect UI: {environment} prefect server start{where}\n  then open {link}"
 
 

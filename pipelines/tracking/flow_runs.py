@@ -117,13 +117,16 @@ def run_links(run_ids: Mapping[str, str], *, inside_mlflow: bool = False) -> lis
 def serve_command(uri: str) -> str:
     """``mlflow ui`` serving the embedded store ``uri`` where :func:`ui_server` says it is, with
     one worker process: its default four did not come up on a loaded 2-core machine."""
-    address = urlparse(ui_server())
-    where = (
-        ""
-        if address.geturl().rstrip("/") == LOCAL_UI
-        else (f" --host {address.hostname} --port {address.port or 80}")
-    )
-    return f"mlflow ui --backend-store-uri {uri}{where} --workers 1"
+    return f"mlflow ui --backend-store-uri {uri}{listen_flags(ui_server(), LOCAL_UI)} --workers 1"
+
+
+def listen_flags(url: str, default: str) -> str:
+    """`` --host H --port P`` that make a server listen at ``url``; none where that is the
+    server's ``default`` address."""
+    address = urlparse(url)
+    if address.geturl().rstrip("/") == default:
+        return ""
+    return f" --host {address.hostname} --port {address.port or 80}"
 
 
 def tag_run(run_id: str, tags: Mapping[str, str]) -> None:
