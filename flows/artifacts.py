@@ -5,7 +5,8 @@ The builders are plain functions of the stage results, tested without a Prefect 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -20,6 +21,7 @@ from pipelines.embed.stage import EmbedResult
 from pipelines.evaluate.result import EvaluationResult
 from pipelines.registry.register import RegisteredBiLM
 from pipelines.tracking.flow_runs import run_links
+from pipelines.tracking.stage_runs import model_link
 
 Rows = list[dict[str, Any]]
 
@@ -87,9 +89,10 @@ def run_link_line(what: str, url: str) -> str:
     return f"{what} in MLflow: {url}"
 
 
-def registry_line(model: RegisteredBiLM) -> str:
+def registry_line(model: RegisteredBiLM, show_model: Callable[[str], str] = str) -> str:
+    """What registration did, ``show_model`` writing the version's URI (as in ``result_line``)."""
     verb = "registered" if model.newly_registered else "already registered as"
-    return f"{verb} {model.uri}, alias `@{model.alias}`: {_decision(model)}"
+    return f"{verb} {show_model(model.uri)}, alias `@{model.alias}`: {_decision(model)}"
 
 
 def summary_metrics(
@@ -140,20 +143,27 @@ def summary_markdown(
     model: RegisteredBiLM,
     results: Sequence[AdaptResult],
     run_ids: dict[str, str],
+    analysis_headline: Sequence[str] = (),
+    flow_run: str | None = None,
     *,
     inside_mlflow: bool = False,
 ) -> str:
-    """The run in a few lines: what was trained (or reused) and which of its models went on, the
-    score, the models, MLflow links (relative ones ``inside_mlflow``: the parent run's
+    """The run in a few lines: the Prefect ``flow_run`` (a markdown link where it has one), what
+    was trained (or reused) and which of its models went on, the score, the models (linked), the
+    analysis headline, MLflow links (relative ones ``inside_mlflow``: the parent run's
     description)."""
     handed = train.handed_on(hand_on)
+    show_model = partial(model_link, relative=inside_mlflow)
+    analysis = ["", "## Analysis", "", *[f"- {line}" for line in analysis_headline]]
     lines = [
         "# ELMo pretraining",
         "",
+        *([f"- Prefect flow run {flow_run}"] if flow_run else []),
         f"- {train.summary()}; {handed.description} in `{handed.model_dir}`",
         f"- {evaluation.summary()}",
-        f"- {registry_line(model)}",
-        *[f"- {result_line(r)}" for r in results],
+        f"- {registry_line(model, show_model)}",
+        *[f"- {result_line(r, show_model)}" for r in results],
+        *(analysis if analysis_headline else []),
         "",
         "## MLflow runs",
         "",
@@ -165,12 +175,13 @@ def summary_markdown(
 
 
 def adapt_markdown(bilm: str, results: Sequence[AdaptResult], run_ids: dict[str, str]) -> str:
-    """The ``adapt`` flow's summary: the biLM used, one line per task model, MLflow links."""
+    """The ``adapt`` flow's summary: the biLM used, one line per task model (linked), MLflow
+    links."""
     lines = [
         "# ELMo adaptation",
         "",
-        f"- biLM `{bilm}`",
-        *[f"- {result_line(r)}" for r in results],
+        f"- biLM {model_link(bilm) if bilm.startswith('models:/') else f'`{bilm}`'}",
+        *[f"- {result_line(r, model_link)}" for r in results],
         "",
         "## MLflow runs",
         "",

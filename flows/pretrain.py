@@ -54,8 +54,7 @@ def pretrain(params: PretrainParams) -> PretrainSummary:
                 fractions=params.fractions,
                 seeds=params.seeds,
             )
-        analysis_run = analysis.run_id if analysis is not None else None
-        summarize(dataset, run, hand_on, perplexity, model, results, parent, analysis_run)
+        summarize(dataset, run, hand_on, perplexity, model, results, parent, analysis)
     return PretrainSummary(
         dataset=dataset,
         train_run=run.run_name,
@@ -67,6 +66,6 @@ def pretrain(params: PretrainParams) -> PretrainSummary:
         task_models=[result.model_uri for result in results],
         task_scores=[result_line(result) for result in results],
         parent_run_id=parent,
-        analysis_run_id=analysis_run,
+        analysis_run_id=analysis.run_id if analysis is not None else None,
         analysis_headline=analysis.headline if analysis is not None else [],
     )

@@ -63,6 +63,7 @@ from pipelines.tracking.flow_runs import (
     parent_run,
     record_summary,
     stage_progress,
+    web_url,
 )
 from pipelines.tracking.stage_runs import find_run, location_name, stage_run_name
 from pipelines.tracking.train_progress import event_order, training_progress
@@ -109,15 +110,22 @@ def flow_parent_run(flow: str, subject: str, params: BaseModel) -> Iterator[str]
     :func:`~pipelines.tracking.stage_runs.location_name`), linked back to the Prefect flow run;
     yields its id once the flow's log links it (every stage's run is its child, one click
     away)."""
-    name, url = flow_run.get_name(), flow_run_url(flow_run.get_id())
-    where = f"[{name}]({url})" if url else f"`{name}`"
-    description = f"Prefect flow run {where} of flow `{flow_run.get_flow_name()}`: in progress."
+    name = flow_run.get_name()
+    url = flow_run_url(flow_run.get_id())
+    description = f"Prefect flow run {flow_run_link()} of flow `{flow_run.get_flow_name()}`: "
+    description += "in progress."
     title = stage_run_name(flow, f"{location_name(subject)}-{name}")
     with parent_run(
         flow, title, flow_run.get_id(), params, description=description, flow_run_url=url
     ) as parent:
         get_run_logger().info(run_link_line("the flow run's parent run", mlflow_link(parent)))
         yield parent
+
+
+def flow_run_link() -> str:
+    """This flow run by name, as a markdown link to its Prefect page where it has one."""
+    name, url = flow_run.get_name(), flow_run_url(flow_run.get_id())
+    return f"[{name}]({url})" if web_url(url) else f"`{name}`"
 
 
 def flow_run_url(flow_run_id: UUID | str | None) -> str | None:
@@ -454,10 +462,11 @@ def summarize(
     model: RegisteredBiLM,
     results: list[AdaptResult],
     parent_run_id: str,
-    analysis_run_id: str | None = None,
+    analysis: AnalyzeResult | None = None,
 ) -> None:
-    """The markdown summary linking to MLflow, also made the parent run's description, with the
-    headline numbers as its metrics and the dataset statistics beside them."""
+    """The markdown summary linking to MLflow and Prefect, also made the parent run's
+    description, with the headline numbers as its metrics and the dataset statistics beside
+    them."""
     run_ids = {"flow (parent)": parent_run_id}
     prepared = find_run(stage_run_name("prepare", location_name(dataset)), "prepare")
     if prepared is not None:  # this flow's, or the earlier one whose dataset it reused
@@ -467,9 +476,10 @@ def summarize(
         run_ids["evaluate"] = evaluation.run_id
     run_ids["register"] = model.run_id
     run_ids.update({f"adapt {r.task}": r.run_id for r in results})
-    if analysis_run_id:
-        run_ids["analyze"] = analysis_run_id
-    stages = (run, hand_on, evaluation, model, results, run_ids)
+    if analysis is not None:
+        run_ids["analyze"] = analysis.run_id
+    headline = analysis.headline if analysis is not None else []
+    stages = (run, hand_on, evaluation, model, results, run_ids, headline, flow_run_link())
     publish_markdown("pretrain-summary", summary_markdown(*stages))
     inside = summary_markdown(*stages, inside_mlflow=True)
     manifest = load_manifest(dataset)

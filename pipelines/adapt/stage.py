@@ -12,7 +12,7 @@ import dataclasses
 import os
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -361,12 +361,13 @@ def _run_on_ray(jobs: Sequence[AdaptJob], resources: AdaptResources) -> list[Ada
     return list(ray_get([remote.remote(job) for job in jobs]))
 
 
-def result_line(result: AdaptResult) -> str:
+def result_line(result: AdaptResult, show_model: Callable[[str], str] = str) -> str:
     """``task ner: test f1 0.9120 ± 0.0100 with ELMo, 0.8800 ± 0.0200 without (mean ± sample
     standard deviation over seeds 0, 1, 2; 300 test examples): gain +0.0320, beyond the seeds'
     spread (0.0224). This version holds seed 0's weights (test f1 0.9150) →
     models:/elmo-ner/3``, in the registered version's own words; ``task ner reused (already
-    adapted): ...`` when a finished run gave it."""
+    adapted): ...`` when a finished run gave it. ``show_model`` writes the model's URI (a
+    markdown link to it, in a summary)."""
     headline = Headline(
         "test" if result.elmo_test else "dev",
         result.metric,
@@ -376,4 +377,4 @@ def result_line(result: AdaptResult) -> str:
         result.examples,
     )
     reused = " reused (already adapted)" if result.reused else ""
-    return f"task {result.task}{reused}: {headline} → {result.model_uri}"
+    return f"task {result.task}{reused}: {headline} → {show_model(result.model_uri)}"

@@ -119,22 +119,23 @@ def bilm_card(name: str) -> ModelCard:
 def bilm_version_description(
     version_tags: Mapping[str, str], runs: Mapping[str, str] | None = None
 ) -> str:
-    """One line on the version: its size, where it came from (which model of its training run,
-    when it says), what it scored; ``runs``: what happened to it in which run (``trained`` → a
+    """One line on the version, its result first (the Models list shows the line's start, as
+    plain text): its heldout perplexity, its size, where it came from (which model of its
+    training run, when it says); ``runs``: what happened to it in which run (``trained`` → a
     link to the training run)."""
     size, preset, data = (version_tags[tag] for tag in (SIZE_TAG, PRESET_TAG, DATASET_TAG))
-    lines = [f"{size} biLM ({preset}) on `{data}`"]
+    score = "no heldout perplexity"
+    if PERPLEXITY_TAG in version_tags:
+        score = (
+            f"heldout perplexity {float(version_tags[PERPLEXITY_TAG]):.2f} (forward "
+            f"{float(version_tags[FORWARD_PERPLEXITY_TAG]):.2f}, backward "
+            f"{float(version_tags[BACKWARD_PERPLEXITY_TAG]):.2f})"
+        )
+    lines = [f"{score}: {size} biLM ({preset}) on {data}"]
     if CHECKPOINT_TAG in version_tags:
         step = version_tags.get(CHECKPOINT_STEP_TAG)
         at = "" if step is None else f" (step {step})"
         lines.append(f"its training run's {version_tags[CHECKPOINT_TAG]} model{at}")
     lines += [f"{what} in run {link}" for what, link in (runs or {}).items()]
-    if PERPLEXITY_TAG in version_tags:
-        lines.append(
-            f"heldout perplexity {float(version_tags[PERPLEXITY_TAG]):.2f} (forward "
-            f"{float(version_tags[FORWARD_PERPLEXITY_TAG]):.2f}, backward "
-            f"{float(version_tags[BACKWARD_PERPLEXITY_TAG]):.2f})"
-        )
-    else:
-        lines.append("no heldout perplexity")
-    return "; ".join(lines) + "."
+    text = "; ".join(lines) + "."
+    return text[0].upper() + text[1:]

@@ -371,7 +371,8 @@ def fetch_dataset_files(dataset_url: str, target: Path) -> DatasetFiles:
 def model_version_tags(
     evaluation: EvaluationResult | None, dataset: DatasetFiles
 ) -> dict[str, str]:
-    """Tags of the new version; the perplexity tags are absent without an evaluation, the
+    """Tags of the new version; the perplexity tags (4 decimals: what a person reads, and finer
+    than any comparison of the champion policy needs) are absent without an evaluation, the
     vocabulary's without a vocabulary."""
     tags = {DATASET_TAG: dataset.url, MANIFEST_HASH_TAG: dataset.manifest_sha256}
     if dataset.vocab_sha256 is not None:
@@ -379,9 +380,9 @@ def model_version_tags(
     if evaluation is not None:
         tags.update(
             {
-                FORWARD_PERPLEXITY_TAG: repr(float(evaluation.forward_perplexity)),
-                BACKWARD_PERPLEXITY_TAG: repr(float(evaluation.backward_perplexity)),
-                PERPLEXITY_TAG: repr(float(evaluation.perplexity)),
+                FORWARD_PERPLEXITY_TAG: f"{evaluation.forward_perplexity:.4f}",
+                BACKWARD_PERPLEXITY_TAG: f"{evaluation.backward_perplexity:.4f}",
+                PERPLEXITY_TAG: f"{evaluation.perplexity:.4f}",
                 HELDOUT_HASH_TAG: evaluation.heldout_hash,
                 HELDOUT_SPLIT_TAG: evaluation.split,
                 PREDICTED_TOKENS_TAG: str(evaluation.num_tokens),

@@ -19,6 +19,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import mlflow
 import psutil
@@ -83,6 +84,18 @@ def ui_url(
     return link if relative else f"{(server or ui_server()).rstrip('/')}/{link}"
 
 
+def model_link(uri: str, *, relative: bool = False) -> str:
+    """``[models:/elmo-ner/3](…/#/models/elmo-ner/versions/3)``: a registered model's URI as a
+    markdown link to its version's page (its model's, for an alias), relative as :func:`ui_url`'s.
+    """
+    name, _, version = uri.removeprefix("models:/").partition("/")
+    route = f"#/models/{quote(name.partition('@')[0])}"
+    if version:
+        route += f"/versions/{version}"
+    link = route if relative else f"{ui_server().rstrip('/')}/{route}"
+    return f"[{uri}]({link})"
+
+
 def run_link(run_id: str) -> str:
     """``[<run name>](#/experiments/…)``: a run as a description in the MLflow UI names it."""
     run = mlflow.MlflowClient(use_tracking()).get_run(run_id)
@@ -130,9 +143,22 @@ def stage_run(
         with system_metrics(run.info.run_id):
             yield run
     except BaseException as error:
-        mlflow.end_run(ended_status(error))
+        _end(run.info.run_id, ended_status(error))
         raise
-    mlflow.end_run(ended_status(None))
+    _end(run.info.run_id, ended_status(None))
+
+
+def _end(run_id: str, status: str) -> None:
+    """End the run as ``status``, its progress line (where it reported one) saying so: a finished
+    run that still read "epoch 14 of at most 30" would look stopped mid-way."""
+    try:
+        progress = mlflow.MlflowClient().get_run(run_id).data.tags.get(PROGRESS_TAG)
+        if progress is not None:
+            done = "finished" if status == "FINISHED" else f"{status.lower()} at {progress}"
+            mlflow.set_tag(PROGRESS_TAG, done)
+    except Exception as err:  # a busy tracking server must not hide how the run ended
+        log.warning("run %s: its progress line could not be finalised: %s", run_id, err)
+    mlflow.end_run(status)
 
 
 def report_progress(line: str) -> None:

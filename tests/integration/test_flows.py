@@ -470,7 +470,15 @@ def test_pretrain_with_analyze_analyzes_the_new_biLM_in_its_flow_run(
     assert "word_sense_nearest_centroid_accuracy/best_layer" in children["analyze"].data.metrics
     artifacts = _artifacts(flow_run_id)
     assert "analysis" in artifacts
-    assert summary.analysis_run_id in str(artifacts["pretrain-summary"].data)
+    written = str(artifacts["pretrain-summary"].data)
+    assert summary.analysis_run_id in written
+    assert "## Analysis" in written and summary.analysis_headline[0] in written
+    described = client.get_run(summary.parent_run_id).data.tags["mlflow.note.content"]
+    version = summary.model_uri.removeprefix("models:/").replace("/", "/versions/")
+    assert f"[{summary.model_uri}](#/models/{version})" in described  # a link inside the UI
+    with get_client(sync_client=True) as prefect:
+        flow_run_name = prefect.read_flow_run(flow_run_id).name
+    assert f"Prefect flow run [{flow_run_name}](http" in described
 
 
 def test_ill_typed_and_unknown_parameters_are_refused_with_the_field(home: Path) -> None:

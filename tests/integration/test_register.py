@@ -93,9 +93,9 @@ def test_registering_twice_creates_versions_tagged_with_their_evaluation(registr
         assert version.run_id == result.run_id  # no training run: the register run logged it
         assert version.tags[reg.REGISTER_RUN_TAG] == result.run_id
         assert version.tags[reg.PREDICTED_TOKENS_TAG] == "1234"
-        assert version.tags[reg.FORWARD_PERPLEXITY_TAG] == str(evaluation.forward_perplexity)
-        assert version.tags[reg.BACKWARD_PERPLEXITY_TAG] == str(evaluation.backward_perplexity)
-        assert float(version.tags[reg.PERPLEXITY_TAG]) == evaluation.perplexity
+        assert version.tags[reg.FORWARD_PERPLEXITY_TAG] == f"{evaluation.forward_perplexity:.4f}"
+        assert version.tags[reg.BACKWARD_PERPLEXITY_TAG] == f"{evaluation.backward_perplexity:.4f}"
+        assert version.tags[reg.PERPLEXITY_TAG] == f"{evaluation.perplexity:.4f}"
         assert version.tags[reg.HELDOUT_HASH_TAG] == "abc123"
         assert version.tags[reg.VOCAB_HASH_TAG] == vocab_sha
         assert version.tags[reg.MANIFEST_HASH_TAG] == manifest_sha
@@ -240,7 +240,7 @@ def test_command_line_registers_with_an_evaluation_file(registry, tmp_path, caps
     assert registry_cli.main(["register", *args, "--evaluation", str(evaluation)]) == 0
     assert "models:/elmo-cli/1" in capsys.readouterr().out
     tags = registry.client.get_model_version("elmo-cli", "1").tags
-    assert tags[reg.PERPLEXITY_TAG] == "13.0"
+    assert tags[reg.PERPLEXITY_TAG] == "13.0000"
     evaluation.write_text("{}")
     assert registry_cli.main(["register", *args, "--evaluation", str(evaluation)]) == 2
     assert "not an evaluation result" in capsys.readouterr().err
@@ -323,7 +323,9 @@ def test_the_logged_model_shows_its_heldout_perplexities_as_the_version_tags_say
         assert linked == pytest.approx(evaluation.metrics())
         register_metrics = registry.client.get_run(result.run_id).data.metrics
         assert {key for key in register_metrics if not key.startswith("system/")} == set(linked)
-        assert float(version.tags[reg.PERPLEXITY_TAG]) == evaluation.perplexity
+        assert float(version.tags[reg.PERPLEXITY_TAG]) == pytest.approx(
+            evaluation.perplexity, abs=5e-5
+        )
 
 
 def test_the_model_says_what_it_is_and_how_to_call_it_and_carries_an_input_example(registry):
@@ -336,8 +338,9 @@ def test_the_model_says_what_it_is_and_how_to_call_it_and_carries_an_input_examp
     version = registry.client.get_model_version("elmo-bilm", "2")
     assert version.tags[PRESET_TAG] == "tiny"
     assert version.tags[SIZE_TAG] == "2x32_16"
-    assert version.description.startswith("2x32_16 biLM (tiny) on `")
-    assert "heldout perplexity 31.00 (forward 30.25, backward 31.75)" in version.description
+    assert version.description.startswith(
+        "Heldout perplexity 31.00 (forward 30.25, backward 31.75): 2x32_16 biLM (tiny) on "
+    )
     example = mlflow.models.Model.load("models:/elmo-bilm/2").load_input_example()
     assert example.to_dict("list") == {"sentence": ["The cat sat on the mat."]}
 

@@ -54,27 +54,26 @@ def test_architecture_tags_name_the_preset_whatever_the_training_settings():
     assert architecture_tags(wider) == {PRESET_TAG: "custom", SIZE_TAG: "2x64_16"}
 
 
-def test_the_version_description_says_where_it_came_from_and_what_it_scored():
+def test_the_version_description_leads_with_what_it_scored_then_where_it_came_from():
     tags = {SIZE_TAG: "2x32_16", PRESET_TAG: "tiny", DATASET_TAG: "s3://data/wiki"}
     assert bilm_version_description(tags) == (
-        "2x32_16 biLM (tiny) on `s3://data/wiki`; no heldout perplexity."
+        "No heldout perplexity: 2x32_16 biLM (tiny) on s3://data/wiki."
     )
     tags |= {PERPLEXITY_TAG: "31.0"}
     tags |= {FORWARD_PERPLEXITY_TAG: "30.25", BACKWARD_PERPLEXITY_TAG: "31.754"}
     runs = {"trained": "[train-bilm-1](http://ui/#/runs/abc)"}
     assert bilm_version_description(tags, runs) == (
-        "2x32_16 biLM (tiny) on `s3://data/wiki`; trained in run "
-        "[train-bilm-1](http://ui/#/runs/abc); "
-        "heldout perplexity 31.00 (forward 30.25, backward 31.75)."
+        "Heldout perplexity 31.00 (forward 30.25, backward 31.75): 2x32_16 biLM (tiny) on "
+        "s3://data/wiki; trained in run [train-bilm-1](http://ui/#/runs/abc)."
     )
 
 
 def test_the_version_description_says_which_model_of_its_training_run_it_is():
     tags = {SIZE_TAG: "2x32_16", PRESET_TAG: "tiny", DATASET_TAG: "d", CHECKPOINT_TAG: "best"}
     assert bilm_version_description(tags | {CHECKPOINT_STEP_TAG: "2000"}) == (
-        "2x32_16 biLM (tiny) on `d`; its training run's best model (step 2000); "
-        "no heldout perplexity."
+        "No heldout perplexity: 2x32_16 biLM (tiny) on d; its training run's best model "
+        "(step 2000)."
     )
     assert bilm_version_description(tags) == (  # an older run's best model: step unknown
-        "2x32_16 biLM (tiny) on `d`; its training run's best model; no heldout perplexity."
+        "No heldout perplexity: 2x32_16 biLM (tiny) on d; its training run's best model."
     )

@@ -84,15 +84,18 @@ def test_a_versions_tags_carry_its_evaluation_and_the_hashes_that_make_it_compar
         DATASET_TAG: "s3://b/d",
         MANIFEST_HASH_TAG: "m",
         VOCAB_HASH_TAG: "v",
-        FORWARD_PERPLEXITY_TAG: "40.0",
-        BACKWARD_PERPLEXITY_TAG: "42.25",
-        PERPLEXITY_TAG: "41.1",
+        FORWARD_PERPLEXITY_TAG: "40.0000",
+        BACKWARD_PERPLEXITY_TAG: "42.2500",
+        PERPLEXITY_TAG: "41.1000",
         HELDOUT_HASH_TAG: "heldout-a",
         HELDOUT_SPLIT_TAG: "heldout",
         PREDICTED_TOKENS_TAG: "1234",
         PROTOCOL_TAG: "batched",
     }
-    assert float(tags[PERPLEXITY_TAG]) == EVALUATION.perplexity  # repr: read back exactly
+    rounded = reg.model_version_tags(
+        EVALUATION.model_copy(update={"perplexity": 143.0274475836}), files
+    )
+    assert rounded[PERPLEXITY_TAG] == "143.0274"  # what a person reads in the UI
 
 
 def test_without_an_evaluation_or_a_vocabulary_only_the_dataset_is_named():

@@ -157,6 +157,30 @@ def test_ui_links_open_the_model_training_view() -> None:
     )
 
 
+def test_a_run_that_reported_progress_ends_saying_how_it_ended(store) -> None:
+    with stage_runs.stage_run("adapt", run_name="progressing") as run:
+        stage_runs.report_progress("seed 0 of 3: epoch 14 of at most 30")
+    assert store.get_run(run.info.run_id).data.tags[stage_runs.PROGRESS_TAG] == "finished"
+    with pytest.raises(RuntimeError), stage_runs.stage_run("adapt", run_name="broken") as run:
+        stage_runs.report_progress("seed 1 of 3: epoch 2 of at most 30")
+        raise RuntimeError("boom")
+    progress = store.get_run(run.info.run_id).data.tags[stage_runs.PROGRESS_TAG]
+    assert progress == "failed at seed 1 of 3: epoch 2 of at most 30"
+    with stage_runs.stage_run("evaluate", run_name="silent") as run:
+        pass
+    assert stage_runs.PROGRESS_TAG not in store.get_run(run.info.run_id).data.tags
+
+
+def test_a_model_uri_links_its_version_page_or_for_an_alias_its_models(monkeypatch) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow:5055")
+    assert stage_runs.model_link("models:/elmo-ner/3") == (
+        "[models:/elmo-ner/3](http://mlflow:5055/#/models/elmo-ner/versions/3)"
+    )
+    assert stage_runs.model_link("models:/elmo bilm@champion", relative=True) == (
+        "[models:/elmo bilm@champion](#/models/elmo%20bilm)"
+    )
+
+
 def test_a_stage_runs_source_is_its_stage_module_however_it_was_started(store) -> None:
     with stage_runs.stage_run("evaluate", run_name="sourced-by-stage") as run:
         pass
