@@ -1,5 +1,5 @@
 """The paper's sample-efficiency claim (§5.4, Fig. 1) on real held-out tasks: is ELMo's gain at
-10 % of the training data at least as large as at 100 %, beyond the seeds' spread?
+10 % of the training data at least as large as at 100 %, beyond the gain's standard deviation?
 
 Runs the real analyze stage (``pipelines.analyze.stage.analyze``: every run the analysis makes,
 into MLflow under ``ELMO_HOME``) on three tasks read from ``../shared/data``, which the project
@@ -126,8 +126,9 @@ def _first_sentences(source: Path, target: Path, count: int) -> Path:
 
 
 def verdict(rows: list[Row], name: str) -> dict[str, object]:
-    """Each fraction's gain and its spread (√(s²_ELMo + s²_baseline)), from the task's two
-    sample-efficiency rows; whether 10 % gains at least as much as 100 %, beyond its spread."""
+    """Each fraction's gain and its standard deviation (√(s²_ELMo + s²_baseline)), from the
+    task's two sample-efficiency rows; whether 10 % gains at least as much as 100 %, beyond its
+    standard deviation."""
     curves = {
         model: next(
             row.cells
@@ -140,14 +141,14 @@ def verdict(rows: list[Row], name: str) -> dict[str, object]:
     gains = {
         column: (
             cell.mean - curves["baseline"][column].mean,
-            math.hypot(cell.spread, curves["baseline"][column].spread),
+            math.hypot(cell.sd, curves["baseline"][column].sd),
         )
         for column, cell in curves["elmo"].items()
     }
     small, full = gains.get("10%"), gains.get("100%")
     holds = small is not None and full is not None and small[0] >= full[0] and small[0] > small[1]
     scores = {
-        model: {column: [round(c.mean, 4), round(c.spread, 4)] for column, c in cells.items()}
+        model: {column: [round(c.mean, 4), round(c.sd, 4)] for column, c in cells.items()}
         for model, cells in curves.items()
     }
     gains_out = {column: [round(g, 4), round(sd, 4)] for column, (g, sd) in gains.items()}

@@ -5,21 +5,20 @@ baseline over seeds 0, 1, 2, for the shipped head and for variants of it.
         --variants '[{}, {"head": {"hidden_dim": 64, "elmo_layer_norm": true}}]'
 
 Each variant updates the task's ``head`` and ``training`` keys. One line per variant: each
-model's test accuracy as mean ± sample standard deviation, the gain and the spread of the
-difference (√(s²_ELMo + s²_baseline)), and whether the gain is beyond it.
+model's test accuracy as mean ± sample standard deviation, and the gain with its verdict, as the
+adapt stage words them (``elmo_core.tasks.seeds``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 from elmo_core.tasks import load_task_config
+from elmo_core.tasks.seeds import Scores, difference
 from elmo_core.tasks.trainer import train_task
 from pipelines.common.task_data import cache_splits, read_splits
 from pipelines.serving.bilm_loader import load_bilm, resolve_bilm
@@ -50,14 +49,10 @@ def main(argv: list[str] | None = None) -> int:
                 ]
                 for use_elmo in (True, False)
             }
-            elmo, baseline = scores[True], scores[False]
-            gain = statistics.mean(elmo) - statistics.mean(baseline)
-            spread = math.hypot(statistics.stdev(elmo), statistics.stdev(baseline))
+            elmo, baseline = Scores(tuple(scores[True])), Scores(tuple(scores[False]))
             print(
-                f"{json.dumps(variant)}: ELMo {statistics.mean(elmo):.4f} ± "
-                f"{statistics.stdev(elmo):.4f}, baseline {statistics.mean(baseline):.4f} ± "
-                f"{statistics.stdev(baseline):.4f}, gain {gain:+.4f}, spread {spread:.4f}: "
-                + ("beyond" if gain > spread else "within"),
+                f"{json.dumps(variant)}: ELMo {elmo}, baseline {baseline}, "
+                f"{difference(elmo, baseline)}",
                 flush=True,
             )
     return 0

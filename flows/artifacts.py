@@ -105,16 +105,16 @@ def summary_metrics(
         name = f"{result.task}/{_split(result)}_{result.metric}"
         metrics |= {
             f"{name}_mean": elmo.mean,
-            f"{name}_spread": elmo.spread,
+            f"{name}_sd": elmo.sd,
             f"{name}_baseline_mean": baseline.mean,
-            f"{name}_baseline_spread": baseline.spread,
+            f"{name}_baseline_sd": baseline.sd,
             f"{name}_gain_mean": elmo.mean - baseline.mean,
         }
     return metrics
 
 
 def task_rows(results: Sequence[AdaptResult]) -> Rows:
-    """Per task: the main metric's mean and spread (sample standard deviation) over the seeds,
+    """Per task: the main metric's mean and sample standard deviation (sd) over the seeds,
     with and without ELMo, and the size of the split it is scored on."""
     rows = []
     for result in results:
@@ -126,9 +126,9 @@ def task_rows(results: Sequence[AdaptResult]) -> Rows:
                 "examples": result.examples,  # one error moves the score by about 1/examples
                 "seeds": len(result.seeds),
                 "elmo": round(elmo.mean, 4),
-                "elmo_spread": round(elmo.spread, 4),
+                "elmo_sd": round(elmo.sd, 4),
                 "baseline": round(baseline.mean, 4),
-                "baseline_spread": round(baseline.spread, 4),
+                "baseline_sd": round(baseline.sd, 4),
                 "gain": round(elmo.mean - baseline.mean, 4),
                 "model": result.model_uri,
             }

@@ -140,7 +140,7 @@ class PretrainParams(Params):
         default_factory=lambda: list(DEFAULT_SEEDS),
         min_length=1,
         description="seeds: each task trains with and without ELMo once per seed; scores are "
-        "means (and spreads) over them",
+        "means (and standard deviations) over them",
     )
     analyze: bool = Field(
         False,
@@ -185,7 +185,7 @@ class AnalyzeParams(Params):
     seeds: list[int] = Field(
         default_factory=lambda: list(DEFAULT_SEEDS),
         min_length=1,
-        description="seeds: every score is a mean (and spread) over them",
+        description="seeds: every score is a mean (and standard deviation) over them",
     )
 
     @model_validator(mode="after")

@@ -1,7 +1,8 @@
-"""Scores over seeds: a task model's score is a mean with a spread, never one lucky draw.
+"""Scores over seeds: a task model's score is a mean with a standard deviation, never one lucky
+draw.
 
 On small task sets two seeds differ by more than ELMo's gain can, so ELMo and the baseline train
-over the same seeds, and a comparison says whether the difference exceeds its spread.
+over the same seeds, and a comparison says whether the gain exceeds its standard deviation.
 """
 
 from __future__ import annotations
@@ -24,31 +25,29 @@ class Scores:
         return statistics.fmean(self.values)
 
     @property
-    def spread(self) -> float:
+    def sd(self) -> float:
         """The sample standard deviation over seeds (0 for one seed)."""
         return statistics.stdev(self.values) if len(self.values) > 1 else 0.0
 
     def __str__(self) -> str:
         """``0.8123 ± 0.0150``; one seed: ``0.8123``."""
-        return (
-            f"{self.mean:.4f} ± {self.spread:.4f}" if len(self.values) > 1 else f"{self.mean:.4f}"
-        )
+        return f"{self.mean:.4f} ± {self.sd:.4f}" if len(self.values) > 1 else f"{self.mean:.4f}"
 
 
-def difference_spread(elmo: Scores, baseline: Scores) -> float:
+def gain_sd(elmo: Scores, baseline: Scores) -> float:
     """The standard deviation of the difference of one draw of each: √(s_elmo² + s_baseline²)."""
-    return math.hypot(elmo.spread, baseline.spread)
+    return math.hypot(elmo.sd, baseline.sd)
 
 
 def difference(elmo: Scores, baseline: Scores) -> str:
-    """``gain +0.0650, beyond the seeds' spread (0.0512)``, ``... within ...``, ``gain +0.0085,
-    every seed scoring the same`` (no spread to judge by), or ``gain +0.0650 (one seed, no
-    spread)``, the spread :func:`difference_spread`."""
+    """``gain +0.0650, beyond the gain's standard deviation (0.0512)``, ``... within ...``,
+    ``gain +0.0085, every seed scoring the same`` (no standard deviation to judge by), or
+    ``gain +0.0650 (one seed: no standard deviation)``, the standard deviation :func:`gain_sd`."""
     gain = elmo.mean - baseline.mean
     if min(len(elmo.values), len(baseline.values)) < 2:
-        return f"gain {gain:+.4f} (one seed, no spread)"
-    spread = difference_spread(elmo, baseline)
-    if spread == 0:
+        return f"gain {gain:+.4f} (one seed: no standard deviation)"
+    sd = gain_sd(elmo, baseline)
+    if sd == 0:
         return f"gain {gain:+.4f}, every seed scoring the same"
-    where = "beyond" if abs(gain) > spread else "within"
-    return f"gain {gain:+.4f}, {where} the seeds' spread ({spread:.4f})"
+    where = "beyond" if abs(gain) > sd else "within"
+    return f"gain {gain:+.4f}, {where} the gain's standard deviation ({sd:.4f})"

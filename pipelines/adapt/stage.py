@@ -363,8 +363,8 @@ def _run_on_ray(jobs: Sequence[AdaptJob], resources: AdaptResources) -> list[Ada
 
 def result_line(result: AdaptResult, show_model: Callable[[str], str] = str) -> str:
     """``task ner: test f1 0.9120 ± 0.0100 with ELMo, 0.8800 ± 0.0200 without (mean ± sample
-    standard deviation over seeds 0, 1, 2; 300 test examples): gain +0.0320, beyond the seeds'
-    spread (0.0224). This version holds seed 0's weights (test f1 0.9150) →
+    standard deviation over seeds 0, 1, 2; 300 test examples): gain +0.0320, beyond the gain's
+    standard deviation (0.0224). This version holds seed 0's weights (test f1 0.9150) →
     models:/elmo-ner/3``, in the registered version's own words; ``task ner reused (already
     adapted): ...`` when a finished run gave it. ``show_model`` writes the model's URI (a
     markdown link to it, in a summary)."""

@@ -1,8 +1,8 @@
 """What an adapt run records in MLflow: its inputs, curves, final scores, the task model.
 
 Every metric sits under ``task/`` so that MLflow, ordering chart sections by name, shows the biLM's
-``bilm/...`` first. Final scores are means over the seeds beside their ``_spread``; the registered
-model holds the first seed's weights, and says so.
+``bilm/...`` first. Final scores are means over the seeds, each seed's own score one point of a
+``_by_seed`` chart; the registered model holds the first seed's weights, and says so.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import mlflow
 
 from elmo_core.location import sha256_file
 from elmo_core.tasks.dataset import PairExample
-from elmo_core.tasks.seeds import Scores, difference, difference_spread
+from elmo_core.tasks.seeds import Scores, difference
 from elmo_core.tasks.task_config import SPLITS, TaskConfig
 from elmo_core.tasks.task_model import Example
 from elmo_core.tasks.trainer import TaskResult, main_metric
@@ -28,7 +28,7 @@ from pipelines.registry.tags import (
     WEIGHTS_SEED_TAG,
     gain_tag,
     score_tag,
-    spread_tag,
+    sd_tag,
 )
 from pipelines.serving import task_pyfunc
 from pipelines.serving.bilm_loader import BiLMReference, LoadedBiLM
@@ -111,8 +111,8 @@ def split_scores(runs: Sequence[SeedRun], model: str, split: str, metric: str) -
 
 
 def final_metrics(runs: Sequence[SeedRun]) -> dict[str, float]:
-    """The run's final scores of the main metric, each the mean over the seeds beside its
-    ``_spread`` (the gain's: that of a difference), and each seed's own headline score."""
+    """The run's final scores of the main metric, each the mean over the seeds (their standard
+    deviations are the description's and the version's tags: one value makes no chart)."""
     metric = main_metric(runs[0].elmo.model.task)
     found: dict[str, float] = {}
     for split, name in (("dev", f"best_dev_{metric}"), ("test", f"test_{metric}")):
@@ -120,17 +120,22 @@ def final_metrics(runs: Sequence[SeedRun]) -> dict[str, float]:
         for model, scores in (("elmo", elmo), ("baseline", baseline)):
             if scores is not None:
                 found[task_metric(model, name)] = scores.mean
-                found[task_metric(model, f"{name}_spread")] = scores.spread
         if elmo is not None and baseline is not None:
             found[task_metric("gain", f"{split}_{metric}")] = elmo.mean - baseline.mean
-            found[task_metric("gain", f"{split}_{metric}_spread")] = difference_spread(
-                elmo, baseline
-            )
-    headline = f"{'test' if runs[0].elmo.test_metrics else 'dev'}_{metric}"
-    for run in runs:
-        for model in MODELS:
-            found[task_metric(model, headline, run.seed)] = headline_score(getattr(run, model))
     return found
+
+
+def seed_scores(runs: Sequence[SeedRun]) -> dict[str, list[tuple[int, float]]]:
+    """``task/<model>/<headline>_by_seed``: each seed's own headline score, at the seed as its
+    step, so that the seeds' scores are one chart per model."""
+    split = "test" if runs[0].elmo.test_metrics else "dev"
+    headline = f"{split}_{main_metric(runs[0].elmo.model.task)}"
+    return {
+        task_metric(model, f"{headline}_by_seed"): [
+            (run.seed, headline_score(getattr(run, model))) for run in runs
+        ]
+        for model in MODELS
+    }
 
 
 def task_params(task: TaskConfig) -> dict[str, str]:
@@ -218,6 +223,9 @@ def log_outcome(runs: Sequence[SeedRun], seconds: Mapping[str, float], model_id:
     """The final metrics, linked to the logged task model so its page shows them, and
     ``scores.json``: every score of the registered seed's models, and each seed's headline."""
     mlflow.log_metrics(final_metrics(runs), model_id=model_id)
+    for name, points in seed_scores(runs).items():
+        for seed, value in points:
+            mlflow.log_metric(name, value, step=seed, model_id=model_id)
     by_seed = {
         str(run.seed): {"elmo": headline_score(run.elmo), "baseline": headline_score(run.baseline)}
         for run in runs
@@ -295,11 +303,12 @@ class Headline:
         return None
 
     def tags(self) -> dict[str, str]:
-        """The means over the seeds, their spread, the seeds and the registered one."""
+        """The means over the seeds, ELMo's standard deviation over them (``_sd``), the seeds
+        and the registered one."""
         gain = self.elmo.mean - self.baseline.mean
         return {
             score_tag(self.split, self.metric): f"{self.elmo.mean:.4f}",
-            spread_tag(self.split, self.metric): f"{self.elmo.spread:.4f}",
+            sd_tag(self.split, self.metric): f"{self.elmo.sd:.4f}",
             gain_tag(self.split, self.metric): f"{gain:+.4f}",
             SEEDS_TAG: ",".join(map(str, self.seeds)),
             WEIGHTS_SEED_TAG: str(self.seeds[0]),
@@ -307,8 +316,8 @@ class Headline:
 
     def __str__(self) -> str:
         """``test f1 0.9123 ± 0.0100 with ELMo, 0.8512 ± 0.0200 without (mean ± sample standard
-        deviation over seeds 0, 1, 2; 300 test examples): gain +0.0611, beyond the seeds' spread
-        (0.0224). This version holds seed 0's weights (test f1 0.9200)``."""
+        deviation over seeds 0, 1, 2; 300 test examples): gain +0.0611, beyond the gain's
+        standard deviation (0.0224). This version holds seed 0's weights (test f1 0.9200)``."""
         seeds = ", ".join(map(str, self.seeds))
         over = f"mean ± sample standard deviation over seeds {seeds}"
         if len(self.seeds) == 1:

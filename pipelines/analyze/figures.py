@@ -1,8 +1,9 @@
 """The analysis figures: each task's sample-efficiency curve, and what each layer holds.
 
-Scores are dots with their spread, not bars, so that an axis may zoom to show close scores apart
-(a bar's length would then lie); baselines are reference lines named in the panel's title, and
-legends sit outside the axes, where they hide nothing. Layers are named as the tables name them.
+Scores are dots with their standard deviation, not bars, so that an axis may zoom to show close
+scores apart (a bar's length would then lie); baselines are reference lines named in the panel's
+title, and legends sit outside the axes, where they hide nothing. Layers are named as the tables
+name them.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def efficiency_figure(result: TaskAnalysis) -> Figure:
     figure.legend(
         loc="outside lower center",
         ncols=2,
-        title=_spread_note(result.efficiency[fractions[-1]]["elmo"]),
+        title=_sd_note(result.efficiency[fractions[-1]]["elmo"]),
     )
     return figure
 
@@ -76,7 +77,7 @@ def layers_figure(results: Sequence[TaskAnalysis], probes: Sequence[Row]) -> Fig
         axis.set(
             title=f"{result.task}: each layer alone and the mix\nmix weights {weights}",
             ylabel=metric_label(result.metric),
-            xlabel=f"layer ({_spread_note(result.layers[MIX])})",
+            xlabel=f"layer ({_sd_note(result.layers[MIX])})",
         )
     for axis, row in zip(flat[len(results) :], probes, strict=False):
         layers = {name: cell for name, cell in row.cells.items() if name.startswith("layer ")}
@@ -85,11 +86,11 @@ def layers_figure(results: Sequence[TaskAnalysis], probes: Sequence[Row]) -> Fig
         for cell in baselines.values():
             axis.axhline(cell.mean, color="grey", linestyle="--")
         named = ", ".join(f"{name} {cell.text()}" for name, cell in baselines.items())
-        spread = "one seed" if not any(c.spread for c in layers.values()) else "± spread"
+        bars = "one seed" if not any(c.sd for c in layers.values()) else "± sd"
         axis.set(
             title=f"{row.analysis}\ndashed: {named}" if named else row.analysis,
             ylabel="accuracy",
-            xlabel=f"layer ({spread})",
+            xlabel=f"layer ({bars})",
         )
     for axis in flat[panels if results or probes else 0 :]:
         axis.set_axis_off()
@@ -102,14 +103,12 @@ def _dots(
     scores: Sequence[Scores | Cell],
     baselines: Sequence[Cell] = (),
 ) -> None:
-    """A dot at each score's mean with its bounded spread (none where no score has one), its
-    value written beside it, on an axis zoomed to the scores and ``baselines``."""
+    """A dot at each score's mean with its bounded standard deviation (none where no score has
+    one), its value written beside it, on an axis zoomed to the scores and ``baselines``."""
     means = [score.mean for score in scores]
-    spread = _bounded(scores) if any(score.spread for score in scores) else None
+    bars = _bounded(scores) if any(score.sd for score in scores) else None
     positions = list(range(len(names)))
-    axis.errorbar(
-        positions, means, yerr=spread, fmt="o", color="tab:blue", capsize=4, clip_on=False
-    )
+    axis.errorbar(positions, means, yerr=bars, fmt="o", color="tab:blue", capsize=4, clip_on=False)
     for position, mean in zip(positions, means, strict=True):
         axis.annotate(
             f"{mean:.3f}", (position, mean), xytext=(8, 0), textcoords="offset points",
@@ -122,23 +121,25 @@ def _dots(
 
 
 def _zoom(axis: Axes, scores: Sequence[Scores | Cell]) -> None:
-    """The y-axis around the scores and their spreads (not from 0), within [0, 1]."""
-    low = min(score.mean - score.spread for score in scores)
-    high = max(score.mean + score.spread for score in scores)
+    """The y-axis around the scores and their standard deviations (not from 0), within [0, 1]."""
+    low = min(score.mean - score.sd for score in scores)
+    high = max(score.mean + score.sd for score in scores)
     margin = max(0.02, 0.25 * (high - low))
     axis.set_ylim(max(0.0, low - margin), min(1.0, high + margin))
 
 
 def _bounded(scores: Sequence[Scores | Cell]) -> list[list[float]]:
-    """± the spread, cut where it would cross 0 or 1 (a score's range)."""
-    lower = [min(score.spread, score.mean) for score in scores]
-    upper = [min(score.spread, 1.0 - score.mean) for score in scores]
+    """± the standard deviation, cut where it would cross 0 or 1 (a score's range)."""
+    lower = [min(score.sd, score.mean) for score in scores]
+    upper = [min(score.sd, 1.0 - score.mean) for score in scores]
     return [lower, upper]
 
 
-def _spread_note(scores: Scores) -> str:
+def _sd_note(scores: Scores) -> str:
     seeds = len(scores.values)
-    return f"error bars: ± sample std over {seeds} seeds" if seeds > 1 else "one seed: no spread"
+    return (
+        f"error bars: ± sample std over {seeds} seeds" if seeds > 1 else "one seed: no error bars"
+    )
 
 
 def _layer_name(key: str) -> str:

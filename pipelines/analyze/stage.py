@@ -295,7 +295,7 @@ def _log_outcome(
     mlflow.log_text(markdown(rows), MARKDOWN_FILE)
     mlflow.log_text(to_json(rows), TABLE_FILE)
     cells = [
-        {"analysis": row.analysis, "column": column, "mean": cell.mean, "spread": cell.spread}
+        {"analysis": row.analysis, "column": column, "mean": cell.mean, "sd": cell.sd}
         for row in rows
         for column, cell in row.cells.items()
     ]

@@ -1,4 +1,4 @@
-"""The analysis as one table: rows are analyses, columns are layers or fractions, with spread.
+"""The analysis as one table: rows are analyses, columns are layers or fractions, each a mean ± sd.
 
 The same rows are printed, logged to the run, and read back by ``elmo analyze --compare``.
 """
@@ -25,17 +25,17 @@ BASELINE_MARGIN = 0.05  # a probe's best layer within this of its baseline wins 
 
 @dataclass(frozen=True)
 class Cell:
-    """A mean and its spread over seeds (0 where one run decides it)."""
+    """A mean and its sample standard deviation over seeds (0 where one run decides it)."""
 
     mean: float
-    spread: float = 0.0
+    sd: float = 0.0
 
     def text(self) -> str:
-        return f"{self.mean:.3f}±{self.spread:.3f}" if self.spread else f"{self.mean:.3f}"
+        return f"{self.mean:.3f}±{self.sd:.3f}" if self.sd else f"{self.mean:.3f}"
 
     @classmethod
     def of(cls, scores: Scores) -> Cell:
-        return cls(scores.mean, scores.spread)
+        return cls(scores.mean, scores.sd)
 
 
 @dataclass(frozen=True)
@@ -117,18 +117,20 @@ def headline(results: Sequence[TaskAnalysis], probes: Sequence[Row]) -> list[str
 
 
 def headline_metrics(results: Sequence[TaskAnalysis], probes: Sequence[Row]) -> dict[str, float]:
-    """The headline's numbers, the analyze run's only top-level metrics: per task ELMo's largest
-    gain over the fractions and the best single layer's score, per probe its best layer's."""
+    """The headline's numbers, the analyze run's only top-level metrics, each named for the score
+    it holds (which fraction or layer won is the headline's, in the run's description): per task
+    ELMo's gain at the fraction where it gains most and the best single layer's score, per probe
+    its best layer's score."""
     metrics = {}
     for result in results:
-        metrics[f"{result.task}/largest_gain"] = max(
+        metrics[f"{result.task}/gain_in_{result.metric}_at_best_fraction"] = max(
             scores["elmo"].mean - scores["baseline"].mean for scores in result.efficiency.values()
         )
         layers = [scores.mean for name, scores in result.layers.items() if name != MIX]
-        metrics[f"{result.task}/best_layer_{result.metric}"] = max(layers)
+        metrics[f"{result.task}/{result.metric}_of_best_single_layer"] = max(layers)
     for row in probes:
         layers = [cell.mean for name, cell in row.cells.items() if name.startswith("layer ")]
-        metrics[f"{_slug(row.analysis)}/best_layer"] = max(layers)
+        metrics[f"{_slug(row.analysis)}_of_best_layer"] = max(layers)
     return metrics
 
 

@@ -49,9 +49,9 @@ def score_tag(split: str, metric: str) -> str:
     return f"elmo.{split}_{metric}"
 
 
-def spread_tag(split: str, metric: str) -> str:
-    """``elmo.test_f1_spread``: that score's sample standard deviation over the seeds."""
-    return f"{score_tag(split, metric)}_spread"
+def sd_tag(split: str, metric: str) -> str:
+    """``elmo.test_f1_sd``: that score's sample standard deviation over the seeds."""
+    return f"{score_tag(split, metric)}_sd"
 
 
 def gain_tag(split: str, metric: str) -> str:

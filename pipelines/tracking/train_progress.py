@@ -1,15 +1,17 @@
 """A training run's progress as values: rank 0 makes them as it logs its metrics, the flow reads
 them back from MLflow, and both print them in one wording (``line()``).
 
-Both compute one ETA from the rate since rank 0's loop began (``TRAIN_STARTED_TAG``), start-up
-left out.
+Both compute one ETA from the rate over the last few logged steps, counted from where rank 0's
+loop began (``TRAIN_STARTED_TAG``), start-up left out.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import NamedTuple
 
 from mlflow.entities import Metric
@@ -26,25 +28,44 @@ from pipelines.tracking.flow_runs import (
 )
 from pipelines.tracking.stage_runs import EXPERIMENT, STAGE_TAG, use_tracking
 
-TRAIN_STARTED_TAG = "elmo.train_started"  # "<step> <unix seconds>": where rank 0's loop began
+TRAIN_STARTED_TAG = (
+    "elmo.train_started"  # "step 0 at 2026-11-28 08:48:31.123 UTC": the loop's start
+)
 VALIDATION_SAMPLE_TAG = "elmo.validation_sample"  # "2,000-sentence heldout sample"
 GRAD_NORM_METRIC = f"{TRAIN_SECTION}/grad_norm"
 VALIDATION_PERPLEXITY = f"{VALIDATION_SECTION}/perplexity"  # _forward, _backward
 TRAPPED_ROWS = f"{VALIDATION_SECTION}/trapped_rows"  # _forward, _backward
 
 
+# The ETA's rate is that of the last ETA_WINDOWS logged windows: a run that slows (a busy machine,
+# a throttled chip) shows it within them, and one window's validation or checkpoint is averaged in.
+ETA_WINDOWS = 5
+STARTED = re.compile(r"step (\d+) at (\S+ \S+) UTC")
+Mark = tuple[int, float]  # a logged step and when it was logged (unix seconds)
+
+
 def started_tag(step: int, at: float) -> str:
-    """The value of ``TRAIN_STARTED_TAG``: the loop began after ``step``, at ``at``."""
-    return f"{step} {at:.3f}"
+    """The value of ``TRAIN_STARTED_TAG``: the loop began after ``step``, at ``at``, in words."""
+    when = datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    return f"step {step} at {when} UTC"
 
 
-def eta_seconds(step: int, total: int | None, started: str | None, at: float) -> float:
-    """Seconds left at ``step`` (reached at time ``at``), at the rate since the loop began
-    (``started``: the tag's value); NaN where there is no rate yet."""
-    if not total or not started:
+def started_mark(tag: str) -> Mark:
+    """The step and time a ``TRAIN_STARTED_TAG`` value holds."""
+    found = STARTED.fullmatch(tag)
+    if found is None:
+        raise ValueError(f"{TRAIN_STARTED_TAG} {tag!r} is not 'step <n> at <UTC time>'")
+    at = datetime.strptime(found[2], "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=UTC)
+    return int(found[1]), at.timestamp()
+
+
+def eta_seconds(total: int | None, marks: Sequence[Mark]) -> float:
+    """Seconds left after the last of ``marks`` (the loop's start, then each logged step), at the
+    rate over the last ``ETA_WINDOWS`` windows between them; NaN where there is no rate yet."""
+    if not total or len(marks) < 2:
         return math.nan
-    first_step, first_at = started.split()
-    steps, seconds = step - int(first_step), at - float(first_at)
+    (first_step, first_at), (step, at) = marks[max(0, len(marks) - 1 - ETA_WINDOWS)], marks[-1]
+    steps, seconds = step - first_step, at - first_at
     return (total - step) * seconds / steps if steps > 0 and seconds > 0 else math.nan
 
 
@@ -152,9 +173,13 @@ def training_progress(parent_run_id: str, since: int = 0) -> TrainingProgress | 
     losses = history(TRAIN_LOSS_METRIC)
     events: list[ProgressEvent] = []
     rates, norms = history(TOKENS_PER_S_METRIC), history(GRAD_NORM_METRIC)
-    for step, loss in losses.items():
+    started = started_mark(tags[TRAIN_STARTED_TAG]) if TRAIN_STARTED_TAG in tags else None
+    marks = [started] if started else []
+    for step, loss in sorted(losses.items()):
+        if started is not None and step > started[0]:  # not a step before a resumed loop began
+            marks.append((step, loss.timestamp / 1000))
         if step >= since:
-            eta = eta_seconds(step, total, tags.get(TRAIN_STARTED_TAG), loss.timestamp / 1000)
+            eta = eta_seconds(total, marks) if marks and marks[-1][0] == step else math.nan
             rate, norm = _value(rates, step), _value(norms, step)
             events.append(StepProgress(step, total, loss.value, rate, norm, eta))
     sample = tags.get(VALIDATION_SAMPLE_TAG, "heldout sample")

@@ -24,7 +24,6 @@ from pipelines.tracking.flow_runs import (
     HEALTH_TAG,
     TOKENS_PER_S_METRIC,
     TRAIN_LOSS_METRIC,
-    TRAIN_SECTION,
 )
 from pipelines.tracking.stage_runs import shared_run
 from pipelines.tracking.train_progress import (
@@ -36,6 +35,7 @@ from pipelines.tracking.train_progress import (
     StepProgress,
     ValidationProgress,
     eta_seconds,
+    started_mark,
     started_tag,
 )
 from pipelines.train.checkpoint import SharedState
@@ -119,7 +119,9 @@ class Progress:
         self.warn_rise, self.warn_parting = warn_at
         self.total, self.log_every, self.console = total_steps, log_every, console
         self.sample = f"{validation_sentences:,}-sentence heldout sample"
-        self._started = started_tag(shared.step, time.time())
+        self._marks: list[tuple[int, float]] = [
+            (shared.step, time.time())
+        ]  # the loop's start, then each log
         self._reset_window()
 
     def _reset_window(self) -> None:
@@ -137,12 +139,13 @@ class Progress:
         host = socket.gethostname()
         node = None if host == self.run.driver_host else host
         with shared_run(self.run.run_id, node):  # the driver's run: it decides how the run ends
-            self._started = started_tag(self.shared.step, time.time())
-            mlflow.set_tags({TRAIN_STARTED_TAG: self._started, VALIDATION_SAMPLE_TAG: self.sample})
+            started = started_tag(self.shared.step, time.time())
+            self._marks = [started_mark(started)]  # as the flow reads it back, to the millisecond
+            mlflow.set_tags({TRAIN_STARTED_TAG: started, VALIDATION_SAMPLE_TAG: self.sample})
             yield
 
     def after_step(
-        self, step: int, output: LossOutput, grad_norm: torch.Tensor, lr: float, world_size: int
+        self, step: int, output: LossOutput, grad_norm: torch.Tensor, world_size: int
     ) -> None:
         """Accumulate on the device; only a logged step reads values back (waits for the GPU)."""
         if not self.active:
@@ -160,13 +163,13 @@ class Progress:
             f"{TRAIN_LOSS_METRIC}_forward": forward / num_steps,
             f"{TRAIN_LOSS_METRIC}_backward": backward / num_steps,
             TOKENS_PER_S_METRIC: tokens_per_s,
-            f"{TRAIN_SECTION}/lr": lr,
             GRAD_NORM_METRIC: float(grad_norm),
         }
         now = time.time()  # the metrics' timestamp, from which the flow's log takes its ETA
         mlflow.log_metrics(metrics, step=step, timestamp=int(now * 1000))
         self.shared.curves.setdefault(TRAIN_LOSS_METRIC, []).append((step, loss / num_steps))
-        eta = eta_seconds(step, self.total, self._started, int(now * 1000) / 1000)
+        self._marks.append((step, int(now * 1000) / 1000))  # as the flow reads it back
+        eta = eta_seconds(self.total, self._marks)
         said = StepProgress(step, self.total, loss / num_steps, tokens_per_s, float(grad_norm), eta)
         self._say(said.line())
         self._reset_window()
@@ -198,6 +201,11 @@ class Progress:
             f"{TRAPPED_ROWS}_forward": sums.forward_trapped,
             f"{TRAPPED_ROWS}_backward": sums.backward_trapped,
         }
+        locked_up = sums.forward_trapped + sums.backward_trapped
+        if locked_up or TRAPPED_ROWS in self.shared.curves:  # zeros before the first say nothing
+            self.shared.curves.setdefault(TRAPPED_ROWS, []).append((step, locked_up))
+        else:
+            trapped = {}
         mlflow.log_metrics({**values, **trapped}, step=step)
         for name, value in values.items():
             self.shared.curves.setdefault(name, []).append((step, value))

@@ -288,7 +288,7 @@ class Worker:
                 self.positions = (batch.forward.position, batch.backward.position)
                 self.shared.step += 1
                 step = self.shared.step
-                progress.after_step(step, output, result.grad_norm, self.train.lr, self.world_size)
+                progress.after_step(step, output, result.grad_norm, self.world_size)
                 if step % self.train.validate_every == 0 or step == self.cfg.total_steps:
                     self.validate(progress)
                 if step % self.train.checkpoint_every == 0 and step < self.cfg.total_steps:

@@ -222,8 +222,8 @@ def test_the_chart_view_holds_epoch_curves_and_a_few_final_scores_each_named_onc
         curves = {f"task/seed_0/{name}" for name in curves}
         means = {f"{p}/{s}_{metric}" for p in ("elmo", "baseline") for s in ("best_dev", "test")}
         means |= {f"gain/dev_{metric}", f"gain/test_{metric}"}
-        finals = {f"task/{name}{suffix}" for name in means for suffix in ("", "_spread")}
-        finals |= {f"task/seed_{s}/{p}/test_{metric}" for s in (0, 1, 2) for p in MODELS}
+        finals = {f"task/{name}" for name in means}
+        finals |= {f"task/{p}/test_{metric}_by_seed" for p in MODELS}
         assert set(metrics) == curves | finals
         for name in curves:
             history = adapted.client.get_metric_history(result.run_id, name)
@@ -232,14 +232,14 @@ def test_the_chart_view_holds_epoch_curves_and_a_few_final_scores_each_named_onc
         assert result.seeds == [0, 1, 2] and result.elmo_scores[0] == result.elmo_test[metric]
         elmo, baseline = Scores(tuple(result.elmo_scores)), Scores(tuple(result.baseline_scores))
         assert metrics[f"task/elmo/test_{metric}"] == pytest.approx(elmo.mean)
-        assert metrics[f"task/baseline/test_{metric}_spread"] == pytest.approx(baseline.spread)
         gain_mean = metrics[f"task/gain/test_{metric}"]
         assert gain_mean == pytest.approx(elmo.mean - baseline.mean)
-        for seed, ours, theirs in zip(
-            result.seeds, result.elmo_scores, result.baseline_scores, strict=True
-        ):
-            assert metrics[f"task/seed_{seed}/elmo/test_{metric}"] == ours
-            assert metrics[f"task/seed_{seed}/baseline/test_{metric}"] == theirs
+        for model, scores in (("elmo", result.elmo_scores), ("baseline", result.baseline_scores)):
+            name = f"task/{model}/test_{metric}_by_seed"
+            by_seed = adapted.client.get_metric_history(result.run_id, name)
+            assert [(point.step, point.value) for point in by_seed] == list(
+                zip(result.seeds, scores, strict=True)
+            )
         gain = result.elmo_test[metric] - result.baseline_test[metric]
         assert result.gain[f"test_{metric}"] == pytest.approx(gain)  # the registered seed's
 
@@ -315,7 +315,7 @@ def test_each_task_model_is_registered_with_a_few_tags_and_a_description(adapted
             "elmo.task": result.task,
             bilm_source.PATH_TAG: str(adapted.model_dir),
             f"elmo.test_{metric}": f"{elmo.mean:.4f}",
-            f"elmo.test_{metric}_spread": f"{elmo.spread:.4f}",
+            f"elmo.test_{metric}_sd": f"{elmo.sd:.4f}",
             f"elmo.gain.test_{metric}": f"{elmo.mean - baseline.mean:+.4f}",
             "elmo.seeds": "0,1,2",
             "elmo.weights_seed": "0",
@@ -340,11 +340,11 @@ def test_the_final_scores_are_metrics_of_the_logged_task_model(adapted) -> None:
     linked = {metric.key: metric.value for metric in logged.metrics}
     means = {f"{p}/{s}_accuracy" for p in MODELS for s in ("best_dev", "test")}
     means |= {"gain/dev_accuracy", "gain/test_accuracy"}
-    finals = {f"task/{name}{suffix}" for name in means for suffix in ("", "_spread")}
-    finals |= {f"task/seed_{s}/{p}/test_accuracy" for s in (0, 1, 2) for p in MODELS}
+    finals = {f"task/{name}" for name in means}
+    finals |= {f"task/{p}/test_accuracy_by_seed" for p in MODELS}
     # MLflow also links the run's step-0 metrics at log_model: the first system metrics sample.
     assert {name for name in linked if not name.startswith("system/")} == finals
-    assert linked["task/seed_0/elmo/test_accuracy"] == result.elmo_test["accuracy"]
+    assert linked["task/elmo/test_accuracy_by_seed"] == result.elmo_scores[-1]  # the last step
     mean = Scores(tuple(result.elmo_scores)).mean
     assert linked["task/elmo/test_accuracy"] == pytest.approx(mean)
     # Named as the model it is registered as, from its adapt run, not Ray's worker script

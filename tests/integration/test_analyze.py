@@ -94,12 +94,12 @@ def test_one_finished_run_holds_the_table_figures_and_a_metric_per_cell(analyzed
     # The top-level metrics are the headline's few; the learning curve is stepped by percent.
     metrics = {k: v for k, v in run.data.metrics.items() if not k.startswith("system/")}
     assert set(metrics) == {
-        "tagger/largest_gain",
-        "tagger/best_layer_test_f1",
+        "tagger/gain_in_test_f1_at_best_fraction",
+        "tagger/test_f1_of_best_single_layer",
         "tagger/learning_curve/elmo",
         "tagger/learning_curve/baseline",
-        "tagger_linear_probe_accuracy/best_layer",
-        "word_sense_nearest_centroid_accuracy/best_layer",
+        "tagger_linear_probe_accuracy_of_best_layer",
+        "word_sense_nearest_centroid_accuracy_of_best_layer",
     }
     curve = analyzed.client.get_metric_history(result.run_id, "tagger/learning_curve/elmo")
     assert [(m.step, m.value) for m in curve] == [
@@ -111,9 +111,9 @@ def test_one_finished_run_holds_the_table_figures_and_a_metric_per_cell(analyzed
     assert run.data.tags[stage_runs.DESCRIPTION_TAG] == "\n".join(result.headline)
     logged = json.loads(mlflow.artifacts.load_text(f"runs:/{result.run_id}/analysis.json"))
     assert [row["analysis"] for row in logged] == names
-    tagger, probe, senses, spread = result.headline
+    tagger, probe, senses, note = result.headline
     assert tagger.startswith("tagger: with ") and "each layer alone: best layer " in tagger
-    assert spread == "(± is the sample standard deviation over the 2 seeds)"
+    assert note == "(± is the sample standard deviation over the 2 seeds)"
     verdicts = ("best layer ", "no layer clears its baseline", "saturated")
     assert probe.startswith("tagger linear probe accuracy: ") and "majority" in probe
     assert any(verdict in probe for verdict in verdicts) and "(train " in probe

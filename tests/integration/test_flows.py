@@ -416,7 +416,7 @@ def test_the_analyze_flows_run_is_a_child_of_the_flow_runs_parent(
     run = children["analyze"]
     assert run.info.run_id == summary.run_id and run.info.status == "FINISHED"
     assert run.data.tags["prefect.flow_run_id"] == str(flow_run_id)
-    assert "word_sense_nearest_centroid_accuracy/best_layer" in run.data.metrics
+    assert "word_sense_nearest_centroid_accuracy_of_best_layer" in run.data.metrics
     assert re.match(r"tagger test_f1, elmo by train fraction +50% [\d.±]+  100% ", summary.table[0])
 
 
@@ -467,7 +467,7 @@ def test_pretrain_with_analyze_analyzes_the_new_biLM_in_its_flow_run(
     assert _task_states(flow_run_id)["analyze"] == "Completed"
     assert children["analyze"].info.run_id == summary.analysis_run_id
     assert children["analyze"].data.params["bilm"] == summary.model_uri
-    assert "word_sense_nearest_centroid_accuracy/best_layer" in children["analyze"].data.metrics
+    assert "word_sense_nearest_centroid_accuracy_of_best_layer" in children["analyze"].data.metrics
     artifacts = _artifacts(flow_run_id)
     assert "analysis" in artifacts
     written = str(artifacts["pretrain-summary"].data)
@@ -567,8 +567,8 @@ CONSOLE_NOISE = (
     "Created version",
     "already exists. Creating",
 )
-SCORES = r"[\d.]+"  # one seed: no spread
-VERDICT = r"\(gain [+-][\d.]+ \(one seed, no spread\)\)"
+SCORES = r"[\d.]+"  # one seed: no error bars
+VERDICT = r"\(gain [+-][\d.]+ \(one seed: no standard deviation\)\)"
 LAYERS = r"layer \d( and layer \d)*"  # the best layer, or those that tie
 
 
@@ -591,7 +591,7 @@ MAKE_RUN_ENDING = (
     *(
         rf"task {task}( reused \(already adapted\))?: test {metric} {SCORES} with ELMo, {SCORES} "
         rf"without \(seed 0; \d+ test "
-        rf"examples\): gain [+-][\d.]+ \(one seed, no spread\) → models:/elmo-{task}/\d"
+        rf"examples\): gain [+-][\d.]+ \(one seed: no standard deviation\) → models:/elmo-{task}/\d"
         for task, metric in (("docstrings", "accuracy"), ("ner", "f1"), ("questions", "accuracy"))
     ),
     r"MLflow UI: mlflow ui --backend-store-uri sqlite:///\S+/mlflow\.db --workers 1",

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from elmo_core.analysis.task_runs import MIX, TaskAnalysis
 from elmo_core.tasks.seeds import Scores
-from pipelines.analyze.table import Cell, Row, format_rows, headline
+from pipelines.analyze.table import Cell, Row, format_rows, headline, headline_metrics
 
 
 def test_the_headline_names_the_fraction_of_the_largest_gain_and_the_best_layers() -> None:
@@ -19,15 +21,22 @@ def test_the_headline_names_the_fraction_of_the_largest_gain_and_the_best_layers
         {"layer 0": Cell(0.48), "layer 1": Cell(0.72), "MFS": Cell(0.48)},
     )
 
-    first, second, spread = headline([analysis], [senses])
+    first, second, note = headline([analysis], [senses])
 
     assert first.startswith(
         "docstrings: with 25% of its training data, test_accuracy 0.5300 ± 0.0141 with ELMo, "
-        "0.4650 ± 0.0071 without (gain +0.0650, beyond the seeds' spread"
+        "0.4650 ± 0.0071 without (gain +0.0650, beyond the gain's standard deviation"
     )
     assert first.endswith("each layer alone: best layer 1 (0.7500 ± 0.0707)")  # mix: no layer
     assert second == "word sense, nearest centroid accuracy: best layer 1 (0.720; MFS 0.480)"
-    assert spread == "(± is the sample standard deviation over the 2 seeds)"
+    assert note == "(± is the sample standard deviation over the 2 seeds)"
+    assert headline_metrics([analysis], [senses]) == pytest.approx(
+        {
+            "docstrings/gain_in_test_accuracy_at_best_fraction": 0.065,  # at 25%
+            "docstrings/test_accuracy_of_best_single_layer": 0.75,  # layer 1; the mix is no layer
+            "word_sense_nearest_centroid_accuracy_of_best_layer": 0.72,
+        }
+    )
 
 
 def test_layers_that_tie_are_named_together() -> None:

@@ -17,10 +17,13 @@ from elmo_core.perplexity import PerplexitySums
 from elmo_core.presets import tiny
 from pipelines.tracking import flow_runs, stage_runs
 from pipelines.tracking.train_progress import (
+    ETA_WINDOWS,
     TRAIN_STARTED_TAG,
+    TRAPPED_ROWS,
     StepProgress,
     ValidationProgress,
     eta_seconds,
+    started_mark,
     started_tag,
     training_progress,
 )
@@ -32,11 +35,16 @@ class _Params(BaseModel):
     name: str
 
 
-def test_the_eta_is_the_rate_since_the_loop_began_not_since_the_run_started() -> None:
+def test_the_eta_is_the_rate_of_the_last_windows_since_the_loop_began() -> None:
     started = started_tag(100, 1_000.0)  # resumed at step 100; start-up before that not counted
-    assert eta_seconds(200, 1_100, started, 1_050.0) == pytest.approx(450.0)  # 2 steps/s
-    assert math.isnan(eta_seconds(100, 1_100, started, 1_050.0))  # no step yet: no rate
-    assert math.isnan(eta_seconds(200, None, started, 1_050.0))  # no total: no ETA
+    assert started == "step 100 at 1970-01-01 00:16:40.000 UTC"  # a time a person reads
+    marks = [started_mark(started), (200, 1_050.0)]
+    assert eta_seconds(1_100, marks) == pytest.approx(450.0)  # 2 steps/s
+    assert math.isnan(eta_seconds(1_100, marks[:1]))  # no step yet: no rate
+    assert math.isnan(eta_seconds(None, marks))  # no total: no ETA
+    # The rate is the last ETA_WINDOWS windows': a run that slowed to 1 step/s says so.
+    slowed = [*marks, *[(200 + 100 * k, 1_050.0 + 100 * k) for k in range(1, ETA_WINDOWS + 1)]]
+    assert eta_seconds(1_100, slowed) == pytest.approx(1_100 - 700)
 
 
 def _sums(forward: float, backward: float, trapped: int) -> PerplexitySums:
@@ -58,7 +66,7 @@ def test_the_flow_reads_back_each_line_rank_0_printed_in_the_same_words(
         best = BiLM(tiny(), vocab_size=100)  # what the worker hands over when it improved
         with progress.tracking():
             for step in range(1, 9):
-                progress.after_step(step, _output(5.0 - step / 4), _norm(), 0.2, 1)
+                progress.after_step(step, _output(5.0 - step / 4), _norm(), 1)
                 if step % 4 == 0:
                     sums = _sums(90.0, 80.0, 3 * (step == 8))  # the same: best only at step 4
                     progress.after_validation(step, sums, best if step == 4 else None)
@@ -81,7 +89,10 @@ def test_the_flow_reads_back_each_line_rank_0_printed_in_the_same_words(
     ]  # fmt: skip
     assert "ETA" in everything.events[0].line() and everything.events[1].line().endswith(":00")
     assert later is not None and [event.step for event in later.events] == [6, 8, 8]
-    assert store.get_run(run.info.run_id).data.tags[TRAIN_STARTED_TAG].startswith("0 ")
+    assert store.get_run(run.info.run_id).data.tags[TRAIN_STARTED_TAG].startswith("step 0 at 20")
+    # charted from the first validation that locked a row up (step 8), not a line of zeros
+    trapped = store.get_metric_history(run.info.run_id, f"{TRAPPED_ROWS}_forward")
+    assert [(point.step, point.value) for point in trapped] == [(8, 3)]
 
 
 def test_the_flow_gets_each_step_and_validation_as_values_not_text(
@@ -92,7 +103,7 @@ def test_the_flow_gets_each_step_and_validation_as_values_not_text(
         store.set_tag(run.info.run_id, flow_runs.TOTAL_STEPS_TAG, "2")
         progress = _progress(run, tmp_path, total_steps=2, log_every=1, console=False)
         with progress.tracking():
-            progress.after_step(1, _output(4.0), _norm(), 0.2, 1)
+            progress.after_step(1, _output(4.0), _norm(), 1)
             progress.after_validation(1, _sums(90.0, 80.0, 3), None)
         read = training_progress(parent)
 
@@ -112,7 +123,7 @@ def test_under_a_flow_rank_0_prints_nothing_and_the_flow_logs_it(
     run = _train_run(store, "train-bilm-8", None)
     progress = _progress(run, tmp_path, total_steps=2, log_every=1, console=False)
     with progress.tracking():
-        progress.after_step(1, _output(4.0), _norm(), 0.2, 1)
+        progress.after_step(1, _output(4.0), _norm(), 1)
     assert capsys.readouterr().out == ""
     history = store.get_metric_history(run.info.run_id, flow_runs.TRAIN_LOSS_METRIC)
     assert [point.step for point in history] == [1]
