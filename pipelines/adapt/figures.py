@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 def mix_figure(elmo: TaskResult, seed: int) -> Figure:
     """Bars of the softmax-normalised layer weights of each mix the model (trained with
     ``seed``) has at its best epoch, each bar labelled with its value; γ in the legend, which
-    sits below the axes so it never hides a bar."""
+    sits below the axes so it never hides a bar. The title says the kept model's epoch, since the
+    run's ``mix_weight`` curves go on to the last epoch trained and end elsewhere."""
     plt = pyplot()
     mixes = [
         (name, weights, gamma)
@@ -36,7 +37,8 @@ def mix_figure(elmo: TaskResult, seed: int) -> Figure:
     num_layers = len(mixes[0][1]) if mixes else 0
     axis.set_xticks([layer + (len(mixes) - 1) * width / 2 for layer in range(num_layers)])
     axis.set_xticklabels([f"layer {j}" for j in range(num_layers)])  # as the tables name them
-    title = f"{elmo.task}: learned scalar mix (seed {seed}, best epoch {elmo.best_epoch})"
+    kept = f"the kept model's: epoch {elmo.best_epoch} (best on dev) of {len(elmo.history)} trained"
+    title = f"{elmo.task}: learned scalar mix, seed {seed}\n{kept}"
     axis.set(title=title, xlabel="layer", ylabel="weight (softmax of the mix's w)")
     axis.set_ylim(0, 1.12 * max((max(weights) for _, weights, _ in mixes), default=1.0))
     figure.legend(loc="outside lower center", ncols=max(len(mixes), 1))

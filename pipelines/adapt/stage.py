@@ -68,6 +68,7 @@ from pipelines.tracking.stage_runs import (
     stage_run,
     use_tracking,
 )
+from pipelines.tracking.train_progress import duration
 
 BASELINE_TAG = "elmo.baseline"
 MIX_FIGURE = "scalar_mix.png"
@@ -176,6 +177,7 @@ def run_adapt_job(job: AdaptJob) -> AdaptResult:
             log_task_data(task)
             mlflow.log_param("seeds", ",".join(map(str, job.seeds)))
             first = job.seeds[0]  # its models are registered and their curves logged
+            trainings = _Trainings(2 * len(job.seeds))
             runs = [
                 SeedRun(
                     seed,
@@ -189,6 +191,7 @@ def run_adapt_job(job: AdaptJob) -> AdaptResult:
                             seconds,
                             curves=seed == first,
                             which=f"seed {seed} ({index} of {len(job.seeds)})",
+                            trainings=trainings,
                         )
                         for use_elmo in (True, False)
                     ),
@@ -257,6 +260,7 @@ def _train(
     *,
     curves: bool,
     which: str,
+    trainings: _Trainings,
 ) -> TaskResult:
     """Train one of the two models with ``seed``, logging its curves when ``curves`` (the first
     seed's: the model registered) and each epoch as the run's progress (``which`` seed of the
@@ -271,7 +275,8 @@ def _train(
             log_curve(epoch, metrics)
         dev = f", dev {metric} {metrics[f'dev_{metric}']:.4f}" if f"dev_{metric}" in metrics else ""
         at_most = f"epoch {epoch} of at most {task.training.epochs}"  # early stopping may end it
-        report_progress(f"{which}, {model}: {at_most}{dev}")
+        eta = trainings.eta(epoch, task.training.epochs)
+        report_progress(f"{which}, {model}: {at_most}{dev}, ETA {eta}")
 
     started = time.perf_counter()
     result = train_task(
@@ -285,7 +290,23 @@ def _train(
         seed=seed,
     )
     seconds[prefix] = seconds.get(prefix, 0.0) + time.perf_counter() - started
+    trainings.done += 1
     return result
+
+
+@dataclass
+class _Trainings:
+    """How far a run's trainings (ELMo's and the baseline's, per seed) are: its ETA."""
+
+    total: int
+    started: float = field(default_factory=time.perf_counter)
+    done: int = 0
+
+    def eta(self, epoch: int, epochs: int) -> str:
+        """The time left at the rate so far, the current training counted as ``epoch`` of its
+        at most ``epochs`` done: early stopping ends most sooner, so it errs long."""
+        share = (self.done + epoch / epochs) / self.total
+        return duration((time.perf_counter() - self.started) * (1 - share) / share)
 
 
 def _log_analysis(

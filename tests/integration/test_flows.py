@@ -257,7 +257,9 @@ def test_the_parent_run_is_the_flow_runs_summary(
     description = parent.data.tags["mlflow.note.content"]
     assert "heldout perplexity" in description and "workflowType=machine_learning" in description
     # Inside the MLflow UI: relative links to every stage's run, by name; no word of serving it.
-    assert "](#/experiments/" in description and "http" not in description
+    # The one absolute link is the Prefect flow run's: another server's page.
+    assert "](#/experiments/" in description and description.count("http") == 1
+    assert re.search(r"^- Prefect flow run \[[\w-]+\]\(http[^)]+/flow-run/", description, re.M)
     assert "mlflow ui" not in description
     for stage in ("prepare", "train", "evaluate", "register", "adapt ner"):
         assert re.search(
@@ -318,7 +320,9 @@ def test_the_flow_log_says_what_happens_in_domain_terms(
         r"task ner: test f1 [\d.]+ ± [\d.]+ with ELMo, [\d.]+ ± [\d.]+ without \(mean ± sample "
         r"standard deviation over seeds 0, 1, 2; \d+ test examples\): gain [+-][\d.]+, .*\. "
         r"This version holds seed 0's weights \(test f1 [\d.]+\)",
-        r"^adapt-ner: seed \d \(\d of 3\), (with ELMo|the baseline): epoch \d+ of at most \d+",
+        r"^adapt-ner: seed \d \(\d of 3\), (with ELMo|the baseline): epoch \d+ of at most \d+"
+        r".*, ETA \d+:\d\d:\d\d$",
+        r"^adapt-ner: finished$",
         rf"^adapt run of task ner in MLflow: {RUN_URL}",
         rf"^the summary \(the parent run's description\) in MLflow: {RUN_URL}",
     ):

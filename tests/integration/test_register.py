@@ -196,7 +196,7 @@ def test_a_version_registered_from_a_training_run_links_it_both_ways(registry):
     experiment = run.info.experiment_id
     train_page = f"#/experiments/{experiment}/runs/{train_run_id}"  # relative: any address
     assert f"trained in run [train-for-register]({train_page}?workflowType=" in version.description
-    assert version.description.endswith("no heldout perplexity.")
+    assert version.description.startswith("No heldout perplexity: 2x32_16 biLM (tiny) on ")
     logged = registry.client.get_logged_model(_logged_model_id(version))
     assert logged.name == "elmo-bilm-imported" and logged.source_run_id == train_run_id
     train_run = registry.client.get_run(train_run_id)

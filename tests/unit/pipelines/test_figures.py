@@ -48,6 +48,7 @@ def _task_result() -> TaskResult:
     return SimpleNamespace(  # type: ignore[return-value]
         task="questions",
         best_epoch=3,
+        history=[{}] * 5,  # early stopping ended it two epochs after the best
         mix_weights=[0.3, 0.37, 0.33],
         gamma=1.2,
         output_mix_weights=None,
@@ -147,6 +148,15 @@ def test_no_legend_hides_a_bar_a_value_label_or_a_point_and_bars_start_at_0(name
         if axis.patches and axis.get_label() != "<colorbar>":  # bars: their length is the value
             assert axis.get_ylim()[0] == 0, name
     pyplot().close(figure)
+
+
+def test_the_mix_figure_says_its_weights_are_the_kept_epochs_not_the_curves_last() -> None:
+    figure = mix_figure(_task_result(), seed=0)
+    title = figure.axes[0].title
+    assert "the kept model's: epoch 3 (best on dev) of 5 trained" in title.get_text()
+    figure.canvas.draw()
+    shown = title.get_window_extent()
+    assert shown.x0 >= 0 and shown.x1 <= figure.bbox.x1  # whole, not cut at the edges
 
 
 def test_a_log_axis_reads_as_plain_numbers_and_ticks_sit_at_the_points() -> None:
