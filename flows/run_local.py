@@ -26,8 +26,8 @@ SMOKE_TASKS = [
     "examples/tasks/questions.yaml",
 ]
 # mini for 1,000 steps of 32 rows, one worker with both cores: a biLM that helps the in-domain
-# task beyond the gain's standard deviation in about two minutes (benchmarks/results/demo_setup-2026-11-28.md);
-# tiny for 200 or 1,000 steps did not.
+# task beyond the gain's standard deviation in about two minutes
+# (benchmarks/results/demo_setup-2026-11-28.md); tiny for 200 or 1,000 steps did not.
 SMOKE_TRAINING = [
     "train.max_steps=1000",
     "train.batch_size=32",

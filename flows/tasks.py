@@ -216,9 +216,10 @@ def _training_followed(name: str, parent_run_id: str) -> Iterator[threading.Even
     logger = get_run_logger()
     linked = threading.Event()
     logged: set[tuple[int, bool]] = set()  # event_order of each step and validation logged
-    warned: list[str | None] = [None]
+    warned: str | None = None  # the latest warning logged
 
     def look() -> None:
+        nonlocal warned
         try:
             if not linked.is_set():
                 run = find_run(stage_run_name("train", name), "train")
@@ -232,9 +233,9 @@ def _training_followed(name: str, parent_run_id: str) -> Iterator[threading.Even
             return
         if progress is None:  # no training run yet
             return
-        if progress.health is not None and progress.health != warned[0]:
+        if progress.health is not None and progress.health != warned:
             logger.warning("train: %s", progress.health)
-            warned[0] = progress.health
+            warned = progress.health
         for event in progress.events:
             if event_order(event) not in logged:
                 logger.info(f"{progress.run_name}: {event.line()}")

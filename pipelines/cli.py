@@ -7,20 +7,56 @@ pays for the torch, MLflow and Ray imports of the others and ``elmo --help`` for
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from typing import Any
+
+import typer
 
 from pipelines.adapt.cli import adapt_command
 from pipelines.analyze.cli import analyze_command
-from pipelines.common.cli_runner import command_app, run_commands
+from pipelines.common.cli_runner import command_app, run_command, run_commands
 from pipelines.embed.cli import embed_command
 from pipelines.evaluate.cli import evaluate_command
 from pipelines.prepare.cli import prepare_command
 from pipelines.registry.cli import import_weights_command, promote_command, register_command
-from pipelines.train.cli import train_command
+from pipelines.train.cli import Trained, train_command
+
+
+@functools.wraps(train_command)  # typer reads the options from the wrapped signature
+def train_and_register(*args: Any, **kwargs: Any) -> None:
+    """``elmo train``: the train command, then evaluate and register what it trained."""
+    trained = train_command(*args, **kwargs)
+    if trained is not None:
+        evaluate_and_register(trained)
+
+
+def evaluate_and_register(trained: Trained) -> None:
+    """The evaluate and register stages on a trained run's handed-on model, as the flow runs
+    them, each saying what it did."""
+    from pipelines.evaluate.stage import evaluate_trained
+    from pipelines.registry.register import register_trained
+
+    result, data, hand_on, parent_run_id = trained
+    handed = result.handed_on(hand_on)
+    typer.echo(f"evaluating and registering {handed.description}: {handed.model_dir}")
+    scores = evaluate_trained(result, data, hand_on=hand_on, parent_run_id=parent_run_id)
+    typer.echo(
+        f"heldout perplexity {scores.perplexity:.2f} (forward {scores.forward_perplexity:.2f}, "
+        f"backward {scores.backward_perplexity:.2f}) over all {scores.num_tokens:,} heldout "
+        "tokens predicted (each sentence's words and its end)"
+    )
+    registered = register_trained(
+        result, data, scores, hand_on=hand_on, parent_run_id=parent_run_id
+    )
+    verb = "registered" if registered.newly_registered else "already registered as"
+    decision = "" if registered.decision is None else f" ({registered.decision.reason})"
+    typer.echo(f"{verb} {registered.uri}, alias {registered.alias}{decision}")
+
 
 STAGES: dict[str, Callable[..., None]] = {
     "prepare": prepare_command,
-    "train": train_command,
+    "train": train_and_register,
     "evaluate": evaluate_command,
     "register": register_command,
     "promote": promote_command,
@@ -40,6 +76,11 @@ app = command_app(
 
 def main(argv: list[str] | None = None) -> int:
     return run_commands(app, argv, prog_name="elmo")
+
+
+def train_main(argv: list[str] | None = None) -> int:
+    """``python -m pipelines.train``: the same command as ``elmo train``."""
+    return run_command(train_and_register, argv)
 
 
 def console_main() -> None:

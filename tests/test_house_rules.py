@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "tests" / "README.md").read_text(encoding="utf-8")
-MIRRORED = ("elmo_core", "pipelines")
+MIRRORED = ("elmo_core", "pipelines", "flows")
 DOCUMENTED = ("elmo_core", "pipelines", "flows")
 LONG_DOCSTRING = 15  # lines
 MAX_LONG_DOCSTRINGS = 5

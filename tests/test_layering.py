@@ -21,6 +21,10 @@ FORBIDDEN = {
     "flows": {"mlflow", "ray"},
 }
 STAGES = ("prepare", "train", "evaluate", "registry", "serving", "adapt")
+# The stages in the order they run, serving (the one biLM loader and the pyfunc models, used by
+# most) first: a stage imports only those before it. Chaining them is pipelines.cli's and the
+# flows' work.
+STAGE_ORDER = ("serving", "prepare", "train", "evaluate", "registry", "adapt", "analyze", "embed")
 
 
 def _module_name(path: Path) -> str:
@@ -142,6 +146,26 @@ def test_pipelines_common_and_tracking_import_no_stage() -> None:
         if module.startswith(("pipelines.common", "pipelines.tracking"))
     }
     assert {module: names for module, names in offenders.items() if names} == {}
+
+
+def test_no_stage_imports_a_later_stage() -> None:
+    def stage(module: str) -> int | None:
+        parts = module.split(".")
+        if parts[0] != "pipelines" or len(parts) < 2 or parts[1] not in STAGE_ORDER:
+            return None
+        return STAGE_ORDER.index(parts[1])
+
+    graph = _graph()
+    against = sorted(
+        f"{module} → {target}"
+        for module, targets in graph.items()
+        for target in targets
+        if module.rpartition(".")[2] != "__main__"  # an entry point may start the whole command
+        and (here := stage(module)) is not None
+        and (there := stage(target)) is not None
+        and there > here
+    )
+    assert against == []
 
 
 def test_pipelines_package_inits_import_nothing() -> None:

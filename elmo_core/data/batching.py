@@ -9,7 +9,7 @@ Shapes: B rows, T window, W chars per token.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -236,6 +236,12 @@ class TokenStream:
             "inputs": [tokens.copy() for tokens in self._inputs],
             "targets": [tokens.copy() for tokens in self._targets],
         }
+
+    @staticmethod
+    def saved_seed(state: Mapping[str, Any]) -> int:
+        """The shuffling seed of the stream whose :meth:`state_dict` ``state`` is: what a
+        stream that resumes it must be built with."""
+        return int(state["identity"]["seed"])
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`state_dict`; the stream must be built with the same arguments."""

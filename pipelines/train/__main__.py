@@ -1,5 +1,6 @@
-"""``python -m pipelines.train``: the same command as ``elmo train``."""
+"""``python -m pipelines.train``: the same command as ``elmo train`` (train, then evaluate and
+register: :mod:`pipelines.cli` chains them)."""
 
-from pipelines.train.cli import main
+from pipelines.cli import train_main
 
-raise SystemExit(main())
+raise SystemExit(train_main())

@@ -1,21 +1,31 @@
-"""``elmo train`` and ``python -m pipelines.train``: the options of
-:func:`pipelines.train.stage.train`, then evaluate and register its model; the stages are imported
-only when the command runs."""
+"""The options of :func:`pipelines.train.stage.train` as a command, whose trained run
+:mod:`pipelines.cli` then hands to evaluate and register (``elmo train``, ``python -m
+pipelines.train``): chaining stages is not a stage's job. The stage is imported only when the
+command runs."""
 
 from __future__ import annotations
 
 import shlex
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, cast, get_args
+from typing import TYPE_CHECKING, Annotated, NamedTuple, cast, get_args
 
 import typer
 
-from pipelines.common.cli_runner import OPTIONS_HELP, SOURCE_HELP, run_command
+from pipelines.common.cli_runner import OPTIONS_HELP, SOURCE_HELP
 
 if TYPE_CHECKING:
     from pipelines.common.handoff import HandOn, TrainResult
     from pipelines.train.job_config import TrainJobConfig
+
+
+class Trained(NamedTuple):
+    """What ``elmo train`` hands on to evaluate and register."""
+
+    result: TrainResult
+    data: str  # the dataset, absolute
+    hand_on: HandOn
+    parent_run_id: str | None
 
 
 def train_command(
@@ -45,8 +55,11 @@ def train_command(
     no_register: Annotated[
         bool, typer.Option("--no-register", help="skip evaluate+register")
     ] = False,
-) -> None:
-    """Pretrain a biLM on Ray Train; evaluate and register its best (or final) model."""
+) -> Trained | None:
+    """Pretrain a biLM on Ray Train; evaluate and register its best (or final) model.
+    \f
+    Returns the trained run for those two (:mod:`pipelines.cli` runs them; the help ends at the
+    form feed), None with ``--no-register``."""
     from elmo_core.location import absolute_location
     from pipelines.common import handoff
     from pipelines.train.stage import train
@@ -84,8 +97,8 @@ def train_command(
         f"perplexity {best} (heldout sample), model → {result.model_dir}"
     )
     if no_register:
-        return
-    _evaluate_and_register(result, absolute_location(data), cast("HandOn", hand_on), parent_run_id)
+        return None
+    return Trained(result, absolute_location(data), cast("HandOn", hand_on), parent_run_id)
 
 
 def _job_config(
@@ -111,36 +124,9 @@ def _key_value(text: str) -> tuple[str, str]:
     return key, value
 
 
-def _evaluate_and_register(
-    result: TrainResult, data: str, hand_on: HandOn, parent_run_id: str | None
-) -> None:
-    from pipelines.evaluate.stage import evaluate_trained
-    from pipelines.registry.register import register_trained
-
-    handed = result.handed_on(hand_on)
-    typer.echo(f"evaluating and registering {handed.description}: {handed.model_dir}")
-    scores = evaluate_trained(result, data, hand_on=hand_on, parent_run_id=parent_run_id)
-    typer.echo(
-        f"heldout perplexity {scores.perplexity:.2f} (forward {scores.forward_perplexity:.2f}, "
-        f"backward {scores.backward_perplexity:.2f}) over all {scores.num_tokens:,} heldout "
-        "tokens predicted (each sentence's words and its end)"
-    )
-    registered = register_trained(
-        result, data, scores, hand_on=hand_on, parent_run_id=parent_run_id
-    )
-    verb = "registered" if registered.newly_registered else "already registered as"
-    decision = "" if registered.decision is None else f" ({registered.decision.reason})"
-    typer.echo(f"{verb} {registered.uri}, alias {registered.alias}{decision}")
-
-
 def _this_command() -> str:
     """The command line this process was started with, as the user would type it again."""
     program = Path(sys.argv[0]).name
     if program == "elmo":
         return shlex.join(["elmo", *sys.argv[1:]])
     return shlex.join(["python", "-m", "pipelines.train", *sys.argv[1:]])
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m pipelines.train``: the same command as ``elmo train``."""
-    return run_command(train_command, argv)

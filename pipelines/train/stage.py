@@ -2,9 +2,9 @@
 
 :func:`train` plans the run once (:mod:`pipelines.train.preflight`) and returns a finished run as
 it is; otherwise it trains here or as a Ray Job that runs the same worker function, resuming from
-the newest complete checkpoint. ``elmo train`` (:mod:`pipelines.train.cli`) then hands the run's
-best model (lowest validation perplexity) to the evaluate and registry stages' functions, the ones
-a flow's tasks call.
+the newest complete checkpoint. ``elmo train`` (:mod:`pipelines.cli`) then hands the run's best
+model (lowest validation perplexity) to the evaluate and registry stages' functions, the ones a
+flow's tasks call.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ from pydantic import Field
 from torch import nn
 
 from elmo_core.config import StrictModel
+from elmo_core.data.batching import TokenStream
 from elmo_core.data.reader import load_manifest, load_word_types
 from elmo_core.errors import ElmoError
 from elmo_core.model.bilm import BiLMState, LossOutput
@@ -62,7 +63,8 @@ Metrics = Mapping[str, float | int | bool]
 # Ray Train's controller polls its workers this often (seconds; Ray's variable and default).
 POLL_INTERVAL_ENV, DEFAULT_POLL_INTERVAL_S = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", 2.0
 # Ray Train logs a worker's exception with its traceback from this logger before the driver sees
-# it; a user error (ElmoError) reaches the driver's terminal as its one line instead.
+# it, and has no public setting to stop that; a user error (ElmoError) reaches the driver's
+# terminal as its one line instead. The name is Ray 2.5x's, pinned in constraints.txt.
 RAY_TRAIN_ERROR_LOGGER = "ray.train.v2._internal.util"
 
 
@@ -240,8 +242,8 @@ class Worker:
             return
         restore_rng(loaded.rank.rng)
         seeds = (
-            loaded.rank.forward_stream["identity"]["seed"],
-            loaded.rank.backward_stream["identity"]["seed"],
+            TokenStream.saved_seed(loaded.rank.forward_stream),
+            TokenStream.saved_seed(loaded.rank.backward_stream),
         )
         forward, backward = self._streams(seeds)
         self.streams = (

@@ -26,10 +26,10 @@ from elmo_core.config import PrepareConfig
 from elmo_core.data.manifest import load_manifest, manifest_sha256
 from elmo_core.errors import ConfigError, DataError
 from elmo_core.model.serialization import read_bilm_dir
+from pipelines.cli import train_main as main
 from pipelines.prepare.corpus_sources import CorpusFiles
 from pipelines.prepare.stage import prepare_files
 from pipelines.tracking import stage_runs
-from pipelines.train.cli import main
 from pipelines.train.job_config import resolve_train_config, run_name
 from pipelines.train.run_directory import FINISHED_FILE
 from pipelines.train.stage import FAIL_ONCE_ENV, train

@@ -184,6 +184,7 @@ def test_resume_from_state_dict_equals_straight_through(make_dataset, repeat):
     resumed = TokenStream(dataset, **kwargs)
     before = [resumed.next_window() for _ in range(17)]
     state = pickle.loads(pickle.dumps(resumed.state_dict()))
+    assert TokenStream.saved_seed(state) == 5  # what a resuming rank builds its stream with
     restarted = TokenStream(dataset, **kwargs)
     restarted.load_state_dict(state)
     after = [restarted.next_window() for _ in range(43)]

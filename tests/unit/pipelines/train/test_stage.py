@@ -20,12 +20,12 @@ from elmo_core.errors import ConfigError
 from elmo_core.model.bilm import BiLM
 from elmo_core.model.serialization import MODEL_DIR, write_bilm_dir
 from elmo_core.presets import tiny
+from pipelines.cli import train_main as main
 from pipelines.common.handoff import CHECKPOINT_STEP_TAG, CHECKPOINT_TAG, TrainResult
 from pipelines.evaluate.stage import evaluate_trained
 from pipelines.registry.tags import DEFAULT_NAME
 from pipelines.serving.bilm_loader import PATH_TAG
 from pipelines.tracking import stage_runs
-from pipelines.train.cli import main
 from pipelines.train.job_config import resolve_train_config
 from pipelines.train.preflight import TrainPlan, plan_training
 from pipelines.train.ray_job import write_job_config
