@@ -9,7 +9,8 @@ before timing. Measured on PTB (``<data-root>/ptb/ptb.train.txt``), batch B × T
   two streams of windows (forward and backward, different sentence orders);
 * inference: ``BiLM.forward`` without gradients on B sentences cut to T tokens;
 * a per-component breakdown (char CNN, LSTM, softmax: forward + backward on the training batch);
-* peak memory of the full-softmax evaluation over a 793,471-word vocabulary (DESIGN.md §3).
+* peak memory of the full-softmax evaluation over a 793,471-word vocabulary
+  (docs/architecture.md, "Sampled softmax").
 
 Dropout is 0 in both models so that their losses can be compared exactly. The last line is one
 JSON object; ``ratio = baseline_seconds / candidate_seconds``.

@@ -2,7 +2,8 @@
 
 Zipf-distributed words (so the per-type char CNN sees a realistic number of distinct words), both
 streams' windows, and :class:`elmo_core.training.step.TrainingStep` called as a Ray Train worker
-calls it; model FLOPs are counted from the config (DESIGN.md §4).
+calls it; model FLOPs are counted from the config
+(docs/architecture.md, "Where a step's time goes").
 """
 
 from __future__ import annotations

@@ -28,7 +28,8 @@ from pydantic import (
 
 from elmo_core.errors import ConfigError
 
-# The released models' char CNN: widths 1..7 with 2048 feature maps in all (DESIGN.md §3).
+# The released models' char CNN: widths 1..7 with 2048 feature maps in all
+# (docs/architecture.md, "Token encoder").
 RELEASED_FILTERS = [(1, 32), (2, 32), (3, 64), (4, 128), (5, 256), (6, 512), (7, 1024)]
 
 
@@ -213,7 +214,8 @@ class PrepareConfig(StrictModel):
 
 
 class TrainConfig(StrictModel):
-    """The training recipe; defaults are bilm-tf's (DESIGN.md §3, "Loss and optimisation")."""
+    """The training recipe; defaults are bilm-tf's
+    (docs/architecture.md, "Loss and optimisation")."""
 
     epochs: float = Field(10.0, gt=0, description="passes over the manifest's training tokens")
     max_steps: int | None = Field(None, gt=0, description="caps the step count from epochs")

@@ -1,9 +1,10 @@
 """Where files are kept: a local directory or any fsspec URL (``s3://...``), each file whole.
 
 The one module that talks to fsspec. A crash leaves the old file or the new one, never half of one
-(DESIGN.md §5): locally, files and directories are staged beside their target and renamed; a
-remote file is written locally and put whole, as an object store's put is atomic. A remote
-directory is many objects: who needs one whole commits it with a marker written after its parts.
+(docs/architecture.md, "Storage and errors"): locally, files and directories are staged beside
+their target and renamed; a remote file is written locally and put whole, as an object store's
+put is atomic. A remote directory is many objects: who needs one whole commits it with a marker
+written after its parts.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Heldout perplexity of a biLM, as bilm-tf's ``test`` computes it (DESIGN.md §3, "Perplexity").
+"""Heldout perplexity of a biLM, as bilm-tf's ``test`` computes it
+(docs/architecture.md, "Perplexity").
 
 Both directions' streams, state carried between windows, the exact softmax, ``</S>`` and
 ``<UNK>`` scored, no dropout. Protocol ``"original"`` is bilm-tf's (256 rows, one token per

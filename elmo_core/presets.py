@@ -1,4 +1,4 @@
-"""Model presets by name, as plain functions (DESIGN.md §2).
+"""Model presets by name, as plain functions (docs/architecture.md, "Configuration and presets").
 
 Names follow the released models: ``2x4096_512_2048cnn_2xhighway`` = 2 LSTM layers of 4096 cells
 projected to 512, a 2048-wide char CNN, 2 highway layers.

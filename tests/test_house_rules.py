@@ -1,7 +1,7 @@
 """House rules a review would otherwise have to re-check: every module has its tests (a mirror
 file or a line in tests/README.md), no test file outlives its module, and module docstrings stay
-short (STYLE.md: they say why; figures live in benchmarks/results/). Run as a script, it prints
-the figures these rules are about: ``python tests/test_house_rules.py``."""
+short (docs/style.md: they say why; figures live in benchmarks/results/). Run as a script, it
+prints the figures these rules are about: ``python tests/test_house_rules.py``."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 A sentence is stored as its word-type ids without ``<S>``/``</S>``. Type ids 0..V-1 are the
 vocabulary, then OOV types by descending count, so targets are derived (:func:`target_ids`), not
-stored, and the char CNN reads every type (DESIGN.md §3).
+stored, and the char CNN reads every type (docs/architecture.md, "Vocabulary").
 """
 
 from __future__ import annotations

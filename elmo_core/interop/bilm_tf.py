@@ -1,8 +1,8 @@
 """Read and write the original bilm-tf release format: ``options.json`` plus an HDF5 of weights.
 
-Every difference between that layout (DESIGN.md §3) and our modules is handled here and nowhere
-else: the 261-row char table, TF's row-vector kernels, the LSTM's joint ``W_0`` in gate order
-(i, j, f, o) and its bias without the +1 forget offset.
+Every difference between that layout (docs/architecture.md, "bilm-tf weight files") and our
+modules is handled here and nowhere else: the 261-row char table, TF's row-vector kernels, the
+LSTM's joint ``W_0`` in gate order (i, j, f, o) and its bias without the +1 forget offset.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 ``forward`` gives ELMo's layers, stateless by default so a sentence always gives the same vectors;
 ``score_window`` runs the language model on two streams of windows with the state carried by the
-caller, so training and perplexity share one per-direction forward (DESIGN.md §3).
+caller, so training and perplexity share one per-direction forward
+(docs/architecture.md, "The model, exactly").
 
 Shape legend: B rows, T window, W chars per token, P projection, H cell, L layers, V vocabulary.
 """

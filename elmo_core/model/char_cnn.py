@@ -1,10 +1,11 @@
 """The character-CNN token encoder shared by both LSTM directions (bilm-tf ``char_cnn``).
 
-Per token (DESIGN.md §3): char embedding → convolutions of several widths → max over positions
-(before the activation, as in bilm-tf) → highway layers → projection. Callers mask padding tokens.
-The convolutions' biases are added after the max: ``max(conv + b) = max(conv) + b`` (rounding is
-monotone), so the bias meets ``(N, F)`` pooled values rather than every one of the ``(N, L, F)``
-positions, and its gradient sums N rows rather than N × L.
+Per token (docs/architecture.md, "Token encoder"): char embedding → convolutions of several
+widths → max over positions (before the activation, as in bilm-tf) → highway layers → projection.
+Callers mask padding tokens. The convolutions' biases are added after the max:
+``max(conv + b) = max(conv) + b`` (rounding is monotone), so the bias meets ``(N, F)`` pooled
+values rather than every one of the ``(N, L, F)`` positions, and its gradient sums N rows rather
+than N × L.
 
 Shape legend: B rows, T window, W (W' trimmed) chars per token, E char embedding, F filters,
 P projection, N tokens (flattened), U unique word types.

@@ -42,7 +42,8 @@ class Highway(nn.Module):
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         """Per layer ``g = σ(carry(x))``, ``y = g ⊙ relu(transform(x)) + (1 − g) ⊙ x``.
 
-        bilm-tf's "carry" gate multiplies the *transform* branch (DESIGN.md §3). With
+        bilm-tf's "carry" gate multiplies the *transform* branch
+        (docs/architecture.md, "Token encoder"). With
         ``cpu_bf16`` a CPU training forward with bf16 GEMMs runs under bf16 autocast; ``eval()``
         stays float32, so inference and parity with bilm-tf are unchanged.
         """

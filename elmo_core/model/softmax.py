@@ -1,6 +1,7 @@
 """The output softmax of the biLM: sampled for training, exact (chunked) for evaluation.
 
-Matches bilm-tf's ``sampled_softmax_loss`` with its default log-uniform sampler (DESIGN.md §3).
+Matches bilm-tf's ``sampled_softmax_loss`` with its default log-uniform sampler
+(docs/architecture.md, "Sampled softmax").
 Both losses run in chunks, of positions or of the vocabulary, so neither the ``N × (1+K)`` nor
 the ``N × V`` logits ever exist at once.
 

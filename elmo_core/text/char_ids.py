@@ -1,4 +1,5 @@
-"""The character-id scheme of the original ELMo, in the inference convention (DESIGN.md §3).
+"""The character-id scheme of the original ELMo, in the inference convention
+(docs/architecture.md, "Character ids").
 
 A token's UTF-8 bytes, cut to 48 (maybe inside a character, as the original does), become
 ``[bow, b1..bn, eow]`` padded to 50, each id +1 so that 0 means "no token" (AllenNLP's

@@ -1,7 +1,7 @@
 """The target vocabulary: bilm-tf's ``vocab.txt``, built from training counts or imported.
 
 ``<S>``, ``</S>``, ``<UNK>`` first, then tokens by descending count: the sampled softmax's
-log-uniform sampler assumes id order = frequency order (DESIGN.md §3).
+log-uniform sampler assumes id order = frequency order (docs/architecture.md, "Vocabulary").
 """
 
 from __future__ import annotations

@@ -10,10 +10,11 @@ here, with the device's own torch, at the device's sizes, and a stated model for
   tests; each timed step's launches, counted at the device's sizes (``bench_step_ops.py``, the
   fused op's inside ops counted one launch each, as the torch path would run them); the Triton
   kernels' compile seconds (``triton_aot.py``, ptxas included, each with a launcher to build);
-- the model (DESIGN.md §4): a step takes max(launches × 5 µs, FLOPs / (800 TFLOP/s × 0.5));
-  each process pays ``CUDA_START_S`` to start CUDA, and one that trains ``INDUCTOR_S`` for its
-  first compiles (the sampled loss's epilogues); each CUDA test ``CUDA_TEST_S`` past its
-  setup; the profiler doubles the steps it records; the model reaches the GPU at ``HOST_TO_GPU``.
+- the model (docs/architecture.md, "Where a step's time goes"): a step takes
+  max(launches × 5 µs, FLOPs / (800 TFLOP/s × 0.5)); each process pays ``CUDA_START_S`` to start
+  CUDA, and one that trains ``INDUCTOR_S`` for its first compiles (the sampled loss's epilogues);
+  each CUDA test ``CUDA_TEST_S`` past its setup; the profiler doubles the steps it records; the
+  model reaches the GPU at ``HOST_TO_GPU``.
 
 It fails if the whole call is predicted over ``LIMIT_S`` or a stage over its box (that stage
 would be stopped, its figures lost).
@@ -52,7 +53,8 @@ from bench_step_ops import VARIANTS, count_step  # noqa: E402
 from workload import synthetic_windows, training_flops_per_position  # noqa: E402
 
 LIMIT_S = 420  # the call's timeout is 480: the rest is the margin for a rerun to fit
-LAUNCH_S, PEAK_FLOPS, EFFICIENCY = 5e-6, 800e12, 0.5  # DESIGN.md §4's model of an H100
+# The model of an H100 in docs/architecture.md, "Where a step's time goes".
+LAUNCH_S, PEAK_FLOPS, EFFICIENCY = 5e-6, 800e12, 0.5
 CUDA_START_S = 8.0  # a process' CUDA context, cuBLAS handle and lazily loaded kernels
 CUDA_TEST_S = 1.0  # one CUDA parity test past its setup: a few small steps at tiny sizes
 INDUCTOR_S = 10.0  # a training process' first Inductor compiles: Dynamo and Inductor warmed up,

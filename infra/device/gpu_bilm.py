@@ -6,9 +6,10 @@ softmax, feeds ``benchmarks/workload.py``'s synthetic Zipf words, and times full
 :class:`elmo_core.training.step.TrainingStep`, the very step a Ray Train worker runs (LSTM states
 carried between windows, candidates drawn ahead as its loader processes draw them, the softmax's
 rows sparse), next to the straightforward implementation of ``benchmarks/bench_bilm.py`` with a
-dense optimiser step. Model FLOPs are counted from the config (DESIGN.md §4: ≈0.8 GFLOP per
-position for ``original``), as if the char CNN ran at every position, so the per-type saving shows
-up as utilisation; the peak is a bf16 matmul rate measured on the same machine.
+dense optimiser step. Model FLOPs are counted from the config (≈0.8 GFLOP per position for
+``original``; docs/architecture.md, "Where a step's time goes"), as if the char CNN ran at every
+position, so the per-type saving shows up as utilisation; the peak is a bf16 matmul rate measured
+on the same machine.
 
 Also, by option: ``--sweep`` times ours at more rows per GPU; ``--profile`` says where a step's
 time goes (torch profiler: GEMMs, fused and plain pointwise kernels, copies, kernel launches and

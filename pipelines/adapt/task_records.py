@@ -97,9 +97,11 @@ def headline_score(result: TaskResult) -> float:
 
 
 def task_metric(model: str, name: str, seed: int | None = None) -> str:
-    """``task/<model>/<name>``, ``model`` being ``elmo``, ``baseline`` or ``gain``: a mean over
-    the seeds; with ``seed``, ``task/seed_<seed>/<model>/<name>``: that seed's own value."""
-    return f"task/{model}/{name}" if seed is None else f"task/seed_{seed}/{model}/{name}"
+    """``task/summary/<model>/<name>``, ``model`` being ``elmo``, ``baseline`` or ``gain``: the
+    final scores over the seeds; with ``seed``, ``task/seed_<seed>/<model>/<name>``: that seed's
+    per-epoch curve. MLflow orders chart sections by name: the curves come first, the final
+    scores' few points after them."""
+    return f"task/summary/{model}/{name}" if seed is None else f"task/seed_{seed}/{model}/{name}"
 
 
 def split_scores(runs: Sequence[SeedRun], model: str, split: str, metric: str) -> Scores | None:

@@ -161,10 +161,11 @@ def log_prepared(
 
 
 def split_lines(manifest: Manifest) -> list[str]:
-    """``train: 150,651 sentences, 1,510,888 tokens, OOV 0.0312%, 1 shards``, one per split."""
+    """``train: 150,651 sentences, 1,510,888 tokens, OOV 0.03%, 1 shard``, one per split (OOV
+    to two decimals, as the flow's log says it)."""
     return [
         f"{name}: {split.num_sentences:,} sentences, {split.num_tokens:,} tokens, "
-        f"OOV {split.oov_rate:.4%}, {len(split.shards)} shards"
+        f"OOV {split.oov_rate:.2%}, {len(split.shards)} shard{'s' * (len(split.shards) != 1)}"
         for name, split in manifest.splits.items()
     ]
 

@@ -119,15 +119,15 @@ def bilm_card(name: str) -> ModelCard:
 def bilm_version_description(
     version_tags: Mapping[str, str], runs: Mapping[str, str] | None = None
 ) -> str:
-    """One line on the version, its result first (the Models list shows the line's start, as
-    plain text): its heldout perplexity, its size, where it came from (which model of its
-    training run, when it says); ``runs``: what happened to it in which run (``trained`` → a
-    link to the training run)."""
+    """One line on the version, its result first (the model page's versions table shows the
+    line's first few characters): its heldout perplexity, its size, where it came from (which
+    model of its training run, when it says); ``runs``: what happened to it in which run
+    (``trained`` → a link to the training run)."""
     size, preset, data = (version_tags[tag] for tag in (SIZE_TAG, PRESET_TAG, DATASET_TAG))
     score = "no heldout perplexity"
     if PERPLEXITY_TAG in version_tags:
         score = (
-            f"heldout perplexity {float(version_tags[PERPLEXITY_TAG]):.2f} (forward "
+            f"{float(version_tags[PERPLEXITY_TAG]):.2f} heldout perplexity (forward "
             f"{float(version_tags[FORWARD_PERPLEXITY_TAG]):.2f}, backward "
             f"{float(version_tags[BACKWARD_PERPLEXITY_TAG]):.2f})"
         )

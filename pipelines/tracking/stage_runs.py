@@ -52,8 +52,8 @@ EXPERIMENT_DESCRIPTION = (
     "ELMo pretraining and adaptation. Each flow run is a parent run; its stages (prepare, train, "
     "evaluate, register, adapt, analyze, embed) are its child runs, named `<stage>-<subject>`. "
     "The biLM's training curves are the `bilm/train` and `bilm/validation` chart sections; the "
-    "task models' are `task/elmo`, `task/baseline` and `task/gain` (means over the seeds) and "
-    "`task/seed_<s>` (one seed's)."
+    "task models' are `task/seed_<s>` (the first seed's curves), then `task/summary` (the final "
+    "scores: means over the seeds, and each seed's score by seed)."
 )
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,5 @@
-"""One data-parallel rank of biLM pretraining (bilm-tf's recipe, DESIGN.md §3).
+"""One data-parallel rank of biLM pretraining, with bilm-tf's recipe
+(docs/architecture.md, "Loss and optimisation").
 
 :func:`train_loop_per_worker` runs :func:`train_loop` with :class:`RayRuntime`, which holds every
 Ray touch point (marked ``# [ray]``); :class:`LocalRuntime` runs the same loop in one process, as

@@ -222,8 +222,8 @@ def test_the_chart_view_holds_epoch_curves_and_a_few_final_scores_each_named_onc
         curves = {f"task/seed_0/{name}" for name in curves}
         means = {f"{p}/{s}_{metric}" for p in ("elmo", "baseline") for s in ("best_dev", "test")}
         means |= {f"gain/dev_{metric}", f"gain/test_{metric}"}
-        finals = {f"task/{name}" for name in means}
-        finals |= {f"task/{p}/test_{metric}_by_seed" for p in MODELS}
+        finals = {f"task/summary/{name}" for name in means}
+        finals |= {f"task/summary/{p}/test_{metric}_by_seed" for p in MODELS}
         assert set(metrics) == curves | finals
         for name in curves:
             history = adapted.client.get_metric_history(result.run_id, name)
@@ -231,11 +231,11 @@ def test_the_chart_view_holds_epoch_curves_and_a_few_final_scores_each_named_onc
         # The top-level scores are the means over the seeds; each seed's are its own.
         assert result.seeds == [0, 1, 2] and result.elmo_scores[0] == result.elmo_test[metric]
         elmo, baseline = Scores(tuple(result.elmo_scores)), Scores(tuple(result.baseline_scores))
-        assert metrics[f"task/elmo/test_{metric}"] == pytest.approx(elmo.mean)
-        gain_mean = metrics[f"task/gain/test_{metric}"]
+        assert metrics[f"task/summary/elmo/test_{metric}"] == pytest.approx(elmo.mean)
+        gain_mean = metrics[f"task/summary/gain/test_{metric}"]
         assert gain_mean == pytest.approx(elmo.mean - baseline.mean)
         for model, scores in (("elmo", result.elmo_scores), ("baseline", result.baseline_scores)):
-            name = f"task/{model}/test_{metric}_by_seed"
+            name = f"task/summary/{model}/test_{metric}_by_seed"
             by_seed = adapted.client.get_metric_history(result.run_id, name)
             assert [(point.step, point.value) for point in by_seed] == list(
                 zip(result.seeds, scores, strict=True)
@@ -340,13 +340,13 @@ def test_the_final_scores_are_metrics_of_the_logged_task_model(adapted) -> None:
     linked = {metric.key: metric.value for metric in logged.metrics}
     means = {f"{p}/{s}_accuracy" for p in MODELS for s in ("best_dev", "test")}
     means |= {"gain/dev_accuracy", "gain/test_accuracy"}
-    finals = {f"task/{name}" for name in means}
-    finals |= {f"task/{p}/test_accuracy_by_seed" for p in MODELS}
+    finals = {f"task/summary/{name}" for name in means}
+    finals |= {f"task/summary/{p}/test_accuracy_by_seed" for p in MODELS}
     # MLflow also links the run's step-0 metrics at log_model: the first system metrics sample.
     assert {name for name in linked if not name.startswith("system/")} == finals
-    assert linked["task/elmo/test_accuracy_by_seed"] == result.elmo_scores[-1]  # the last step
+    assert linked["task/summary/elmo/test_accuracy_by_seed"] == result.elmo_scores[-1]  # last
     mean = Scores(tuple(result.elmo_scores)).mean
-    assert linked["task/elmo/test_accuracy"] == pytest.approx(mean)
+    assert linked["task/summary/elmo/test_accuracy"] == pytest.approx(mean)
     # Named as the model it is registered as, from its adapt run, not Ray's worker script
     assert logged.name == "elmo-questions" and logged.source_run_id == result.run_id
     assert logged.tags["mlflow.source.name"] == "pipelines.adapt"

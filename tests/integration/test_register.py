@@ -339,7 +339,7 @@ def test_the_model_says_what_it_is_and_how_to_call_it_and_carries_an_input_examp
     assert version.tags[PRESET_TAG] == "tiny"
     assert version.tags[SIZE_TAG] == "2x32_16"
     assert version.description.startswith(
-        "Heldout perplexity 31.00 (forward 30.25, backward 31.75): 2x32_16 biLM (tiny) on "
+        "31.00 heldout perplexity (forward 30.25, backward 31.75): 2x32_16 biLM (tiny) on "
     )
     example = mlflow.models.Model.load("models:/elmo-bilm/2").load_input_example()
     assert example.to_dict("list") == {"sentence": ["The cat sat on the mat."]}

@@ -1,8 +1,9 @@
 """The projected LSTM stack run by PyTorch's fused LSTM kernel (cuDNN on GPU), for unclipped models.
 
-``nn.LSTM(proj_size=P)`` is exactly our cell without the two clips (DESIGN.md §4) and our
-parameters map onto it one to one, so only the layer call is overridden. Right-padded rows are
-packed by length; any other mask falls back to the reference loop.
+``nn.LSTM(proj_size=P)`` is exactly our cell without the two clips
+(docs/architecture.md, "Where a step's time goes") and our parameters map onto it one to one, so
+only the layer call is overridden. Right-padded rows are packed by length; any other mask falls
+back to the reference loop.
 
 Shape legend: B rows, T window, P projection, H cell, L layers, I layer input width.
 """

@@ -1,7 +1,8 @@
 """The reference projected LSTM: one direction's stack of clipped layers, TF ``LSTMCell``'s cell.
 
 Every variant subclasses :class:`ProjectedLSTM`; :func:`run_layer` is what their parity tests
-compare against. The cell and the masking rule are DESIGN.md §3's.
+compare against. The cell and the masking rule are specified in
+docs/architecture.md, "LSTM cell".
 
 Shape legend: B rows, T window, P projection, H cell, L layers, I layer input width.
 """

@@ -402,7 +402,8 @@ def test_elmo_from_bilm_tf_runs_the_saved_weights(tmp_path):
 
 @pytest.mark.slow
 def test_a_file_at_the_released_2x4096_shapes_loads(tmp_path):
-    """Shapes written straight from DESIGN.md §3 (not by write_bilm_tf), random float32 values."""
+    """Shapes written straight from docs/architecture.md, "bilm-tf weight files" (not by
+    write_bilm_tf), random float32 values."""
     rng = np.random.default_rng(0)
     shapes = {"char_embed": (261, 16), "CNN_proj/W_proj": (2048, 512), "CNN_proj/b_proj": (512,)}
     for index, (width, num) in enumerate(RELEASED_OPTIONS["char_cnn"]["filters"]):

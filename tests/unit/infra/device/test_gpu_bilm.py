@@ -32,7 +32,8 @@ def _assert_rates_agree(summary: dict, names: list[str]) -> None:
 
 
 def test_counts_the_design_notes_flops_for_the_original_model(gpu_bilm):
-    # DESIGN.md §4: ≈ 274 MFLOP forward, ≈ 0.8 GFLOP per training position (both directions)
+    # docs/architecture.md, "Where a step's time goes": ≈ 274 MFLOP forward, ≈ 0.8 GFLOP per
+    # training position (both directions)
     flops = gpu_bilm.training_flops_per_position(model_preset("original"))
     assert 0.80e9 < flops < 0.84e9
 

@@ -389,6 +389,8 @@ def test_prepare_is_an_mlflow_run_with_sizes_the_manifest_and_the_dataset_as_inp
     description = run.data.tags[stage_runs.DESCRIPTION_TAG].split("\n\n")
     assert description[0] == f"Prepared {corpus.train[0]} into {result.dataset}."
     assert description[1].startswith(f"train: {train.num_sentences:,} sentences, ")
+    shards = len(train.shards)
+    assert description[1].endswith(f"%, {shards} shard{'s' if shards != 1 else ''}")
     assert description[-1].startswith(f"vocabulary {result.manifest.vocab.size:,} of ")
 
 

@@ -63,7 +63,7 @@ def test_the_version_description_leads_with_what_it_scored_then_where_it_came_fr
     tags |= {FORWARD_PERPLEXITY_TAG: "30.25", BACKWARD_PERPLEXITY_TAG: "31.754"}
     runs = {"trained": "[train-bilm-1](http://ui/#/runs/abc)"}
     assert bilm_version_description(tags, runs) == (
-        "Heldout perplexity 31.00 (forward 30.25, backward 31.75): 2x32_16 biLM (tiny) on "
+        "31.00 heldout perplexity (forward 30.25, backward 31.75): 2x32_16 biLM (tiny) on "
         "s3://data/wiki; trained in run [train-bilm-1](http://ui/#/runs/abc)."
     )
 
