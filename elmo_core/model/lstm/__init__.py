@@ -14,7 +14,6 @@ a device's choice is the fastest that does (figures: benchmarks/results/).
 
 from __future__ import annotations
 
-import importlib
 import logging
 from typing import TYPE_CHECKING, Literal, NamedTuple, cast
 
@@ -25,16 +24,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 Variant = Literal["reference", "cudnn", "compiled", "graphed", "fused"]
+VARIANTS: tuple[Variant, ...] = ("reference", "cudnn", "compiled", "graphed", "fused")
 Device = Literal["cpu", "cuda"]
-
-# Each variant's class, imported when first built: reading the table imports no torch.
-VARIANTS: dict[Variant, str] = {
-    "reference": "reference.ProjectedLSTM",
-    "cudnn": "cudnn.CudnnProjectedLSTM",
-    "compiled": "compiled.CompiledProjectedLSTM",
-    "graphed": "fused.GraphedProjectedLSTM",
-    "fused": "fused.FusedProjectedLSTM",
-}
 
 
 class Choice(NamedTuple):
@@ -74,11 +65,29 @@ def resolve(config: ModelConfig, device: Device | None = None) -> Variant:
 
 
 def implementation(variant: Variant) -> type[ProjectedLSTM]:
-    """The class of ``variant``."""
-    module, name = VARIANTS[variant].split(".")
-    return cast(
-        "type[ProjectedLSTM]", getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    )
+    """The class of ``variant``, its module imported here: the table above is read where torch
+    is not imported (a training run's config is resolved on the driver)."""
+    match variant:
+        case "reference":
+            from elmo_core.model.lstm.reference import ProjectedLSTM
+
+            return ProjectedLSTM
+        case "cudnn":
+            from elmo_core.model.lstm.cudnn import CudnnProjectedLSTM
+
+            return CudnnProjectedLSTM
+        case "compiled":
+            from elmo_core.model.lstm.compiled import CompiledProjectedLSTM
+
+            return CompiledProjectedLSTM
+        case "graphed":
+            from elmo_core.model.lstm.graphed import GraphedProjectedLSTM
+
+            return GraphedProjectedLSTM
+        case "fused":
+            from elmo_core.model.lstm.fused import FusedProjectedLSTM
+
+            return FusedProjectedLSTM
 
 
 def build_lstm(config: ModelConfig, input_dim: int) -> ProjectedLSTM:

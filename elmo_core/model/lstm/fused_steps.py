@@ -45,11 +45,11 @@ def run_steps(
     kernels: tuple[StepKernel, StepKernel],
 ) -> None:
     """The recurrence, each step written into its slices by ``kernels`` (:func:`step_kernels`)."""
-    cell_step, projection_step = kernels
+    cell_kernel, projection_kernel = kernels
     dtype = recurrent_weight.dtype
     for step in steps:
         accumulate(step.gates, cast(step.h_prev, dtype), recurrent_weight)  # (…, n, 4H)
-        cell_step(
+        cell_kernel(
             step.gates,
             step.c_prev,
             step.keep,
@@ -60,7 +60,7 @@ def run_steps(
             cell_clip,
         )
         product(step.hidden, projection_weight, out=step.projection)  # (…, n, P)
-        projection_step(
+        projection_kernel(
             step.projection, step.keep, step.h_prev, step.h_next, step.output, proj_clip
         )
 
@@ -79,7 +79,7 @@ def on_triton(gates: Tensor, state: Tensor) -> bool:
 def step_kernels(gates: Tensor, state: Tensor) -> tuple[StepKernel, StepKernel]:
     """A step's pointwise work, each side of the projection GEMM: in Triton or in torch."""
     if not on_triton(gates, state):
-        return cell_step, projection_step
+        return torch_cell_step, torch_projection_step
     import elmo_core.model.lstm.triton_kernels as triton_kernels  # imports triton: CUDA only
 
     return triton_kernels.cell_step, triton_kernels.projection_step
@@ -158,7 +158,7 @@ def _gate_derivatives(
     return cell_factors, out_factor, hidden_factor, carry
 
 
-def cell_step(
+def torch_cell_step(
     gates: Tensor,
     c_prev: Tensor,
     keep: Tensor,
@@ -181,7 +181,7 @@ def cell_step(
     torch.where(keep.unsqueeze(-1), new_c, c_prev, out=c_next)
 
 
-def projection_step(
+def torch_projection_step(
     projection: Tensor,
     keep: Tensor,
     h_prev: Tensor,

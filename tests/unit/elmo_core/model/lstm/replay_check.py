@@ -17,6 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_leaves
 
 from elmo_core.model.lstm import fused as lstm_fused
+from elmo_core.model.lstm import graphed as lstm_graphed
 from elmo_core.model.lstm.reference import LayerLoop
 
 OVERWRITTEN = "accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run"
@@ -73,13 +74,13 @@ def _address(tensor: torch.Tensor) -> int:
 def emulate_graph_replays() -> Iterator[None]:
     """Within: the graphed loop's outputs are overwritten as on a GPU, and reads fail; the plain
     fused loop's inputs are checked too."""
-    loops = (lstm_fused.fused_layer, lstm_fused.graphed_layer)
+    loops = (lstm_fused.fused_layer, lstm_graphed.graphed_layer)
     replays = _GraphReplays()
-    graphed = replays.outside(lstm_fused.graphed_layer(), graphed=True)
+    graphed = replays.outside(lstm_graphed.graphed_layer(), graphed=True)
     lstm_fused.fused_layer = replays.outside(loops[0], graphed=False)  # type: ignore[assignment]
-    lstm_fused.graphed_layer = lambda: graphed  # type: ignore[assignment]
+    lstm_graphed.graphed_layer = lambda: graphed  # type: ignore[assignment]
     try:
         with replays:
             yield
     finally:
-        lstm_fused.fused_layer, lstm_fused.graphed_layer = loops  # type: ignore[assignment]
+        lstm_fused.fused_layer, lstm_graphed.graphed_layer = loops  # type: ignore[assignment]

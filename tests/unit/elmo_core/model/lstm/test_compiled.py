@@ -7,9 +7,11 @@ import torch
 from elmo_core.config import LSTMConfig, TrainConfig
 from elmo_core.model.bilm import BiLM
 from elmo_core.model.lstm import fused as lstm_fused
+from elmo_core.model.lstm import graphed as lstm_graphed
 from elmo_core.model.lstm.compiled import CompiledProjectedLSTM
 from elmo_core.model.lstm.directions import run_both_directions
-from elmo_core.model.lstm.fused import FusedProjectedLSTM, GraphedProjectedLSTM
+from elmo_core.model.lstm.fused import FusedProjectedLSTM
+from elmo_core.model.lstm.graphed import GraphedProjectedLSTM
 from elmo_core.model.lstm.reference import LSTMState, ProjectedLSTM, ProjectedLSTMLayer
 from elmo_core.presets import tiny
 from elmo_core.training.step import TrainingStep
@@ -132,7 +134,7 @@ def test_without_grad_the_graphed_stack_runs_the_fused_ops_uncaptured(batch_dire
     """No CUDA graphs without a backward to come: each call would overwrite the previous one's
     outputs, which the next layer's residual still reads."""
     graphed = GraphedProjectedLSTM(CLIPPED, P)
-    assert graphed.layer_loop() is lstm_fused.graphed_layer()
+    assert graphed.layer_loop() is lstm_graphed.graphed_layer()
     with torch.no_grad():
         assert graphed.layer_loop() is lstm_fused.fused_layer
         outputs, states = _both_directions(GraphedProjectedLSTM, batch_directions, _INPUTS, _MASKS)
@@ -154,7 +156,7 @@ def test_the_emulated_replays_fail_a_read_of_an_output_after_the_next_replay():
     state = (torch.zeros(B, P), torch.zeros(B, H))
     args = (_INPUTS[0], _MASKS[0], *state, layer.weights(), layer.cell_clip, layer.proj_clip)
     with emulate_graph_replays(), torch.no_grad():
-        loop = lstm_fused.graphed_layer()
+        loop = lstm_graphed.graphed_layer()
         first, _, _ = loop(*args)
         first + 1  # read before the next replay: still the graph's output
         loop(*args)  # no backward pending: a new generation, over the first call's outputs

@@ -8,7 +8,8 @@ import torch
 from elmo_core.model.bilm import BiLM
 from elmo_core.model.lstm import CHOICES, VARIANTS, implementation, resolve, training_defaults
 from elmo_core.model.lstm.cudnn import CudnnProjectedLSTM
-from elmo_core.model.lstm.fused import FusedProjectedLSTM, GraphedProjectedLSTM
+from elmo_core.model.lstm.fused import FusedProjectedLSTM
+from elmo_core.model.lstm.graphed import GraphedProjectedLSTM
 from elmo_core.model.lstm.reference import ProjectedLSTM
 from elmo_core.model.serialization import read_bilm_dir, write_bilm_dir
 from elmo_core.presets import tiny
