@@ -7,6 +7,7 @@ from prefect import flow
 from flows import tasks
 from flows.artifacts import adapt_markdown, publish_markdown
 from flows.params import AdaptParams
+from flows.runs import flow_parent_run
 from pipelines.common.services import check_services
 
 
@@ -15,7 +16,7 @@ def adapt(params: AdaptParams) -> list[str]:
     """Adapt ``params.bilm`` to every task; returns the registered task model URIs."""
     check_services(ray_jobs=False)
     tasks.check_task_files(params.tasks)
-    with tasks.flow_parent_run("adapt", params.bilm, params) as parent:
+    with flow_parent_run("adapt", params.bilm, params) as parent:
         results = tasks.adapt(
             params.bilm, params.tasks, parent, params.bilm_options, seeds=params.seeds
         )

@@ -7,6 +7,7 @@ from prefect import flow
 from flows import tasks
 from flows.artifacts import AnalyzeSummary
 from flows.params import AnalyzeParams
+from flows.runs import flow_parent_run
 from pipelines.analyze.table import format_rows
 from pipelines.common.services import check_services
 
@@ -16,7 +17,7 @@ def analyze(params: AnalyzeParams) -> AnalyzeSummary:
     """Analyze ``params.bilm`` on every task (and the sense set); returns the runs and table."""
     check_services(ray_jobs=False)
     tasks.check_task_files(params.tasks)
-    with tasks.flow_parent_run("analyze", params.bilm, params) as parent:
+    with flow_parent_run("analyze", params.bilm, params) as parent:
         result = tasks.analyze(
             params.bilm,
             params.tasks,

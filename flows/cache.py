@@ -22,6 +22,7 @@ from elmo_core.data.manifest import MANIFEST_NAME
 from elmo_core.location import Location
 from flows.params import DataParams
 from pipelines.common.code_version import code_version, source_files
+from pipelines.common.settings import elmo_home
 
 
 def code_files() -> list[Path]:
@@ -57,3 +58,8 @@ class PrepareCachePolicy(CachePolicy):
         **kwargs: Any,
     ) -> str | None:
         return prepare_cache_key(DataParams.model_validate(inputs["data"]))
+
+
+def result_storage() -> Path:
+    """Persisted task results (the prepare cache) live under ``ELMO_HOME``, read at run time."""
+    return elmo_home() / "prefect" / "results"

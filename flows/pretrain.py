@@ -11,6 +11,7 @@ from prefect import flow
 
 from flows.artifacts import PretrainSummary
 from flows.params import PretrainParams
+from flows.runs import flow_parent_run
 from flows.tasks import (
     BUNDLED_SENSES,
     adapt,
@@ -18,7 +19,6 @@ from flows.tasks import (
     check_analysis,
     check_task_files,
     evaluate,
-    flow_parent_run,
     prepare,
     register,
     summarize,

@@ -100,16 +100,17 @@ def prefect_ui_hint(flow_run_id: UUID | None) -> str:
     to find its API on that port)."""
     from prefect.settings import get_current_settings
 
-    from flows.tasks import LOCAL_PREFECT_UI, flow_run_url
+    from flows.runs import LOCAL_PREFECT_UI, flow_run_url
     from pipelines.tracking.flow_runs import listen_flags
 
     settings, link = get_current_settings(), flow_run_url(flow_run_id)
     if settings.api.url:
         return f"Prefect UI: {link}"
     environment = f"PREFECT_HOME={shlex.quote(str(settings.home))}"
-    where = listen_flags(settings.ui_url or LOCAL_PREFECT_UI, LOCAL_PREFECT_UI)
+    ui = settings.ui_url or LOCAL_PREFECT_UI
+    where = listen_flags(ui, LOCAL_PREFECT_UI)
     if where:
-        environment += f" PREFECT_UI_API_URL={settings.ui_url.rstrip('/')}/api"
+        environment += f" PREFECT_UI_API_URL={ui.rstrip('/')}/api"
     return f"Prefect UI: {environment} prefect server start{where}\n  then open {link}"
 
 

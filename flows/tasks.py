@@ -6,23 +6,14 @@ and training recovers on its own.
 
 from __future__ import annotations
 
-import contextvars
 import json
-import os
-import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-from uuid import UUID
 
 from prefect import Task, get_run_logger, task
-from prefect.artifacts import create_link_artifact
 from prefect.client.schemas.objects import TaskRun
-from prefect.runtime import flow_run
 from prefect.states import State
-from prefect.utilities.urls import url_for
-from pydantic import BaseModel
 
 from elmo_core.analysis.task_runs import DEFAULT_FRACTIONS
 from elmo_core.data.reader import load_manifest
@@ -41,15 +32,16 @@ from flows.artifacts import (
     summary_metrics,
     task_rows,
 )
-from flows.cache import PrepareCachePolicy, dataset_exists
+from flows.cache import PrepareCachePolicy, dataset_exists, result_storage
+from flows.following import stage_followed, train_run_link, training_followed
 from flows.params import DataParams, EmbedParams, TrainingParams
+from flows.runs import flow_run_link, flow_tags
 from pipelines.adapt import stage as adapt_stage
 from pipelines.adapt.stage import AdaptResult, result_line
 from pipelines.analyze import stage as analyze_stage
 from pipelines.analyze.stage import AnalyzeResult
 from pipelines.analyze.table import format_rows
 from pipelines.common.handoff import HandOn, TrainResult
-from pipelines.common.settings import RAY_JOBS_ENV, elmo_home
 from pipelines.common.task_data import check_tasks
 from pipelines.embed import stage as embed_stage
 from pipelines.embed.stage import EmbedResult
@@ -57,23 +49,10 @@ from pipelines.evaluate import stage as evaluate_stage
 from pipelines.evaluate.result import EvaluationResult
 from pipelines.prepare import stage as prepare_stage
 from pipelines.registry.register import RegisteredBiLM, register_trained
-from pipelines.tracking.flow_runs import (
-    FLOW_RUN_TAG,
-    mlflow_link,
-    parent_run,
-    record_summary,
-    stage_progress,
-    web_url,
-)
-from pipelines.tracking.stage_runs import find_run, location_name, stage_run_name
-from pipelines.tracking.train_progress import event_order, training_progress
-from pipelines.train import ray_job
+from pipelines.tracking.flow_runs import mlflow_link, record_summary
 from pipelines.train import stage as train_stage
-from pipelines.train.preflight import plan_training
+from pipelines.train.preflight import TrainPlan, plan_training
 
-PROGRESS_LOOK_S = 2.0  # how often the flow looks at a training run's MLflow record
-# Where `prefect server start` serves the flow runs an ephemeral run left in PREFECT_HOME.
-LOCAL_PREFECT_UI = "http://127.0.0.1:4200"
 # The hand-written sense set the ``pretrain`` flow's analysis probes (``analyze: true``), found
 # from this checkout as flows/run_local.py finds the bundled task.
 _SENSE_DATA = Path(__file__).resolve().parents[1] / "examples" / "analysis" / "data"
@@ -91,49 +70,6 @@ def _transient(task: Task[..., Any], task_run: TaskRun, state: State[Any]) -> bo
     except Exception:
         return False
     return False
-
-
-def result_storage() -> Path:
-    """Persisted task results (the prepare cache) live under ``ELMO_HOME``, read at run time."""
-    return elmo_home() / "prefect" / "results"
-
-
-def flow_tags() -> dict[str, str]:
-    """What every stage's MLflow run carries: the Prefect flow run it belongs to."""
-    return {FLOW_RUN_TAG: str(flow_run.get_id() or "")}
-
-
-@contextmanager
-def flow_parent_run(flow: str, subject: str, params: BaseModel) -> Iterator[str]:
-    """This flow run's MLflow parent run, named ``<flow>-<subject>-<flow run name>`` as every
-    stage run is (the subject a URI or path shortened by
-    :func:`~pipelines.tracking.stage_runs.location_name`), linked back to the Prefect flow run;
-    yields its id once the flow's log links it (every stage's run is its child, one click
-    away)."""
-    name = flow_run.get_name()
-    url = flow_run_url(flow_run.get_id())
-    description = f"Prefect flow run {flow_run_link()} of flow `{flow_run.get_flow_name()}`: "
-    description += "in progress."
-    title = stage_run_name(flow, f"{location_name(subject)}-{name}")
-    with parent_run(
-        flow, title, flow_run.get_id(), params, description=description, flow_run_url=url
-    ) as parent:
-        get_run_logger().info(run_link_line("the flow run's parent run", mlflow_link(parent)))
-        yield parent
-
-
-def flow_run_link() -> str:
-    """This flow run by name, as a markdown link to its Prefect page where it has one."""
-    name, url = flow_run.get_name(), flow_run_url(flow_run.get_id())
-    return f"[{name}]({url})" if web_url(url) else f"`{name}`"
-
-
-def flow_run_url(flow_run_id: UUID | str | None) -> str | None:
-    """A flow run in Prefect's UI: its server's, or, in ephemeral mode, the one that
-    ``prefect server start`` serves from the same PREFECT_HOME (as ``make run`` prints)."""
-    if flow_run_id is None:
-        return None
-    return url_for("flow-run", obj_id=flow_run_id, default_base_url=LOCAL_PREFECT_UI)
 
 
 # --- prepare ------------------------------------------------------------------------------------
@@ -176,11 +112,13 @@ def prepare(data: DataParams, parent_run_id: str | None = None) -> str:
 
 
 @task(name="train")
-def _train(dataset: str, training: TrainingParams, parent_run_id: str, name: str) -> TrainResult:
-    """The train stage on the run its plan named ``name``; while it trains, this task's log
-    follows it (:func:`_training_followed`), so the task's own page shows its progress, and its
-    workers print none of it twice."""
-    with _training_followed(name, parent_run_id) as linked:
+def _train(
+    dataset: str, training: TrainingParams, parent_run_id: str, plan: TrainPlan
+) -> TrainResult:
+    """The train stage on the run the flow planned; while it trains, this task's log follows it
+    (:func:`training_followed`), so the task's own page shows its progress, and its workers print
+    none of it twice."""
+    with training_followed(plan, parent_run_id) as linked:
         result = train_stage.train(
             training.job_config(),
             dataset,
@@ -188,9 +126,10 @@ def _train(dataset: str, training: TrainingParams, parent_run_id: str, name: str
             parent_run_id=parent_run_id,
             tags=flow_tags(),
             console=False,
+            plan=plan,
         )
     if not linked.is_set():  # reused, or done before the first look
-        get_run_logger().info(_train_run_link(name, result.mlflow_run_id))
+        get_run_logger().info(train_run_link(plan.name, result.mlflow_run_id))
     return result
 
 
@@ -201,106 +140,9 @@ def train(dataset: str, training: TrainingParams, parent_run_id: str) -> TrainRe
     logger = get_run_logger()
     plan = plan_training(training.job_config(), dataset)  # a mistake fails here, in seconds
     logger.info(f"train: biLM {plan.name}, preset {training.model}, dataset {Path(dataset).name}")
-    result = _train(dataset, training, parent_run_id, plan.name)
+    result = _train(dataset, training, parent_run_id, plan)
     logger.info(result.summary())
     return result
-
-
-@contextmanager
-def _training_followed(name: str, parent_run_id: str) -> Iterator[threading.Event]:
-    """While the block trains, :func:`_following` looks at the run's MLflow record: it logs the
-    run's link once the run exists (and sets the event it yields) with its Ray job's, then each
-    step and validation the run logged since the last look (:func:`training_progress`'s values,
-    in rank 0's words), and each new warning the run gives as a warning. A failed look is
-    skipped, never fatal."""
-    logger = get_run_logger()
-    linked = threading.Event()
-    logged: set[tuple[int, bool]] = set()  # event_order of each step and validation logged
-    warned: str | None = None  # the latest warning logged
-
-    def look() -> None:
-        nonlocal warned
-        try:
-            if not linked.is_set():
-                run = find_run(stage_run_name("train", name), "train")
-                if run is not None:
-                    linked.set()
-                    logger.info(_train_run_link(name, run.info.run_id))
-                    _link_ray_job(run.data.tags.get(ray_job.SUBMISSION_TAG))
-            progress = training_progress(parent_run_id, max((s for s, _ in logged), default=0))
-        except Exception as err:  # the tracking server may be busy: try again next time
-            logger.debug("no training progress this time: %s", err)
-            return
-        if progress is None:  # no training run yet
-            return
-        if progress.health is not None and progress.health != warned:
-            logger.warning("train: %s", progress.health)
-            warned = progress.health
-        for event in progress.events:
-            if event_order(event) not in logged:
-                logger.info(f"{progress.run_name}: {event.line()}")
-                logged.add(event_order(event))
-
-    with _following(look, "training-progress"):
-        yield linked
-
-
-@contextmanager
-def _stage_followed(parent_run_id: str, stage: str) -> Iterator[None]:
-    """While the block runs ``stage`` (its runs out of the flow's sight, in Ray tasks), each new
-    progress line its runs report (:func:`~pipelines.tracking.stage_runs.report_progress`) is
-    logged with the run's name. A failed look is skipped, never fatal."""
-    logger = get_run_logger()
-    seen: dict[str, str] = {}
-
-    def look() -> None:
-        try:
-            progress = stage_progress(parent_run_id, stage)
-        except Exception as err:  # the tracking server may be busy: try again next time
-            logger.debug("no %s progress this time: %s", stage, err)
-            return
-        for name, line in sorted(progress.items()):
-            if seen.get(name) != line:
-                logger.info(f"{name}: {line}")
-                seen[name] = line
-
-    with _following(look, f"{stage}-progress"):
-        yield
-
-
-@contextmanager
-def _following(look: Callable[[], None], name: str) -> Iterator[None]:
-    """``look()`` every ``PROGRESS_LOOK_S`` seconds in a thread while the block runs (in this
-    run's context, where the thread's logs and artifacts belong), and once more as it ends."""
-    stop = threading.Event()
-
-    def follow() -> None:
-        while not stop.wait(PROGRESS_LOOK_S):
-            look()
-
-    context = contextvars.copy_context()
-    thread = threading.Thread(target=context.run, args=(follow,), name=name)
-    thread.daemon = True
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
-    look()
-
-
-def _link_ray_job(job_id: str | None) -> None:
-    """The Ray job that trains the run, when it runs as one: a log line and a link artifact."""
-    if job_id is None:
-        return
-    dashboard = ray_job.dashboard_url(os.environ.get(RAY_JOBS_ENV, ""), job_id)
-    get_run_logger().info("training runs as Ray job %s: %s", job_id, dashboard)
-    create_link_artifact(dashboard, link_text=f"Ray job {job_id}", key="ray-train-job")
-
-
-def _train_run_link(name: str, run_id: str) -> str:
-    return run_link_line(f"train run of biLM {name}", mlflow_link(run_id))
 
 
 # --- evaluate, register, adapt, analyze, embed ----------------------------------------------------
@@ -369,7 +211,7 @@ def adapt(
     if not task_paths:
         return []
     configs = [load_task_config(path) for path in task_paths]
-    with _stage_followed(parent_run_id, "adapt"):
+    with stage_followed(parent_run_id, "adapt"):
         results = adapt_stage.adapt(
             configs,
             bilm,
@@ -405,7 +247,7 @@ def analyze(
 ) -> AnalyzeResult:
     """The paper's section 5 on ``bilm`` as one ``analyze`` run, a child of the flow's; its table
     goes to the flow's log and to the ``analysis`` artifact."""
-    with _stage_followed(parent_run_id, "analyze"):
+    with stage_followed(parent_run_id, "analyze"):
         result = analyze_stage.analyze(
             [load_task_config(path) for path in task_paths],
             bilm,
@@ -469,9 +311,9 @@ def summarize(
     description, with the headline numbers as its metrics and the dataset statistics beside
     them."""
     run_ids = {"flow (parent)": parent_run_id}
-    prepared = find_run(stage_run_name("prepare", location_name(dataset)), "prepare")
+    prepared = prepare_stage.prepare_run_id(dataset)
     if prepared is not None:  # this flow's, or the earlier one whose dataset it reused
-        run_ids["prepare"] = prepared.info.run_id
+        run_ids["prepare"] = prepared
     run_ids["train"] = run.mlflow_run_id
     if evaluation.run_id:
         run_ids["evaluate"] = evaluation.run_id

@@ -65,11 +65,11 @@ def prepare(
     child of ``parent_run_id``'s, inside a flow)."""
     from pipelines.common.settings import elmo_home
     from pipelines.prepare.corpus_sources import locate_corpus
-    from pipelines.tracking.stage_runs import location_name, stage_run, stage_run_name
+    from pipelines.tracking.stage_runs import stage_run
 
     dataset = absolute_location(out)
-    name = stage_run_name("prepare", location_name(dataset))
     all_tags = {"elmo.dataset": dataset, **(tags or {})}
+    name = _run_name(dataset)
     with stage_run("prepare", run_name=name, parent_run_id=parent_run_id, tags=all_tags):
         located = locate_corpus(
             corpus,
@@ -82,6 +82,21 @@ def prepare(
         shards = (result.num_shards_written, result.num_shards_skipped)
         log_prepared(cfg, corpus, dataset, result.manifest, result.phase_seconds, shards)
     return result
+
+
+def prepare_run_id(dataset: str) -> str | None:
+    """The id of the prepare run that made ``dataset`` (the newest, where it was made again),
+    None where none did (a dataset made elsewhere): what a flow's summary links."""
+    from pipelines.tracking.stage_runs import find_run
+
+    run = find_run(_run_name(absolute_location(dataset)), "prepare")
+    return None if run is None else run.info.run_id
+
+
+def _run_name(dataset: str) -> str:
+    from pipelines.tracking.stage_runs import location_name, stage_run_name
+
+    return stage_run_name("prepare", location_name(dataset))
 
 
 def prepare_files(

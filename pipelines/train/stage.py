@@ -15,6 +15,7 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import NamedTuple
 
 import mlflow
 import ray.train
@@ -38,7 +39,7 @@ from pipelines.tracking.stage_runs import (
 from pipelines.train.checkpoint import CheckpointStore, StoredCheckpoint
 from pipelines.train.job_config import TrainJobConfig, Where
 from pipelines.train.preflight import TrainPlan, plan_training
-from pipelines.train.ray_job import train_as_job
+from pipelines.train.ray_job import SUBMISSION_TAG, dashboard_url, train_as_job
 from pipelines.train.run_directory import BEST_DIR, FINISHED_FILE, RUN_ID_FILE, RunDirectory
 from pipelines.train.supervision import supervise
 from pipelines.train.worker import WorkerConfig, train_loop_per_worker
@@ -47,6 +48,24 @@ log = logging.getLogger(__name__)
 
 FAIL_ONCE_ENV = "ELMO_TRAIN_FAIL_ONCE"  # test hook forwarded to the workers: "rank:step:marker"
 RAY_TRAIN_DIR = "ray"  # Ray Train's own records in the run directory
+
+
+class StartedRun(NamedTuple):
+    """A training run's MLflow run once it exists, and its Ray job's page where it runs as one."""
+
+    run_id: str
+    ray_job: tuple[str, str] | None  # (submission id, dashboard URL)
+
+
+def started_run(plan: TrainPlan) -> StartedRun | None:
+    """The MLflow run of ``plan``'s training once it exists (None before): what a flow links
+    while it follows the training."""
+    run = find_run(stage_run_name("train", plan.name), "train")
+    if run is None:
+        return None
+    job_id = run.data.tags.get(SUBMISSION_TAG)
+    address = os.environ.get(RAY_JOBS_ENV, "")
+    return StartedRun(run.info.run_id, (job_id, dashboard_url(address, job_id)) if job_id else None)
 
 
 def train(
@@ -59,17 +78,19 @@ def train(
     parent_run_id: str | None = None,
     tags: dict[str, str] | None = None,
     console: bool = True,
+    plan: TrainPlan | None = None,
 ) -> TrainResult:
     """Train (or resume, or recognise as finished) the run that ``cfg`` and ``data`` define.
 
     ``where``: ``local`` trains from this process, on ``RAY_ADDRESS`` or a local Ray; ``ray-job``
     submits it to the Ray jobs API at ``RAY_API_SERVER_ADDRESS`` and waits. Everything the user
-    gave is checked here first (:mod:`pipelines.train.preflight`). The MLflow run ends FINISHED,
-    FAILED or KILLED with the training. ``console``: rank 0 prints its progress lines (a flow,
-    which logs them from the run's metrics, turns that off).
+    gave is checked here first (:mod:`pipelines.train.preflight`), unless the caller did and
+    passes its ``plan`` (a flow, which names the run before it starts). The MLflow run ends
+    FINISHED, FAILED or KILLED with the training. ``console``: rank 0 prints its progress lines
+    (a flow, which logs them from the run's metrics, turns that off).
     """
     started = time.perf_counter()
-    plan = plan_training(cfg, data, init_from, init_options)
+    plan = plan or plan_training(cfg, data, init_from, init_options)
     finished = plan.finished()
     if finished is not None:
         log.info("run %s already finished: %s", plan.name, plan.run_dir.url)

@@ -1,36 +1,18 @@
-"""Where the flow links a flow run in Prefect's UI, and the train task's reuse of a finished run."""
+"""The train task's reuse of a finished run, on the flow's plan."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from uuid import UUID
 
 import pytest
 from prefect.logging import disable_run_logger
-from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL, temporary_settings
 
 from flows.params import TrainingParams
-from flows.tasks import _train, flow_run_url
+from flows.tasks import _train
 from pipelines.common.handoff import TrainResult
 from pipelines.tracking.stage_runs import ensure_experiment, use_tracking
 from pipelines.train.preflight import plan_training
 from pipelines.train.run_directory import FINISHED_FILE
-
-FLOW_RUN = UUID("12345678-1234-5678-1234-567812345678")
-
-
-def test_an_ephemeral_flow_run_links_to_the_ui_prefect_server_start_serves() -> None:
-    with temporary_settings(restore_defaults={PREFECT_API_URL, PREFECT_UI_URL}):
-        assert flow_run_url(FLOW_RUN) == f"http://127.0.0.1:4200/runs/flow-run/{FLOW_RUN}"
-
-
-def test_a_flow_run_on_a_server_links_to_that_servers_ui() -> None:
-    with temporary_settings(
-        updates={PREFECT_API_URL: "http://prefect.example:4200/api"},
-        restore_defaults={PREFECT_UI_URL},
-    ):
-        assert flow_run_url(FLOW_RUN) == f"http://prefect.example:4200/runs/flow-run/{FLOW_RUN}"
-
 
 SENTENCES = [f"w{i % 97} w{(3 * i) % 89} w{i % 5} end" for i in range(120)]  # > 64 types
 
@@ -62,6 +44,6 @@ def test_the_train_task_gives_a_finished_run_back_in_either_mode(
     ensure_experiment()
 
     with disable_run_logger():  # the task's function alone, outside a flow run
-        result = _train.fn(dataset, training, "parent", plan.name)
+        result = _train.fn(dataset, training, "parent", plan)
 
     assert result == finished.model_copy(update={"already_finished": True})

@@ -361,7 +361,7 @@ def test_prepare_is_an_mlflow_run_with_sizes_the_manifest_and_the_dataset_as_inp
     from mlflow import MlflowClient
 
     from elmo_core.data.manifest import manifest_sha256
-    from pipelines.prepare.stage import prepare
+    from pipelines.prepare.stage import prepare, prepare_run_id
     from pipelines.tracking import stage_runs
 
     monkeypatch.setenv("ELMO_HOME", str(tmp_path / "home"))
@@ -389,6 +389,7 @@ def test_prepare_is_an_mlflow_run_with_sizes_the_manifest_and_the_dataset_as_inp
     description = run.data.tags[stage_runs.DESCRIPTION_TAG].split("\n\n")
     assert description[0] == f"Prepared {corpus.train[0]} into {result.dataset}."
     assert description[1].startswith(f"train: {train.num_sentences:,} sentences, ")
+    assert prepare_run_id(result.dataset) == run.info.run_id  # what a flow's summary links
     shards = len(train.shards)
     assert description[1].endswith(f"%, {shards} shard{'s' if shards != 1 else ''}")
     assert description[-1].startswith(f"vocabulary {result.manifest.vocab.size:,} of ")
