@@ -45,7 +45,9 @@ e2e: setup
 	$(PY) -m pytest -q tests/integration/test_end_to_end.py
 
 bench: setup
-	for script in benchmarks/bench_*.py; do $(PY) $$script || exit 1; done
+	for script in benchmarks/bench_*.py; do \
+		$(PY) -m benchmarks.$$(basename $$script .py) || exit 1; \
+	done
 
 # Local stack (infra/local): Prefect server + worker, MLflow server, Ray head on 127.0.0.1.
 .PHONY: stack-up stack-status stack-down

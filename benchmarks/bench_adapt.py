@@ -1,6 +1,6 @@
 """Adaptation on real data: accuracy with and without ELMo, and what the activation cache saves.
 
-    python benchmarks/bench_adapt.py [--data-root ../shared/data] [--bilm PATH_OR_URI]
+    python -m benchmarks.bench_adapt [--data-root ../shared/data] [--bilm PATH_OR_URI]
         [--only all|speed|accuracy] [--speed-preset small] [--speed-sentences 256]
         [--pretrain-steps 200] [--max-train 2000] [--epochs 3] [--threads 1]
 
@@ -34,8 +34,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from harness import check_agreement, print_summary, time_in_turn
 
+from benchmarks.harness import check_agreement, print_summary, time_in_turn
 from elmo_core.config import PrepareConfig
 from elmo_core.model.bilm import BiLM
 from elmo_core.presets import model_preset

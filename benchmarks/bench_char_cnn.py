@@ -1,8 +1,8 @@
 """Where a CPU step goes in the char CNN, and two speed-ups for it (issue 23).
 
-    python benchmarks/bench_char_cnn.py              # small and ptb-small, 1 and 2 threads
-    python benchmarks/bench_char_cnn.py --presets small --threads 1 --repeats 3
-    python benchmarks/bench_char_cnn.py --smoke      # tiny sizes, synthetic words (tested in CI)
+    python -m benchmarks.bench_char_cnn              # small and ptb-small, 1 and 2 threads
+    python -m benchmarks.bench_char_cnn --presets small --threads 1 --repeats 3
+    python -m benchmarks.bench_char_cnn --smoke      # tiny sizes, synthetic words (tested in CI)
 
 Inputs: the distinct token types of one training batch (``--rows`` × ``--window``, both streams)
 of real text (``--text``, WikiText-2 valid from ``../shared/data`` by default; ``synthetic``, or
@@ -46,24 +46,22 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from bench_cpu_step import model_config  # noqa: E402
-from bench_step_ops import Launches  # noqa: E402
-from harness import check_agreement, print_summary, time_in_turn  # noqa: E402
-from workload import synthetic_windows, worker_step  # noqa: E402
-
-from elmo_core.config import ModelConfig, TrainConfig  # noqa: E402
-from elmo_core.model.bilm import BiLM  # noqa: E402
-from elmo_core.model.char_cnn import (  # noqa: E402
+from benchmarks.bench_cpu_step import model_config
+from benchmarks.bench_step_ops import Launches
+from benchmarks.harness import check_agreement, print_summary, time_in_turn
+from benchmarks.workload import synthetic_windows, worker_step
+from elmo_core.config import ModelConfig, TrainConfig
+from elmo_core.model.bilm import BiLM
+from elmo_core.model.char_cnn import (
     CharCNN,
     TokenTypes,
-    _pool_padded,
-    _pool_per_width,
-    _trim_tail,
+    pool_padded,
+    pool_per_width,
     token_types,
+    trim_tail,
 )
-from elmo_core.text.char_ids import tokens_to_ids  # noqa: E402
-from elmo_core.training.step import TrainingStep  # noqa: E402
+from elmo_core.text.char_ids import tokens_to_ids
+from elmo_core.training.step import TrainingStep
 
 REPO = Path(__file__).resolve().parents[1]
 TEXT = REPO.parent / "shared" / "data" / "wikitext2" / "wiki.valid.tokens"
@@ -143,7 +141,7 @@ def build_setting(config: ModelConfig, batch: Windows) -> Setting:
     encoder = CharCNN(config).train()
     windows, types, _ = batch
     char_ids = torch.stack([windows["forward_inputs"], windows["backward_inputs"]])
-    trimmed = _trim_tail(types.char_ids.long(), encoder.max_width, types.used_width)
+    trimmed = trim_tail(types.char_ids.long(), encoder.max_width, types.used_width)
     grad_output = torch.randn(*char_ids.shape[:-1], encoder.output_dim)  # (2, B, T, P)
     grad_projected = torch.zeros(trimmed.shape[0], encoder.output_dim).index_add_(
         0, types.inverse.reshape(-1), grad_output.reshape(-1, encoder.output_dim)
@@ -215,9 +213,9 @@ def runs(setting: Setting) -> dict[str, Callable[[], None]]:
         "amax": backward(lambda: pooled(encoder, setting, pool_amax), setting.grad_pooled),
         "convolutions": convolutions,
         "per-width": backward(
-            lambda: pooled(encoder, setting, _pool_per_width), setting.grad_pooled
+            lambda: pooled(encoder, setting, pool_per_width), setting.grad_pooled
         ),
-        "padded": backward(lambda: pooled(encoder, setting, _pool_padded), setting.grad_pooled),
+        "padded": backward(lambda: pooled(encoder, setting, pool_padded), setting.grad_pooled),
         "highway": backward(highway(False), setting.grad_features),
         "highway bf16": backward(highway(True), setting.grad_features),
         "projection": backward(
@@ -231,7 +229,7 @@ def pool_agreement(setting: Setting) -> dict[str, float]:
     difference."""
     encoder = setting.encoder
     results = {}
-    for name, pool in (("amax", pool_amax), ("max", _pool_per_width), ("padded", _pool_padded)):
+    for name, pool in (("amax", pool_amax), ("max", pool_per_width), ("padded", pool_padded)):
         encoder.zero_grad(set_to_none=True)
         features = pooled(encoder, setting, pool)
         features.backward(setting.grad_pooled)
@@ -288,8 +286,8 @@ def count_ops(setting: Setting) -> dict[str, int]:
 
     counted = {
         "amax": pool_run(pool_amax),
-        "per-width": pool_run(_pool_per_width),
-        "padded": pool_run(_pool_padded),
+        "per-width": pool_run(pool_per_width),
+        "padded": pool_run(pool_padded),
         "char CNN before": encode_run(as_before(CharCNN(encoder.config).train())),
         "char CNN": encode_run(encoder),
         "char CNN padded": encode_run(padded),

@@ -1,8 +1,8 @@
 """CPU training step: positions/s of the real biLM training step, fused LSTM against reference.
 
-    python benchmarks/bench_cpu_step.py              # small and ptb-small, 32 and 128 rows × 20
-    python benchmarks/bench_cpu_step.py --presets ptb-small --rows 32 --threads 1 --steps 9
-    python benchmarks/bench_cpu_step.py --smoke      # tiny sizes (tested in CI)
+    python -m benchmarks.bench_cpu_step              # small and ptb-small, 32 and 128 rows × 20
+    python -m benchmarks.bench_cpu_step --presets ptb-small --rows 32 --threads 1 --steps 9
+    python -m benchmarks.bench_cpu_step --smoke      # tiny sizes (tested in CI)
 
 Issue 23, "CPU training step". Times :class:`elmo_core.training.step.TrainingStep` (forward on both
 streams, backward, the global-norm clip, row-sparse Adagrad with the softmax's touched rows; real
@@ -36,14 +36,12 @@ from pathlib import Path
 import torch
 import yaml
 
-sys.path.insert(0, str(Path(__file__).parent))
-from harness import print_summary, time_in_turn  # noqa: E402
-from workload import synthetic_windows, worker_step  # noqa: E402
-
-from elmo_core.config import ModelConfig, TrainConfig  # noqa: E402
-from elmo_core.model.bilm import BiLM  # noqa: E402
-from elmo_core.presets import PRESETS, model_preset  # noqa: E402
-from elmo_core.training.step import TrainingStep  # noqa: E402
+from benchmarks.harness import print_summary, time_in_turn
+from benchmarks.workload import synthetic_windows, worker_step
+from elmo_core.config import ModelConfig, TrainConfig
+from elmo_core.model.bilm import BiLM
+from elmo_core.presets import PRESETS, model_preset
+from elmo_core.training.step import TrainingStep
 
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS = {  # name: (lstm_impl, batch_directions)

@@ -1,7 +1,7 @@
 """The training data path alone: positions/s the batches reach a GPU step at, by loader processes.
 
-    python benchmarks/bench_data_path.py [--data-root ../shared/data] [--steps 400]
-    python benchmarks/bench_data_path.py --corpus python-docs     # no data needed (a GPU machine)
+    python -m benchmarks.bench_data_path [--data-root ../shared/data] [--steps 400]
+    python -m benchmarks.bench_data_path --corpus python-docs     # no data needed (a GPU machine)
 
 Reads PTB (prepared as 1B-Word shards; or the bundled ``python-docs`` corpus) with the GPU recipe's
 shape, 128 rows × 20 steps, through
@@ -32,14 +32,13 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.bench_eval_protocols import prepare_benchmark_corpus
+from benchmarks.harness import print_summary
 from elmo_core.data.reader import load_manifest, load_word_types
 from elmo_core.presets import model_preset
 from elmo_core.training.batches import CandidateSpec, StepBatches, StreamSpec
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-from bench_eval_protocols import prepare_benchmark_corpus  # noqa: E402  (shared corpus setup)
-from harness import print_summary  # noqa: E402
 
 GOAL_TRAINING_RATE = 250_000  # positions/s on one H100 (issue 13)
 ORIGINAL_DRAW = CandidateSpec(vocab_size=793_471, num_samples=model_preset("original").num_samples)

@@ -16,7 +16,7 @@ tokenization, as prepare reads raw text), the first ``--sentences`` of them; wit
 the benchmark prints that it skipped. The two outputs are checked to agree before timing. The
 last line is one JSON object; ``ratio = baseline_seconds / candidate_seconds``.
 
-    python benchmarks/bench_embed.py --sentences 2000 --preset small --workers 2
+    python -m benchmarks.bench_embed --sentences 2000 --preset small --workers 2
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
+from benchmarks.harness import print_summary, time_in_turn
 from elmo_core.model.bilm import BiLM
 from elmo_core.model.serialization import write_bilm_dir
 from elmo_core.presets import model_preset
@@ -41,8 +42,6 @@ from elmo_core.text.tokenize import MosesTokenizer
 from pipelines.embed.embedding_shards import table_vectors
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-from harness import print_summary, time_in_turn  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -1,6 +1,6 @@
 """Perplexity protocols on real text: bilm-tf's one token per step against 20-token windows.
 
-    python benchmarks/bench_eval_protocols.py [--data-root ../shared/data] [--train-steps 100]
+    python -m benchmarks.bench_eval_protocols [--data-root ../shared/data] [--train-steps 100]
         [--test-sentences 600] [--repeats 3] [--threads 2]
 
 Prepares PTB (train → training shards, the first ``--test-sentences`` of test → heldout
@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 import torch
-from harness import print_summary, seconds_per_call
 
+from benchmarks.harness import print_summary, seconds_per_call
 from elmo_core.config import CharCNNConfig, LSTMConfig, ModelConfig, PrepareConfig
 from elmo_core.data.batching import TokenStream, window_char_ids
 from elmo_core.data.reader import load_manifest, load_word_types

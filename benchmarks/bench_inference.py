@@ -1,8 +1,8 @@
 """CPU inference of the frozen biLM: tokens/s of our two LSTM loops against a baseline.
 
-    python benchmarks/bench_inference.py               # the settings below, then two under load
-    python benchmarks/bench_inference.py --settings original:32:2 --loaded ""
-    python benchmarks/bench_inference.py --smoke       # tiny, made-up sentences (tested in CI)
+    python -m benchmarks.bench_inference               # the settings below, then two under load
+    python -m benchmarks.bench_inference --settings original:32:2 --loaded ""
+    python -m benchmarks.bench_inference --smoke       # tiny, made-up sentences (tested in CI)
 
 Issue 23, "CPU inference": the path ``elmo embed`` and the pyfunc models take
 (:func:`elmo_core.model.elmo.bilm_layers`: eval mode, ``torch.inference_mode``). Three models on
@@ -39,14 +39,12 @@ from typing import NamedTuple
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from bench_bilm import StraightforwardBiLM  # noqa: E402
-from bench_threads_under_load import competing_load  # noqa: E402
-from harness import check_agreement, print_summary, time_in_turn  # noqa: E402
-
-from elmo_core.model.bilm import BiLM  # noqa: E402
-from elmo_core.presets import model_preset  # noqa: E402
-from elmo_core.text.char_ids import batch_to_ids  # noqa: E402
+from benchmarks.bench_bilm import StraightforwardBiLM
+from benchmarks.bench_threads_under_load import competing_load
+from benchmarks.harness import check_agreement, print_summary, time_in_turn
+from elmo_core.model.bilm import BiLM
+from elmo_core.presets import model_preset
+from elmo_core.text.char_ids import batch_to_ids
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = ("baseline", "reference", "fused")

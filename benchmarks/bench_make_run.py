@@ -1,6 +1,6 @@
 """`make run` from nothing, as README tells a new user: a fresh clone, setup, run.
 
-    python benchmarks/bench_make_run.py [--ref HEAD] [--keep DIR] [--results benchmarks/results]
+    python -m benchmarks.bench_make_run [--ref HEAD] [--keep DIR] [--results benchmarks/results]
 
 Clones ``--ref`` of this repository into a new directory, runs ``make setup`` (a new ``.venv``;
 pip's download cache is the machine's) and ``make run`` with a new ``ELMO_HOME``, each timed as a
@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import print_summary
+from benchmarks.harness import print_summary
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = ("prepare", "train", "evaluate", "register", "adapt", "analyze")
@@ -115,7 +115,7 @@ def report(summary: dict[str, object], run_log: Path) -> str:
         "",
         "A fresh clone, `make setup` (new `.venv`, pip's download cache warm), `make run` with a",
         f"new `ELMO_HOME`, alone on {summary['cores']} cores. Measured with",
-        "`python benchmarks/bench_make_run.py`.",
+        "`python -m benchmarks.bench_make_run`.",
         "",
         "| part | time |",
         "|---|---|",

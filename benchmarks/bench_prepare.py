@@ -1,6 +1,6 @@
 """Throughput and peak memory of ``elmo prepare`` against a naive pure-Python preparer.
 
-    python benchmarks/bench_prepare.py [--data-root ../shared/data] [--size-mb 200] [--quick]
+    python -m benchmarks.bench_prepare [--data-root ../shared/data] [--size-mb 200] [--quick]
         [--repeats 3] [--workers-list 1,2] [--max-vocab 100000] [--keep-corpus] [--cache-dir DIR]
 
 Corpus (:mod:`prepare_corpus`): PTB and the plain-text books copied until ``--size-mb`` of
@@ -51,12 +51,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from harness import print_summary
-from prepare_corpus import build_corpus, corpus_files, doubled_corpus, source_files
 
+from benchmarks.harness import print_summary
+from benchmarks.prepare_corpus import build_corpus, corpus_files, doubled_corpus, source_files
 from elmo_core.data.shards import target_ids
 
 REPO = Path(__file__).resolve().parents[1]
+MODULE = [sys.executable, "-m", "benchmarks.bench_prepare"]  # this script, run from REPO
 SPECIALS = ("<S>", "</S>", "<UNK>")  # bilm-tf's vocabulary head, as elmo_core.text.vocab
 
 
@@ -238,7 +239,7 @@ def parse_phases(printed: str) -> dict[str, float] | None:
 
 def naive_command(corpus: Path, out: Path, max_vocab: int | None) -> list[str]:
     vocab = ["--max-vocab", str(max_vocab)] if max_vocab else []
-    return [sys.executable, __file__, "--run-naive", str(corpus), str(out), *vocab]
+    return [*MODULE, "--run-naive", str(corpus), str(out), *vocab]
 
 
 def prepare_command(corpus: Path, out: Path, max_vocab: int | None, workers: int) -> list[str]:
@@ -360,14 +361,14 @@ def reference_job() -> None:
 
 def reference_scaling(env: dict[str, str], repeats: int) -> float:
     """Median over ``repeats`` of: the job twice in one process / once in each of two at once."""
-    job = [sys.executable, __file__, "--run-reference-job"]
+    job = [*MODULE, "--run-reference-job"]
     ratios = []
     for _ in range(repeats):
         started = time.perf_counter()
-        subprocess.run([*job, "2"], env=env, check=True)
+        subprocess.run([*job, "2"], cwd=REPO, env=env, check=True)
         serial = time.perf_counter() - started
         started = time.perf_counter()
-        for process in [subprocess.Popen([*job, "1"], env=env) for _ in range(2)]:
+        for process in [subprocess.Popen([*job, "1"], cwd=REPO, env=env) for _ in range(2)]:
             process.wait()
         ratios.append(serial / (time.perf_counter() - started))
     return sorted(ratios)[(len(ratios) - 1) // 2]

@@ -1,6 +1,6 @@
 """Peak memory of the sampled-softmax loss, forward + backward: whole logits against chunks.
 
-    python benchmarks/bench_softmax_memory.py [--positions 20480] [--chunk-sizes 512,2048]
+    python -m benchmarks.bench_softmax_memory [--positions 20480] [--chunk-sizes 512,2048]
 
 ``original``'s shape on the CPU: K = 8,192 candidates drawn log-uniformly from V = 793,471 words,
 N = 1024 rows × 20 steps positions with log-uniform targets, P = 512. Only the rows the targets and
@@ -27,10 +27,11 @@ import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
-from harness import print_summary
 
+from benchmarks.harness import print_summary
 from elmo_core.model.softmax import (
     LogUniformSampler,
     SampledSoftmax,
@@ -40,6 +41,7 @@ from elmo_core.model.softmax import (
 )
 from elmo_core.presets import model_preset
 
+REPO = Path(__file__).resolve().parents[1]
 VOCAB_SIZE = 793_471  # original's vocabulary (1B Word Benchmark)
 ORIGINAL = model_preset("original")
 MB = 1e6
@@ -115,10 +117,10 @@ def measure(method: str, positions: int, samples: int, dim: int) -> dict[str, fl
 
 def run_child(method: str, args: argparse.Namespace) -> dict[str, float]:
     """``measure`` in a fresh process, so no earlier run's high-water mark hides this one."""
-    command = [sys.executable, __file__, "--child", method]
+    command = [sys.executable, "-m", "benchmarks.bench_softmax_memory", "--child", method]
     command += ["--positions", str(args.positions), "--samples", str(args.samples)]
     command += ["--dim", str(args.dim)]
-    done = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True)
+    done = subprocess.run(command, cwd=REPO, check=True, stdout=subprocess.PIPE, text=True)
     result: dict[str, float] = json.loads(done.stdout.splitlines()[-1])
     return result
 

@@ -1,8 +1,8 @@
 """Launches per training step: the ops one whole biLM training step dispatches (issue 23).
 
-    python benchmarks/bench_step_ops.py                      # original, 128 and 1024 rows × 20
-    python benchmarks/bench_step_ops.py --rows 128 --launch-us 5 --efficiency 0.5
-    python benchmarks/bench_step_ops.py --smoke              # tiny sizes (tested in CI)
+    python -m benchmarks.bench_step_ops                      # original, 128 and 1024 rows × 20
+    python -m benchmarks.bench_step_ops --rows 128 --launch-us 5 --efficiency 0.5
+    python -m benchmarks.bench_step_ops --smoke              # tiny sizes (tested in CI)
 
 Counts every op a :class:`elmo_core.training.step.TrainingStep` call dispatches — forward on both
 streams, backward, the global-norm clip and the row-sparse Adagrad — with a ``TorchDispatchMode``,
@@ -40,7 +40,6 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -48,15 +47,13 @@ import torch
 from torch._library.custom_ops import OPDEFS
 from torch.utils._python_dispatch import TorchDispatchMode
 
-sys.path.insert(0, str(Path(__file__).parent))
-from harness import print_summary  # noqa: E402
-from workload import synthetic_windows, training_flops_per_position, worker_step  # noqa: E402
-
-from elmo_core.config import TrainConfig  # noqa: E402
-from elmo_core.model.bilm import BiLM  # noqa: E402
-from elmo_core.presets import model_preset  # noqa: E402
-from elmo_core.training import step as step_module  # noqa: E402
-from elmo_core.training.step import TrainingStep  # noqa: E402
+from benchmarks.harness import print_summary
+from benchmarks.workload import synthetic_windows, training_flops_per_position, worker_step
+from elmo_core.config import TrainConfig
+from elmo_core.model.bilm import BiLM
+from elmo_core.presets import model_preset
+from elmo_core.training import step as step_module
+from elmo_core.training.step import TrainingStep
 
 VARIANTS = {  # name: (lstm_impl, batch_directions)
     "reference_apart": ("reference", False),

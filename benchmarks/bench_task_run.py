@@ -1,13 +1,13 @@
 """One analysis task-model run: this tree against another, and where its time goes.
 
-    python benchmarks/bench_task_run.py --bilm MODEL_DIR --task TASK.yaml [--before TREE]
+    python -m benchmarks.bench_task_run --bilm MODEL_DIR --task TASK.yaml [--before TREE]
         [--fraction 0.1] [--repeats 2] [--profile]
 
 The run is the analysis's (``elmo analyze``): ``--fraction`` of the task's training split with
 ELMo, seed 0, given the updates of the whole split (each tree's own ``same_updates``). Issue 47's
 twin used UD EWT UPOS as ``experiments/analysis_small_data.py`` writes it (``ud-ewt-upos.yaml`` in
 its ``--work``). The activation cache is built once; then each tree times the same run in a
-subprocess of its own (``PYTHONPATH`` at the tree, so its ``elmo_core`` is the one imported),
+subprocess of its own (run from the tree, so its ``elmo_core`` and worker are the ones imported),
 the trees taking turns. ``--before`` is a checkout of the tree before a change (``git worktree
 add /tmp/before HEAD``). ``--profile`` prints each tree's top functions by cumulative time.
 
@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import print_summary
+from benchmarks.harness import print_summary
 
 HERE = Path(__file__).resolve().parents[1]
 
@@ -70,10 +70,13 @@ def one_run(args: argparse.Namespace) -> dict[str, float]:
 
 
 def in_tree(tree: Path, args: argparse.Namespace, profile: bool) -> dict[str, float]:
-    command = [sys.executable, __file__, "--worker", "--bilm", args.bilm, "--work", str(args.work)]
-    command += ["--fraction", str(args.fraction), "--task", str(args.task.resolve())]
-    command += ["--threads", str(args.threads)] + (["--profile"] if profile else [])
-    env = os.environ | {"PYTHONPATH": str(tree)}
+    command = [sys.executable, "-m", "benchmarks.bench_task_run", "--worker", "--bilm", args.bilm]
+    command += ["--work", str(args.work), "--fraction", str(args.fraction)]
+    command += ["--task", str(args.task.resolve()), "--threads", str(args.threads)]
+    command += ["--profile"] if profile else []
+    # the tree's own packages first; a tree from before benchmarks/ was a package (no
+    # __init__.py) finds this one's worker after it, a regular package winning over a namespace
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(tree), str(HERE)])}
     done = subprocess.run(command, env=env, cwd=tree, capture_output=True, text=True, check=False)
     if done.returncode:
         raise SystemExit(f"{tree}: {done.stderr[-3000:]}")

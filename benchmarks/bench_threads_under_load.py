@@ -1,9 +1,9 @@
 """Torch threads under load: the training step with 1 and 2 threads beside competing CPU work.
 
-    python benchmarks/bench_threads_under_load.py              # ptb-small, 32 rows × 20, 4 spinners
-    python benchmarks/bench_threads_under_load.py --hogs 6 --rounds 3
-    python benchmarks/bench_threads_under_load.py --load torch --hogs 2  # beside torch jobs
-    python benchmarks/bench_threads_under_load.py --smoke      # tiny sizes (tested in CI)
+    python -m benchmarks.bench_threads_under_load              # ptb-small, 32 rows × 20, 4 spinners
+    python -m benchmarks.bench_threads_under_load --hogs 6 --rounds 3
+    python -m benchmarks.bench_threads_under_load --load torch --hogs 2  # beside torch jobs
+    python -m benchmarks.bench_threads_under_load --smoke      # tiny sizes (tested in CI)
 
 Issue 23, "Threads under load": on a 2-core machine loaded to ~7 by other work, two torch threads
 ran the ``ptb-small`` step about 10x slower than one. torch's CPU build runs its intra-op threads
@@ -45,11 +45,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
-from harness import print_summary
-
+from benchmarks.harness import print_summary
 from elmo_core.threads import threads_under_load
 
-SCRIPT = Path(__file__).resolve()
+REPO = Path(__file__).resolve().parents[1]
 WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
 SETTINGS = {  # name: (torch threads, OMP_WAIT_POLICY or None for OpenMP's default)
     "1-thread": (1, None),
@@ -119,13 +118,14 @@ def child_env(policy: str | None) -> dict[str, str]:
 def time_setting(args: argparse.Namespace, name: str) -> tuple[list[float], int]:
     """Seconds per timed step of ``name`` in a fresh process, and the threads it ran."""
     threads, policy = SETTINGS[name]
-    command = [sys.executable, str(SCRIPT), "--child", "--threads", str(threads)]
+    command = [sys.executable, "-m", "benchmarks.bench_threads_under_load", "--child"]
+    command += ["--threads", str(threads)]
     if name == "2-under-load":
         command.append("--under-load")
     for flag in ("preset", "variant", "rows", "window", "vocab", "types", "seconds", "min_steps"):
         command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     result = subprocess.run(
-        command, env=child_env(policy), capture_output=True, text=True, check=False
+        command, cwd=REPO, env=child_env(policy), capture_output=True, text=True, check=False
     )
     if result.returncode != 0:
         raise RuntimeError(f"{name} failed:\n{result.stderr}")
@@ -136,7 +136,8 @@ def time_setting(args: argparse.Namespace, name: str) -> tuple[list[float], int]
 def run_child(args: argparse.Namespace) -> int:
     """One setting's timed steps, as JSON; this process's environment is the setting's."""
     import torch  # here: the parent never loads torch, nor its OpenMP runtime
-    from bench_cpu_step import build_step, model_config
+
+    from benchmarks.bench_cpu_step import build_step, model_config
 
     torch.set_num_threads(threads_under_load(args.threads) if args.under_load else args.threads)
     config = model_config(args.preset)
@@ -192,7 +193,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--under-load", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        sys.path.insert(0, str(SCRIPT.parent))
         return run_child(args)
     if args.smoke:
         args.preset, args.rows, args.window, args.vocab, args.types = "tiny", 4, 5, 200, 50

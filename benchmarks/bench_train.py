@@ -1,6 +1,6 @@
 """Training throughput: Ray worker scaling, the softmax-gradient exchange, and the data path.
 
-    python benchmarks/bench_train.py [--data-root ../shared/data] [--steps 40] [--vocab 100000]
+    python -m benchmarks.bench_train [--data-root ../shared/data] [--steps 40] [--vocab 100000]
 
 Three measurements, each against a baseline from the same run:
 
@@ -24,7 +24,6 @@ import argparse
 import os
 import socket
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -33,16 +32,15 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from benchmarks.bench_data_path import measure as measure_data_path
+from benchmarks.bench_eval_protocols import prepare_ptb, small_config
+from benchmarks.harness import print_summary
 from elmo_core.config import TrainConfig
 from elmo_core.model.softmax import LogUniformSampler
 from elmo_core.training.gradient_exchange import exchange_softmax_gradients
 from pipelines.train.job_config import RunConfig, TrainJobConfig
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-from bench_data_path import measure as measure_data_path  # noqa: E402
-from bench_eval_protocols import prepare_ptb, small_config  # noqa: E402  (shared PTB setup)
-from harness import print_summary  # noqa: E402
 
 BATCH_SIZE, UNROLL_STEPS = 32, 20
 

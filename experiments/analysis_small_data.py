@@ -10,7 +10,7 @@ test questions; a seeded tenth of train as dev). Each at ``--fractions`` of its 
 label with no example is raised to the smallest that keeps one) over ``--seeds``, one analyze
 run per task.
 
-    python experiments/analysis_small_data.py --bilm RUN_DIR/best [--max-train 3000]
+    python -m experiments.analysis_small_data --bilm RUN_DIR/best [--max-train 3000]
 
 ``--max-train`` caps each task's training set (the first sentences) where a 2-core machine cannot
 run the whole in its time, for every task or per task (``ud-ewt-upos=1000,subj=2000``); the

@@ -1,6 +1,6 @@
 """A larger batch per GPU: what the recipe needs with it, from 300 steps against bilm-tf's 128 rows.
 
-    python experiments/batch_recipe.py [--preset original] [--rows 1024] [--steps 300]
+    python -m experiments.batch_recipe [--preset original] [--rows 1024] [--steps 300]
         [--corpus ptb (under --data-root) | python-docs (bundled: for a machine without data)]
 
 Three runs from the same initial weights, with the step a Ray worker runs (bf16 on CUDA) fed by
@@ -28,6 +28,7 @@ from typing import NamedTuple
 
 import torch
 
+from benchmarks.bench_eval_protocols import prepare_benchmark_corpus
 from elmo_core.config import TrainConfig
 from elmo_core.data.reader import load_manifest
 from elmo_core.model.bilm import BiLM
@@ -39,8 +40,6 @@ from pipelines.prepare.corpus_sources import SAMPLE_CORPUS
 from pipelines.train.job_config import GPU_DEFAULTS
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-from bench_eval_protocols import prepare_benchmark_corpus  # noqa: E402  (shared corpus setup)
 
 BASE_ROWS, BASE_LR, UNROLL, MEAN_OF = 128, 0.2, 20, 10
 HELDOUT_WINDOWS = 20  # 128 × 20 positions each

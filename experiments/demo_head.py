@@ -1,7 +1,7 @@
 """The demo's in-domain task (``examples/tasks/docstrings.yaml``) under a biLM: ELMo against the
 baseline over seeds 0, 1, 2, for the shipped head and for variants of it.
 
-    python experiments/demo_head.py --bilm RUN_DIR/model \
+    python -m experiments.demo_head --bilm RUN_DIR/model \
         --variants '[{}, {"head": {"hidden_dim": 64, "elmo_layer_norm": true}}]'
 
 Each variant updates the task's ``head`` and ``training`` keys. One line per variant: each

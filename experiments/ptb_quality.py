@@ -1,6 +1,6 @@
 """Language-model quality on Penn Treebank: train a named config, report heldout perplexity.
 
-    python experiments/ptb_quality.py [--data-root ../shared/data] [--config configs/ptb-small.yaml]
+    python -m experiments.ptb_quality [--data-root ../shared/data] [--config configs/ptb-small.yaml]
         [--minutes 35 | --max-steps N] [--work DIR] [--set section.key=value ...]
 
 Prepares PTB with the 1B Word Benchmark's whitespace tokenizer (PTB is already tokenized, so

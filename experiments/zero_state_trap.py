@@ -1,9 +1,9 @@
 """The zero-state trap (issue 32): what a run's checkpoints do from zero, and what the warm start
 changes downstream.
 
-    python experiments/zero_state_trap.py perplexity --data DATASET --run RUN_DIR [RUN_DIR ...]
-    python experiments/zero_state_trap.py stateless --data DATASET --bilm MODEL_DIR [MODEL_DIR ...]
-    python experiments/zero_state_trap.py adapt --bilm MODEL_DIR [--data-root ../shared/data]
+    python -m experiments.zero_state_trap perplexity --data DATASET --run RUN_DIR [RUN_DIR ...]
+    python -m experiments.zero_state_trap stateless --data DATASET --bilm MODEL_DIR [MODEL_DIR ...]
+    python -m experiments.zero_state_trap adapt --bilm MODEL_DIR [--data-root ../shared/data]
         [--seeds 0,1,2] [--max-train 2000]
 
 * ``perplexity`` — for every checkpoint of each run: heldout perplexity per direction with the

@@ -1,7 +1,8 @@
 """House rules a review would otherwise have to re-check: every module has its tests (a mirror
-file or a line in tests/README.md), no test file outlives its module, and module docstrings stay
-short (docs/style.md: they say why; figures live in benchmarks/results/). Run as a script, it
-prints the figures these rules are about: ``python tests/test_house_rules.py``."""
+file or a line in tests/README.md), no test file outlives its module, no script edits
+``sys.path``, and module docstrings stay short (docs/style.md: they say why; figures live in
+benchmarks/results/). Run as a script, it prints the figures these rules are about:
+``python tests/test_house_rules.py``."""
 
 from __future__ import annotations
 
@@ -61,6 +62,14 @@ def test_every_test_file_is_named_after_a_module_or_says_what_it_checks() -> Non
 def test_the_readme_names_only_paths_that_exist() -> None:
     named = re.findall(r"^\| `([\w/.]+\.py)`", README, flags=re.MULTILINE)
     assert named and [path for path in named if not (ROOT / path).exists()] == []
+
+
+def test_scripts_import_their_siblings_as_packages_not_through_sys_path() -> None:
+    """benchmarks, experiments and infra run as ``python -m`` from the root: a path insert would
+    let an import work from one folder only."""
+    scripts = _modules(("elmo_core", "pipelines", "flows", "benchmarks", "experiments", "infra"))
+    inserts = [p for p in scripts if "sys.path.insert" in p.read_text(encoding="utf-8")]
+    assert [str(path.relative_to(ROOT)) for path in inserts] == []
 
 
 def test_module_docstrings_are_short() -> None:

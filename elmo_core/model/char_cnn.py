@@ -71,7 +71,7 @@ class CharCNN(nn.Module):
 
     @property
     def max_width(self) -> int:
-        """The widest filter: how much constant tail :func:`_trim_tail` must keep."""
+        """The widest filter: how much constant tail :func:`trim_tail` must keep."""
         return max(width for width, _ in self.config.char_cnn.filters)
 
     def reset_parameters(self) -> None:
@@ -118,12 +118,12 @@ class CharCNN(nn.Module):
 
     def _encode(self, char_ids: torch.Tensor, used_width: int) -> torch.Tensor:
         """``char_ids (N, W)`` whose columns from ``used_width`` on are each row's tail → (N, P)."""
-        chars = self.char_embedding(_trim_tail(char_ids, self.max_width, used_width))  # (N, W', E)
+        chars = self.char_embedding(trim_tail(char_ids, self.max_width, used_width))  # (N, W', E)
         pooled = self.pool(self, chars.transpose(1, 2), used_width)  # (N, F)
         return self.projection(self.highway(self.activation(pooled)))  # (N, P)
 
 
-def _pool_per_width(encoder: CharCNN, chars: torch.Tensor, used_width: int) -> torch.Tensor:
+def pool_per_width(encoder: CharCNN, chars: torch.Tensor, used_width: int) -> torch.Tensor:
     """``chars (N, E, W')`` → each filter's max over its own valid positions, ``(N, F)``.
 
     ``max`` rather than ``amax``: the same values, and a backward that writes the gradient to one
@@ -138,8 +138,8 @@ def _pool_per_width(encoder: CharCNN, chars: torch.Tensor, used_width: int) -> t
     return _add_biases(pooled, convolutions)
 
 
-def _pool_padded(encoder: CharCNN, chars: torch.Tensor, used_width: int) -> torch.Tensor:
-    """The same ``(N, F)`` as :func:`_pool_per_width` by ONE convolution of every filter.
+def pool_padded(encoder: CharCNN, chars: torch.Tensor, used_width: int) -> torch.Tensor:
+    """The same ``(N, F)`` as :func:`pool_per_width` by ONE convolution of every filter.
 
     Each kernel is zero-padded on the right to the widest width w_max and all are stacked, so one
     GEMM runs every width; the Conv1d's stay the parameters (the stacked weight is built here), so
@@ -168,7 +168,7 @@ def _pool_padded(encoder: CharCNN, chars: torch.Tensor, used_width: int) -> torc
     return _add_biases(_max_over_positions(out), convolutions)  # (N, F)
 
 
-_POOLS = {"per_width": _pool_per_width, "padded": _pool_padded}
+_POOLS = {"per_width": pool_per_width, "padded": pool_padded}
 
 
 def _add_biases(pooled: torch.Tensor, convolutions: list[nn.Conv1d]) -> torch.Tensor:
@@ -204,7 +204,7 @@ def channels_last(chars: torch.Tensor) -> bool:
     return chars.is_cuda
 
 
-def _trim_tail(char_ids: torch.Tensor, max_width: int, used_width: int) -> torch.Tensor:
+def trim_tail(char_ids: torch.Tensor, max_width: int, used_width: int) -> torch.Tensor:
     """``char_ids (N, W)`` cut to ``(N, W')``: the same pooled features for a fraction of the work.
 
     Past its last real char a token holds one id repeated (the pad char, or 0 for a padding

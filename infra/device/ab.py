@@ -1,14 +1,14 @@
 """Each change timed against the tree before it, in one device call: ``gpu_bilm.py`` from each
 tree in turn, alternated over rounds, so that the machine's drift falls on all alike.
 
-    python infra/device/ab.py [BASELINE...] [--impls fused,graphed] [gpu_bilm.py's arguments]
+    python -m infra.device.ab [BASELINE...] [--impls fused,graphed] [gpu_bilm.py's arguments]
 
-Each ``BASELINE`` is a tree made by ``device_env.py baseline REF... DIR`` (``DIR/baseline-K``, its
-commit in ``COMMIT``), oldest first; this tree, the one the script sits in, comes last. With
-``--impls``, each tree runs each LSTM variant in turn: one variant against another. Each run is
-its own process (its own CUDA context and Inductor cache). Printed: each run's summary line, then
-one JSON object: per tree (and variant) the runs' positions/s at each row count, and each one's
-median over the one before it's.
+Each ``BASELINE`` is a tree made by ``python -m infra.device.device_env baseline REF... DIR``
+(``DIR/baseline-K``, its commit in ``COMMIT``), oldest first; this tree, the one the script sits
+in, comes last. With ``--impls``, each tree runs each LSTM variant in turn: one variant against
+another. Each run is its own process (its own CUDA context and Inductor cache). Printed: each
+run's summary line, then one JSON object: per tree (and variant) the runs' positions/s at each
+row count, and each one's median over the one before it's.
 """
 
 from __future__ import annotations
@@ -27,20 +27,22 @@ RATE = "_positions_per_s"
 
 
 def run(tree: Path, arguments: list[str]) -> dict[str, object]:
-    """``gpu_bilm.py`` from ``tree``, importing ``tree``'s packages: its summary line."""
+    """``gpu_bilm.py`` from ``tree``, importing ``tree``'s packages: its summary line. A tree from
+    before ``infra`` was a package runs the same way, its folders namespace packages."""
     path = [str(tree), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
     path = [p for p in path if Path(p).resolve() != REPO or tree.resolve() == REPO]
     environment = dict(os.environ) | {"PYTHONPATH": os.pathsep.join(path)}
-    script = tree / "infra" / "device" / "gpu_bilm.py"
-    done = subprocess.run(
-        [sys.executable, str(script), *arguments],
+    done = subprocess.run(  # from the tree: its packages first on the path
+        [sys.executable, "-m", "infra.device.gpu_bilm", *arguments],
+        cwd=tree,
         env=environment,
         capture_output=True,
         text=True,
         check=False,
     )
     if done.returncode != 0:
-        raise SystemExit(f"ab.py: {script} failed:\n{done.stdout[-2000:]}{done.stderr[-4000:]}")
+        output = f"{done.stdout[-2000:]}{done.stderr[-4000:]}"
+        raise SystemExit(f"ab.py: infra.device.gpu_bilm in {tree} failed:\n{output}")
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert isinstance(summary, dict)
     return summary

@@ -6,10 +6,10 @@ is the closure of ``ROOTS``' requirements (markers evaluated for Linux and the d
 less the image's, each at the version ``constraints.txt`` pins. The rehearsal installs exactly
 these; ``guard`` runs a CPU process that sees only what the device would have.
 
-    python infra/device/device_env.py wheels                 # name==version, one a line
-    python infra/device/device_env.py fetch .device          # the cp312 wheels to carry
-    python infra/device/device_env.py baseline REF... .device   # the trees for the `ab` part
-    python infra/device/device_env.py guard -m pytest ...    # python seeing only those packages
+    python -m infra.device.device_env wheels                 # name==version, one a line
+    python -m infra.device.device_env fetch .device          # the cp312 wheels to carry
+    python -m infra.device.device_env baseline REF... .device   # the trees for the `ab` part
+    python -m infra.device.device_env guard -m pytest ...    # python seeing only those packages
 """
 
 from __future__ import annotations

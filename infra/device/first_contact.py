@@ -19,7 +19,7 @@ and each stage's status.
    GPU's idle gaps, launches and host syncs per step);
 5. inference, only if time remains.
 
-    python infra/device/first_contact.py OUT [--rehearse]
+    python -m infra.device.first_contact OUT [--rehearse]
 
 ``--rehearse``: tiny sizes on a CPU (the meta device stands in for CUDA where the code allows),
 through the same stages and boxes; ``infra/device/rehearse.py`` runs it so.
@@ -55,8 +55,7 @@ CORRECTNESS_CHECKS = "cuda or kernel or triton or buffer or bf16 or host"
 BF16_STEPS = 100  # the bf16 test's curve (ELMO_BF16_STEPS): 50 settled steps past its steep start
 ENVIRONMENT = """
 import json, subprocess, sys, torch
-sys.path.insert(0, "infra/device")
-from gpu_bilm import matmul_flops_per_second
+from infra.device.gpu_bilm import matmul_flops_per_second
 cuda = torch.cuda.is_available()
 figures = {"python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda}
 if cuda:
@@ -88,13 +87,12 @@ class Stage:
 def stages(out: Path, rehearse: bool) -> list[Stage]:
     """The run's stages, at the device's sizes or, rehearsing, at tiny ones."""
     python = os.environ.get("PYTHON", sys.executable)
-    bilm = [python, "infra/device/gpu_bilm.py"]
-    if rehearse:
-        bilm += ["--smoke", "--device", "meta"]  # CUDA's device rules, on a CPU
-    fused = [*bilm, "--lstm-impl", "fused", "--batch-directions"]
+    plain = [python, "-m", "infra.device.gpu_bilm", *(["--smoke"] if rehearse else [])]
+    bilm = [*plain, "--device", "meta"] if rehearse else plain  # CUDA's device rules, on a CPU
+    batched = ["--lstm-impl", "fused", "--batch-directions"]
+    fused = [*bilm, *batched]
     rows = "8" if rehearse else "1024"
     pytest = [*correctness_tests(python), "--junitxml", str(out / TESTS_REPORT)]
-    profiled = [*bilm[:2], "--smoke"] if rehearse else bilm  # the CPU profiles, meta cannot
     return [
         Stage("environment", 45, [[python, "-c", ENVIRONMENT]]),
         Stage("correctness", 90, [pytest]),
@@ -102,7 +100,7 @@ def stages(out: Path, rehearse: bool) -> list[Stage]:
             "speed",
             180,
             [
-                *([[*fused[:3], "--device", "fake-cuda", *fused[5:]]] if rehearse else []),
+                *([[*plain, "--device", "fake-cuda", *batched]] if rehearse else []),
                 [*fused, "--sweep", rows],
                 [*bilm, "--lstm-impl", "reference", "--batch-directions", "--only", "sweep"]
                 + ["--sweep", "4" if rehearse else "128"],
@@ -111,15 +109,12 @@ def stages(out: Path, rehearse: bool) -> list[Stage]:
         Stage(
             "profile",
             60,
-            [[*profiled, "--lstm-impl", "fused", "--batch-directions"] + ["--only", "profile"]],
+            [[*plain, *batched, "--only", "profile"]],  # the CPU profiles, meta cannot
         ),
         Stage(
             "inference",
             45,
-            [
-                [*bilm[:2], *(["--smoke"] if rehearse else [])]
-                + ["--lstm-impl", "fused", "--batch-directions", "--only", "inference"]
-            ],
+            [[*plain, *batched, "--only", "inference"]],
             optional=True,
         ),
     ]

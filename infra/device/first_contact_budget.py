@@ -19,7 +19,7 @@ here, with the device's own torch, at the device's sizes, and a stated model for
 It fails if the whole call is predicted over ``LIMIT_S`` or a stage over its box (that stage
 would be stopped, its figures lost).
 
-    python infra/device/first_contact_budget.py [--kernels triton_aot.json] [--carried .device]
+    python -m infra.device.first_contact_budget [--kernels triton_aot.json] [--carried .device]
 
 Last line: one JSON object, the prediction per stage.
 """
@@ -38,7 +38,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from first_contact import (
+
+from benchmarks.bench_step_ops import VARIANTS, count_step
+from benchmarks.workload import synthetic_windows, training_flops_per_position
+from infra.device.first_contact import (
     BF16_STEPS,
     REPO,
     TOTAL_SECONDS,
@@ -46,11 +49,7 @@ from first_contact import (
     stage_environment,
     stages,
 )
-from gpu_bilm import STEPS, WARMUP
-
-sys.path.insert(0, str(REPO / "benchmarks"))
-from bench_step_ops import VARIANTS, count_step  # noqa: E402
-from workload import synthetic_windows, training_flops_per_position  # noqa: E402
+from infra.device.gpu_bilm import STEPS, WARMUP
 
 LIMIT_S = 420  # the call's timeout is 480: the rest is the margin for a rerun to fit
 # The model of an H100 in docs/architecture.md, "Where a step's time goes".

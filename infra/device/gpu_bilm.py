@@ -15,13 +15,13 @@ Also, by option: ``--sweep`` times ours at more rows per GPU; ``--profile`` says
 time goes (torch profiler: GEMMs, fused and plain pointwise kernels, copies, kernel launches and
 host syncs); ``--inference`` times embedding 64 sentences of real lengths with the frozen biLM.
 
-    python infra/device/gpu_bilm.py                # original, 128 × 20, on CUDA
-    python infra/device/gpu_bilm.py --lstm-impl compiled --batch-directions --sweep 256,512,1024 \
+    python -m infra.device.gpu_bilm                # original, 128 × 20, on CUDA
+    python -m infra.device.gpu_bilm --lstm-impl compiled --batch-directions --sweep 256,512,1024 \
         --profile --inference
-    python infra/device/gpu_bilm.py --only sweep --lstm-impl graphed --batch-directions \
+    python -m infra.device.gpu_bilm --only sweep --lstm-impl graphed --batch-directions \
         --sweep 256,512,1024
-    python infra/device/gpu_bilm.py --smoke        # tiny sizes, any device (tested in CI)
-    python infra/device/gpu_bilm.py --smoke --device meta  # CUDA's device rules on a CPU
+    python -m infra.device.gpu_bilm --smoke        # tiny sizes, any device (tested in CI)
+    python -m infra.device.gpu_bilm --smoke --device meta  # CUDA's device rules on a CPU
 """
 
 from __future__ import annotations
@@ -40,19 +40,22 @@ from unittest import mock
 import torch
 from torch.autograd import DeviceType
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from bench_bilm import StraightforwardBiLM  # noqa: E402
-from harness import print_summary, seconds_per_call  # noqa: E402
-from workload import found_ahead, synthetic_windows, training_flops_per_position, worker_step  # noqa: E402
-
-from elmo_core.config import ModelConfig, TrainConfig  # noqa: E402
-from elmo_core.model import softmax as softmax_module  # noqa: E402
-from elmo_core.model.bilm import BiLM  # noqa: E402
-from elmo_core.model.char_cnn import TokenTypes  # noqa: E402
-from elmo_core.model.softmax import SampledCandidates, SampledSoftmax  # noqa: E402
-from elmo_core.presets import model_preset  # noqa: E402
-from elmo_core.training.gradient_exchange import ExchangeMode  # noqa: E402
-from elmo_core.training.step import TrainingStep  # noqa: E402
+from benchmarks.bench_bilm import StraightforwardBiLM
+from benchmarks.harness import print_summary, seconds_per_call
+from benchmarks.workload import (
+    found_ahead,
+    synthetic_windows,
+    training_flops_per_position,
+    worker_step,
+)
+from elmo_core.config import ModelConfig, TrainConfig
+from elmo_core.model import softmax as softmax_module
+from elmo_core.model.bilm import BiLM
+from elmo_core.model.char_cnn import TokenTypes
+from elmo_core.model.softmax import SampledCandidates, SampledSoftmax
+from elmo_core.presets import model_preset
+from elmo_core.training.gradient_exchange import ExchangeMode
+from elmo_core.training.step import TrainingStep
 
 STEPS, WARMUP = 10, 3  # timed steps, and the untimed ones before them
 

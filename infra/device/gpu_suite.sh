@@ -23,8 +23,8 @@
 #   sweep-IMPL       ours at 256, 512 and 1024 rows, directions batched;
 #   profile-IMPL     where ours spends a step (directions batched) at 128 and 1,024 rows, alone;
 #   ab               fused (directions batched) at 128 and 1,024 rows, from each DIR/baseline-K
-#                    (trees made by infra/device/device_env.py baseline REF... DIR) and from
-#                    this tree, alternated twice, or AB_ROUNDS times (infra/device/ab.py): each
+#                    (trees made by python -m infra.device.device_env baseline REF... DIR) and
+#                    from this tree, alternated twice, or AB_ROUNDS times (infra/device/ab.py): each
 #                    change against the tree before it, in the same call;
 #   ab-graphed       this tree's fused against graphed (fused's ops replayed as CUDA graphs) at 128
 #                    and 1,024 rows, directions batched, alternated twice (infra/device/ab.py);
@@ -32,8 +32,9 @@
 #   data             the data path on this machine's CPUs;
 #   recipe           300 steps of original at 128 rows against 1024 rows at two learning rates
 #                    (PTB when shared/data/ptb is in the tree, else the bundled python-docs).
-# --carried DIR: DIR/wheels/*.whl are installed as the device lacks them (infra/device/device_env.py
-#   fetch DIR makes it). The golden files travel in the tree (tests/fixtures/bilm_tf).
+# --carried DIR: DIR/wheels/*.whl are installed as the device lacks them (python -m
+#   infra.device.device_env fetch DIR makes it). The golden files travel in the tree
+#   (tests/fixtures/bilm_tf).
 # --rehearse: tiny sizes on a CPU; the meta device stands in for CUDA where the code allows it
 #   (every tensor must be on it, as on a GPU), the compiled loops compile for the CPU.
 # Each part writes OUT/PART.log (its last line JSON) and no more than 3 files in all.
@@ -70,7 +71,7 @@ fi
         torch.__version__, 'cuda', torch.version.cuda, torch.cuda.is_available())"
 } >"$out/env.txt" 2>&1
 if [[ -z $rehearse ]] && ! "$python" -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then
-    echo "gpu_suite.sh: no CUDA device here; on a CPU, rehearse: python infra/device/rehearse.py" >&2
+    echo "gpu_suite.sh: no CUDA device here; on a CPU, rehearse: python -m infra.device.rehearse" >&2
     exit 2
 fi
 
@@ -82,7 +83,7 @@ bilm() {  # gpu_bilm.py at original size, or tiny in a rehearsal: there the eage
         size=(--smoke)
         [[ $impl =~ ^(reference|fused)$ && " $* " != *" inference "* ]] && size+=(--device meta)
     fi
-    "$python" infra/device/gpu_bilm.py --lstm-impl "$impl" "${size[@]}" "$@"
+    "$python" -m infra.device.gpu_bilm --lstm-impl "$impl" "${size[@]}" "$@"
 }
 
 run_part() {
@@ -93,7 +94,7 @@ run_part() {
     export TORCHINDUCTOR_CACHE_DIR
     case $part in
         first-contact)
-            "$python" infra/device/first_contact.py "$out" ${rehearse:+--rehearse} ;;
+            "$python" -m infra.device.first_contact "$out" ${rehearse:+--rehearse} ;;
         tests)
             local paths=(
                 tests/integration/test_allennlp_parity.py
@@ -127,17 +128,17 @@ run_part() {
             done
             if [[ ${#trees[@]} -eq 0 ]]; then
                 echo "gpu_suite.sh: ab times this tree against --carried DIR's DIR/baseline-K:" \
-                    "python infra/device/device_env.py baseline REF... DIR makes them" >&2
+                    "python -m infra.device.device_env baseline REF... DIR makes them" >&2
                 return 2
             fi
             local size=(--rounds "${AB_ROUNDS:-2}" --sweep 128,1024)
             [[ -n $rehearse ]] && size=(--rounds 1 --smoke --device meta --sweep 6,8)
-            "$python" infra/device/ab.py "${trees[@]}" --lstm-impl fused --batch-directions \
+            "$python" -m infra.device.ab "${trees[@]}" --lstm-impl fused --batch-directions \
                 --only sweep "${size[@]}" ;;
         ab-graphed)
             local size=(--sweep 128,1024)
             [[ -n $rehearse ]] && size=(--rounds 1 --smoke --sweep 6,8)
-            "$python" infra/device/ab.py --impls fused,graphed --batch-directions --only sweep \
+            "$python" -m infra.device.ab --impls fused,graphed --batch-directions --only sweep \
                 "${size[@]}" ;;
         inference)
             bilm reference --only inference &&
@@ -146,12 +147,12 @@ run_part() {
         data)
             local size=()
             [[ -n $rehearse ]] && size=(--steps 20 --repeats 1)
-            "$python" benchmarks/bench_data_path.py --corpus python-docs "${size[@]}" ;;
+            "$python" -m benchmarks.bench_data_path --corpus python-docs "${size[@]}" ;;
         recipe)
             local corpus=(--corpus python-docs) size=()
             [[ -d shared/data/ptb ]] && corpus=(--corpus ptb --data-root shared/data)
             [[ -n $rehearse ]] && size=(--preset tiny --rows 256 --steps 2)
-            "$python" experiments/batch_recipe.py "${corpus[@]}" "${size[@]}" ;;
+            "$python" -m experiments.batch_recipe "${corpus[@]}" "${size[@]}" ;;
         *)
             echo "gpu_suite.sh: unknown part $part" >&2
             return 2 ;;

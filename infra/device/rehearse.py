@@ -10,7 +10,7 @@ device mismatch, an import the device lacks, a test file that collects no test, 
 whose last line is not JSON, a part over its time budget, more files than come back from the
 device. Last, it prints the device commands, one per part.
 
-    python infra/device/rehearse.py [--parts tests,data] [--cache DIR]
+    python -m infra.device.rehearse [--parts tests,data] [--cache DIR]
 
 The device runs Python 3.12 with torch 2.11.0, and so does the rehearsal: PyPI's torch 2.11.0
 for Linux is the device's own CUDA 13 build, which installs with its nvidia wheels (about 5 GB,
@@ -35,7 +35,7 @@ import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass
 from pathlib import Path
 
-from device_env import (
+from infra.device.device_env import (
     CONSTRAINTS,
     DEVICE_PYTHON,
     IMAGE,
@@ -193,7 +193,7 @@ def predict_first_contact(
         *map(str, (tree / CARRY).glob("wheels/*.whl")),
     ]
     subprocess.run(install, check=True, env=environment)
-    budget = [str(python), "infra/device/first_contact_budget.py", "--carried", CARRY]
+    budget = [str(python), "-m", "infra.device.first_contact_budget", "--carried", CARRY]
     if (work / "kernels.json").is_file():
         budget += ["--kernels", str(work / "kernels.json")]
     predicted = subprocess.run(
@@ -277,8 +277,8 @@ def device_commands(timings: dict[str, float]) -> str:
     lines = [
         "Here, once before the device calls (the wheels for the device's Python;",
         f"{CARRY} is git-ignored and travels only where carry names it):",
-        f"  .venv/bin/python infra/device/device_env.py fetch {CARRY}",
-        f"  .venv/bin/python infra/device/device_env.py baseline REF... {CARRY}   # for ab: the"
+        f"  .venv/bin/python -m infra.device.device_env fetch {CARRY}",
+        f"  .venv/bin/python -m infra.device.device_env baseline REF... {CARRY}   # for ab: the"
         " trees before each change, oldest first",
         "Then one device call per part (PTB for recipe: copy ../shared/data/ptb to shared/data):",
     ]
@@ -328,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     environment.pop("PYTHONPATH", None)
     if not tools.stand_in:  # the device's torch brings its triton, and with it ptxas
         kernels = subprocess.run(
-            [str(python), "infra/device/triton_aot.py"],
+            [str(python), "-m", "infra.device.triton_aot"],
             cwd=tree,
             env=environment | {"PYTHONPATH": str(tree)},
             capture_output=True,

@@ -6,7 +6,7 @@ each kernel of ``elmo_core.model.lstm.triton_kernels`` for every GEMM dtype the 
 and warps it launches with. Each compile's registers and spills (ptxas' own account) and shared
 memory are printed; a compile error or a spill fails it. Needs triton (the device's torch has it).
 
-    python infra/device/triton_aot.py
+    python -m infra.device.triton_aot
 
 Last line: one JSON object, a row per compiled kernel.
 """

@@ -1,5 +1,4 @@
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -8,13 +7,10 @@ import torch
 from elmo_core.model.highway import CPU_HAS_BF16_GEMMS
 from elmo_core.text.char_ids import tokens_to_ids
 
-SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_char_cnn.py"
-
 
 @pytest.fixture
-def bench_char_cnn(monkeypatch):
-    monkeypatch.syspath_prepend(str(SCRIPT.parent))
-    import bench_char_cnn
+def bench_char_cnn():
+    from benchmarks import bench_char_cnn
 
     return bench_char_cnn
 

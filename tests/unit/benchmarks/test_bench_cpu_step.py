@@ -1,14 +1,9 @@
-from pathlib import Path
-
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_cpu_step.py"
 
 
 @pytest.fixture
-def bench_cpu_step(monkeypatch):
-    monkeypatch.syspath_prepend(str(SCRIPT.parent))
-    import bench_cpu_step
+def bench_cpu_step():
+    from benchmarks import bench_cpu_step
 
     return bench_cpu_step
 

@@ -1,17 +1,13 @@
 """benchmarks/bench_data_path.py on a dataset of its own: the script cannot rot."""
 
 import json
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_data_path.py"
-
 
 @pytest.fixture
-def bench(monkeypatch):
-    monkeypatch.syspath_prepend(str(SCRIPT.parent))  # it imports its sibling bench_eval_protocols
-    import bench_data_path
+def bench():
+    from benchmarks import bench_data_path
 
     return bench_data_path
 

@@ -1,9 +1,6 @@
 """benchmarks/bench_embed.py's helpers on a few sentences of its own: the script cannot rot."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,17 +9,12 @@ from elmo_core.model.bilm import BiLM
 from elmo_core.presets import tiny
 from pipelines.embed.vectors import embed_sentences
 
-SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_embed.py"
-
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_embed", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+    from benchmarks import bench_embed
+
+    return bench_embed
 
 
 def test_sentences_come_from_the_books_split_and_tokenized(bench, tmp_path):

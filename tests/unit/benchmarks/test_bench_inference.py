@@ -1,14 +1,9 @@
-from pathlib import Path
-
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_inference.py"
 
 
 @pytest.fixture
-def bench(monkeypatch):
-    monkeypatch.syspath_prepend(str(SCRIPT.parent))
-    import bench_inference
+def bench():
+    from benchmarks import bench_inference
 
     return bench_inference
 

@@ -1,30 +1,13 @@
 """benchmarks/bench_prepare.py on a few kB of its own text: the script cannot rot unnoticed."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_prepare.py"
-
 
 @pytest.fixture(scope="module")
-def bench(monkeypatch_module):
-    monkeypatch_module.syspath_prepend(str(SCRIPT.parent))  # its sibling prepare_corpus
-    spec = importlib.util.spec_from_file_location("bench_prepare", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
-    sys.modules.pop("prepare_corpus", None)
+def bench():
+    from benchmarks import bench_prepare
 
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():
-    with pytest.MonkeyPatch.context() as patch:
-        yield patch
+    return bench_prepare
 
 
 @pytest.fixture(scope="module")

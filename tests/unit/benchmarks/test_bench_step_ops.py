@@ -1,16 +1,12 @@
-from pathlib import Path
-
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_step_ops.py"
 VARIANTS = ("reference_apart", "reference_batched", "fused_batched")
 
 
 @pytest.fixture
-def bench_step_ops(monkeypatch):
-    monkeypatch.syspath_prepend(str(SCRIPT.parent))
-    import bench_step_ops
+def bench_step_ops():
+    from benchmarks import bench_step_ops
 
     return bench_step_ops
 

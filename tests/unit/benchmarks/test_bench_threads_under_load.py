@@ -5,13 +5,10 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_threads_under_load.py"
-
 
 @pytest.fixture
-def bench(monkeypatch):
-    monkeypatch.syspath_prepend(str(SCRIPT.parent))
-    import bench_threads_under_load
+def bench():
+    from benchmarks import bench_threads_under_load
 
     return bench_threads_under_load
 

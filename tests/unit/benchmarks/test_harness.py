@@ -6,11 +6,8 @@ import pytest
 
 
 @pytest.fixture
-def harness(monkeypatch):
-    from tests.unit.benchmarks.test_smoke_runs import BENCHMARKS
-
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    import harness
+def harness():
+    from benchmarks import harness
 
     return harness
 

@@ -1,4 +1,4 @@
-"""Each timing benchmark run as a script at its ``--smoke`` size: it exits 0 and its last line is
+"""Each timing benchmark run as a module at its ``--smoke`` size: it exits 0 and its last line is
 one JSON object with its figures (benchmarks/harness.py's protocol), so the scripts cannot rot."""
 
 import json
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"
+REPO = Path(__file__).resolve().parents[3]
 MODELS = ("baseline", "reference", "fused")  # bench_inference's
 
 
@@ -79,7 +79,8 @@ CHECKS["threads_under_load"] = threads_under_load
 @pytest.mark.parametrize("name", sorted(CHECKS))
 def test_a_smoke_run_ends_with_one_json_line_of_its_figures(name):
     result = subprocess.run(
-        [sys.executable, str(BENCHMARKS / f"bench_{name}.py"), "--smoke"],
+        [sys.executable, "-m", f"benchmarks.bench_{name}", "--smoke"],
+        cwd=REPO,
         capture_output=True,
         text=True,
         timeout=300,

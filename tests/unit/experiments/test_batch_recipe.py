@@ -1,17 +1,13 @@
 import json
 import math
 import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[3] / "experiments"
-
 
 @pytest.fixture
-def batch_recipe(monkeypatch):
-    monkeypatch.syspath_prepend(str(SCRIPTS))
-    import batch_recipe
+def batch_recipe():
+    from experiments import batch_recipe
 
     return batch_recipe
 

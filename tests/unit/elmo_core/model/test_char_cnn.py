@@ -8,7 +8,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from elmo_core.config import CharCNNConfig, LSTMConfig, ModelConfig
 from elmo_core.model import char_cnn
-from elmo_core.model.char_cnn import CharCNN, _trim_tail, _used_width, token_types
+from elmo_core.model.char_cnn import CharCNN, _used_width, token_types, trim_tail
 from elmo_core.presets import tiny
 from elmo_core.text.char_ids import batch_to_ids
 
@@ -150,7 +150,7 @@ def test_trimming_the_constant_tail_keeps_features_and_gradients():
     encoder = CharCNN(tiny()).double()
     ids = batch_to_ids([["a", "rose", "is", "a"], ["x" * 60]]).reshape(-1, 50)  # pads, one long
     for batch in (ids[:4], ids):  # a short-word batch is trimmed; the 48-byte token keeps all 50
-        trimmed = _trim_tail(batch, encoder.max_width, _used_width(batch))
+        trimmed = trim_tail(batch, encoder.max_width, _used_width(batch))
         longest = 6  # bow, r, o, s, e, eow; then the widest filter (3) of tail is kept
         assert trimmed.shape[1] == (longest + 3 if batch is not ids else 50)
         encoder.zero_grad()
@@ -159,7 +159,7 @@ def test_trimming_the_constant_tail_keeps_features_and_gradients():
         fast_grads = [p.grad.clone() for p in encoder.parameters()]
 
         encoder.zero_grad()
-        with mock.patch("elmo_core.model.char_cnn._trim_tail", lambda char_ids, *_: char_ids):
+        with mock.patch("elmo_core.model.char_cnn.trim_tail", lambda char_ids, *_: char_ids):
             plain = encoder(batch)
         plain.sum().backward()
         torch.testing.assert_close(fast, plain, rtol=0, atol=1e-12)

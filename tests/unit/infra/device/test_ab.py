@@ -1,17 +1,13 @@
 """``ab.py``'s verdict: each tree's median over the one before it's, per figure both timed."""
 
 import json
-from pathlib import Path
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[4] / "infra" / "device"
-
 
 @pytest.fixture
-def ab(monkeypatch):
-    monkeypatch.syspath_prepend(str(SCRIPTS))
-    import ab
+def ab():
+    from infra.device import ab
 
     return ab
 

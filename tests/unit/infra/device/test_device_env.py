@@ -8,21 +8,19 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[4]
-SCRIPT = REPO / "infra" / "device" / "device_env.py"
-SUITE = SCRIPT.with_name("gpu_suite.sh")
+SUITE = REPO / "infra" / "device" / "gpu_suite.sh"
 
 
 @pytest.fixture
-def device_env(monkeypatch):
-    monkeypatch.syspath_prepend(str(SCRIPT.parent))
-    import device_env
+def device_env():
+    from infra.device import device_env
 
     return device_env
 
 
 def guarded(*argv: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(SCRIPT), "guard", *argv],
+        [sys.executable, "-m", "infra.device.device_env", "guard", *argv],
         cwd=cwd,
         capture_output=True,
         text=True,
@@ -40,10 +38,9 @@ def test_the_carried_wheels_are_the_roots_closure_at_the_pinned_versions(device_
     assert not {"torch", "numpy", "pyarrow", "h5py", "mlflow", "ray", "prefect"} & set(wheels)
 
 
-def test_the_suites_tests_collect_with_only_the_devices_imports(monkeypatch):
+def test_the_suites_tests_collect_with_only_the_devices_imports():
     """Fails when a conftest the suite's tests load imports MLflow (or Ray, Prefect) again."""
-    monkeypatch.syspath_prepend(str(SCRIPT.parent))
-    import rehearse
+    from infra.device import rehearse
 
     paths = rehearse.suite_test_paths(SUITE.read_text())
     assert len(paths) >= 5
@@ -77,7 +74,7 @@ def test_a_wheel_left_out_of_the_carried_list_fails_the_import_naming_it(device_
 
 
 def test_the_gpu_benchmark_runs_with_only_the_devices_imports():
-    result = guarded(str(SCRIPT.with_name("gpu_bilm.py")), "--smoke", "--device", "meta")
+    result = guarded("-m", "infra.device.gpu_bilm", "--smoke", "--device", "meta")
     assert result.returncode == 0, result.stderr[-3000:]
     assert '"device": "meta"' in result.stdout.strip().splitlines()[-1]
 

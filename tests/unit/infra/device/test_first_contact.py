@@ -2,17 +2,13 @@
 
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[4] / "infra" / "device"
-
 
 @pytest.fixture
-def first_contact(monkeypatch):
-    monkeypatch.syspath_prepend(str(SCRIPTS))
-    import first_contact
+def first_contact():
+    from infra.device import first_contact
 
     return first_contact
 

@@ -2,13 +2,10 @@
 
 import pytest
 
-from tests.unit.infra.device.test_first_contact import SCRIPTS
-
 
 @pytest.fixture
-def budget(monkeypatch):
-    monkeypatch.syspath_prepend(str(SCRIPTS))
-    import first_contact_budget
+def budget():
+    from infra.device import first_contact_budget
 
     return first_contact_budget
 
@@ -33,11 +30,11 @@ def measured(budget, **changes):
     return budget.Measured(**(figures | changes))
 
 
-def test_every_stage_of_the_run_is_predicted_and_fits(budget):
+def test_every_stage_of_the_run_is_predicted_and_fits(budget, tmp_path):
     predicted = budget.predict(measured(budget))
     summary, problems = budget.verdict(predicted)
 
-    names = [stage.name for stage in budget.stages(SCRIPTS, rehearse=False)]
+    names = [stage.name for stage in budget.stages(tmp_path, rehearse=False)]
     assert list(summary["stages"]) == names
     assert set(predicted) == {"install", *names}
     assert problems == []

@@ -11,13 +11,11 @@ import torch
 from elmo_core.presets import model_preset
 
 REPO = Path(__file__).resolve().parents[4]
-SCRIPT = REPO / "infra" / "device" / "gpu_bilm.py"
 
 
 @pytest.fixture
-def gpu_bilm(monkeypatch):
-    monkeypatch.syspath_prepend(str(SCRIPT.parent))
-    import gpu_bilm
+def gpu_bilm():
+    from infra.device import gpu_bilm
 
     return gpu_bilm
 
@@ -40,8 +38,9 @@ def test_counts_the_design_notes_flops_for_the_original_model(gpu_bilm):
 
 def test_smoke_run_times_both_implementations_sweeps_profiles_and_ends_with_json():
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--smoke", "--batch-directions", "--sweep", "8", "--profile"]
-        + ["--inference"],
+        [sys.executable, "-m", "infra.device.gpu_bilm", "--smoke", "--batch-directions"]
+        + ["--sweep", "8", "--profile", "--inference"],
+        cwd=REPO,
         capture_output=True,
         text=True,
         timeout=300,
@@ -54,11 +53,14 @@ def test_smoke_run_times_both_implementations_sweeps_profiles_and_ends_with_json
     assert summary["inference_ours_tokens_per_s"] > 0
 
 
-def test_the_gpu_suite_parses_and_names_files_that_exist():
-    suite = SCRIPT.parent / "gpu_suite.sh"
+def test_the_gpu_suite_parses_and_names_files_and_modules_that_exist():
+    suite = REPO / "infra" / "device" / "gpu_suite.sh"
     assert subprocess.run(["bash", "-n", str(suite)], capture_output=True).returncode == 0
     named = re.findall(r"(?:tests|benchmarks|experiments|infra)/[\w/]+\.py", suite.read_text())
     assert named and all((REPO / path).is_file() for path in named), named
+    run = re.findall(r"-m ((?:benchmarks|experiments|infra)\.[\w.]+)", suite.read_text())
+    modules = [REPO / f"{module.replace('.', '/')}.py" for module in run]
+    assert len(modules) >= 5 and all(path.is_file() for path in modules), run
 
 
 def test_on_the_meta_device_both_steps_keep_every_tensor_on_the_models_device(gpu_bilm, capsys):

@@ -4,14 +4,12 @@ from pathlib import Path
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[4] / "infra" / "device"
-SUITE = (SCRIPTS / "gpu_suite.sh").read_text()
+SUITE = (Path(__file__).resolve().parents[4] / "infra/device/gpu_suite.sh").read_text()
 
 
 @pytest.fixture
-def rehearse(monkeypatch):
-    monkeypatch.syspath_prepend(str(SCRIPTS))
-    import rehearse
+def rehearse():
+    from infra.device import rehearse
 
     return rehearse
 

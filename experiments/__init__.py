@@ -1,0 +1,1 @@
+"""One-off studies, each beside its dated result, run as ``python -m experiments.<script>``."""
