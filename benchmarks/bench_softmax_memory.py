@@ -32,13 +32,8 @@ from pathlib import Path
 import torch
 
 from benchmarks.harness import print_summary
-from elmo_core.model.softmax import (
-    LogUniformSampler,
-    SampledSoftmax,
-    SoftmaxRows,
-    sampled_chunk_size,
-    touched_rows,
-)
+from elmo_core.model.sampler import LogUniformSampler, touched_rows
+from elmo_core.model.softmax import SampledSoftmax, SoftmaxRows, sampled_chunk_size
 from elmo_core.presets import model_preset
 
 REPO = Path(__file__).resolve().parents[1]

@@ -36,7 +36,7 @@ from benchmarks.bench_data_path import measure as measure_data_path
 from benchmarks.bench_eval_protocols import prepare_ptb, small_config
 from benchmarks.harness import print_summary
 from elmo_core.config import TrainConfig
-from elmo_core.model.softmax import LogUniformSampler
+from elmo_core.model.sampler import LogUniformSampler
 from elmo_core.training.gradient_exchange import exchange_softmax_gradients
 from pipelines.train.job_config import RunConfig, TrainJobConfig
 

@@ -15,12 +15,8 @@ import torch
 
 from elmo_core.config import ModelConfig
 from elmo_core.model.char_cnn import TokenTypes, token_types
-from elmo_core.model.softmax import (
-    LogUniformSampler,
-    SampledCandidates,
-    SampledSoftmax,
-    touched_rows,
-)
+from elmo_core.model.sampler import LogUniformSampler, SampledCandidates, touched_rows
+from elmo_core.model.softmax import SampledSoftmax
 from elmo_core.training.step import TrainingStep
 
 CANDIDATE_SETS = 16  # distinct sets the timed steps cycle through

@@ -22,7 +22,8 @@ from elmo_core.model.char_cnn import CharCNN, TokenTypes
 from elmo_core.model.lstm import build_lstm
 from elmo_core.model.lstm.directions import run_both_directions
 from elmo_core.model.lstm.reference import LSTMState
-from elmo_core.model.softmax import SampledCandidates, SampledSoftmax, SoftmaxRows
+from elmo_core.model.sampler import SampledCandidates
+from elmo_core.model.softmax import SampledSoftmax, SoftmaxRows
 from elmo_core.text.char_ids import BOS_IDS, EOS_IDS
 
 BiLMState = tuple[LSTMState, LSTMState]  # (forward stack, backward stack)

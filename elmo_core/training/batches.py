@@ -21,7 +21,7 @@ from elmo_core.data.batching import TokenStream
 from elmo_core.data.manifest import Manifest
 from elmo_core.errors import ElmoError
 from elmo_core.model.char_cnn import TokenTypes, token_types
-from elmo_core.model.softmax import (
+from elmo_core.model.sampler import (
     LogUniformSampler,
     SampledCandidates,
     touched_rows,

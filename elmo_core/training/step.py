@@ -18,7 +18,7 @@ from elmo_core.config import TrainConfig
 from elmo_core.errors import ConfigError
 from elmo_core.model.bilm import BiLM, BiLMState, LossOutput
 from elmo_core.model.char_cnn import TokenTypes
-from elmo_core.model.softmax import SampledCandidates
+from elmo_core.model.sampler import SampledCandidates
 from elmo_core.training.gradient_exchange import (
     SOFTMAX_PARAMETERS,
     ExchangeMode,

@@ -52,7 +52,8 @@ from elmo_core.config import ModelConfig, TrainConfig
 from elmo_core.model import softmax as softmax_module
 from elmo_core.model.bilm import BiLM
 from elmo_core.model.char_cnn import TokenTypes
-from elmo_core.model.softmax import SampledCandidates, SampledSoftmax
+from elmo_core.model.sampler import SampledCandidates
+from elmo_core.model.softmax import SampledSoftmax
 from elmo_core.presets import model_preset
 from elmo_core.training.gradient_exchange import ExchangeMode
 from elmo_core.training.step import TrainingStep

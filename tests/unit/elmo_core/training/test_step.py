@@ -10,7 +10,7 @@ import torch
 from elmo_core.config import TrainConfig
 from elmo_core.errors import ConfigError
 from elmo_core.model.bilm import BiLM
-from elmo_core.model.softmax import LogUniformSampler, touched_rows
+from elmo_core.model.sampler import LogUniformSampler, touched_rows
 from elmo_core.presets import tiny
 from elmo_core.training.step import TrainingStep
 
