@@ -47,6 +47,7 @@ class StepResult:
     output: LossOutput
     state: BiLMState  # detached: the next window starts from it (truncated BPTT)
     grad_norm: torch.Tensor  # 0-dim, before clipping; reading it waits for the step
+    softmax_bytes: int = 0  # the softmax rows this worker sent (the dense weights go by DDP)
 
 
 class TrainingStep:
@@ -124,9 +125,9 @@ class TrainingStep:
         assert softmax is not None
         if softmax_rows is not None:  # gathered once for both directions
             softmax.mark_rows_distinct()
-        exchange_softmax_gradients(softmax.weight, softmax.bias, self.grad_exchange)
+        sent = exchange_softmax_gradients(softmax.weight, softmax.bias, self.grad_exchange)
         grad_norm = clip_global_norm(self.bilm.parameters(), self.train.clip_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         detached = (new_state[0].detach(), new_state[1].detach())
-        return StepResult(output, detached, grad_norm)
+        return StepResult(output, detached, grad_norm, sent)

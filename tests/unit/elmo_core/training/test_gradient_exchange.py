@@ -1,23 +1,30 @@
-"""The sparse softmax-gradient exchange equals a dense all-reduce: 2 real gloo processes."""
+"""The sparse softmax-gradient exchange equals a dense all-reduce, and two data-parallel ranks
+train as one rank on both their rows: 2 real gloo processes."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from elmo_core.config import TrainConfig
+from elmo_core.model.bilm import BiLM
 from elmo_core.model.softmax import SampledSoftmax
+from elmo_core.presets import tiny
 from elmo_core.training.gradient_exchange import (
     clip_global_norm,
     exchange_rows,
     exchange_softmax_gradients,
 )
+from elmo_core.training.step import TrainingStep
 
 WORLD_SIZE = 2
 NUM_CLASSES, DIM, NUM_SAMPLES = 50, 6, 8
@@ -155,6 +162,81 @@ def test_global_norm_clip_counts_sparse_rows_like_their_dense_form(max_norm: flo
     torch.testing.assert_close(sparse.weight.grad.to_dense(), dense.weight.grad)
     clipped = torch.cat([p.grad.to_dense().flatten() for p in sparse.parameters()])  # type: ignore[union-attr]
     assert float(clipped.norm()) == pytest.approx(min(max_norm, dense_norm), rel=1e-5)
+
+
+STEP_ROWS, STEP_UNROLL, STEP_VOCAB, STEPS = 2, 4, 300, 20  # rows per rank
+ONE_RANK_ENV = "ELMO_TEST_ONE_RANK"
+
+
+def _step_windows(step: int, rows: slice) -> dict[str, torch.Tensor]:
+    """Step ``step``'s windows of all ``WORLD_SIZE × STEP_ROWS`` rows, cut to ``rows``: every
+    target scored, so each rank's mean loss weighs as many tokens."""
+    generator = torch.Generator().manual_seed(1_000 + step)
+    width = tiny().char_cnn.max_chars_per_token
+    shape = (WORLD_SIZE * STEP_ROWS, STEP_UNROLL)
+    windows = {
+        f"{name}_{part}": (
+            torch.randint(1, 262, (*shape, width), generator=generator)
+            if part == "inputs"
+            else torch.randint(0, STEP_VOCAB, shape, generator=generator)
+        )
+        for name in ("forward", "backward")
+        for part in ("inputs", "targets")
+    }
+    return {key: value[rows] for key, value in windows.items()}
+
+
+def _train_steps(rows: slice, wrap_model: Callable[[torch.nn.Module], torch.nn.Module]):
+    """``STEPS`` training steps of the same model on ``rows``: no dropout, and each step's
+    candidates drawn alike everywhere (a run draws them per rank; here they must match the one
+    rank's). Returns the parameters and each step's loss and softmax bytes sent."""
+    torch.manual_seed(0)
+    model = tiny().model_copy(update={"dropout": 0.0})
+    bilm = BiLM(model, vocab_size=STEP_VOCAB).train()
+    train = TrainConfig(batch_size=STEP_ROWS, unroll_steps=STEP_UNROLL, clip_norm=0.5)
+    step = TrainingStep.build(bilm, train, "sparse", wrap_model)
+    assert bilm.softmax is not None
+    state, losses, sent = None, [], []
+    for index in range(STEPS):
+        generator = torch.Generator().manual_seed(index)
+        draws = tuple(
+            bilm.softmax.sampler.sample_unique(model.num_samples, generator) for _ in range(2)
+        )
+        result = step(**_step_windows(index, rows), state=state, candidates=draws)
+        state = result.state
+        losses.append(float(result.output.loss.detach()))
+        sent.append(result.softmax_bytes)
+    return torch.cat([p.detach().flatten() for p in bilm.parameters()]), losses, sent
+
+
+def _two_ranks_train_as_one(rank: int) -> None:
+    """DDP for the dense weights, the softmax rows exchanged apart: after 20 steps both ranks
+    hold the same weights, and those of one rank that took both ranks' rows (trained by the test,
+    outside any process group: ``ONE_RANK_ENV`` names its file); each step's mean loss over the
+    ranks is that rank's."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    mine = slice(rank * STEP_ROWS, (rank + 1) * STEP_ROWS)
+    weights, losses, sent = _train_steps(mine, DistributedDataParallel)
+    gathered = [torch.empty_like(weights) for _ in range(WORLD_SIZE)]
+    dist.all_gather(gathered, weights)
+    torch.testing.assert_close(gathered[0], gathered[1], rtol=0, atol=0)  # the same, bit for bit
+    both = torch.tensor(losses)
+    dist.all_reduce(both)
+    one_weights, one_losses = torch.load(os.environ[ONE_RANK_ENV])
+    torch.testing.assert_close(both / WORLD_SIZE, one_losses, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(weights, one_weights, rtol=1e-4, atol=1e-5)
+    assert all(bytes_ > 0 for bytes_ in sent)  # the touched rows travelled every step
+
+
+def test_two_ranks_train_twenty_steps_as_one_rank_on_both_ranks_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    weights, losses, sent = _train_steps(slice(None), lambda module: module)
+    assert set(sent) == {0}  # one rank sends nothing
+    torch.save((weights, torch.tensor(losses)), tmp_path / "one_rank.pt")
+    monkeypatch.setenv(ONE_RANK_ENV, str(tmp_path / "one_rank.pt"))
+    _run_on_two_ranks(_two_ranks_train_as_one)
 
 
 if __name__ == "__main__":
