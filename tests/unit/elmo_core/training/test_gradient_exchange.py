@@ -17,6 +17,7 @@ import torch.multiprocessing as mp
 
 from elmo_core.config import TrainConfig
 from elmo_core.model.bilm import BiLM
+from elmo_core.model.sampler import SampledCandidates
 from elmo_core.model.softmax import SampledSoftmax
 from elmo_core.presets import tiny
 from elmo_core.training.gradient_exchange import (
@@ -166,9 +167,10 @@ def test_global_norm_clip_counts_sparse_rows_like_their_dense_form(max_norm: flo
 
 STEP_ROWS, STEP_UNROLL, STEP_VOCAB, STEPS = 2, 4, 300, 20  # rows per rank
 ONE_RANK_ENV = "ELMO_TEST_ONE_RANK"
+DEVICE_ENV = "ELMO_TEST_DEVICE"  # where the ranks train: cpu, or both on CUDA device 0 (gloo)
 
 
-def _step_windows(step: int, rows: slice) -> dict[str, torch.Tensor]:
+def _step_windows(step: int, rows: slice, device: str) -> dict[str, torch.Tensor]:
     """Step ``step``'s windows of all ``WORLD_SIZE × STEP_ROWS`` rows, cut to ``rows``: every
     target scored, so each rank's mean loss weighs as many tokens."""
     generator = torch.Generator().manual_seed(1_000 + step)
@@ -183,30 +185,44 @@ def _step_windows(step: int, rows: slice) -> dict[str, torch.Tensor]:
         for name in ("forward", "backward")
         for part in ("inputs", "targets")
     }
-    return {key: value[rows] for key, value in windows.items()}
+    return {key: value[rows].to(device) for key, value in windows.items()}
 
 
-def _train_steps(rows: slice, wrap_model: Callable[[torch.nn.Module], torch.nn.Module]):
-    """``STEPS`` training steps of the same model on ``rows``: no dropout, and each step's
-    candidates drawn alike everywhere (a run draws them per rank; here they must match the one
-    rank's). Returns the parameters and each step's loss and softmax bytes sent."""
+def _train_steps(
+    rows: slice, wrap_model: Callable[[torch.nn.Module], torch.nn.Module], device: str
+) -> tuple[torch.Tensor, list[float], list[int]]:
+    """``STEPS`` training steps of the same model on ``rows``: no dropout, float32, and each
+    step's candidates drawn alike everywhere (a run draws them per rank; here they must match the
+    one rank's). Returns the parameters and each step's loss and softmax bytes sent."""
     torch.manual_seed(0)
     model = tiny().model_copy(update={"dropout": 0.0})
-    bilm = BiLM(model, vocab_size=STEP_VOCAB).train()
-    train = TrainConfig(batch_size=STEP_ROWS, unroll_steps=STEP_UNROLL, clip_norm=0.5)
+    bilm = BiLM(model, vocab_size=STEP_VOCAB).train().to(device)
+    train = TrainConfig(batch_size=STEP_ROWS, unroll_steps=STEP_UNROLL, clip_norm=0.5, bf16=False)
     step = TrainingStep.build(bilm, train, "sparse", wrap_model)
     assert bilm.softmax is not None
     state, losses, sent = None, [], []
     for index in range(STEPS):
         generator = torch.Generator().manual_seed(index)
         draws = tuple(
-            bilm.softmax.sampler.sample_unique(model.num_samples, generator) for _ in range(2)
+            SampledCandidates(drawn.ids.to(device), drawn.num_tries)
+            for drawn in (
+                bilm.softmax.sampler.sample_unique(model.num_samples, generator) for _ in range(2)
+            )
         )
-        result = step(**_step_windows(index, rows), state=state, candidates=draws)
+        windows = _step_windows(index, rows, device)
+        result = step(
+            windows["forward_inputs"],
+            windows["forward_targets"],
+            windows["backward_inputs"],
+            windows["backward_targets"],
+            state,
+            candidates=(draws[0], draws[1]),
+        )
         state = result.state
         losses.append(float(result.output.loss.detach()))
         sent.append(result.softmax_bytes)
-    return torch.cat([p.detach().flatten() for p in bilm.parameters()]), losses, sent
+    weights = torch.cat([p.detach().flatten() for p in bilm.parameters()]).cpu()
+    return weights, losses, sent
 
 
 def _two_ranks_train_as_one(rank: int) -> None:
@@ -217,7 +233,8 @@ def _two_ranks_train_as_one(rank: int) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     mine = slice(rank * STEP_ROWS, (rank + 1) * STEP_ROWS)
-    weights, losses, sent = _train_steps(mine, DistributedDataParallel)
+    device = os.environ[DEVICE_ENV]
+    weights, losses, sent = _train_steps(mine, DistributedDataParallel, device)
     gathered = [torch.empty_like(weights) for _ in range(WORLD_SIZE)]
     dist.all_gather(gathered, weights)
     torch.testing.assert_close(gathered[0], gathered[1], rtol=0, atol=0)  # the same, bit for bit
@@ -229,10 +246,14 @@ def _two_ranks_train_as_one(rank: int) -> None:
     assert all(bytes_ > 0 for bytes_ in sent)  # the touched rows travelled every step
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_two_ranks_train_twenty_steps_as_one_rank_on_both_ranks_rows(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    device: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    weights, losses, sent = _train_steps(slice(None), lambda module: module)
+    """On a GPU both ranks share device 0 over gloo (NCCL refuses two ranks on one device):
+    the data-parallel step's first run on CUDA."""
+    monkeypatch.setenv(DEVICE_ENV, device)
+    weights, losses, sent = _train_steps(slice(None), lambda module: module, device)
     assert set(sent) == {0}  # one rank sends nothing
     torch.save((weights, torch.tensor(losses)), tmp_path / "one_rank.pt")
     monkeypatch.setenv(ONE_RANK_ENV, str(tmp_path / "one_rank.pt"))
