@@ -4,22 +4,11 @@
         [--only all|speed|accuracy] [--speed-preset small] [--speed-sentences 256]
         [--pretrain-steps 200] [--max-train 2000] [--epochs 3] [--threads 1]
 
-* cache speed-up (``--only speed``) — the training loop of one epoch of the ELMo POS model over
-  ``--speed-sentences`` sentences with the default head, at ``--speed-preset`` size (random
-  init: the cost does not depend on the weights). Baseline: the biLM run live for every batch
-  (what an epoch without the cache computes); candidate: the same ``train_epoch`` reading the
-  memory-mapped cache. Vocabulary, model and split encoding are built once, outside the timed
-  region; the two are interleaved over ``--repeats``. Live and cached activations are checked to
-  agree (float16 rounding) first.
-* accuracy (``--only accuracy``) — POS tagging on UD English EWT (UPOS) and TREC question type
-  (coarse labels) with the ``--bilm`` given (any size), the ELMo model against the baseline (same
-  head over task-trained word embeddings, no ELMo; no pretrained word vectors offline), training
-  capped at ``--max-train`` sentences. Without ``--bilm`` a ``small`` biLM is pretrained first
-  with the real stages (``prepare`` over PTB train + the books, PTB valid heldout; ``train`` for
-  ``--pretrain-steps`` steps of 16 × 20 tokens): minutes on a CPU, so a weak LM.
-
-Skips cleanly (exit 0) when the data root is absent. Last line: one JSON object with
-``cache_ratio = uncached_epoch_seconds / cached_epoch_seconds`` and the ELMo gains.
+Speed: one epoch's training loop of the ELMo POS model, the biLM run live for every batch (the
+baseline) against the activation cache. Accuracy: UD EWT UPOS and TREC with ELMo against the same
+head over task-trained word embeddings (no ``--bilm``: a ``small`` one is pretrained first). Skips
+without the data root. Last line: one JSON object, ``cache_ratio`` (uncached / cached seconds) and
+the gains; results: benchmarks/results/bench_adapt_ptb_small-2026-11-21.md.
 """
 
 from __future__ import annotations

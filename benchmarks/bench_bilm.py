@@ -1,21 +1,14 @@
 """biLM speed on real text: our model against a straightforward implementation of the same maths.
 
 The straightforward model (below, sharing the candidate's weights) is what a first PyTorch port
-looks like: the char CNN runs at every position over all 50 char slots, padding included, and
-each LSTM layer computes ``[x_t; h]·W + b`` inside its per-step loop. Both are checked to agree
-before timing. Measured on PTB (``<data-root>/ptb/ptb.train.txt``), batch B × T:
-
-* training: forward + backward + Adagrad step (grad-norm clip 10) of the sampled-softmax loss on
-  two streams of windows (forward and backward, different sentence orders);
-* inference: ``BiLM.forward`` without gradients on B sentences cut to T tokens;
-* a per-component breakdown (char CNN, LSTM, softmax: forward + backward on the training batch);
-* peak memory of the full-softmax evaluation over a 793,471-word vocabulary
-  (docs/architecture.md, "Sampled softmax").
-
-Dropout is 0 in both models so that their losses can be compared exactly. The last line is one
-JSON object; ``ratio = baseline_seconds / candidate_seconds``.
+looks like: the char CNN at every position over all 50 char slots, and ``[x_t; h]·W + b`` inside
+each LSTM layer's per-step loop. Both are checked to agree, then timed on PTB: training steps,
+inference, a per-component breakdown, and the full softmax's peak memory (the method:
+benchmarks/results/bench_bilm_session2-2026-11-21.md).
 
     python -m benchmarks.bench_bilm --presets small,original
+
+Last line: one JSON object; ``ratio = baseline_seconds / candidate_seconds``.
 """
 
 from __future__ import annotations
@@ -227,6 +220,7 @@ def bench_preset(
     name: str, windows: Batch, inference: torch.Tensor, vocab_size: int, args: argparse.Namespace
 ) -> dict[str, float]:
     """Seconds per call, baseline and candidate, for the whole step and each component."""
+    # dropout 0 in both models, so that their losses can be compared exactly
     config = model_preset(name).model_copy(update={"dropout": 0.0, "num_samples": args.num_samples})
     torch.manual_seed(0)
     model = BiLM(config, vocab_size)

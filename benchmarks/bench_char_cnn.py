@@ -4,30 +4,11 @@
     python -m benchmarks.bench_char_cnn --presets small --threads 1 --repeats 3
     python -m benchmarks.bench_char_cnn --smoke      # tiny sizes, synthetic words (tested in CI)
 
-Inputs: the distinct token types of one training batch (``--rows`` × ``--window``, both streams)
-of real text (``--text``, WikiText-2 valid from ``../shared/data`` by default; ``synthetic``, or
-the file absent: ``gpu_bilm.py``'s Zipf words), trimmed as the model trims them; on the CPU,
-forward and backward, each piece given the gradient that reaches it in the real backward. Models:
-the presets, or a config under ``configs/`` (``ptb-small``). "Before" is the model as of
-2026-11-25: ``amax`` over positions, the highway in float32. Per (preset, threads), all runs timed
-in turn (``harness.time_in_turn``), median of ``--repeats``:
-
-- share: the whole ``TrainingStep`` (for ``--step-presets``), before and now, against the char
-  CNN's ``encode_types``, before and now; within the char CNN (before) the convolutions
-  (embedding and every Conv1d), the max over positions with the activation, the highway and the
-  projection;
-- max: the per-width pooling with ``amax`` (before) against ``max`` (``conv_impl: per_width``);
-- padded: ``per_width`` against ``padded`` (one convolution of all filters): the same features
-  and gradients (checked), and the aten ops of the forward + backward (about one kernel launch
-  each on a GPU);
-- bf16: the highway in float32 against ``cpu_highway_bf16``; the char CNN's output difference
-  (max |Δ|, and max |Δ| / max |float32|), the worst gradient's, and the largest relative
-  difference of the loss over ``--loss-steps`` training steps.
-
-Last line: one JSON object; ``ratio_padded_<setting>`` = per-width seconds / padded seconds,
-``ratio_max_<setting>`` = amax / max pooling seconds, ``ratio_bf16_<setting>`` = float32 / bf16
-highway seconds, ``ratio_step_<setting>`` = step before / step now, ``ratio`` the geometric mean
-of the padded ratios.
+On the distinct token types of one training batch of real text, forward and backward on the CPU:
+the char CNN's share of the step and of its pieces, ``amax`` against ``max`` pooling, the
+per-width convolutions against one padded one, and the highway in float32 against bf16, all timed
+in turn against the model as of 2026-11-25. Last line: one JSON object (``ratio`` = geometric mean
+of per-width / padded seconds); the method and results: benchmarks/results/bench_char_cnn-*.md.
 """
 
 from __future__ import annotations

@@ -4,22 +4,10 @@
     python -m benchmarks.bench_cpu_step --presets ptb-small --rows 32 --threads 1 --steps 9
     python -m benchmarks.bench_cpu_step --smoke      # tiny sizes (tested in CI)
 
-Issue 23, "CPU training step". Times :class:`elmo_core.training.step.TrainingStep` (forward on both
-streams, backward, the global-norm clip, row-sparse Adagrad with the softmax's touched rows; real
-arithmetic on the CPU, float32) on ``gpu_bilm.py``'s synthetic Zipf windows, as a worker calls it
-(state carried, candidates, token types and softmax rows found ahead). Models: the ``small`` preset
-(``2x1024_128_2048cnn_1xhighway``, K = 8,192) and ``configs/ptb-small.yaml``'s model (512 cells →
-128, K = 2,048), each with a 100,000-word softmax (``--vocab``) and the preset's own K.
-
-Variants: ``reference`` and ``fused`` with the directions apart (``batch_directions`` False), and
-``fused-batched`` (both directions as one stack). Per setting (preset, rows, torch threads) each
-variant gets its own model (same seed), one warm-up step, then ``--steps`` timed steps taken in
-turn — one step of each variant per round, the order rotated every round — so the machine's load
-(a shared 2-core VM) falls on all alike; a variant's figure is its median step.
-
-Last line: one JSON object; ``ratio_<setting>`` = fused positions/s over reference's,
-``ratio_batched_<setting>`` = fused-batched over reference, ``ratio`` their geometric mean of
-``ratio_<setting>`` over the settings.
+Issue 23, "CPU training step": :class:`elmo_core.training.step.TrainingStep` on synthetic Zipf
+windows, called as a worker calls it, for ``reference``, ``fused`` and ``fused-batched``, the
+variants timed in turn. Last line: one JSON object; ``ratio`` = the geometric mean of fused over
+reference positions/s. Method and results: benchmarks/results/bench_cpu_step-2026-11-25.md.
 """
 
 from __future__ import annotations

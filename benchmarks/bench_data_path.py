@@ -3,21 +3,12 @@
     python -m benchmarks.bench_data_path [--data-root ../shared/data] [--steps 400]
     python -m benchmarks.bench_data_path --corpus python-docs     # no data needed (a GPU machine)
 
-Reads PTB (prepared as 1B-Word shards; or the bundled ``python-docs`` corpus) with the GPU recipe's
-shape, 128 rows × 20 steps, through
-:class:`elmo_core.training.batches.StepBatches` exactly as a worker does (both streams, token types,
-``original``'s sampled-softmax draw of 8,192 of 793,471 words per window and the softmax rows it
-touches, stream positions, pinned memory when CUDA is there) and times ``--steps`` batches after
-the loader has started. The baseline is the same work in the training loop itself (0 loader
-processes); the candidates build ahead in 1 process (both directions) or 2 (one each). Issue 13
-wants the data path at ≥ 2× the GPU's training rate (goal 250,000 positions/s) from at most 4
-cores per GPU.
-
-Also the training process's own CPU time per step: in the loop the whole data path sits on the
-step's critical path; with loader processes only receiving the arrays does.
-
-Last line: one JSON object; ``ratio`` = the training process's CPU per step in the loop over that
-with 2 loader processes (a GPU worker's default).
+Reads PTB (or the bundled ``python-docs`` corpus) through
+:class:`elmo_core.training.batches.StepBatches` exactly as a worker does, at the GPU recipe's
+128 × 20: built in the training loop itself (the baseline, 0 loader processes) against built ahead
+in 1 or 2 loader processes. Issue 13 wants ≥ 2× the GPU's training rate from at most 4 cores per
+GPU. Last line: one JSON object; ``ratio`` = the training process's CPU per step in the loop over
+that with 2 loader processes. Method and results: benchmarks/results/bench_data_path-2026-11-25.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """``elmo embed`` throughput: the stage's Ray actor pool against one process calling the biLM.
 
-Both embed the same sentences with the same biLM (a preset with random weights: the speed does not
-depend on their values) and give every layer of every sentence:
-
-* baseline — what AllenNLP's ``elmo`` command and bilm-tf's ``dump_bilm_embeddings`` do: one
-  process, torch on every core, batches of B sentences in input order, each sentence's layers
-  copied out to a NumPy array (kept in memory, nothing written);
-* candidate — :func:`pipelines.embed.stage.embed` with ``--concurrency N`` on a local Ray of N
-  CPUs, timed end to end as a user runs it (actors started and loading the biLM, sentences sorted
-  by length within a chunk, Parquet shards written, the MLflow run logged); only the local Ray
-  itself is started before the clock, as a cluster already runs.
-
-Sentences: the public-domain books of ``<data-root>/text`` (Moses sentence splitting and
-tokenization, as prepare reads raw text), the first ``--sentences`` of them; without that folder
-the benchmark prints that it skipped. The two outputs are checked to agree before timing. The
-last line is one JSON object; ``ratio = baseline_seconds / candidate_seconds``.
+The baseline is what AllenNLP's ``elmo`` command and bilm-tf's ``dump_bilm_embeddings`` do: one
+process, batches in input order. The candidate is :func:`pipelines.embed.stage.embed` on a local
+Ray, timed end to end as a user runs it. Both embed the same book sentences with the same biLM
+(random weights: the speed does not depend on them), every layer, checked to agree first; without
+``<data-root>/text`` it skips. Last line: one JSON object; ``ratio = baseline_seconds /
+candidate_seconds``. Results: benchmarks/results/bench_embed-2026-11-25.md.
 
     python -m benchmarks.bench_embed --sentences 2000 --preset small --workers 2
 """

@@ -3,18 +3,11 @@
     python -m benchmarks.bench_eval_protocols [--data-root ../shared/data] [--train-steps 100]
         [--test-sentences 600] [--repeats 3] [--threads 2]
 
-Prepares PTB (train → training shards, the first ``--test-sentences`` of test → heldout
-``news.en.heldout-00000``, valid → ``-00001``, in a 1B-Word-like layout so the whitespace
-tokenizer keeps ``<unk>``), trains a small biLM (2 × 256 cells, projection 64) briefly on CPU
-with bilm-tf's recipe (``--train-steps 0``: random init), then evaluates that test file:
-
-* baseline — 256 rows × 1 token per step over the whole file (bilm-tf's test step);
-* candidate — 256 rows × 20 tokens per step: the same streams, so the numbers must agree;
-* bilm-tf's ``original`` protocol (256 × 1, stop at the first step some row cannot fill) and our
-  default ``batched`` protocol (128 × 20, partial windows scored), to show what the protocol
-  choice does to the reported number.
-
-Last line: one JSON object, ``ratio = baseline_seconds / candidate_seconds``.
+Trains a small biLM briefly on PTB, then scores PTB's test file with 256 rows × 1 token a step
+(bilm-tf's test step, the baseline) and 256 × 20 (the same streams, so the numbers must agree);
+also bilm-tf's ``original`` protocol and our default ``batched`` one, to show what the choice of
+protocol does to the reported number. Last line: one JSON object, ``ratio = baseline_seconds /
+candidate_seconds``. Results: benchmarks/results/bench_eval_protocols-2026-11-21.md.
 """
 
 from __future__ import annotations

@@ -1,30 +1,14 @@
 """CPU inference of the frozen biLM: tokens/s of our two LSTM loops against a baseline.
 
-    python -m benchmarks.bench_inference               # the settings below, then two under load
+    python -m benchmarks.bench_inference               # the default settings, then two under load
     python -m benchmarks.bench_inference --settings original:32:2 --loaded ""
     python -m benchmarks.bench_inference --smoke       # tiny, made-up sentences (tested in CI)
 
-Issue 23, "CPU inference": the path ``elmo embed`` and the pyfunc models take
-(:func:`elmo_core.model.elmo.bilm_layers`: eval mode, ``torch.inference_mode``). Three models on
-the same weights (a preset, seeded) and the same sentences:
-
-* ``baseline`` — ``bench_bilm.StraightforwardBiLM``, structured as AllenNLP's ``_ElmoBiLm``: the
-  char CNN at every position over all 50 char slots, each LSTM step ``[x_t; h]·W`` on every row
-  (AllenNLP's own also leaves out the rows whose sentence has ended, as ``fused`` does);
-* ``reference`` — our biLM with ``model.lstm_impl=reference``;
-* ``fused`` — ``model.lstm_impl=fused``, whose layers run ``elmo::lstm_layer_inference`` here.
-
-Sentences: the first ``--sentences`` of PTB's test set, in file order, cut into batches of B as
-AllenNLP's ``elmo`` command batches a file (``:length`` sorts them by length first, as
-``elmo embed`` does). Their top layers are checked to agree before any timing. A setting
-``preset:B:threads[:length]`` times each batch per model and round, the models in turn, their
-order rotated every round (``harness.time_in_turn``); a figure is the sentences' tokens
-over the sum of the batches' medians. ``--loaded`` settings run again on the first
-``--loaded-sentences`` beside ``--hogs`` busy processes
-(``bench_threads_under_load.competing_load``).
-
-Last line: one JSON object; ``ratio`` = baseline seconds / fused seconds at ``--goal`` (no load),
-where the issue asks for ``ratio`` ≥ 5.
+Issue 23, "CPU inference": the path ``elmo embed`` takes, on PTB's test sentences, for
+``baseline`` (``bench_bilm.StraightforwardBiLM``, structured as AllenNLP's ``_ElmoBiLm``),
+``reference`` and ``fused``, checked to agree, then timed in turn. Last line: one JSON object;
+``ratio`` = baseline / fused seconds at ``--goal`` (no load), where the issue asks for ≥ 5.
+Method and results: benchmarks/results/bench_inference-2026-11-25.md and -2026-11-26.md.
 """
 
 from __future__ import annotations

@@ -3,34 +3,12 @@
     python -m benchmarks.bench_prepare [--data-root ../shared/data] [--size-mb 200] [--quick]
         [--repeats 3] [--workers-list 1,2] [--max-vocab 100000] [--keep-corpus] [--cache-dir DIR]
 
-Corpus (:mod:`prepare_corpus`): PTB and the plain-text books copied until ``--size-mb`` of
-whitespace-tokenized text in the 1B Word Benchmark layout, fresh word types added with every copy.
-Memory at twice the size is measured two ways: at a fixed vocabulary (the same files twice, so the
-same word types: the goal) and with new types (twice as many files of the same size, ~1.6x the
-types: reported, since prepare keeps every type's identity and count). Corpora are cached under
-``--cache-dir`` (removed at the end unless ``--keep-corpus``).
-
-Baseline: :func:`naive_prepare` — ``line.split()``, a ``Counter``, vocabulary by descending count,
-Python lists of target ids per sentence written to Parquet by pyarrow, one file per input file.
-Candidate: ``elmo prepare --format 1b-benchmark --workers N`` (run as ``python -m pipelines.cli``;
-Arrow's split, dictionary-encoding and take kernels; a worker's share of the cores for its
-threads, so one worker uses every core). Both run as subprocesses; their results are checked
-to agree (same vocabulary in the same order, same counts, token and sentence totals, OOV counts
-and sum of target ids per split) before anything is timed — that first run of each is the
-warm-up. Time: wall clock of the whole command (interpreter start and imports included).
-Memory, sampled from ``/proc`` every 0.1 s: the main process's peak RSS (its high-water mark),
-the largest peak RSS of any child (the worker processes), and the peak of the whole process
-tree's summed PSS (shared pages counted once). Last line: one JSON object with
-``ratio = baseline_seconds / candidate_seconds`` (one worker) and the scaling and memory
-figures. Skips cleanly (exit 0) when the data root is absent.
-
-Scaling is set beside a reference measured in the same run: a CPU-only job (a Python loop, no
-memory traffic) twice in one process against once in each of two processes at the same time. On
-two dedicated cores that is 2x; a shared or throttled 2-vCPU machine gives less. Prepare prints
-the seconds of its phases (``phases: count ..., vocabulary ..., encode ..., shuffle ...``): the
-parallel ones (count, encode, shuffle) are scaled on their own, and the rest of the one-worker run
-(start-up, imports, the vocabulary) is the serial part that bounds what two free cores can give,
-``T1 / (serial + parallel / 2)``.
+On a corpus of PTB and the books in the 1B Word Benchmark layout (:mod:`prepare_corpus`),
+:func:`naive_prepare` (the baseline) against ``elmo prepare --workers N``, both as subprocesses,
+their results checked to agree first: wall time, peak memory at the corpus's size and twice it, and
+the scaling from 1 to 2 workers beside a CPU-only reference job. Skips (exit 0) without the data
+root. Last line: one JSON object with ``ratio = baseline_seconds / candidate_seconds`` (one
+worker). Method: benchmarks/results/bench_prepare_library_kernels-2026-11-23.md.
 """
 
 from __future__ import annotations

@@ -2,20 +2,11 @@
 
     python -m benchmarks.bench_softmax_memory [--positions 20480] [--chunk-sizes 512,2048]
 
-``original``'s shape on the CPU: K = 8,192 candidates drawn log-uniformly from V = 793,471 words,
-N = 1024 rows × 20 steps positions with log-uniform targets, P = 512. Only the rows the targets and
-candidates touch are made (about 10k of V; gathered as the model gathers them, sparse gradient), so
-the vocabulary's ``(V, P)`` never exists. Each computation runs once, in a fresh process, whose peak
-resident set (``ru_maxrss``) is read before and after one forward + backward of the mean loss; the
-figure is the difference: what the pass adds on top of its inputs.
-
-- Baseline (``whole``): the sampled loss as computed before issue 23, written out below: the whole
-  ``(N, 1+K)`` float32 logits (671 MB) built in the graph and kept by autograd for the backward.
-- Chunked: :meth:`elmo_core.model.softmax.SampledSoftmax.sampled_loss`, ``C`` positions at a time
-  forward and backward (the backward recomputes each chunk's logits).
-
-Last line: one JSON object; ``ratio`` = the baseline's peak over the chunked one's at the default
-chunk size (``sampled_chunk_size(K)``). The seconds per pass are a side figure (one pass).
+At ``original``'s shape on the CPU, each computation in a fresh process: the baseline
+(``whole``, the sampled loss as computed before issue 23, written out below) builds the whole
+``(N, 1+K)`` logits; :meth:`elmo_core.model.softmax.SampledSoftmax.sampled_loss` takes ``C``
+positions at a time. Last line: one JSON object; ``ratio`` = the baseline's peak over the chunked
+one's at the default chunk size. Method and results: benchmarks/results/bench_softmax_memory-*.md.
 """
 
 from __future__ import annotations

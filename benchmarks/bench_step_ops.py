@@ -4,32 +4,11 @@
     python -m benchmarks.bench_step_ops --rows 128 --launch-us 5 --efficiency 0.5
     python -m benchmarks.bench_step_ops --smoke              # tiny sizes (tested in CI)
 
-Counts every op a :class:`elmo_core.training.step.TrainingStep` call dispatches — forward on both
-streams, backward, the global-norm clip and the row-sparse Adagrad — with a ``TorchDispatchMode``,
-one steady-state step after a warm-up one, for the ``original`` model (vocab 793,471, K = 8,192)
-on synthetic Zipf windows (``gpu_bilm.py``'s). The model is built on the meta device, which runs
-no arithmetic (so ``original`` at 1,024 rows costs no memory or time) and keeps CUDA's device
-rules; there the softmax's gradient is dense (no sparse kernels on meta), as in ``gpu_bilm.py``.
-
-Launch model: in eager mode on a GPU each aten op is about one kernel launch; a custom op such as
-``elmo::lstm_layer`` (the ``fused`` LSTM: one op per layer and its backward) counts as ONE launch,
-as a GPU implementation would be one Triton/GEMM sequence. Also shown: the ops run inside the
-custom ops (what their CPU implementation dispatches; on the meta device only their fake runs, so
-this script runs the implementation itself to count them), and the step flattened, each custom op
-replaced by its inside ops. Views (``is_view``: a new tensor header, no kernel on a GPU) are
-dispatched but launch nothing: they are counted and shown apart, not as launches. Each launch is
-also attributed to the step's phase that ran it (``PHASES``: the forward and the loss; the
-backward and the softmax's exchange; the global-norm clip; the optimiser).
-``compiled`` is not countable this way: Inductor's generated kernels launch below the dispatcher,
-so a dispatch mode sees neither them nor their number (``graphed`` replays a CUDA graph: likewise).
-
-PREDICTED H100 positions/s (a model, not a measurement): step time = max(launches × 5 µs, the
-step's FLOPs (``training_flops_per_position`` × rows × window) / (800 TFLOP/s bf16 × 0.5
-efficiency)) — a launch-bound host and the GPU overlapped; goal 250,000 positions/s. Issue 23's
-goal: ≤ 600 launches per step.
-
-Last line: one JSON object; ``ratio_<rows>`` = reference (directions apart) launches over fused
-batched launches, counted in the same run.
+Counts every op a :class:`elmo_core.training.step.TrainingStep` call dispatches, with a
+``TorchDispatchMode`` on the meta device (no arithmetic, CUDA's device rules), a custom op as one
+launch and views apart; then a PREDICTED H100 positions/s (a model, not a measurement). Last line:
+one JSON object; ``ratio_<rows>`` = reference (directions apart) launches over fused batched
+launches. Method and results: benchmarks/results/bench_step_ops-2026-11-25.md and -2026-11-26.md.
 """
 
 from __future__ import annotations

@@ -4,15 +4,11 @@
         [--fraction 0.1] [--repeats 2] [--profile]
 
 The run is the analysis's (``elmo analyze``): ``--fraction`` of the task's training split with
-ELMo, seed 0, given the updates of the whole split (each tree's own ``same_updates``). Issue 47's
-twin used UD EWT UPOS as ``experiments/analysis_small_data.py`` writes it (``ud-ewt-upos.yaml`` in
-its ``--work``). The activation cache is built once; then each tree times the same run in a
-subprocess of its own (run from the tree, so its ``elmo_core`` and worker are the ones imported),
-the trees taking turns. ``--before`` is a checkout of the tree before a change (``git worktree
-add /tmp/before HEAD``). ``--profile`` prints each tree's top functions by cumulative time.
-
-Last line: one JSON object with each tree's seconds per run and test accuracy, and
-``speedup = before / this tree``.
+ELMo, seed 0, given the updates of the whole split. Each tree times it in a subprocess of its own,
+the trees taking turns; ``--before`` is a checkout from before a change (``git worktree add
+/tmp/before HEAD``), ``--profile`` prints each tree's top functions. Last line: one JSON object,
+each tree's seconds and test accuracy, ``speedup = before / this tree``; results in
+benchmarks/results/analyze_twin-2026-11-28.md.
 """
 
 from __future__ import annotations

@@ -1,33 +1,14 @@
 """Torch threads under load: the training step with 1 and 2 threads beside competing CPU work.
 
     python -m benchmarks.bench_threads_under_load              # ptb-small, 32 rows × 20, 4 spinners
-    python -m benchmarks.bench_threads_under_load --hogs 6 --rounds 3
     python -m benchmarks.bench_threads_under_load --load torch --hogs 2  # beside torch jobs
     python -m benchmarks.bench_threads_under_load --smoke      # tiny sizes (tested in CI)
 
-Issue 23, "Threads under load": on a 2-core machine loaded to ~7 by other work, two torch threads
-ran the ``ptb-small`` step about 10x slower than one. torch's CPU build runs its intra-op threads
-on GNU OpenMP (``libgomp``), whose idle threads spin at each barrier (``GOMP_SPINCOUNT`` 300,000)
-before they sleep; the suspect was a spinning thread holding the core its partner needs.
-``OMP_WAIT_POLICY=PASSIVE`` (spin count 0) tests it. libgomp reads it once, as it loads with
-torch, so each setting runs in a fresh process whose environment is set before it imports torch.
-
-Settings: ``1-thread`` and ``2-threads`` (OpenMP's default wait policy, as today) and
-``2-threads-passive``, each beside ``--hogs`` competing processes (``--load``: ``spin``, a Python
-busy loop; ``torch``, a 2-thread torch job with OpenMP's default policy), then again without them.
-Per round each setting runs one fresh process (the order rotated every round, so drift falls on
-all): the step of ``bench_cpu_step.build_step``, one warm-up step, then timed steps for
-``--seconds`` (at least ``--min-steps``); a setting's figure is the median step over its rounds.
-The hogs end with this script (Ctrl-C and SIGTERM included) and, should it be killed outright, on
-their own once its process is gone.
-
-``2-under-load`` is the fix: 2 threads cut by :func:`elmo_core.threads.threads_under_load` as the
-process starts, as the platform's workers take them. It reads the 1-minute load average, which
-lags: the timing starts once that reaches the core count (``--settle`` seconds at most), and
-right after the load it still cuts.
-
-Last line: one JSON object with positions/s per setting with and without the load, and ratios
-under load (``ratio_2threads_vs_1thread`` < 1: two threads slower than one).
+Issue 23, "Threads under load": on a loaded 2-core machine two torch threads ran the step far
+slower than one. Times 1 thread, 2, 2 with ``OMP_WAIT_POLICY=PASSIVE`` and 2 cut by
+:func:`elmo_core.threads.threads_under_load` (the fix), beside ``--hogs`` competing processes and
+without them. Last line: one JSON object (``ratio_2threads_vs_1thread`` < 1: two threads slower).
+Method and results: benchmarks/results/bench_threads_under_load-2026-11-25.md.
 """
 
 from __future__ import annotations
@@ -124,6 +105,8 @@ def time_setting(args: argparse.Namespace, name: str) -> tuple[list[float], int]
         command.append("--under-load")
     for flag in ("preset", "variant", "rows", "window", "vocab", "types", "seconds", "min_steps"):
         command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+    # a fresh process, its environment set before it imports torch: libgomp reads
+    # OMP_WAIT_POLICY once, as it loads with torch
     result = subprocess.run(
         command, cwd=REPO, env=child_env(policy), capture_output=True, text=True, check=False
     )
@@ -200,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         args.settle = 0
     started = time.perf_counter()
     with competing_load(args.hogs, args.load):
+        # the fix reads the 1-minute load average, which lags: time once it reaches the core
+        # count; right after the load it still cuts (the rounds without it show that)
         load_before = wait_for_load(float(os.cpu_count() or 1), args.settle)
         loaded = time_rounds(args, args.rounds)
         load_after = os.getloadavg()

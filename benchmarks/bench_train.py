@@ -2,20 +2,11 @@
 
     python -m benchmarks.bench_train [--data-root ../shared/data] [--steps 40] [--vocab 100000]
 
-Three measurements, each against a baseline from the same run:
-
-* exchange — the softmax gradient of a V × P matrix (default V = 100k, P = 512) touched on
-  ``num_samples + B·T`` rows per worker, averaged over 2 gloo processes: dense all-reduce of the
-  whole matrix (baseline) against the sparse row exchange (candidate); time and bytes per step,
-  results checked equal first.
-* scaling — training tokens/s of the real train stage (Ray Train, DDP, CPU) with 1 and 2 workers
-  on PTB (``--data-root``/ptb; skipped when absent). Throughput is the median of the in-loop
-  ``tokens_per_s`` the run logs to MLflow (start-up excluded).
-* data path — both streams' windows and char ids as a worker reads them (``bench_data_path.py``,
-  in the loop), positions/s against what one training worker consumes (goal: ≥ 5× faster, so
-  data never limits training).
-
-Last line: one JSON object; ``ratio = dense_seconds / sparse_seconds`` of the exchange.
+Three measurements, each against a baseline from the same run: the softmax gradient's dense
+all-reduce against the sparse row exchange (2 gloo processes), the real train stage with 1 and 2
+Ray workers on PTB, and the data path against what one training worker consumes. Last line: one
+JSON object; ``ratio = dense_seconds / sparse_seconds`` of the exchange. Method and results:
+benchmarks/results/bench_train-2026-11-21.md.
 """
 
 from __future__ import annotations

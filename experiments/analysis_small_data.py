@@ -1,22 +1,15 @@
 """The paper's sample-efficiency claim (§5.4, Fig. 1) on real held-out tasks: is ELMo's gain at
 10 % of the training data at least as large as at 100 %, beyond the gain's standard deviation?
 
-Runs the real analyze stage (``pipelines.analyze.stage.analyze``: every run the analysis makes,
-into MLflow under ``ELMO_HOME``) on three tasks read from ``../shared/data``, which the project
-never copies: UD English Web Treebank UPOS tagging (its train, dev and test), SUBJ (10,000
-sentences, no official split: a seeded 80/10/10 one) and TREC coarse question types (its 500
-test questions; a seeded tenth of train as dev). Each at ``--fractions`` of its training data
-(the analysis gives a fraction the updates of the whole set; a fraction that would leave a
-label with no example is raised to the smallest that keeps one) over ``--seeds``, one analyze
-run per task.
+Runs the real analyze stage (``pipelines.analyze.stage.analyze``) on UD English Web Treebank UPOS,
+SUBJ and TREC coarse question types, read from ``../shared/data``, at ``--fractions`` of each
+training set over ``--seeds``, one analyze run per task.
 
     python -m experiments.analysis_small_data --bilm RUN_DIR/best [--max-train 3000]
 
-``--max-train`` caps each task's training set (the first sentences) where a 2-core machine cannot
-run the whole in its time, for every task or per task (``ud-ewt-upos=1000,subj=2000``); the
-results say when it was used. Issue 47's twin of a held-out check: ``--tasks ud-ewt-upos,subj
---max-train ud-ewt-upos=1000,subj=2000 --fractions 0.1,1``. Last line: one JSON object, the
-gains per task and fraction and the verdict.
+``--max-train`` caps each task's training set (its first sentences), for every task or per task
+(``ud-ewt-upos=1000,subj=2000``). Last line: one JSON object, the gains per task and fraction and
+the verdict; results in experiments/analysis_small_data-2026-11-27.md.
 """
 
 from __future__ import annotations

@@ -3,17 +3,10 @@
     python -m experiments.ptb_quality [--data-root ../shared/data] [--config configs/ptb-small.yaml]
         [--minutes 35 | --max-steps N] [--work DIR] [--set section.key=value ...]
 
-Prepares PTB with the 1B Word Benchmark's whitespace tokenizer (PTB is already tokenized, so
-``<unk>`` and ``N`` stay tokens): ``ptb.train.txt`` → training shards, ``ptb.valid.txt`` and
-``ptb.test.txt`` → heldout shards, selectable by file name. The run length is ``--max-steps``, or
-the steps that fit in ``--minutes`` at the speed of a short in-process timing run with the same
-model, recipe and threads. Training is the real train stage (Ray Train, MLflow, checkpoints under
-``ELMO_HOME/runs``); the final model (not the best-on-validation one: validation uses the heldout
-split) is evaluated with the evaluate stage's default protocol on test and on valid.
-
-Kim et al. 2016's small char-CNN LSTM reaches 92.3 test perplexity (forward only, ~25 epochs,
-dropout 0.5): context for the forward column, not a like-for-like target for a run of a few epochs.
-Last line: one JSON object.
+Prepares PTB with the whitespace tokenizer, trains with the real train stage for ``--max-steps``
+(or the steps that fit in ``--minutes``), and evaluates the final model with the evaluate stage's
+default protocol on test and on valid. Last line: one JSON object; results and the context of Kim
+et al. 2016's figure in experiments/ptb_quality-2026-11-21.md.
 """
 
 from __future__ import annotations

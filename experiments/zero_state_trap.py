@@ -6,18 +6,10 @@ changes downstream.
     python -m experiments.zero_state_trap adapt --bilm MODEL_DIR [--data-root ../shared/data]
         [--seeds 0,1,2] [--max-train 2000]
 
-* ``perplexity`` — for every checkpoint of each run: heldout perplexity per direction with the
-  state carried from zero (bilm-tf's test), with the state restarted at every window, their
-  forward/backward ratio, and the rows whose state locked up (most cells of a layer at the clip).
-* ``stateless`` — each heldout sentence scored alone, as stateless inference reads it
-  (``<S> w1 .. wn </S>`` forward, reversed backward), from the zero state and from the model's warm
-  start: perplexity per direction over every sentence and over those opening with a token that is
-  not a letter or digit (a quote, a bracket: where the trap was seen).
-* ``adapt`` — UD EWT UPOS, SUBJ and TREC (6 classes), the subsets of ``adapt_recipe-2026-11-26.md``,
-  adapted over the seeds with the biLM starting cold (its ``warmup.txt`` left out) and warm; the
-  mean test accuracies and gains of each.
-
-Last line: one JSON object with every figure.
+``perplexity``: every checkpoint's heldout perplexity, state carried from zero and restarted every
+window; ``stateless``: each heldout sentence scored alone, from zero and from the warm start;
+``adapt``: three tasks adapted with the biLM starting cold and warm. Last line: one JSON object
+with every figure; the method and results in experiments/zero_state_trap-2026-11-27.md.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """House rules a review would otherwise have to re-check: every module has its tests (a mirror
 file or a line in tests/README.md), no test file outlives its module, no script edits
-``sys.path``, and module docstrings stay short (docs/style.md: they say why; figures live in
-benchmarks/results/). Run as a script, it prints the figures these rules are about:
-``python tests/test_house_rules.py``."""
+``sys.path``, and module docstrings stay short, the scripts' with no exception (docs/style.md:
+they say why; figures live in benchmarks/results/). Run as a script, it prints the figures these
+rules are about: ``python tests/test_house_rules.py``."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "tests" / "README.md").read_text(encoding="utf-8")
 MIRRORED = ("elmo_core", "pipelines", "flows")
 DOCUMENTED = ("elmo_core", "pipelines", "flows")
+SCRIPTS = ("benchmarks", "infra", "experiments")  # their method lives in their results
 LONG_DOCSTRING = 15  # lines
 MAX_LONG_DOCSTRINGS = 5
 MAX_DOCSTRING_SHARE = 0.03  # of all lines
@@ -81,6 +82,14 @@ def test_module_docstrings_are_short() -> None:
     assert sum(lines.values()) <= MAX_DOCSTRING_SHARE * total
 
 
+def test_script_docstrings_are_short_without_exception() -> None:
+    """A script's docstring says why it exists, what it compares and how to run it; its method
+    and figures go to its dated results file."""
+    modules = _modules(SCRIPTS)
+    long = [str(p.relative_to(ROOT)) for p in modules if _docstring_lines(p) >= LONG_DOCSTRING]
+    assert long == []
+
+
 def house_figures() -> dict[str, object]:
     """Lines per top-level package, module docstrings (their share, the long ones) and the
     fsspec imports outside elmo_core/location.py."""
@@ -93,6 +102,11 @@ def house_figures() -> dict[str, object]:
         "docstring_share": round(sum(docstrings.values()) / sum(map(_lines, documented)), 4),
         "long_docstrings": sorted(
             str(p.relative_to(ROOT)) for p, n in docstrings.items() if n >= LONG_DOCSTRING
+        ),
+        "long_script_docstrings": sorted(
+            str(p.relative_to(ROOT))
+            for p in _modules(SCRIPTS)
+            if _docstring_lines(p) >= LONG_DOCSTRING
         ),
         "fsspec_outside_location": sorted(
             str(path.relative_to(ROOT))

@@ -2,27 +2,14 @@
 
 A lent task has 15 device-minutes in all, starts included, so this one call must fit 7 minutes
 (``TOTAL_SECONDS`` from its own start, after the wheels are installed) and leave room for one
-short rerun. It runs stages in turn, each in its own process with its own time box: a stage past
-its box is stopped and marked so, and the next one starts. Each stage's output and result are
-appended to ``OUT/first-contact.log`` as soon as it ends, so a run killed at the device's limit
-still returns all that finished before; the log's last line is one JSON object with every figure
-and each stage's status.
-
-1. environment: GPU, memory, clocks, driver, torch and CUDA; the bf16 matmul rate on 8192³ (the
-   MFU denominator);
-2. correctness: golden bilm-tf parity in fp32 on CUDA, the fused layer and its Triton kernels
-   against the reference, graphed (CUDA's choice) against fused, the compiled softmax epilogues
-   against eager, 100 steps of bf16 against fp32, a training step with no host sync;
-3. speed at ``original``: the straightforward baseline, fused (directions batched) at 128 and 1,024
-   rows, then the reference loop (directions batched) at 128: positions/s, MFU, peak memory;
-4. profile: where a fused step's time goes (the 15 longest kernels, GEMM and pointwise time, the
-   GPU's idle gaps, launches and host syncs per step);
-5. inference, only if time remains.
+short rerun. Its stages (environment, correctness, speed, profile, inference if time remains; see
+``stages``) run in turn, each in its own process and time box; each one's output is appended to
+``OUT/first-contact.log`` as it ends, so a run killed at the device's limit keeps what finished.
+The log's last line is one JSON object with every figure and each stage's status.
 
     python -m infra.device.first_contact OUT [--rehearse]
 
-``--rehearse``: tiny sizes on a CPU (the meta device stands in for CUDA where the code allows),
-through the same stages and boxes; ``infra/device/rehearse.py`` runs it so.
+``--rehearse``: tiny sizes on a CPU, through the same stages and boxes (``rehearse.py`` runs it).
 """
 
 from __future__ import annotations
@@ -94,8 +81,15 @@ def stages(out: Path, rehearse: bool) -> list[Stage]:
     rows = "8" if rehearse else "1024"
     pytest = [*correctness_tests(python), "--junitxml", str(out / TESTS_REPORT)]
     return [
+        # GPU, memory, clocks, driver, torch and CUDA; the bf16 matmul rate on 8192³ (the MFU
+        # denominator)
         Stage("environment", 45, [[python, "-c", ENVIRONMENT]]),
+        # golden bilm-tf parity in fp32 on CUDA, the fused layer and its Triton kernels against the
+        # reference, graphed (CUDA's choice) against fused, the compiled softmax epilogues against
+        # eager, 100 steps of bf16 against fp32, a training step with no host sync
         Stage("correctness", 90, [pytest]),
+        # at original: the straightforward baseline, fused (directions batched) at 128 and 1,024
+        # rows, then the reference loop (directions batched) at 128: positions/s, MFU, peak memory
         Stage(
             "speed",
             180,
@@ -106,6 +100,8 @@ def stages(out: Path, rehearse: bool) -> list[Stage]:
                 + ["--sweep", "4" if rehearse else "128"],
             ],
         ),
+        # where a fused step's time goes: the longest kernels, GEMM and pointwise time, the GPU's
+        # idle gaps, launches and host syncs per step
         Stage(
             "profile",
             60,

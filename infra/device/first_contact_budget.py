@@ -1,27 +1,15 @@
 """The first-contact run's device time, PREDICTED per stage before a GPU sees it (issue 33).
 
-A lent task has 15 device-minutes, starts included: the first-contact call must fit 420 s so
-that one short rerun still fits. This script predicts each stage's time from what it measures
-here, with the device's own torch, at the device's sizes, and a stated model for the rest:
-
-- measured here: installing the carried wheels as the device does; a fresh process' start
-  (Python, torch, ``elmo_core``); building each model on the host, as ``gpu_bilm.py`` does before
-  moving it; the synthetic windows; preparing the bf16 test's corpus; collecting the correctness
-  tests; each timed step's launches, counted at the device's sizes (``bench_step_ops.py``, the
-  fused op's inside ops counted one launch each, as the torch path would run them); the Triton
-  kernels' compile seconds (``triton_aot.py``, ptxas included, each with a launcher to build);
-- the model (docs/architecture.md, "Where a step's time goes"): a step takes
-  max(launches × 5 µs, FLOPs / (800 TFLOP/s × 0.5)); each process pays ``CUDA_START_S`` to start
-  CUDA, and one that trains ``INDUCTOR_S`` for its first compiles (the sampled loss's epilogues);
-  each CUDA test ``CUDA_TEST_S`` past its setup; the profiler doubles the steps it records; the
-  model reaches the GPU at ``HOST_TO_GPU``.
-
-It fails if the whole call is predicted over ``LIMIT_S`` or a stage over its box (that stage
-would be stopped, its figures lost).
+The first-contact call must fit 420 s so that one short rerun still fits a task's 15 device-minutes.
+This predicts each stage's time from what it measures here (with the device's torch, at the
+device's sizes: see ``Measured``) and a stated model for the rest (the constants below;
+docs/architecture.md, "Where a step's time goes"). It fails if the whole call is predicted over
+``LIMIT_S`` or a stage over its box (that stage would be stopped, its figures lost).
 
     python -m infra.device.first_contact_budget [--kernels triton_aot.json] [--carried .device]
 
-Last line: one JSON object, the prediction per stage.
+Last line: one JSON object, the prediction per stage; results in
+benchmarks/results/first_contact_rehearsal-2026-11-27.md.
 """
 
 from __future__ import annotations
@@ -239,6 +227,7 @@ def measure(kernels: Path | None, carried: Path | None) -> Measured:
         vocab = ORIGINAL_VOCAB if preset == "original" else small_vocab
         types = TYPES if preset == "original" else min(TYPES, small_vocab)
         counts = count_step(preset, variant, rows, WINDOW, vocab, types, "meta")
+        # the fused op's inside ops counted one launch each, as the torch path would run them
         launches[f"{preset}/{variant}/{rows}"] = counts.flattened
     return Measured(
         install_s=install_s,

@@ -1,23 +1,12 @@
 """biLM training throughput and model FLOP utilisation on one accelerator (an H200 in mind).
 
-One process, only ``elmo_core`` and ``torch``: builds the ``original`` model with the 793,471-word
-softmax, feeds ``benchmarks/workload.py``'s synthetic Zipf words, and times full training steps
-(forward + backward + Adagrad, grad-norm clip 10, bf16 autocast on GPU): ours is
-:class:`elmo_core.training.step.TrainingStep`, the very step a Ray Train worker runs (LSTM states
-carried between windows, candidates drawn ahead as its loader processes draw them, the softmax's
-rows sparse), next to the straightforward implementation of ``benchmarks/bench_bilm.py`` with a
-dense optimiser step. Model FLOPs are counted from the config (≈0.8 GFLOP per position for
-``original``; docs/architecture.md, "Where a step's time goes"), as if the char CNN ran at every
-position, so the per-type saving shows up as utilisation; the peak is a bf16 matmul rate measured
-on the same machine.
-
-Also, by option: ``--sweep`` times ours at more rows per GPU; ``--profile`` says where a step's
-time goes (torch profiler: GEMMs, fused and plain pointwise kernels, copies, kernel launches and
-host syncs); ``--inference`` times embedding 64 sentences of real lengths with the frozen biLM.
+One process, only ``elmo_core`` and ``torch``: the ``original`` model on synthetic Zipf words
+(``benchmarks/workload.py``), timing :class:`elmo_core.training.step.TrainingStep` (the step a Ray
+Train worker runs) next to ``benchmarks/bench_bilm.py``'s straightforward model. ``--sweep`` times
+more rows, ``--profile`` says where a step's time goes, ``--inference`` times the frozen biLM.
+Results: benchmarks/results/gpu_*.md.
 
     python -m infra.device.gpu_bilm                # original, 128 × 20, on CUDA
-    python -m infra.device.gpu_bilm --lstm-impl compiled --batch-directions --sweep 256,512,1024 \
-        --profile --inference
     python -m infra.device.gpu_bilm --only sweep --lstm-impl graphed --batch-directions \
         --sweep 256,512,1024
     python -m infra.device.gpu_bilm --smoke        # tiny sizes, any device (tested in CI)

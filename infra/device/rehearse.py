@@ -1,22 +1,14 @@
 """The GPU suite rehearsed on a CPU, as the device machine would run it, before a GPU sees it.
 
-It builds the device's environment from the project's own files: a fresh venv with torch, the
-image's heavy libraries and exactly the wheels ``device_env.py`` says to carry, installed as the
-device installs them (``--no-index --no-deps --target``); the tree copied with ``git archive``;
-no package index once the wheels are fetched. It compiles the Triton kernels for the H100
-(``triton_aot.py``), then runs every part of ``gpu_suite.sh`` at
-tiny sizes, the meta device standing in for CUDA, and fails on: a part that exits non-zero, a
-device mismatch, an import the device lacks, a test file that collects no test, a benchmark part
-whose last line is not JSON, a part over its time budget, more files than come back from the
-device. Last, it prints the device commands, one per part.
+It builds the device's environment from the project's own files (a fresh venv with the device's
+Python and torch where found, and exactly the wheels ``device_env.py`` says to carry, installed as
+the device installs them), compiles the Triton kernels for the H100 (``triton_aot.py``), runs every
+part of ``gpu_suite.sh`` at tiny sizes, the meta device standing in for CUDA, and fails on any
+problem the device would meet (``problems``). Last, it prints the device commands, one per part.
 
     python -m infra.device.rehearse [--parts tests,data] [--cache DIR]
 
-The device runs Python 3.12 with torch 2.11.0, and so does the rehearsal: PyPI's torch 2.11.0
-for Linux is the device's own CUDA 13 build, which installs with its nvidia wheels (about 5 GB,
-cached with the environment) and runs on a CPU. Where no Python 3.12 is found the rehearsal says
-so and stands in this interpreter's Python with the CPU torch ``constraints.txt`` pins; the
-device's own wheels (for Python 3.12) are then checked apart.
+Results: benchmarks/results/rehearsal-2026-11-25.md, first_contact_rehearsal-2026-11-27.md.
 """
 
 from __future__ import annotations
@@ -47,6 +39,7 @@ from infra.device.device_env import (
     pinned_versions,
 )
 
+# It installs with its nvidia wheels (about 5 GB, cached with the environment) and runs on a CPU.
 DEVICE_TORCH = "2.11.0"  # PyPI's, for Linux: the CUDA 13 build the device image has
 PARTS = [
     "first-contact",
