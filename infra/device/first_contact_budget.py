@@ -64,6 +64,15 @@ SMALL_VARIANT = "fused_apart"
 TRITON_GUESS_S = 1.0  # per kernel and dtype, where triton_aot.py did not run (no triton here)
 TRITON_LAUNCHER_S = 1.5  # per kernel and dtype: the C launcher Triton builds on first launch
 STEP_DTYPES = ("fp32", "bf16")  # the kernels' GEMM dtypes the correctness and speed steps run
+GRAPHED_COMPILE_S = 15.0  # graphed's compile and CUDA-graph capture, per shape: a guess to refit
+# The refit: the last call's stage times (H100 and H200, tree 6f3199c; issue 46) against what this
+# model predicted for them then. The model prices the work it can count; what it missed (lazy
+# loading, compiles, the profiler's own time) is added to each stage as a fixed sum, not scaled
+# with the model's figure, which has since grown with the work it counts. The speed stage has
+# since added graphed; its old unmodelled time is assumed to carry over.
+MEASURED_S = {"correctness": 90.2, "speed": 73.1, "profile": 40.4, "inference": 17.4}
+MODEL_THEN_S = {"correctness": 36.7, "speed": 28.6, "profile": 13.9, "inference": 13.9}
+UNMODELLED_S = {stage: MEASURED_S[stage] - MODEL_THEN_S[stage] for stage in MEASURED_S}
 
 
 @dataclass(frozen=True)
@@ -116,10 +125,13 @@ def predict(measured: Measured) -> dict[str, float]:
         + (BF16_RUNS + 1) * small  # two loss curves and the host-sync check
         + (BF16_RUNS * BF16_STEPS + 2) * bf16_step
     )
+    # graphed (its replays launch less than the fused ops it captures: fused's launches bound it)
+    # against the straightforward baseline at 128 rows and alone at 1,024, then fused at both
     speed = (
         2 * (process + INDUCTOR_S + original + matmul)
+        + 2 * GRAPHED_COMPILE_S
         + timed * (step("fused_batched", 128) + step("reference_apart", 128))
-        + timed * (step("fused_batched", 1024) + step("reference_batched", 128))
+        + 2 * timed * (step("fused_batched", 128) + step("fused_batched", 1024))
     )
     profile = (
         process
@@ -139,26 +151,33 @@ def predict(measured: Measured) -> dict[str, float]:
     }
 
 
-def verdict(predicted: dict[str, float]) -> tuple[dict[str, object], list[str]]:
-    """Each stage's prediction against its box, the optional stage run only where time is left,
-    the whole call against ``LIMIT_S``; and what is wrong, each named."""
+def verdict(model: dict[str, float]) -> tuple[dict[str, object], list[str]]:
+    """Each stage's prediction (the ``model``'s seconds refit: :data:`UNMODELLED_S`) against its
+    box and beside the last measured time, the optional stage run only where time is left, the
+    whole call against ``LIMIT_S``; and what is wrong, each named."""
     rows, problems, used = {}, [], 0.0
     for stage in stages(Path(tempfile.gettempdir()), rehearse=False):
-        seconds = predicted[stage.name]
+        seconds = model[stage.name] + UNMODELLED_S.get(stage.name, 0.0)
+        row = {
+            "model_s": round(model[stage.name], 1),
+            "predicted_s": round(seconds, 1),
+            "measured_s": MEASURED_S.get(stage.name),
+            "box_s": stage.box,
+        }
         if stage.optional and TOTAL_SECONDS - used < stage.box:
-            rows[stage.name] = {"predicted_s": round(seconds, 1), "box_s": stage.box, "runs": False}
+            rows[stage.name] = row | {"runs": False}
             continue
         used += min(seconds, stage.box)
-        rows[stage.name] = {"predicted_s": round(seconds, 1), "box_s": stage.box, "runs": True}
+        rows[stage.name] = row | {"runs": True}
         if seconds > stage.box and not stage.optional:
             problems.append(
                 f"{stage.name} predicted {seconds:.0f} s, over its {stage.box:.0f} s box"
             )
-    total = predicted["install"] + used
+    total = model["install"] + used
     if total > LIMIT_S:
         problems.append(f"the call predicted {total:.0f} s, over {LIMIT_S} s")
     summary = {
-        "install_s": round(predicted["install"], 1),
+        "install_s": round(model["install"], 1),
         "stages": rows,
         "total_s": round(total, 1),
     }
@@ -262,11 +281,16 @@ def main(argv: list[str] | None = None) -> int:
     measured = measure(args.kernels, args.carried)
     predicted = predict(measured)
     summary, problems = verdict(predicted)
-    print("PREDICTED first-contact device time (a model, not a measurement; see --help)")
+    print("PREDICTED first-contact device time (a model refit to the last call; see --help)")
+    print(f"{'stage':12} {'model':>7}   {'refit':>7}   {'last measured':>13}   box")
     print(f"{'install':12} {predicted['install']:7.1f} s")
     for name, row in summary["stages"].items():  # type: ignore[union-attr]
         runs = "" if row["runs"] else "  (skipped: no time left)"
-        print(f"{name:12} {row['predicted_s']:7.1f} s  box {row['box_s']:5.0f} s{runs}")
+        last = "-" if row["measured_s"] is None else f"{row['measured_s']:.1f} s"
+        print(
+            f"{name:12} {row['model_s']:7.1f} s {row['predicted_s']:7.1f} s {last:>13}   "
+            f"{row['box_s']:5.0f} s{runs}"
+        )
     print(f"{'total':12} {summary['total_s']:7.1f} s  limit {LIMIT_S} s")
     for problem in problems:
         print(f"OVER: {problem}")

@@ -27,6 +27,35 @@ def test_a_stage_past_its_box_is_stopped_and_the_next_commands_do_not_run(first_
     assert "ran" not in log.read_text()
 
 
+def test_a_command_that_finished_is_done_though_a_child_it_left_holds_its_output(
+    first_contact, tmp_path
+):
+    """As pytest's compile workers did: the stage's work finished inside its box, and the stage
+    was marked stopped, waiting for a child that kept the output open."""
+    leaves_a_child = [
+        sys.executable,
+        "-c",
+        "import subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import time; "
+        "time.sleep(60)']); print('40 passed in 1.0s', flush=True)",
+    ]
+    stage = first_contact.Stage("correctness", 5.0, [leaves_a_child])
+
+    result = first_contact.run_stage(stage, tmp_path / "log", {"PATH": "/usr/bin:/bin"})
+
+    assert result["status"] == "ok" and result["seconds"] < 5
+    assert result["results"] == ["40 passed in 1.0s"]
+
+
+def test_the_speed_stage_times_the_cuda_default_with_fused_beside_it(first_contact, tmp_path):
+    (speed,) = [stage for stage in first_contact.stages(tmp_path, False) if stage.name == "speed"]
+    graphed, fused = speed.commands
+    assert graphed[graphed.index("--lstm-impl") + 1] == "graphed"
+    assert fused[fused.index("--lstm-impl") + 1] == "fused"
+    assert "--batch-directions" in graphed and "--batch-directions" in fused
+    assert graphed[graphed.index("--sweep") + 1] == "1024"  # and 128, its default batch
+    assert fused[fused.index("--sweep") + 1] == "128,1024"
+
+
 def test_each_command_gives_its_last_json_line_or_its_last_line(first_contact, tmp_path):
     figures = [sys.executable, "-c", "print('table'); print('{\"rate\": 2.5}')"]
     counts = [sys.executable, "-c", "print('3 passed, 1 skipped in 0.1s')"]

@@ -41,6 +41,26 @@ def test_every_stage_of_the_run_is_predicted_and_fits(budget, tmp_path):
     assert summary["total_s"] < budget.LIMIT_S
 
 
+def test_each_stage_is_predicted_by_the_model_refit_to_the_last_call_and_shown_beside_it(
+    budget,
+):
+    model = budget.predict(measured(budget))
+    summary, _ = budget.verdict(model)
+
+    correctness = summary["stages"]["correctness"]
+    assert correctness["model_s"] == pytest.approx(model["correctness"], abs=0.05)
+    unmodelled = budget.MEASURED_S["correctness"] - budget.MODEL_THEN_S["correctness"]  # 53.5 s
+    assert correctness["predicted_s"] == pytest.approx(model["correctness"] + unmodelled, abs=0.05)
+    assert correctness["measured_s"] == 90.2
+    assert summary["stages"]["environment"]["measured_s"] is None  # no record: the model alone
+
+
+def test_every_box_leaves_half_again_the_last_measured_time(budget, tmp_path):
+    for stage in budget.stages(tmp_path, rehearse=False):
+        if stage.name in budget.MEASURED_S:
+            assert stage.box >= 1.5 * budget.MEASURED_S[stage.name], stage.name
+
+
 def test_a_step_is_launch_bound_at_128_rows_and_flop_bound_at_1024(budget):
     figures = measured(budget)
     at_128 = budget.step_seconds(figures, "original", "fused_batched", 128)
@@ -50,14 +70,18 @@ def test_a_step_is_launch_bound_at_128_rows_and_flop_bound_at_1024(budget):
     assert at_1024 == pytest.approx(8.2e8 * 1024 * 20 / (budget.PEAK_FLOPS * budget.EFFICIENCY))
 
 
-def test_each_stage_over_its_box_is_named_and_leaves_no_time_for_the_optional_one(budget):
+def test_each_stage_over_its_box_is_named_and_the_optional_one_runs_only_in_what_is_left(
+    budget, tmp_path
+):
     slow = measured(budget, start_s=50.0)
     slow = measured(budget, start_s=50.0, launches=dict.fromkeys(slow.launches, 400_000))
     summary, problems = budget.verdict(budget.predict(slow))
 
     over = [problem.split(" predicted")[0] for problem in problems]
     assert over == ["environment", "correctness", "speed", "profile"]
-    assert summary["stages"]["inference"]["runs"] is False
+    boxes = {stage.name: stage.box for stage in budget.stages(tmp_path, rehearse=False)}
+    left = budget.TOTAL_SECONDS - sum(box for name, box in boxes.items() if name != "inference")
+    assert summary["stages"]["inference"]["runs"] is (left >= boxes["inference"])
 
 
 def test_an_install_that_leaves_the_stages_too_little_time_is_named(budget):
