@@ -1,0 +1,118 @@
+"""How data-parallel training scales, PREDICTED: the bytes a step exchanges (counted here at the
+model's sizes) against link rates and measured step times (stated below), for one node of 8 GPUs
+over NVLink and for 2 nodes of 8 over 400 Gb/s. A model to check on GPUs, not a measurement.
+
+    python -m infra.device.scaling_model [--preset original] [--rows 128,1024]
+
+Last line: one JSON object; results in benchmarks/results/scaling_model-2026-11-28.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from benchmarks.workload import synthetic_windows
+from elmo_core.model.bilm import BiLM
+from elmo_core.model.sampler import LogUniformSampler, touched_rows
+from elmo_core.presets import model_preset
+from elmo_core.training.gradient_exchange import SOFTMAX_PARAMETERS
+
+VOCAB, TYPES, WINDOW = 793_471, 50_000, 20  # the 1B Word Benchmark's vocabulary; gpu_bilm's
+# A graphed step of `original` on one H100 (issue 46, tree 6f3199c): 156k and 358k positions/s.
+MEASURED_STEP_S = {128: 128 * WINDOW / 156_000, 1024: 1024 * WINDOW / 358_000}
+# Assumed link rates, bytes/s per GPU: NCCL's bus bandwidth inside an NVLink node, and one
+# 400 Gb/s NIC per GPU between nodes. Both are datasheet-level guesses, to be measured.
+NVLINK = 400e9
+NETWORK = 50e9
+BACKWARD_SHARE = 2 / 3  # of a step: what DDP's bucketed all-reduce can hide behind
+
+
+@dataclass(frozen=True)
+class Cluster:
+    gpus_per_node: int
+    nodes: int
+
+    @property
+    def world(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+
+def dense_bytes(preset: str) -> int:
+    """The float32 gradients DDP all-reduces each step: every parameter but the softmax's."""
+    with torch.device("meta"):
+        bilm = BiLM(model_preset(preset), VOCAB)
+    return sum(
+        p.numel() * p.element_size()
+        for name, p in bilm.named_parameters()
+        if name not in SOFTMAX_PARAMETERS
+    )
+
+
+def sparse_bytes(preset: str, rows: int) -> int:
+    """The softmax rows one worker sends in a step: the rows its targets and both directions'
+    candidates touch, each ``P + 1`` float32 (weight and bias) and an int64 id. Targets are
+    synthetic Zipf words, as the GPU benchmark's."""
+    config = model_preset(preset)
+    width = config.char_cnn.max_chars_per_token
+    _, _, targets = synthetic_windows(rows, WINDOW, VOCAB, TYPES, width, torch.device("cpu"))
+    sampler, generator = LogUniformSampler(VOCAB), torch.Generator().manual_seed(0)
+    drawn = [sampler.sample_unique(config.num_samples, generator).ids.numpy() for _ in range(2)]
+    touched = len(touched_rows(targets, *drawn))
+    return touched * ((config.lstm.projection_dim + 1) * 4 + 8)
+
+
+def exchange_seconds(dense: int, sparse: int, cluster: Cluster) -> tuple[float, float]:
+    """Seconds of the dense all-reduce (ring in the node, then across nodes on each GPU's share)
+    and of the sparse rows' all-gather (every other worker's rows received)."""
+    g, n = cluster.gpus_per_node, cluster.nodes
+    all_reduce = 2 * (g - 1) / g * dense / NVLINK + 2 * (n - 1) / n * (dense / g) / NETWORK
+    all_gather = (g - 1) * sparse / NVLINK + (n - 1) * g * sparse / NETWORK
+    return all_reduce, all_gather
+
+
+def efficiency(step_s: float, dense_s: float, sparse_s: float) -> tuple[float, float]:
+    """Scaling efficiency with the exchange after the step, and with the dense all-reduce hidden
+    behind the backward as far as it lasts (the sparse rows go after it, as they do now)."""
+    exposed = max(0.0, dense_s - BACKWARD_SHARE * step_s)
+    return step_s / (step_s + dense_s + sparse_s), step_s / (step_s + exposed + sparse_s)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--preset", default="original")
+    parser.add_argument("--rows", default="128,1024", help="rows per GPU, with measured steps")
+    args = parser.parse_args(argv)
+    dense = dense_bytes(args.preset)
+    clusters = {"8 GPUs, NVLink": Cluster(8, 1), "2 x 8 GPUs, 400 Gb/s": Cluster(8, 2)}
+    print(f"PREDICTED data-parallel scaling of {args.preset} (a model; see --help)")
+    print(f"dense gradients all-reduced per step: {dense / 2**20:.1f} MiB")
+    summary: dict[str, object] = {"preset": args.preset, "dense_bytes": dense}
+    for rows in (int(value) for value in args.rows.split(",")):
+        sparse, step_s = sparse_bytes(args.preset, rows), MEASURED_STEP_S[rows]
+        sent = f"{sparse / 2**20:.1f} MiB of softmax rows sent"
+        print(f"{rows} rows: {sent}, step {step_s * 1e3:.1f} ms")
+        summary[f"sparse_bytes@{rows}"] = sparse
+        for name, cluster in clusters.items():
+            dense_s, sparse_s = exchange_seconds(dense, sparse, cluster)
+            after, overlapped = efficiency(step_s, dense_s, sparse_s)
+            print(
+                f"  {name:22} all-reduce {dense_s * 1e3:5.1f} ms, rows {sparse_s * 1e3:5.1f} ms: "
+                f"efficiency {after:.0%} after the step, {overlapped:.0%} overlapped"
+            )
+            summary[f"{name}@{rows}"] = {
+                "all_reduce_ms": round(dense_s * 1e3, 2),
+                "rows_ms": round(sparse_s * 1e3, 2),
+                "efficiency": round(after, 3),
+                "efficiency_overlapped": round(overlapped, 3),
+            }
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""The data-parallel scaling model: the bytes it counts and the efficiencies it predicts."""
+
+import pytest
+
+from elmo_core.model.bilm import BiLM
+from elmo_core.presets import tiny
+from infra.device import scaling_model
+
+
+def test_the_dense_gradients_are_every_parameter_but_the_softmax() -> None:
+    bilm = BiLM(tiny(), scaling_model.VOCAB)
+    assert bilm.softmax is not None
+    softmax = sum(p.numel() for p in bilm.softmax.parameters())
+    expected = 4 * (sum(p.numel() for p in bilm.parameters()) - softmax)
+    assert scaling_model.dense_bytes("tiny") == expected
+
+
+def test_the_rows_sent_lie_between_the_candidates_and_every_id_a_step_names() -> None:
+    config = tiny()
+    row = (config.lstm.projection_dim + 1) * 4 + 8
+    rows = scaling_model.sparse_bytes("tiny", 8) // row
+    assert config.num_samples <= rows <= 2 * config.num_samples + 2 * 8 * scaling_model.WINDOW
+
+
+def test_one_gpu_exchanges_nothing_and_a_slower_network_scales_worse(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    one = scaling_model.exchange_seconds(10**9, 10**7, scaling_model.Cluster(1, 1))
+    assert one == (0.0, 0.0) and scaling_model.efficiency(0.02, *one) == (1.0, 1.0)
+    two_nodes = scaling_model.Cluster(8, 2)
+    fast = scaling_model.efficiency(0.02, *scaling_model.exchange_seconds(10**9, 10**7, two_nodes))
+    monkeypatch.setattr(scaling_model, "NETWORK", scaling_model.NETWORK / 4)
+    slow = scaling_model.efficiency(0.02, *scaling_model.exchange_seconds(10**9, 10**7, two_nodes))
+    assert slow[0] < fast[0] < 1 and slow[1] < fast[1] <= 1
+    assert fast[0] <= fast[1]  # hiding the all-reduce behind the backward never costs
