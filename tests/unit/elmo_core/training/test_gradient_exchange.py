@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -209,15 +210,8 @@ def _train_steps(
                 bilm.softmax.sampler.sample_unique(model.num_samples, generator) for _ in range(2)
             )
         )
-        windows = _step_windows(index, rows, device)
-        result = step(
-            windows["forward_inputs"],
-            windows["forward_targets"],
-            windows["backward_inputs"],
-            windows["backward_targets"],
-            state,
-            candidates=(draws[0], draws[1]),
-        )
+        windows: dict[str, Any] = _step_windows(index, rows, device)
+        result = step(**windows, state=state, candidates=(draws[0], draws[1]))
         state = result.state
         losses.append(float(result.output.loss.detach()))
         sent.append(result.softmax_bytes)
