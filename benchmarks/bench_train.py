@@ -62,6 +62,7 @@ def _exchange_rank(rank: int, port: int, args: argparse.Namespace, results: mp.Q
         ]
     )
     values = torch.randn(rows.numel(), args.dim, generator=generator)  # (R, P)
+    bound = rows.numel()  # every rank's: the static size the rows are padded to
     weight = torch.nn.Parameter(torch.zeros(args.vocab, args.dim))
     bias = torch.nn.Parameter(torch.zeros(args.vocab))
 
@@ -75,7 +76,7 @@ def _exchange_rank(rank: int, port: int, args: argparse.Namespace, results: mp.Q
     sent: dict[str, int] = {}
     for mode in ("dense", "sparse"):
         fresh_grads()
-        sent[mode] = exchange_softmax_gradients(weight, bias, mode)  # warm-up and the check
+        sent[mode] = exchange_softmax_gradients(weight, bias, mode, bound)  # warm-up, the check
         if mode == "dense":
             reference = weight.grad.clone()
         else:
@@ -85,7 +86,7 @@ def _exchange_rank(rank: int, port: int, args: argparse.Namespace, results: mp.Q
             fresh_grads()
             dist.barrier()
             started = time.perf_counter()
-            exchange_softmax_gradients(weight, bias, mode)
+            exchange_softmax_gradients(weight, bias, mode, bound)
             timings[mode].append(time.perf_counter() - started)
     if rank == 0:
         results.put({mode: (statistics.median(t), sent[mode]) for mode, t in timings.items()})

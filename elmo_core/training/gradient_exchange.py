@@ -35,47 +35,50 @@ def broadcast_parameters(parameters: Iterable[nn.Parameter], src: int = 0) -> No
 
 
 def exchange_rows(
-    indices: torch.Tensor, rows: torch.Tensor, num_rows: int
+    indices: torch.Tensor, rows: torch.Tensor, num_rows: int, bound: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Average row-sparse gradients over all workers: ``indices (R,)``, ``rows (R, D)`` per worker.
+    """Average row-sparse gradients over all workers: ``indices (R,)``, ``rows (R, D)`` per
+    worker, ``R ≤ bound``, ids ``< num_rows``.
 
-    Returns the sorted unique ids of every worker's rows and their summed rows divided by the world
-    size (ids are ``< num_rows``). Sizes are gathered first and each worker pads to the largest, as
-    ``all_gather`` needs equal shapes.
+    Every worker pads to the same static ``bound`` (the most rows a step can touch), so nothing
+    is read back to size the exchange, and the union is built in static shapes: the gathered ids
+    sorted, each run of one id summed into one slot. Returns ``(W·bound,)`` ids and
+    ``(W·bound, D)`` rows divided by the world size: the distinct ids in order, then padding
+    slots holding the last row's id with zero rows, which add nothing to a sum, a norm or
+    :class:`~elmo_core.training.row_adagrad.RowSparseAdagrad`'s update.
     """
     world_size = dist.get_world_size() if _distributed() else 1
     if world_size == 1:
         return indices, rows
-    count = torch.tensor([indices.numel()], device=indices.device)
-    counts = [torch.zeros_like(count) for _ in range(world_size)]
-    dist.all_gather(counts, count)
-    sizes = [int(c.item()) for c in counts]
-    most = max(sizes)
-    padded_ids = indices.new_zeros(most)  # (M,)
+    if indices.numel() > bound:  # a shape: known without waiting for the device
+        raise ValueError(f"{indices.numel()} softmax rows, over the static bound {bound}")
+    padded_ids = indices.new_full((bound,), num_rows)  # (M,): the padding id sorts last
     padded_ids[: indices.numel()] = indices
-    padded_rows = rows.new_zeros(most, rows.shape[1])  # (M, D)
+    padded_rows = rows.new_zeros(bound, rows.shape[1])  # (M, D)
     padded_rows[: rows.shape[0]] = rows
     all_ids = [torch.empty_like(padded_ids) for _ in range(world_size)]
     all_rows = [torch.empty_like(padded_rows) for _ in range(world_size)]
     dist.all_gather(all_ids, padded_ids)
     dist.all_gather(all_rows, padded_rows)
-    ids = torch.cat([part[:size] for part, size in zip(all_ids, sizes, strict=True)])  # (ΣR,)
-    values = torch.cat([part[:size] for part, size in zip(all_rows, sizes, strict=True)])
-    summed = torch.sparse_coo_tensor(
-        ids.unsqueeze(0), values, (num_rows, rows.shape[1]), check_invariants=False
-    )
-    summed = summed.coalesce()  # sorted unique ids, duplicates added
-    return summed.indices()[0], summed.values() / world_size
+    ids, order = torch.sort(torch.cat(all_ids))  # (W·M,)
+    values = torch.cat(all_rows).index_select(0, order)  # (W·M, D)
+    starts = torch.ones_like(ids, dtype=torch.bool)
+    starts[1:] = ids[1:] != ids[:-1]
+    slots = torch.cumsum(starts, 0) - 1  # (W·M,): each id's slot among the distinct ones
+    summed = torch.zeros_like(values).index_add_(0, slots, values)
+    distinct = torch.full_like(ids, num_rows).scatter_(0, slots, ids)
+    return distinct.clamp_(max=num_rows - 1), summed / world_size
 
 
 def exchange_softmax_gradients(
-    weight: nn.Parameter, bias: nn.Parameter, mode: ExchangeMode = "sparse"
+    weight: nn.Parameter, bias: nn.Parameter, mode: ExchangeMode, bound: int
 ) -> int:
     """Average the softmax's gradients over workers in place; returns the bytes this worker sent.
 
     ``sparse``: ``weight.grad`` is a sparse tensor (``SampledSoftmax(sparse=True)``); both grads
-    become coalesced sparse tensors over the union of touched rows, which ``RowSparseAdagrad``
-    applies to those rows only (a zero-gradient row is left unchanged by dense Adagrad too).
+    become sparse tensors over the union of touched rows (:func:`exchange_rows`, each worker's
+    padded to ``bound`` rows), which ``RowSparseAdagrad`` applies to those rows only (a
+    zero-gradient row is left unchanged by dense Adagrad too).
     The bias's rows travel as one more column of the weight's. ``dense``: both grads become
     dense and are all-reduced whole, the baseline ``benchmarks/bench_train.py`` measures.
     """
@@ -97,12 +100,12 @@ def exchange_softmax_gradients(
         bias.grad = _sparse_rows(indices, bias_rows, (num_classes,))
         return 0
     packed = torch.cat([local.values(), bias_rows.unsqueeze(1)], dim=1)  # (R, P+1)
-    ids, rows = exchange_rows(indices, packed, num_classes)
+    ids, rows = exchange_rows(indices, packed, num_classes, bound)
     # contiguous values: a strided column would send the clip's and Adagrad's multi-tensor ops
     # down their one-tensor-at-a-time path on a GPU
     weight.grad = _sparse_rows(ids, rows[:, :dim].contiguous(), (num_classes, dim))
     bias.grad = _sparse_rows(ids, rows[:, dim].contiguous(), (num_classes,))
-    return packed.shape[0] * (packed.element_size() * packed.shape[1] + indices.element_size())
+    return bound * (packed.element_size() * packed.shape[1] + indices.element_size())
 
 
 def _exchange_dense(weight: nn.Parameter, bias: nn.Parameter) -> int:

@@ -1,8 +1,9 @@
 """Adagrad that applies a sparse gradient as the rows it holds, without re-sorting them.
 
 ``torch.optim.Adagrad`` coalesces a sparse gradient again (a sort the host waits for) and keeps
-its step counts on the host. The softmax's rows arrive sorted and distinct, so here they are read
-and written by row and nothing is read back: a captured CUDA graph of the step replays it. The
+its step counts on the host. The softmax's rows arrive sorted and distinct (past the exchange's
+padding: zero rows repeating the last id, which add nothing), so here they are read and written by
+row and nothing is read back: a captured CUDA graph of the step replays it. The
 state is torch's, so a checkpoint of one loads into the other.
 """
 
@@ -56,24 +57,28 @@ class RowSparseAdagrad(torch.optim.Adagrad):
             if not steps:
                 continue
             torch._foreach_add_(steps, 1)
+            if params:
+                torch._foreach_addcmul_(sums, grads, grads)
+            row_values = [row.values for row in rows]
+            if rows:  # added by row: a row named again with zeros (exchange padding) adds nothing
+                squares = torch._foreach_mul(row_values, row_values)
+                for row, square in zip(rows, squares, strict=True):
+                    row.sum.index_add_(0, row.ids, square)
             row_sums = [row.sum.index_select(0, row.ids) for row in rows]  # their accumulators
-            values = grads + [row.values for row in rows]
-            torch._foreach_addcmul_(sums + row_sums, values, values)
             std = torch._foreach_sqrt(sums + row_sums)
             torch._foreach_add_(std, eps)
             if params:
                 torch._foreach_addcdiv_(params, grads, std[: len(params)], value=-lr)
             if rows:
-                updates = torch._foreach_div(values[len(params) :], std[len(params) :])
-                for row, row_sum, update in zip(rows, row_sums, updates, strict=True):
-                    row.sum.index_copy_(0, row.ids, row_sum)
+                updates = torch._foreach_div(row_values, std[len(params) :])
+                for row, update in zip(rows, updates, strict=True):
                     row.parameter.index_add_(0, row.ids, update, alpha=-lr)
         return None
 
 
 class _Rows(NamedTuple):
     """A sparse gradient's rows, its parameter's and its accumulator's (``grad`` coalesced: its
-    rows are distinct)."""
+    rows are distinct, but for zero rows the exchange pads with)."""
 
     parameter: nn.Parameter
     grad: torch.Tensor

@@ -28,8 +28,10 @@ from elmo_core.training.gradient_exchange import (
 )
 from elmo_core.training.step import TrainingStep
 
+ROOT = Path(__file__).resolve().parents[4]
 WORLD_SIZE = 2
 NUM_CLASSES, DIM, NUM_SAMPLES = 50, 6, 8
+BOUND = 8 + NUM_SAMPLES  # the most rows a rank's batch touches: its positions and candidates
 
 
 def _free_port() -> int:
@@ -56,7 +58,8 @@ def _run_on_two_ranks(body: Callable[[int], None]) -> None:
     it is not safe.
     """
     result = subprocess.run(
-        [sys.executable, __file__, body.__name__],
+        [sys.executable, "-m", __spec__.name, body.__name__],  # type: ignore[name-defined]
+        cwd=ROOT,  # where the module is found, as pytest finds it
         capture_output=True,
         text=True,
         timeout=240,
@@ -97,25 +100,44 @@ def _rows_of_different_sizes(rank: int) -> None:
     rows = torch.arange(indices.numel() * 2, dtype=torch.float32).reshape(-1, 2) + 10 * rank
     dense = torch.zeros(12, 2).index_add_(0, indices, rows)
     dist.all_reduce(dense)
-    ids, averaged = exchange_rows(indices, rows, 12)
-    assert ids.tolist() == [0, 1, 3, 7, 9]
-    torch.testing.assert_close(averaged, dense[ids] / WORLD_SIZE)
+    ids, averaged = exchange_rows(indices, rows, 12, bound=6)  # static: 2 × 6 slots, no read
+    assert ids.tolist() == [0, 1, 3, 7, 9] + [11] * 7  # then padding: the last id, zero rows
+    torch.testing.assert_close(averaged[:5], dense[ids[:5]] / WORLD_SIZE)
+    assert not averaged[5:].any()
+    torch.testing.assert_close(torch.zeros(12, 2).index_add_(0, ids, averaged), dense / WORLD_SIZE)
+    with pytest.raises(ValueError, match="5 softmax rows, over the static bound 4"):
+        exchange_rows(torch.arange(5), torch.zeros(5, 2), 12, bound=4)
 
 
 def test_exchange_rows_averages_variable_size_row_sets_like_a_dense_all_reduce() -> None:
     _run_on_two_ranks(_rows_of_different_sizes)
 
 
+def _exchange_reads_nothing_back(rank: int) -> None:
+    """Under the dispatch mode that sees every op: no value read back, no data-sized output."""
+    from tests.unit.elmo_core.training.test_step_waits import HostWaits
+
+    indices = torch.tensor([3, 7, 3, 1] if rank == 0 else [7, 1, 9])
+    rows = torch.ones(indices.numel(), 2)
+    with HostWaits([]) as waits:
+        exchange_rows(indices, rows, 12, bound=4)
+    assert waits.waits == []
+
+
+def test_the_exchange_of_rows_makes_the_host_wait_for_nothing() -> None:
+    _run_on_two_ranks(_exchange_reads_nothing_back)
+
+
 def _softmax_exchange_matches_dense(rank: int) -> None:
     expected_weight, expected_bias = _dense_reference(rank)
     softmax = _softmax_with_grads(rank, sparse=True)
     assert softmax.weight.grad is not None and softmax.weight.grad.is_sparse
-    sent = exchange_softmax_gradients(softmax.weight, softmax.bias, "sparse")
+    sent = exchange_softmax_gradients(softmax.weight, softmax.bias, "sparse", BOUND)
     assert softmax.weight.grad.is_sparse and softmax.bias.grad is not None
     torch.testing.assert_close(softmax.weight.grad.to_dense(), expected_weight)
     torch.testing.assert_close(softmax.bias.grad.to_dense(), expected_bias)
     dense = _softmax_with_grads(rank, sparse=True)
-    dense_sent = exchange_softmax_gradients(dense.weight, dense.bias, "dense")
+    dense_sent = exchange_softmax_gradients(dense.weight, dense.bias, "dense", BOUND)
     assert dense.weight.grad is not None and not dense.weight.grad.is_sparse
     torch.testing.assert_close(dense.weight.grad, expected_weight)
     assert 0 < sent < dense_sent == NUM_CLASSES * (DIM + 1) * 4
@@ -129,7 +151,7 @@ def _adagrad_steps_agree(rank: int) -> None:
     updated = {}
     for mode in ("sparse", "dense"):
         softmax = _softmax_with_grads(rank, sparse=True)
-        exchange_softmax_gradients(softmax.weight, softmax.bias, mode)
+        exchange_softmax_gradients(softmax.weight, softmax.bias, mode, BOUND)
         clip_global_norm(softmax.parameters(), 0.5)
         optimizer = torch.optim.Adagrad(softmax.parameters(), lr=0.2, initial_accumulator_value=1)
         optimizer.step()
@@ -149,7 +171,7 @@ def test_exchange_is_the_identity_without_a_process_group() -> None:
     softmax = _softmax_with_grads(0, sparse=True)
     assert softmax.weight.grad is not None
     expected = softmax.weight.grad.to_dense().clone()
-    assert exchange_softmax_gradients(softmax.weight, softmax.bias, "sparse") == 0
+    assert exchange_softmax_gradients(softmax.weight, softmax.bias, "sparse", BOUND) == 0
     torch.testing.assert_close(softmax.weight.grad.to_dense(), expected)
 
 

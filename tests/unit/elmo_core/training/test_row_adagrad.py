@@ -48,6 +48,18 @@ def test_three_steps_equal_torch_adagrad_on_sparse_and_dense_gradients() -> None
     torch.testing.assert_close(ours[0][untouched], _parameters(0)[0][untouched], rtol=0, atol=0)
 
 
+def test_zero_rows_repeating_the_last_id_as_the_exchange_pads_change_nothing() -> None:
+    plain, padded = _parameters(0), _parameters(0)
+    values = torch.tensor([[1.0, 2.0, 3.0], [0.5, -1.0, 2.0]])
+    with_padding = torch.cat([values, torch.zeros(3, 3)])
+    for parameters, ids, rows in ((plain, [2, 9], values), (padded, [2, 9, 9, 9, 9], with_padding)):
+        parameters[0].grad = torch.sparse_coo_tensor(
+            torch.tensor([ids]), rows, (10, 3), is_coalesced=True, check_invariants=False
+        )
+        RowSparseAdagrad(parameters[:1], lr=0.2, initial_accumulator_value=1.0).step()
+    torch.testing.assert_close(padded[0], plain[0], rtol=0, atol=0)
+
+
 def test_its_state_is_torch_adagrads_so_checkpoints_load_either_way() -> None:
     ours = _parameters(0)
     optimizer = RowSparseAdagrad(ours, lr=0.2, initial_accumulator_value=1.0)

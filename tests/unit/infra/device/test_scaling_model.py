@@ -2,8 +2,10 @@
 
 import pytest
 
+from elmo_core.config import TrainConfig
 from elmo_core.model.bilm import BiLM
 from elmo_core.presets import tiny
+from elmo_core.training.step import TrainingStep
 from infra.device import scaling_model
 
 
@@ -15,11 +17,13 @@ def test_the_dense_gradients_are_every_parameter_but_the_softmax() -> None:
     assert scaling_model.dense_bytes("tiny") == expected
 
 
-def test_the_rows_sent_lie_between_the_candidates_and_every_id_a_step_names() -> None:
-    config = tiny()
+def test_the_rows_sent_are_the_static_bound_the_step_pads_to() -> None:
+    config = tiny().model_copy(update={"dropout": 0.0})
+    bilm = BiLM(config, scaling_model.VOCAB)
+    train = TrainConfig(batch_size=8, unroll_steps=scaling_model.WINDOW)
+    bound = TrainingStep.build(bilm, train).softmax_rows_bound
     row = (config.lstm.projection_dim + 1) * 4 + 8
-    rows = scaling_model.sparse_bytes("tiny", 8) // row
-    assert config.num_samples <= rows <= 2 * config.num_samples + 2 * 8 * scaling_model.WINDOW
+    assert scaling_model.sparse_bytes("tiny", 8) == bound * row
 
 
 def test_one_gpu_exchanges_nothing_and_a_slower_network_scales_worse(
