@@ -34,6 +34,13 @@ def broadcast_parameters(parameters: Iterable[nn.Parameter], src: int = 0) -> No
         dist.broadcast(parameter.data, src=src)
 
 
+def softmax_rows_bound(num_classes: int, rows: int, unroll_steps: int, num_samples: int) -> int:
+    """The most softmax rows a step can touch: both directions' targets (``rows × unroll_steps``
+    each) and candidates, the vocabulary at most. Every worker pads its rows to it for the
+    exchange, so its size is static."""
+    return min(num_classes, 2 * rows * unroll_steps + 2 * num_samples)
+
+
 def exchange_rows(
     indices: torch.Tensor, rows: torch.Tensor, num_rows: int, bound: int
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -26,6 +26,7 @@ from elmo_core.training.gradient_exchange import (
     clip_global_norm,
     exchange_softmax_gradients,
     exclude_from_ddp,
+    softmax_rows_bound,
 )
 from elmo_core.training.row_adagrad import RowSparseAdagrad
 
@@ -89,15 +90,6 @@ class TrainingStep:
         )  # its accumulators stay float32 whatever autocast does
         return cls(wrap_model(module), bilm, optimizer, train, grad_exchange)
 
-    @property
-    def softmax_rows_bound(self) -> int:
-        """The most softmax rows a step can touch: both directions' targets and candidates (the
-        vocabulary at most), the static size every worker pads its rows to for the exchange."""
-        softmax = self.bilm.softmax
-        assert softmax is not None
-        steps = 2 * self.train.batch_size * self.train.unroll_steps
-        return min(softmax.num_classes, steps + 2 * softmax.num_samples)
-
     def __call__(
         self,
         forward_inputs: torch.Tensor,
@@ -134,9 +126,10 @@ class TrainingStep:
         assert softmax is not None
         if softmax_rows is not None:  # gathered once for both directions
             softmax.mark_rows_distinct()
-        sent = exchange_softmax_gradients(
-            softmax.weight, softmax.bias, self.grad_exchange, self.softmax_rows_bound
+        bound = softmax_rows_bound(
+            softmax.num_classes, self.train.batch_size, self.train.unroll_steps, softmax.num_samples
         )
+        sent = exchange_softmax_gradients(softmax.weight, softmax.bias, self.grad_exchange, bound)
         grad_norm = clip_global_norm(self.bilm.parameters(), self.train.clip_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

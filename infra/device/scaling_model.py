@@ -18,7 +18,7 @@ import torch
 
 from elmo_core.model.bilm import BiLM
 from elmo_core.presets import model_preset
-from elmo_core.training.gradient_exchange import SOFTMAX_PARAMETERS
+from elmo_core.training.gradient_exchange import SOFTMAX_PARAMETERS, softmax_rows_bound
 
 VOCAB, WINDOW = 793_471, 20  # the 1B Word Benchmark's vocabulary; gpu_bilm's window
 # A graphed step of `original` on one H100 (issue 46, tree 6f3199c): 156k and 358k positions/s.
@@ -54,10 +54,10 @@ def dense_bytes(preset: str) -> int:
 def sparse_bytes(preset: str, rows: int) -> int:
     """The softmax rows one worker sends in a step: as many as a step can touch (both
     directions' targets and candidates), the static size every worker pads to so that nothing is
-    read back (``TrainingStep.softmax_rows_bound``), each ``P + 1`` float32 (weight and bias) and
-    an int64 id."""
+    read back (``softmax_rows_bound``), each ``P + 1`` float32 (weight and bias) and an int64
+    id."""
     config = model_preset(preset)
-    bound = min(VOCAB, 2 * rows * WINDOW + 2 * config.num_samples)
+    bound = softmax_rows_bound(VOCAB, rows, WINDOW, config.num_samples)
     return bound * ((config.lstm.projection_dim + 1) * 4 + 8)
 
 

@@ -11,7 +11,7 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 
 from mlflow.entities import Metric
@@ -28,9 +28,7 @@ from pipelines.tracking.flow_runs import (
 )
 from pipelines.tracking.stage_runs import EXPERIMENT, STAGE_TAG, use_tracking
 
-TRAIN_STARTED_TAG = (
-    "elmo.train_started"  # "step 0 at 2026-11-28 08:48:31.123 UTC": the loop's start
-)
+TRAIN_STARTED_TAG = "elmo.train_started"  # where rank 0's loop began: "step 0 at <UTC time>"
 VALIDATION_SAMPLE_TAG = "elmo.validation_sample"  # "2,000-sentence heldout sample"
 GRAD_NORM_METRIC = f"{TRAIN_SECTION}/grad_norm"
 VALIDATION_PERPLEXITY = f"{VALIDATION_SECTION}/perplexity"  # _forward, _backward
@@ -73,9 +71,7 @@ def duration(seconds: float) -> str:
     """``1:05:07``; ``?`` where unknown."""
     if not math.isfinite(seconds):
         return "?"
-    minutes, secs = divmod(int(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}"
+    return str(timedelta(seconds=int(seconds)))
 
 
 class StepProgress(NamedTuple):

@@ -15,7 +15,7 @@ a device's choice is the fastest that does (figures: benchmarks/results/).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Literal, NamedTuple, cast
+from typing import TYPE_CHECKING, Literal, NamedTuple, cast, get_args
 
 if TYPE_CHECKING:
     from elmo_core.config import ModelConfig
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 Variant = Literal["reference", "cudnn", "compiled", "graphed", "fused"]
-VARIANTS: tuple[Variant, ...] = ("reference", "cudnn", "compiled", "graphed", "fused")
+VARIANTS: tuple[Variant, ...] = get_args(Variant)
 Device = Literal["cpu", "cuda"]
 
 
