@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from pipelines.tracking.flow_runs import (
 )
 from pipelines.tracking.stage_runs import shared_run
 from pipelines.tracking.train_progress import (
+    ETA_WINDOWS,
     GRAD_NORM_METRIC,
     TRAIN_STARTED_TAG,
     TRAPPED_ROWS,
@@ -119,9 +121,7 @@ class Progress:
         self.warn_rise, self.warn_parting = warn_at
         self.total, self.log_every, self.console = total_steps, log_every, console
         self.sample = f"{validation_sentences:,}-sentence heldout sample"
-        self._marks: list[tuple[int, float]] = [
-            (shared.step, time.time())
-        ]  # the loop's start, then each log
+        self._marks = _marks((shared.step, time.time()))
         self._reset_window()
 
     def _reset_window(self) -> None:
@@ -140,7 +140,7 @@ class Progress:
         node = None if host == self.run.driver_host else host
         with shared_run(self.run.run_id, node):  # the driver's run: it decides how the run ends
             started = started_tag(self.shared.step, time.time())
-            self._marks = [started_mark(started)]  # as the flow reads it back, to the millisecond
+            self._marks = _marks(started_mark(started))  # as the flow reads it, to the millisecond
             mlflow.set_tags({TRAIN_STARTED_TAG: started, VALIDATION_SAMPLE_TAG: self.sample})
             yield
 
@@ -267,3 +267,8 @@ class Progress:
             ylabel="perplexity",
             log_y=True,
         )
+
+
+def _marks(start: tuple[int, float]) -> deque[tuple[int, float]]:
+    """The loop's start, then each logged step: as many as the ETA's rate is measured over."""
+    return deque([start], maxlen=ETA_WINDOWS + 1)
