@@ -149,13 +149,13 @@ def stage_run(
 
 
 def _end(run_id: str, status: str) -> None:
-    """End the run as ``status``, its progress line (where it reported one) saying so: a finished
-    run that still read "epoch 14 of at most 30" would look stopped mid-way."""
+    """End the run as ``status``, its last progress line (where it reported one) saying so: a
+    finished run that still read "epoch 14 of at most 30" would look stopped mid-way. The line
+    itself stays: a flow that looks at it only now still logs where the work got to."""
     try:
         progress = mlflow.MlflowClient().get_run(run_id).data.tags.get(PROGRESS_TAG)
         if progress is not None:
-            done = "finished" if status == "FINISHED" else f"{status.lower()} at {progress}"
-            mlflow.set_tag(PROGRESS_TAG, done)
+            mlflow.set_tag(PROGRESS_TAG, f"{progress}; {status.lower()}")
     except Exception as err:  # a busy tracking server must not hide how the run ended
         log.warning("run %s: its progress line could not be finalised: %s", run_id, err)
     mlflow.end_run(status)

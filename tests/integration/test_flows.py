@@ -322,7 +322,7 @@ def test_the_flow_log_says_what_happens_in_domain_terms(
         r"This version holds seed 0's weights \(test f1 [\d.]+\)",
         r"^adapt-ner: seed \d \(\d of 3\), (with ELMo|the baseline): epoch \d+ of at most \d+"
         r".*, ETA \d+:\d\d:\d\d$",
-        r"^adapt-ner: finished$",
+        r"^adapt-ner: seed \d \(3 of 3\), the baseline: .*; finished$",
         rf"^adapt run of task ner in MLflow: {RUN_URL}",
         rf"^the summary \(the parent run's description\) in MLflow: {RUN_URL}",
     ):

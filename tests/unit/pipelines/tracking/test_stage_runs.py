@@ -160,12 +160,13 @@ def test_ui_links_open_the_model_training_view() -> None:
 def test_a_run_that_reported_progress_ends_saying_how_it_ended(store) -> None:
     with stage_runs.stage_run("adapt", run_name="progressing") as run:
         stage_runs.report_progress("seed 0 of 3: epoch 14 of at most 30")
-    assert store.get_run(run.info.run_id).data.tags[stage_runs.PROGRESS_TAG] == "finished"
+    progress = store.get_run(run.info.run_id).data.tags[stage_runs.PROGRESS_TAG]
+    assert progress == "seed 0 of 3: epoch 14 of at most 30; finished"
     with pytest.raises(RuntimeError), stage_runs.stage_run("adapt", run_name="broken") as run:
         stage_runs.report_progress("seed 1 of 3: epoch 2 of at most 30")
         raise RuntimeError("boom")
     progress = store.get_run(run.info.run_id).data.tags[stage_runs.PROGRESS_TAG]
-    assert progress == "failed at seed 1 of 3: epoch 2 of at most 30"
+    assert progress == "seed 1 of 3: epoch 2 of at most 30; failed"
     with stage_runs.stage_run("evaluate", run_name="silent") as run:
         pass
     assert stage_runs.PROGRESS_TAG not in store.get_run(run.info.run_id).data.tags
