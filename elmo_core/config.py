@@ -258,6 +258,20 @@ class TrainConfig(StrictModel):
         "sizes, so every tensor of the step keeps its shape (a CUDA graph, or a compiled step "
         "without recompiles, replays it); the loss and updates are unchanged",
     )
+    capture_step: bool = Field(
+        False,
+        description="replay each whole training step (forward, backward, clip, Adagrad) as one "
+        "CUDA graph per shape bucket, the LSTM's fused ops inside it; CUDA and one worker only, "
+        "with shape_buckets. PREDICTED, not yet measured: the host stops bounding the step at "
+        "128 rows",
+    )
+
+    @field_validator("capture_step")
+    @classmethod
+    def _capture_needs_buckets(cls, capture_step: bool, info: ValidationInfo) -> bool:
+        if capture_step and not info.data.get("shape_buckets"):
+            raise ValueError("a captured step replays fixed shapes: set shape_buckets=true too")
+        return capture_step
 
 
 ConfigT = TypeVar("ConfigT", bound=BaseModel)

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -29,6 +28,7 @@ from elmo_core.training.gradient_exchange import (
     softmax_rows_bound,
 )
 from elmo_core.training.row_adagrad import RowSparseAdagrad
+from elmo_core.training.step_graphs import StepGraphs, shape_key
 
 
 class LossModule(nn.Module):
@@ -43,8 +43,9 @@ class LossModule(nn.Module):
         return self.bilm.training_loss(*args, **kwargs)
 
 
-@dataclass(frozen=True)
-class StepResult:
+class StepResult(NamedTuple):
+    """A step's results (a named tuple: a captured step's outputs are copied out leaf by leaf)."""
+
     output: LossOutput
     state: BiLMState  # detached: the next window starts from it (truncated BPTT)
     grad_norm: torch.Tensor  # 0-dim, before clipping; reading it waits for the step
@@ -55,7 +56,9 @@ class TrainingStep:
     """One optimiser step on one window of each stream, as ``train`` and ``grad_exchange`` say.
 
     Build it with :meth:`build`; a data-parallel caller passes its model wrapper (DDP), which then
-    skips the softmax: its touched rows are exchanged apart, after the backward pass.
+    skips the softmax: its touched rows are exchanged apart, after the backward pass. With
+    ``train.capture_step`` each step shape is captured as one CUDA graph and replayed
+    (:class:`~elmo_core.training.step_graphs.StepGraphs`).
     """
 
     def __init__(
@@ -68,6 +71,9 @@ class TrainingStep:
     ) -> None:
         self.module, self.bilm, self.optimizer = module, bilm, optimizer
         self.train, self.grad_exchange = train, grad_exchange
+        self.graphs: StepGraphs | None = None
+        if train.capture_step:
+            self.graphs = _step_graphs(bilm, optimizer)
 
     @classmethod
     def build(
@@ -104,6 +110,32 @@ class TrainingStep:
         """The step; ``candidates`` (forward, backward), both windows' token ``types`` and the
         ``softmax_rows`` they touch found ahead by the data loader, else the model finds them (on
         the device, where finding types or rows makes the host wait)."""
+        arguments: dict[str, Any] = {
+            "forward_inputs": forward_inputs,
+            "forward_targets": forward_targets,
+            "backward_inputs": backward_inputs,
+            "backward_targets": backward_targets,
+            "state": state,
+            "candidates": candidates,
+            "types": types,
+            "softmax_rows": softmax_rows,
+        }
+        if self.graphs is None:
+            return self._step(**arguments)
+        learning_rates = tuple(group["lr"] for group in self.optimizer.param_groups)
+        return self.graphs(self._step, arguments, shape_key(arguments, learning_rates))
+
+    def _step(
+        self,
+        forward_inputs: torch.Tensor,
+        forward_targets: torch.Tensor,
+        backward_inputs: torch.Tensor,
+        backward_targets: torch.Tensor,
+        state: BiLMState | None,
+        candidates: tuple[SampledCandidates, SampledCandidates] | None,
+        types: TokenTypes | None,
+        softmax_rows: torch.Tensor | None,
+    ) -> StepResult:
         device = forward_targets.device
         autocast = (  # none on the meta device, which stands in for CUDA in the rehearsal
             torch.autocast("cuda", dtype=torch.bfloat16)
@@ -135,3 +167,20 @@ class TrainingStep:
         self.optimizer.zero_grad(set_to_none=True)
         detached = (new_state[0].detach(), new_state[1].detach())
         return StepResult(output, detached, grad_norm, sent)
+
+
+def _step_graphs(bilm: BiLM, optimizer: torch.optim.Optimizer) -> StepGraphs:
+    """Graphs for a step on CUDA with one worker: its exchange over gloo runs on the host, and a
+    graph holds the optimiser's state tensors, so a load of that state forgets them."""
+    device = next(bilm.parameters()).device
+    if device.type != "cuda":
+        raise ConfigError(
+            f"replays CUDA graphs; this model is on {device}", key="train.capture_step"
+        )
+    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        raise ConfigError(
+            "captures one worker's step: set run.num_workers=1", key="train.capture_step"
+        )
+    graphs = StepGraphs()
+    optimizer.register_load_state_dict_post_hook(lambda _: graphs.clear())
+    return graphs

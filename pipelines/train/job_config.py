@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 
 from elmo_core.config import ModelConfig, StrictModel, TrainConfig, resolve_config
 from elmo_core.errors import ConfigError
@@ -26,7 +26,8 @@ from pipelines.common.settings import elmo_home
 
 # How the model runs, not what it is: left out of the run name.
 RUNTIME_MODEL_KEYS = {"lstm_impl", "batch_directions", "conv_impl", "cpu_highway_bf16"}
-REPORTING_TRAIN_KEYS = {"warn_rise", "warn_parting"}  # what validation warns of, not the training
+# What validation warns of, and how the step runs (captured or not), not the training.
+REPORTING_TRAIN_KEYS = {"warn_rise", "warn_parting", "capture_step"}
 # Where a run trains: from the calling process (on RAY_ADDRESS or a local Ray), or as a Ray Job.
 Where = Literal["local", "ray-job"]
 
@@ -58,7 +59,18 @@ class TrainJobConfig(StrictModel):
 
     model: ModelConfig = Field(default_factory=ModelConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
-    run: RunConfig = Field(default_factory=RunConfig)
+    run: RunConfig = Field(default_factory=RunConfig, validate_default=True)
+
+    @field_validator("run")
+    @classmethod
+    def _captured_step_on_one_gpu(cls, run: RunConfig, info: ValidationInfo) -> RunConfig:
+        train = info.data.get("train")
+        if train is not None and train.capture_step and (not run.use_gpu or run.num_workers > 1):
+            raise ValueError(
+                "train.capture_step captures one GPU worker's step: set run.use_gpu=true and "
+                "run.num_workers=1, or train.capture_step=false"
+            )
+        return run
 
 
 # A GPU run's defaults, beneath the preset, the model file, the YAML and the overrides: the LSTM

@@ -4,12 +4,28 @@ as CUDA graphs while training.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
+from collections.abc import Iterator
 
 import torch
 
 import elmo_core.model.lstm.fused as fused
 from elmo_core.model.lstm.reference import LayerLoop
+
+_WHOLE_STEP_CAPTURED = contextvars.ContextVar("whole_step_captured", default=False)
+
+
+@contextlib.contextmanager
+def whole_step_captured() -> Iterator[None]:
+    """Within it, the layers run their fused ops uncaptured: the step around them is captured
+    whole (:mod:`elmo_core.training.step_graphs`), and a CUDA graph cannot nest in another."""
+    token = _WHOLE_STEP_CAPTURED.set(True)
+    try:
+        yield
+    finally:
+        _WHOLE_STEP_CAPTURED.reset(token)
 
 
 @functools.cache
@@ -33,7 +49,8 @@ class GraphedProjectedLSTM(fused.FusedProjectedLSTM):
     def layer_loop(self) -> LayerLoop:
         """The ops uncaptured when grad is off (inference, validation): with no backward pending,
         each call would start a new cudagraph-trees generation and overwrite the previous call's
-        outputs while ``run_stack`` still reads them (the residual add)."""
-        if not torch.is_grad_enabled():
+        outputs while ``run_stack`` still reads them (the residual add). Uncaptured too inside
+        :func:`whole_step_captured`."""
+        if not torch.is_grad_enabled() or _WHOLE_STEP_CAPTURED.get():
             return fused.fused_layer
         return graphed_layer()

@@ -1,0 +1,105 @@
+"""The whole training step as one CUDA graph per shape: ``train.capture_step``.
+
+At 128 rows a step's GPU work is a third of its time; the rest is the host launching some 500
+kernels one by one (benchmarks/results/gpu_graphed-2026-11-27.md). Captured, a step is a few
+copies into the graph's inputs and one replay. The loader's shape buckets keep the shapes to a
+few; each new one runs eagerly :data:`WARMUP_STEPS` times (lazy state, compiles, Triton's
+launchers), is captured at the next, and replayed from then on. Every graph shares one memory
+pool: a replay's outputs are copied out before the next replay can reuse the pool.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Hashable
+from typing import Any, TypeVar
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+
+from elmo_core.model.lstm.graphed import whole_step_captured
+
+WARMUP_STEPS = 2  # eager steps of each new shape before it is captured
+Result = TypeVar("Result")
+
+
+def shape_key(arguments: dict[str, Any], *settings: Hashable) -> Hashable:
+    """What a graph of the step bakes in: the arguments' structure, each tensor's shape, dtype
+    and device, each other value itself (a Python number is a constant of the graph), and the
+    caller's ``settings`` (the learning rate)."""
+    leaves, spec = tree_flatten(arguments)
+    described = tuple(
+        (tuple(leaf.shape), leaf.dtype, leaf.device) if isinstance(leaf, torch.Tensor) else leaf
+        for leaf in leaves
+    )
+    return str(spec), described, settings
+
+
+class _Graph:
+    """One captured step: its static inputs on the device, the graph, and its static outputs."""
+
+    def __init__(
+        self,
+        run: Callable[..., Any],
+        arguments: dict[str, Any],
+        stream: torch.cuda.Stream,
+        pool: Any,
+    ) -> None:
+        device = torch.device("cuda", torch.cuda.current_device())
+        # outside the pool: every replay reads them; host tensors (the draw counts) move to the
+        # device, so no replay copies from host memory that the next step's batch overwrites
+        self.inputs = tree_map(
+            lambda leaf: leaf.to(device, copy=True) if isinstance(leaf, torch.Tensor) else leaf,
+            arguments,
+        )
+        self.graph = torch.cuda.CUDAGraph()
+        with whole_step_captured(), torch.cuda.graph(self.graph, pool=pool, stream=stream):
+            self.outputs = run(**self.inputs)
+
+    def replay(self, arguments: dict[str, Any]) -> Any:
+        """The step on ``arguments`` (shaped as those captured); its results copied out."""
+        statics, leaves = tree_flatten(self.inputs)[0], tree_flatten(arguments)[0]
+        for static, leaf in zip(statics, leaves, strict=True):
+            if isinstance(static, torch.Tensor):
+                static.copy_(leaf, non_blocking=True)
+        self.graph.replay()
+        leaves, spec = tree_flatten(self.outputs)
+        copied = [leaf.clone() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
+        return tree_unflatten(copied, spec)
+
+
+class StepGraphs:
+    """A step function's graphs by :func:`shape_key`, made as each shape comes up."""
+
+    def __init__(self, warmup_steps: int = WARMUP_STEPS) -> None:
+        self.warmup_steps = warmup_steps
+        self.graphs: dict[Hashable, _Graph] = {}
+        self.seen: Counter[Hashable] = Counter()
+        self.replays = 0  # steps run as a replay
+        self.stream = torch.cuda.Stream()  # warm-ups and captures: not the caller's stream
+        self.pool = torch.cuda.graph_pool_handle()
+
+    def clear(self) -> None:
+        """Forget the graphs: they hold the optimiser state's tensors, which a load replaces."""
+        self.graphs.clear()
+        self.seen.clear()
+
+    def __call__(
+        self, run: Callable[..., Result], arguments: dict[str, Any], key: Hashable
+    ) -> Result:
+        """``run(**arguments)``: eagerly while its shape is new, then replayed."""
+        graph = self.graphs.get(key)
+        if graph is None:
+            self.seen[key] += 1
+            caller = torch.cuda.current_stream()
+            self.stream.wait_stream(caller)
+            with torch.cuda.stream(self.stream):
+                if self.seen[key] <= self.warmup_steps:
+                    with whole_step_captured():
+                        result = run(**arguments)
+                    caller.wait_stream(self.stream)
+                    return result
+                graph = self.graphs[key] = _Graph(run, arguments, self.stream, self.pool)
+            caller.wait_stream(self.stream)
+        self.replays += 1
+        return graph.replay(arguments)
