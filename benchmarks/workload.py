@@ -17,6 +17,7 @@ from elmo_core.config import ModelConfig
 from elmo_core.model.char_cnn import TokenTypes, token_types
 from elmo_core.model.sampler import LogUniformSampler, SampledCandidates, touched_rows
 from elmo_core.model.softmax import SampledSoftmax
+from elmo_core.training.batches import bucket, pad_rows, pad_types
 from elmo_core.training.step import TrainingStep
 
 CANDIDATE_SETS = 16  # distinct sets the timed steps cycle through
@@ -38,11 +39,18 @@ def training_flops_per_position(config: ModelConfig) -> float:
 
 
 def synthetic_windows(
-    batch: int, window: int, vocab: int, num_types: int, width: int, device: torch.device
+    batch: int,
+    window: int,
+    vocab: int,
+    num_types: int,
+    width: int,
+    device: torch.device,
+    shape_buckets: bool = False,
 ) -> tuple[dict[str, torch.Tensor], TokenTypes, np.ndarray]:
     """Both streams: Zipf word ids (targets) and the char ids of random lowercase words, the
-    windows' distinct token types as a worker's data loader finds them, and the targets
-    ``(2, B, T)`` on the host, where the loader finds the softmax rows."""
+    windows' distinct token types as a worker's data loader finds them (padded as
+    ``train.shape_buckets`` pads them), and the targets ``(2, B, T)`` on the host, where the
+    loader finds the softmax rows."""
     generator = torch.Generator().manual_seed(0)
     lengths = torch.randint(1, 13, (num_types,), generator=generator)  # (U,)
     letters = torch.randint(98, 124, (num_types, width), generator=generator)  # 'a'.. +1 ids
@@ -59,6 +67,9 @@ def synthetic_windows(
         windows[f"{name}_inputs"] = table[words[:, :-1] % num_types].to(device)  # (B, T, W)
         windows[f"{name}_targets"] = words[:, 1:].to(device)  # (B, T)
     char_ids, inverse, used = token_types(np.stack(type_ids), table.numpy())
+    if shape_buckets:
+        padded, used = pad_types(char_ids.numpy(), used, inverse.numel())
+        char_ids = torch.from_numpy(padded)
     types = TokenTypes(char_ids.to(device), inverse.to(device), used)
     return windows, types, np.stack(targets)
 
@@ -66,23 +77,30 @@ def synthetic_windows(
 FoundAhead = tuple[list[SampledCandidates], list[torch.Tensor]]  # candidate sets, softmax rows
 
 
-def found_ahead(softmax: SampledSoftmax, host_targets: np.ndarray, pinned: bool) -> FoundAhead:
+def found_ahead(
+    softmax: SampledSoftmax, host_targets: np.ndarray, pinned: bool, shape_buckets: bool = False
+) -> FoundAhead:
     """What a worker's data loader finds on the host ahead of its steps: the candidate sets and,
-    with each pair, the softmax rows the step touches (on the CPU)."""
+    with each pair, the softmax rows the step touches (on the CPU). ``shape_buckets``: the draw
+    counts as tensors and every pair's rows padded to one bucket, as the loader makes them."""
     generator = torch.Generator().manual_seed(0)
     drawn = []
     for _ in range(CANDIDATE_SETS):
         ids, num_tries = softmax.sampler.sample_unique(softmax.num_samples, generator)
-        drawn.append(SampledCandidates(ids.pin_memory() if pinned else ids, num_tries))
+        tries: int | torch.Tensor = num_tries
+        if shape_buckets:  # a number would be a constant of the captured step
+            tries = torch.tensor(num_tries).pin_memory() if pinned else torch.tensor(num_tries)
+        drawn.append(SampledCandidates(ids.pin_memory() if pinned else ids, tries))
     rows = [
-        torch.from_numpy(
-            touched_rows(
-                host_targets, drawn[i].ids.numpy(), drawn[(i + 1) % CANDIDATE_SETS].ids.numpy()
-            )
+        touched_rows(
+            host_targets, drawn[i].ids.numpy(), drawn[(i + 1) % CANDIDATE_SETS].ids.numpy()
         )
         for i in range(CANDIDATE_SETS)
     ]
-    return drawn, rows
+    if shape_buckets:
+        size = bucket(max(len(pair) for pair in rows), softmax.num_classes, per_octave=4)
+        rows = [pad_rows(pair, size) for pair in rows]
+    return drawn, [torch.from_numpy(pair) for pair in rows]
 
 
 def worker_step(
@@ -98,7 +116,8 @@ def worker_step(
     device = windows["forward_targets"].device
     if ahead is None:
         assert step.bilm.softmax is not None
-        ahead = found_ahead(step.bilm.softmax, host_targets, pinned=device.type == "cuda")
+        pinned, buckets = device.type == "cuda", step.train.shape_buckets
+        ahead = found_ahead(step.bilm.softmax, host_targets, pinned, shape_buckets=buckets)
     drawn = ahead[0]
     rows = [row.to(device) for row in ahead[1]]
     state, calls = None, 0

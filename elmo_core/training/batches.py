@@ -250,6 +250,15 @@ def bucket(size: int, cap: int, per_octave: int) -> int:
     return min(cap, -(-size // spacing) * spacing)
 
 
+def pad_types(char_ids: np.ndarray, used_width: int, positions: int) -> tuple[np.ndarray, int]:
+    """A step's distinct types ``char_ids (U, W)`` padded with all-zero rows to :func:`bucket`'s
+    size (at most one a position), and its used width to a power of two (at most W)."""
+    num_types, width = char_ids.shape
+    padding = bucket(num_types, positions, per_octave=4) - num_types
+    padded = np.concatenate([char_ids, np.zeros((padding, width), char_ids.dtype)])
+    return padded, bucket(used_width, width, per_octave=1)
+
+
 def pad_rows(rows: np.ndarray, size: int) -> np.ndarray:
     """Sorted, distinct softmax ``rows (R,)`` padded to ``(size,)`` (≤ V) with the smallest ids
     not among them: still sorted and distinct, and nothing selects them, so their gradient is
@@ -312,10 +321,7 @@ class StepBatches:
         if forward.softmax_rows is not None and backward.softmax_rows is not None:
             rows = union_of_sorted(forward.softmax_rows, backward.softmax_rows)  # (R,)
         if self._shape_buckets:
-            num_types, width = char_ids.shape
-            padding = bucket(num_types, inverse.size, per_octave=4) - num_types
-            char_ids = np.concatenate([char_ids, np.zeros((padding, width), char_ids.dtype)])
-            used_width = bucket(used_width, width, per_octave=1)
+            char_ids, used_width = pad_types(char_ids, used_width, inverse.size)
             if rows is not None:
                 rows = pad_rows(rows, bucket(len(rows), self._vocab_size, per_octave=4))
         # both windows' types, the backward rows after the forward ones

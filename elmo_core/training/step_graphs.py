@@ -53,7 +53,10 @@ class _Graph:
             arguments,
         )
         self.graph = torch.cuda.CUDAGraph()
-        with whole_step_captured(), torch.cuda.graph(self.graph, pool=pool, stream=stream):
+        capture = torch.cuda.graph(
+            self.graph, pool=pool, stream=stream, capture_error_mode="thread_local"
+        )  # other threads (a loader pinning memory) may call CUDA meanwhile
+        with whole_step_captured(), capture:
             self.outputs = run(**self.inputs)
 
     def replay(self, arguments: dict[str, Any]) -> Any:

@@ -5,10 +5,10 @@ tree in turn, alternated over rounds, so that the machine's drift falls on all a
 
 Each ``BASELINE`` is a tree made by ``python -m infra.device.device_env baseline REF... DIR``
 (``DIR/baseline-K``, its commit in ``COMMIT``), oldest first; this tree, the one the script sits
-in, comes last. With ``--impls``, each tree runs each LSTM variant in turn: one variant against
-another. Each run is its own process (its own CUDA context and Inductor cache). Printed: each
-run's summary line, then one JSON object: per tree (and variant) the runs' positions/s at each
-row count, and each one's median over the one before it's.
+in, comes last. With ``--impls``, each tree runs each LSTM variant (or ``captured``, the whole
+step replayed) in turn: one against another. Each run is its own process (its own CUDA context
+and Inductor cache). Printed: each run's summary line, then one JSON object: per tree (and
+variant) the runs' positions/s at each row count, and each one's median over the one before it's.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 RATE = "_positions_per_s"
+# An ``--impls`` name that is not an LSTM variant: the whole step captured, the fused ops inside.
+IMPL_ARGUMENTS = {"captured": ["--lstm-impl", "fused", "--capture-step"]}
 
 
 def run(tree: Path, arguments: list[str]) -> dict[str, object]:
@@ -88,7 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument(
-        "--impls", default="", help="LSTM variants to time in turn on each tree: fused,graphed"
+        "--impls",
+        default="",
+        help="LSTM variants to time in turn on each tree (fused,graphed), or captured: the "
+        "whole step as one CUDA graph",
     )
     args, arguments = parser.parse_known_args(argv[len(baselines) :])
     trees = {(tree / "COMMIT").read_text().strip()[:12]: tree for tree in baselines}
@@ -97,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     timed = {  # name -> (tree, gpu_bilm.py's arguments)
         f"{name} {impl}" if impl else name: (
             tree,
-            [*arguments, "--lstm-impl", impl] if impl else arguments,
+            [*arguments, *IMPL_ARGUMENTS.get(impl, ["--lstm-impl", impl])] if impl else arguments,
         )
         for name, tree in trees.items()
         for impl in impls or [""]

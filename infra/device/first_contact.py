@@ -38,6 +38,7 @@ CORRECTNESS_TESTS = [
     "tests/unit/elmo_core/model/lstm/test_compiled.py",
     "tests/unit/elmo_core/model/test_softmax.py",
     "tests/unit/elmo_core/training/test_bf16_on_cuda.py",
+    "tests/unit/elmo_core/training/test_step_graphs.py",
 ]
 # Within those files, the checks on CUDA (and the Triton kernels'): their CPU tests ran in CI.
 CORRECTNESS_CHECKS = "cuda or kernel or triton or buffer or bf16 or host"
@@ -84,31 +85,35 @@ def stages(out: Path, rehearse: bool) -> list[Stage]:
     small, rows = ("4", "8") if rehearse else ("128", "1024")
     pytest = [*correctness_tests(python), "--junitxml", str(out / TESTS_REPORT)]
     # Boxes: half again the stage times measured at tree 6f3199c (first_contact_budget.MEASURED_S);
-    # the speed stage, which now times graphed too, also holds its refit prediction.
+    # the speed stage, which now times graphed and the captured step too, half again its refit
+    # prediction.
     return [
         # GPU, memory, clocks, driver, torch and CUDA; the bf16 matmul rate on 8192³ (the MFU
         # denominator)
         Stage("environment", 30, [[python, "-c", ENVIRONMENT]]),
         # golden bilm-tf parity in fp32 on CUDA, the fused layer and its Triton kernels against the
         # reference, graphed (CUDA's choice) against fused, the compiled softmax epilogues against
-        # eager, 100 steps of bf16 against fp32, a training step with no host sync
+        # eager, 100 steps of bf16 against fp32, a training step with no host sync, the captured
+        # step against the eager one and its replays with no host sync
         Stage("correctness", 136, [pytest]),
         # at original, directions batched: graphed (what users get on CUDA) against the
-        # straightforward baseline at 128 rows, then at 1,024; fused beside it at both: positions/s,
-        # MFU, peak memory
+        # straightforward baseline at 128 rows, then at 1,024; fused beside it at both, then the
+        # whole step captured (train.capture_step) at both: positions/s, MFU, peak memory
         Stage(
             "speed",
-            145,
+            225,
             [
                 *([[*plain, "--device", "fake-cuda", *batched]] if rehearse else []),
                 [*graphed, "--sweep", rows],
+                [*bilm, *batched, "--only", "sweep", "--sweep", f"{small},{rows}"],
                 [
                     *bilm,
                     *batched,
+                    "--capture-step",
                     "--only",
                     "sweep",
                     "--sweep",
-                    f"{'4' if rehearse else '128'},{rows}",
+                    f"{small},{rows}",
                 ],
             ],
         ),

@@ -322,6 +322,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--batch-directions", action="store_true", help="both LSTM stacks as one batched stack"
     )
+    parser.add_argument(
+        "--capture-step",
+        action="store_true",
+        help="train.capture_step: ours as one CUDA graph replay a step (shape buckets on); "
+        "elsewhere the bucketed step runs eagerly",
+    )
     parser.add_argument("--no-bf16", action="store_true")
     parser.add_argument("--sweep", default="", help="more rows per GPU to time ours at: 256,512")
     parser.add_argument("--profile", action="store_true", help="where ours spends a step")
@@ -366,10 +372,17 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     model = BiLM(config, args.vocab).to(device).train()
     baseline = StraightforwardBiLM(model)
+    width = config.char_cnn.max_chars_per_token
     windows, types, host_targets = synthetic_windows(
-        args.batch, args.window, args.vocab, args.types, config.char_cnn.max_chars_per_token, device
+        args.batch, args.window, args.vocab, args.types, width, device, args.capture_step
     )
-    recipe = TrainConfig(batch_size=args.batch, unroll_steps=args.window, bf16=bf16)
+    recipe = TrainConfig(
+        batch_size=args.batch,
+        unroll_steps=args.window,
+        bf16=bf16,
+        shape_buckets=args.capture_step,
+        capture_step=args.capture_step and device.type == "cuda",
+    )
     # The meta device has no sparse kernels: there the softmax's gradient is dense.
     exchange: ExchangeMode = "dense" if device.type == "meta" else "sparse"
     ours = worker_step(TrainingStep.build(model, recipe, exchange), windows, types, host_targets)
@@ -397,7 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{device} {torch.cuda.get_device_name() if device.type == 'cuda' else ''}".strip())
     print(
         f"preset {args.preset}, lstm {args.lstm_impl}"
-        f"{' (directions batched)' if args.batch_directions else ''}, "
+        f"{' (directions batched)' if args.batch_directions else ''}"
+        f"{', the step captured' if recipe.capture_step else ''}, "
         f"batch {args.batch} x {args.window}, "
         f"vocab {args.vocab}, bf16 {bf16}"
     )
@@ -408,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
         "preset": args.preset,
         "lstm_impl": args.lstm_impl,
         "batch_directions": args.batch_directions,
+        "capture_step": recipe.capture_step,
+        "shape_buckets": recipe.shape_buckets,
         "batch": args.batch,
         "bf16": bf16,
     }
@@ -429,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     sweep = args.sweep if args.only in (None, "sweep") else ""
     for rows in (int(value) for value in sweep.split(",") if value):
         sweep_windows, sweep_types, sweep_targets = synthetic_windows(
-            rows, args.window, args.vocab, args.types, config.char_cnn.max_chars_per_token, device
+            rows, args.window, args.vocab, args.types, width, device, args.capture_step
         )
         sweep_recipe = recipe.model_copy(update={"batch_size": rows})
         sweep_step = worker_step(

@@ -6,15 +6,17 @@
 #
 # Parts:
 #   first-contact    the first call on a lent GPU, in 7 minutes (infra/device/first_contact.py):
-#                    environment and matmul peak, CUDA correctness, speed at original (fused at
-#                    128 and 1,024 rows, reference, straightforward), a fused step's profile,
-#                    inference if time remains; each stage boxed, OUT/first-contact.log appended
-#                    as each ends, its last line one JSON object. The device call:
+#                    environment and matmul peak, CUDA correctness, speed at original (graphed,
+#                    fused and the captured step at 128 and 1,024 rows, straightforward), a fused
+#                    step's profile, inference if time remains; each stage boxed,
+#                    OUT/first-contact.log appended as each ends, its last line one JSON object.
+#                    The device call:
 #                      run {"command": "bash infra/device/gpu_suite.sh --carried .device $OUT
 #                           first-contact", "carry": [".device"], "timeout_s": 480}
 #   tests            the CUDA tests: golden TensorFlow parity in fp32, CPU parity, bf16 against
 #                    fp32 over 300 steps, every LSTM variant (the fused one's Triton steps
-#                    included), the compiled softmax epilogues, the step's host-sync check;
+#                    included), the compiled softmax epilogues, the step's host-sync check, the
+#                    captured step against the eager one;
 #                    GPU_TESTS="PATH..." runs those pytest paths instead (a short call's re-check);
 #   speed-IMPL       gpu_bilm.py at original size, 128 rows, IMPL = reference, compiled, graphed or
 #                    fused (each layer one op with its own backward),
@@ -28,6 +30,8 @@
 #                    change against the tree before it, in the same call;
 #   ab-graphed       this tree's fused against graphed (fused's ops replayed as CUDA graphs) at 128
 #                    and 1,024 rows, directions batched, alternated twice (infra/device/ab.py);
+#   ab-captured      graphed (the CUDA default) against the whole step captured (train.capture_step)
+#                    at 128 and 1,024 rows, directions batched, alternated twice;
 #   inference        embedding 64 sentences with the frozen biLM (reference, compiled, fused);
 #   data             the data path on this machine's CPUs;
 #   recipe           300 steps of original at 128 rows against 1024 rows at two learning rates
@@ -139,6 +143,11 @@ run_part() {
             local size=(--sweep 128,1024)
             [[ -n $rehearse ]] && size=(--rounds 1 --smoke --sweep 6,8)
             "$python" -m infra.device.ab --impls fused,graphed --batch-directions --only sweep \
+                "${size[@]}" ;;
+        ab-captured)
+            local size=(--sweep 128,1024)
+            [[ -n $rehearse ]] && size=(--rounds 1 --smoke --sweep 6,8)
+            "$python" -m infra.device.ab --impls graphed,captured --batch-directions --only sweep \
                 "${size[@]}" ;;
         inference)
             bilm reference --only inference &&

@@ -55,6 +55,7 @@ PARTS = [
     "profile-fused",
     "ab",
     "ab-graphed",
+    "ab-captured",
     "inference",
     "data",
     "recipe",
