@@ -62,3 +62,13 @@ def test_an_option_s_value_is_passed_on_not_taken_for_a_baseline(ab, monkeypatch
     monkeypatch.setattr(ab, "run", lambda tree, arguments: calls.append(arguments) or {})
     ab.main(["--impls", "fused,graphed", "--rounds", "1", "--only", "sweep"])
     assert calls == [["--only", "sweep", "--lstm-impl", impl] for impl in ("fused", "graphed")]
+
+
+def test_captured_runs_the_fused_ops_with_the_whole_step_captured(ab, monkeypatch):
+    calls = []
+    monkeypatch.setattr(ab, "run", lambda tree, arguments: calls.append(arguments) or {})
+    ab.main(["--impls", "graphed,captured", "--rounds", "1", "--only", "sweep"])
+    assert calls == [
+        ["--only", "sweep", "--lstm-impl", "graphed"],
+        ["--only", "sweep", "--lstm-impl", "fused", "--capture-step"],
+    ]

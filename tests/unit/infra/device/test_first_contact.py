@@ -46,14 +46,18 @@ def test_a_command_that_finished_is_done_though_a_child_it_left_holds_its_output
     assert result["results"] == ["40 passed in 1.0s"]
 
 
-def test_the_speed_stage_times_the_cuda_default_with_fused_beside_it(first_contact, tmp_path):
+def test_the_speed_stage_times_the_cuda_default_with_fused_and_the_captured_step_beside_it(
+    first_contact, tmp_path
+):
     (speed,) = [stage for stage in first_contact.stages(tmp_path, False) if stage.name == "speed"]
-    graphed, fused = speed.commands
+    graphed, fused, captured = speed.commands
     assert graphed[graphed.index("--lstm-impl") + 1] == "graphed"
     assert fused[fused.index("--lstm-impl") + 1] == "fused"
-    assert "--batch-directions" in graphed and "--batch-directions" in fused
+    assert all("--batch-directions" in command for command in speed.commands)
     assert graphed[graphed.index("--sweep") + 1] == "1024"  # and 128, its default batch
     assert fused[fused.index("--sweep") + 1] == "128,1024"
+    assert "--capture-step" in captured and "--capture-step" not in fused
+    assert captured[captured.index("--sweep") + 1] == "128,1024"
 
 
 def test_each_command_gives_its_last_json_line_or_its_last_line(first_contact, tmp_path):

@@ -71,6 +71,15 @@ def test_on_the_meta_device_both_steps_keep_every_tensor_on_the_models_device(gp
     _assert_rates_agree(summary, ["ours", "straightforward"])
 
 
+def test_capture_step_pads_the_workload_to_buckets_and_runs_it_eagerly_off_cuda(gpu_bilm, capsys):
+    """The shapes a captured step replays, rehearsed on the meta device (no graphs there)."""
+    arguments = ["--smoke", "--device", "meta", "--batch-directions", "--capture-step"]
+    assert gpu_bilm.main([*arguments, "--sweep", "8"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["shape_buckets"] is True and summary["capture_step"] is False
+    _assert_rates_agree(summary, ["ours", "straightforward", "ours@8"])
+
+
 def test_a_host_tensor_in_the_baseline_fails_on_the_meta_device(gpu_bilm, monkeypatch):
     softmax = gpu_bilm.StraightforwardBiLM.softmax
 
