@@ -10,6 +10,8 @@ pool: a replay's outputs are copied out before the next replay can reuse the poo
 
 from __future__ import annotations
 
+import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
@@ -20,7 +22,9 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from elmo_core.model.lstm.graphed import whole_step_captured
 
 WARMUP_STEPS = 2  # eager steps of each new shape before it is captured
+logger = logging.getLogger(__name__)
 Result = TypeVar("Result")
+Value = TypeVar("Value")
 
 
 def shape_key(arguments: dict[str, Any], *settings: Hashable) -> Hashable:
@@ -84,6 +88,7 @@ class StepGraphs:
 
     def clear(self) -> None:
         """Forget the graphs: they hold the optimiser state's tensors, which a load replaces."""
+        torch.cuda.synchronize()  # no replay still reads their inputs
         self.graphs.clear()
         self.seen.clear()
 
@@ -94,15 +99,31 @@ class StepGraphs:
         graph = self.graphs.get(key)
         if graph is None:
             self.seen[key] += 1
-            caller = torch.cuda.current_stream()
-            self.stream.wait_stream(caller)
-            with torch.cuda.stream(self.stream):
-                if self.seen[key] <= self.warmup_steps:
-                    with whole_step_captured():
-                        result = run(**arguments)
-                    caller.wait_stream(self.stream)
-                    return result
-                graph = self.graphs[key] = _Graph(run, arguments, self.stream, self.pool)
-            caller.wait_stream(self.stream)
+            if self.seen[key] <= self.warmup_steps:
+                return self._on_own_stream(lambda: self._eager(run, arguments))
+            started = time.perf_counter()
+            graph = self._on_own_stream(lambda: _Graph(run, arguments, self.stream, self.pool))
+            self.graphs[key] = graph
+            logger.info(
+                "captured the training step's shape %d as one CUDA graph in %.1f s (%d replays "
+                "of the earlier shapes)",
+                len(self.graphs),
+                time.perf_counter() - started,
+                self.replays,
+            )
         self.replays += 1
         return graph.replay(arguments)
+
+    @staticmethod
+    def _eager(run: Callable[..., Result], arguments: dict[str, Any]) -> Result:
+        with whole_step_captured():  # the same ops the capture will record
+            return run(**arguments)
+
+    def _on_own_stream(self, work: Callable[[], Value]) -> Value:
+        """``work()`` on the graphs' stream, ordered after the caller's work and before its next."""
+        caller = torch.cuda.current_stream()
+        self.stream.wait_stream(caller)
+        with torch.cuda.stream(self.stream):
+            value = work()
+        caller.wait_stream(self.stream)
+        return value

@@ -110,12 +110,15 @@ def test_a_step_on_the_cpu_refuses_to_capture() -> None:
     assert error.value.key == "train.capture_step"
 
 
-def _twin_steps(vocab_size: int, bf16: bool) -> tuple[TrainingStep, TrainingStep]:
-    """The same model twice on CUDA: stepped eagerly, and captured."""
+def _twin_steps(
+    vocab_size: int, bf16: bool, batch_directions: bool = True
+) -> tuple[TrainingStep, TrainingStep]:
+    """The same model twice on CUDA (``auto``: the graphed LSTM): stepped eagerly, and captured."""
+    model = MODEL.model_copy(update={"batch_directions": batch_directions})
     steps = []
     for capture_step in (False, True):
         torch.manual_seed(0)
-        bilm = BiLM(MODEL, vocab_size=vocab_size).cuda().train()
+        bilm = BiLM(model, vocab_size=vocab_size).cuda().train()
         train = TrainConfig(
             batch_size=ROWS,
             unroll_steps=UNROLL,
@@ -129,10 +132,12 @@ def _twin_steps(vocab_size: int, bf16: bool) -> tuple[TrainingStep, TrainingStep
 
 @pytest.mark.gpu
 @pytest.mark.usefixtures("ieee_float32")
-@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
-def test_captured_steps_train_as_eager_ones_on_cuda(loader, bf16) -> None:
+@pytest.mark.parametrize(
+    ("bf16", "batch_directions"), [(False, False), (True, True)], ids=["fp32-apart", "bf16-batched"]
+)
+def test_captured_steps_train_as_eager_ones_on_cuda(loader, bf16, batch_directions) -> None:
     vocab_size, batches = loader(shape_buckets=True)
-    eager, captured = _twin_steps(vocab_size, bf16)
+    eager, captured = _twin_steps(vocab_size, bf16, batch_directions)
     device = torch.device("cuda")
     states: list[BiLMState | None] = [None, None]
     rtol, atol = (2e-2, 1e-3) if bf16 else (1e-4, 1e-6)
