@@ -24,6 +24,7 @@
 #                    where a step's time goes;
 #   sweep-IMPL       ours at 256, 512 and 1024 rows, directions batched;
 #   profile-IMPL     where ours spends a step (directions batched) at 128 and 1,024 rows, alone;
+#                    IMPL = captured: the whole step replayed (train.capture_step);
 #   ab               fused (directions batched) at 128 and 1,024 rows, from each DIR/baseline-K
 #                    (trees made by python -m infra.device.device_env baseline REF... DIR) and
 #                    from this tree, alternated twice, or AB_ROUNDS times (infra/device/ab.py): each
@@ -120,6 +121,9 @@ run_part() {
         profile-reference | profile-compiled | profile-graphed | profile-fused)
             bilm "${part#profile-}" --batch-directions --only profile &&
                 bilm "${part#profile-}" --batch-directions --only profile --batch 1024 ;;
+        profile-captured)
+            bilm fused --batch-directions --capture-step --only profile &&
+                bilm fused --batch-directions --capture-step --only profile --batch 1024 ;;
         sweep-reference | sweep-compiled | sweep-graphed | sweep-fused)
             local rows=256,512,1024
             [[ -n $rehearse ]] && rows=6,8

@@ -53,6 +53,7 @@ PARTS = [
     "sweep-graphed",
     "sweep-fused",
     "profile-fused",
+    "profile-captured",
     "ab",
     "ab-graphed",
     "ab-captured",
