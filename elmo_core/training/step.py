@@ -121,42 +121,24 @@ class TrainingStep:
             "softmax_rows": softmax_rows,
         }
         if self.graphs is None:
-            return self._step(**arguments)
+            return self._step(arguments)
         learning_rates = tuple(group["lr"] for group in self.optimizer.param_groups)
         return self.graphs(self._step, arguments, shape_key(arguments, learning_rates))
 
-    def _step(
-        self,
-        forward_inputs: torch.Tensor,
-        forward_targets: torch.Tensor,
-        backward_inputs: torch.Tensor,
-        backward_targets: torch.Tensor,
-        state: BiLMState | None,
-        candidates: tuple[SampledCandidates, SampledCandidates] | None,
-        types: TokenTypes | None,
-        softmax_rows: torch.Tensor | None,
-    ) -> StepResult:
-        device = forward_targets.device
+    def _step(self, arguments: dict[str, Any]) -> StepResult:
+        """The step on :meth:`__call__`'s ``arguments``, by name: what a graph captures."""
+        device = arguments["forward_targets"].device
         autocast = (  # none on the meta device, which stands in for CUDA in the rehearsal
             torch.autocast("cuda", dtype=torch.bfloat16)
             if device.type == "cuda" and self.train.bf16
             else contextlib.nullcontext()
         )
         with autocast:
-            output, new_state = self.module(
-                forward_inputs,
-                forward_targets,
-                backward_inputs,
-                backward_targets,
-                state=state,
-                candidates=candidates,
-                types=types,
-                softmax_rows=softmax_rows,
-            )
+            output, new_state = self.module(**arguments)
         (output.loss * self.train.unroll_steps).backward()  # bilm-tf scales by the unroll
         softmax = self.bilm.softmax
         assert softmax is not None
-        if softmax_rows is not None:  # gathered once for both directions
+        if arguments["softmax_rows"] is not None:  # gathered once for both directions
             softmax.mark_rows_distinct()
         bound = softmax_rows_bound(
             softmax.num_classes, self.train.batch_size, self.train.unroll_steps, softmax.num_samples

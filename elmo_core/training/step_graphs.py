@@ -44,7 +44,7 @@ class _Graph:
 
     def __init__(
         self,
-        run: Callable[..., Any],
+        run: Callable[[dict[str, Any]], Any],
         arguments: dict[str, Any],
         stream: torch.cuda.Stream,
         pool: Any,
@@ -61,7 +61,7 @@ class _Graph:
             self.graph, pool=pool, stream=stream, capture_error_mode="thread_local"
         )  # other threads (a loader pinning memory) may call CUDA meanwhile
         with whole_step_captured(), capture:
-            self.outputs = run(**self.inputs)
+            self.outputs = run(self.inputs)
 
     def replay(self, arguments: dict[str, Any]) -> Any:
         """The step on ``arguments`` (shaped as those captured); its results copied out."""
@@ -93,9 +93,9 @@ class StepGraphs:
         self.seen.clear()
 
     def __call__(
-        self, run: Callable[..., Result], arguments: dict[str, Any], key: Hashable
+        self, run: Callable[[dict[str, Any]], Result], arguments: dict[str, Any], key: Hashable
     ) -> Result:
-        """``run(**arguments)``: eagerly while its shape is new, then replayed."""
+        """``run(arguments)``: eagerly while its shape is new, then replayed."""
         graph = self.graphs.get(key)
         if graph is None:
             self.seen[key] += 1
@@ -115,9 +115,9 @@ class StepGraphs:
         return graph.replay(arguments)
 
     @staticmethod
-    def _eager(run: Callable[..., Result], arguments: dict[str, Any]) -> Result:
+    def _eager(run: Callable[[dict[str, Any]], Result], arguments: dict[str, Any]) -> Result:
         with whole_step_captured():  # the same ops the capture will record
-            return run(**arguments)
+            return run(arguments)
 
     def _on_own_stream(self, work: Callable[[], Value]) -> Value:
         """``work()`` on the graphs' stream, ordered after the caller's work and before its next."""
