@@ -163,6 +163,6 @@ def _step_graphs(bilm: BiLM, optimizer: torch.optim.Optimizer) -> StepGraphs:
         raise ConfigError(
             "captures one worker's step: set run.num_workers=1", key="train.capture_step"
         )
-    graphs = StepGraphs()
+    graphs = StepGraphs(forget_partial=lambda: optimizer.zero_grad(set_to_none=True))
     optimizer.register_load_state_dict_post_hook(lambda _: graphs.clear())
     return graphs

@@ -76,12 +76,20 @@ class _Graph:
 
 
 class StepGraphs:
-    """A step function's graphs by :func:`shape_key`, made as each shape comes up."""
+    """A step function's graphs by :func:`shape_key`, made as each shape comes up.
 
-    def __init__(self, warmup_steps: int = WARMUP_STEPS) -> None:
-        self.warmup_steps = warmup_steps
+    A shape whose capture fails (an op that cannot be captured) is logged with the error and runs
+    eagerly from then on: the run goes on, slower. ``forget_partial`` is called first, to drop
+    what the failed capture left behind (the gradients it began).
+    """
+
+    def __init__(
+        self, forget_partial: Callable[[], None], warmup_steps: int = WARMUP_STEPS
+    ) -> None:
+        self.forget_partial, self.warmup_steps = forget_partial, warmup_steps
         self.graphs: dict[Hashable, _Graph] = {}
         self.seen: Counter[Hashable] = Counter()
+        self.eager: set[Hashable] = set()  # shapes whose capture failed
         self.replays = 0  # steps run as a replay
         self.stream = torch.cuda.Stream()  # warm-ups and captures: not the caller's stream
         self.pool = torch.cuda.graph_pool_handle()
@@ -91,6 +99,7 @@ class StepGraphs:
         torch.cuda.synchronize()  # no replay still reads their inputs
         self.graphs.clear()
         self.seen.clear()
+        self.eager.clear()
 
     def __call__(
         self, run: Callable[[dict[str, Any]], Result], arguments: dict[str, Any], key: Hashable
@@ -99,10 +108,21 @@ class StepGraphs:
         graph = self.graphs.get(key)
         if graph is None:
             self.seen[key] += 1
-            if self.seen[key] <= self.warmup_steps:
+            if self.seen[key] <= self.warmup_steps or key in self.eager:
                 return self._on_own_stream(lambda: self._eager(run, arguments))
             started = time.perf_counter()
-            graph = self._on_own_stream(lambda: _Graph(run, arguments, self.stream, self.pool))
+            try:
+                graph = self._on_own_stream(lambda: _Graph(run, arguments, self.stream, self.pool))
+            except RuntimeError as error:  # what torch raises for an op a capture refuses
+                logger.warning(
+                    "the training step's shape %d could not be captured as a CUDA graph; it "
+                    "runs eagerly: %s",
+                    len(self.graphs) + len(self.eager) + 1,
+                    error,
+                )
+                self.eager.add(key)
+                self.forget_partial()
+                return self._on_own_stream(lambda: self._eager(run, arguments))
             self.graphs[key] = graph
             logger.info(
                 "captured the training step's shape %d as one CUDA graph in %.1f s (%d replays "

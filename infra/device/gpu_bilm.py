@@ -61,6 +61,19 @@ def matmul_flops_per_second(device: torch.device, size: int, dtype: torch.dtype)
     return 2 * size**3 / seconds_per_call(lambda: a @ b, 10, 3, synchronizer(device))
 
 
+def replayed(name: str, step: TrainingStep) -> dict[str, object]:
+    """A captured step's graphs, its replays and the shapes it ran eagerly (a failed capture),
+    for the summary: a figure of ``name`` is the replays' only if they are the timed calls."""
+    if step.graphs is None:
+        return {}
+    graphs = step.graphs
+    return {
+        f"{name}_graphs": len(graphs.graphs),
+        f"{name}_replays": graphs.replays,
+        f"{name}_uncaptured_shapes": len(graphs.eager),
+    }
+
+
 def straightforward_step(
     model: BiLM, loss: Callable[[], torch.Tensor], bf16: bool
 ) -> Callable[[], None]:
@@ -385,7 +398,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     # The meta device has no sparse kernels: there the softmax's gradient is dense.
     exchange: ExchangeMode = "dense" if device.type == "meta" else "sparse"
-    ours = worker_step(TrainingStep.build(model, recipe, exchange), windows, types, host_targets)
+    step = TrainingStep.build(model, recipe, exchange)
+    ours = worker_step(step, windows, types, host_targets)
     seconds: dict[str, float] = {}
     peak_memory: dict[str, int] = {}  # bytes, where CUDA counts them
 
@@ -439,6 +453,8 @@ def main(argv: list[str] | None = None) -> int:
 
     for name, value in seconds.items():
         report(name, value, args.batch)
+    if "ours" in seconds:
+        summary |= replayed("ours", step)
     if seconds:
         summary["ratio"] = round(seconds["straightforward"] / seconds["ours"], 3)
     summary["matmul_tflops"] = round(peak / 1e12, 2)
@@ -448,13 +464,10 @@ def main(argv: list[str] | None = None) -> int:
             rows, args.window, args.vocab, args.types, width, device, args.capture_step
         )
         sweep_recipe = recipe.model_copy(update={"batch_size": rows})
-        sweep_step = worker_step(
-            TrainingStep.build(model, sweep_recipe, exchange),
-            sweep_windows,
-            sweep_types,
-            sweep_targets,
-        )
+        sweep_training_step = TrainingStep.build(model, sweep_recipe, exchange)
+        sweep_step = worker_step(sweep_training_step, sweep_windows, sweep_types, sweep_targets)
         report(f"ours@{rows}", timed(f"ours@{rows}", sweep_step), rows)
+        summary |= replayed(f"ours@{rows}", sweep_training_step)
     if (args.profile and args.only is None) or args.only == "profile":
         profile = where_the_time_goes(ours, args.steps)
         print(f"where a step of ours goes (per step, batch {args.batch}): {profile}")

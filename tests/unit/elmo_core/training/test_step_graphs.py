@@ -18,7 +18,7 @@ from elmo_core.model.lstm import fused, graphed
 from elmo_core.presets import tiny
 from elmo_core.training.batches import CandidateSpec, StepBatches, StreamSpec
 from elmo_core.training.step import TrainingStep
-from elmo_core.training.step_graphs import shape_key
+from elmo_core.training.step_graphs import StepGraphs, shape_key
 from pipelines.train.job_config import resolve_train_config, run_name
 
 ROWS, UNROLL, SAMPLES, STEPS = 3, 4, 5, 12
@@ -184,3 +184,37 @@ def test_a_replayed_step_makes_the_host_wait_for_nothing(loader) -> None:
             checked += 1
     assert checked > 0
     assert math.isfinite(float(result.output.loss))
+
+
+@pytest.mark.gpu
+def test_replays_read_each_call_s_inputs_and_return_copies_of_the_outputs() -> None:
+    graphs = StepGraphs(forget_partial=lambda: None)
+    weight = torch.ones(3, device="cuda")
+
+    def run(arguments: dict[str, torch.Tensor]) -> tuple[torch.Tensor]:
+        weight.add_(1.0)  # state the graph updates in place, as Adagrad's
+        return (arguments["x"] * weight,)
+
+    results = []
+    for value in range(1, 6):  # two warm-ups, a capture, then replays
+        arguments = {"x": torch.full((3,), float(value), device="cuda")}
+        results.append(graphs(run, arguments, shape_key(arguments))[0])
+    assert graphs.replays == 3 and len(graphs.graphs) == 1
+    for value, result in enumerate(results, start=1):  # earlier results kept their values
+        torch.testing.assert_close(result, torch.full((3,), float(value * (value + 1))).cuda())
+
+
+@pytest.mark.gpu
+def test_a_shape_that_cannot_be_captured_runs_eagerly_from_then_on(caplog) -> None:
+    forgotten = []
+    graphs = StepGraphs(forget_partial=lambda: forgotten.append(True))
+
+    def run(arguments: dict[str, torch.Tensor]) -> torch.Tensor:
+        return arguments["x"] * float(arguments["x"].sum())  # reads back: no capture allows it
+
+    arguments = {"x": torch.ones(2, device="cuda")}
+    for _ in range(5):
+        torch.testing.assert_close(graphs(run, arguments, "key"), torch.full((2,), 2.0).cuda())
+    assert graphs.eager == {"key"} and not graphs.graphs and graphs.replays == 0
+    assert forgotten == [True]
+    assert "could not be captured" in caplog.text
