@@ -17,7 +17,7 @@ from elmo_core.config import ModelConfig
 from elmo_core.model.char_cnn import TokenTypes, token_types
 from elmo_core.model.sampler import LogUniformSampler, SampledCandidates, touched_rows
 from elmo_core.model.softmax import SampledSoftmax
-from elmo_core.training.batches import bucket, pad_rows, pad_types
+from elmo_core.training.batches import ROWS_PER_OCTAVE, bucket, pad_rows, pad_types
 from elmo_core.training.step import TrainingStep
 
 CANDIDATE_SETS = 16  # distinct sets the timed steps cycle through
@@ -98,7 +98,7 @@ def found_ahead(
         for i in range(CANDIDATE_SETS)
     ]
     if shape_buckets:
-        size = bucket(max(len(pair) for pair in rows), softmax.num_classes, per_octave=4)
+        size = bucket(max(len(pair) for pair in rows), softmax.num_classes, ROWS_PER_OCTAVE)
         rows = [pad_rows(pair, size) for pair in rows]
     return drawn, [torch.from_numpy(pair) for pair in rows]
 

@@ -235,28 +235,30 @@ def _unchanged(window: Any) -> Any:
     return window
 
 
+# Sizes per octave of each shape (bucket()): a step's type and row counts vary by a few percent
+# around their mean, and its used width by a few chars. Eight per octave pad the counts by less
+# than an eighth, four the width by less than a quarter; on PTB a run then meets 4 shapes (a graph
+# each) and the char CNN does 1.06-1.07x the exact shapes' work, where 4, 1 and 4 met 1 or 2 and
+# did 1.15-1.20x (benchmarks/results/bench_shape_buckets-2026-11-28.md).
+TYPES_PER_OCTAVE, WIDTH_PER_OCTAVE, ROWS_PER_OCTAVE = 8, 4, 8
+
+
 def bucket(size: int, cap: int, per_octave: int) -> int:
     """``size`` rounded up to the next of ``per_octave`` (a power of two) evenly spaced sizes
-    between two powers of two, at most ``cap`` (≥ ``size``).
-
-    Four per octave (…, 2048, 2560, 3072, 3584, 4096, …) pad by less than a quarter, and a step's
-    type and row counts, which vary by a few percent around their mean, meet one or two sizes
-    over a run: a graph each. The char width takes one per octave (powers of two up to the
-    table's W): the CNN's work grows by ``used + max_width`` columns, not ``used``, and wider
-    buckets keep the number of shape combinations (graphs) small.
-    """
+    between two powers of two (four: …, 2048, 2560, 3072, 3584, 4096, …), at most ``cap``
+    (≥ ``size``)."""
     octave = max(0, (size - 1).bit_length() - 1)  # 2**octave < size <= 2**(octave + 1)
     spacing = 1 << max(0, octave - (per_octave.bit_length() - 1))
     return min(cap, -(-size // spacing) * spacing)
 
 
 def pad_types(char_ids: np.ndarray, used_width: int, positions: int) -> tuple[np.ndarray, int]:
-    """A step's distinct types ``char_ids (U, W)`` padded with all-zero rows to :func:`bucket`'s
-    size (at most one a position), and its used width to a power of two (at most W)."""
+    """A step's distinct types ``char_ids (U, W)`` padded with all-zero rows to a bucket (at most
+    one a position), and its used width to one (at most W)."""
     num_types, width = char_ids.shape
-    padding = bucket(num_types, positions, per_octave=4) - num_types
+    padding = bucket(num_types, positions, TYPES_PER_OCTAVE) - num_types
     padded = np.concatenate([char_ids, np.zeros((padding, width), char_ids.dtype)])
-    return padded, bucket(used_width, width, per_octave=1)
+    return padded, bucket(used_width, width, WIDTH_PER_OCTAVE)
 
 
 def pad_rows(rows: np.ndarray, size: int) -> np.ndarray:
@@ -323,7 +325,7 @@ class StepBatches:
         if self._shape_buckets:
             char_ids, used_width = pad_types(char_ids, used_width, inverse.size)
             if rows is not None:
-                rows = pad_rows(rows, bucket(len(rows), self._vocab_size, per_octave=4))
+                rows = pad_rows(rows, bucket(len(rows), self._vocab_size, ROWS_PER_OCTAVE))
         # both windows' types, the backward rows after the forward ones
         types = TokenTypes(self._tensor(char_ids), self._tensor(inverse), used_width)
         softmax_rows = None if rows is None else self._tensor(rows)

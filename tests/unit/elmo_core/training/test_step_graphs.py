@@ -68,7 +68,7 @@ def _keys(batches: StepBatches, steps: int) -> list[object]:
 
 
 def test_bucketed_steps_meet_a_few_graph_shapes_and_exact_ones_one_each(loader) -> None:
-    """At 16 rows of 10 steps and 64 candidates; the width alone takes 2 or 3 buckets."""
+    """At 16 rows of 10 steps and 64 candidates (PTB's figures: bench_shape_buckets.py)."""
     bucketed = _keys(loader(True, rows=16, unroll=10, samples=64)[1], 40)
     exact = _keys(loader(False, rows=16, unroll=10, samples=64)[1], 40)
     assert len(set(bucketed)) <= 8  # each shape is captured once, then replayed
