@@ -72,7 +72,14 @@ def threads_under_load(summary: dict) -> None:
         )
 
 
+def shape_buckets(summary: dict) -> None:
+    assert summary["shapes_bucketed@8"] < summary["shapes_exact@8"]
+    assert summary["last_new_shape_at_step@8"] <= 12
+    assert summary["cnn_work_ratio@8"] >= 1 and summary["softmax_rows_ratio@8"] >= 1
+
+
 CHECKS = {"cpu_step": cpu_step, "inference": inference, "step_ops": step_ops}
+CHECKS["shape_buckets"] = shape_buckets
 CHECKS["threads_under_load"] = threads_under_load
 
 
