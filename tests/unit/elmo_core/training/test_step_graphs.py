@@ -187,7 +187,7 @@ def test_a_replayed_step_makes_the_host_wait_for_nothing(loader) -> None:
 
 
 @pytest.mark.gpu
-def test_replays_read_each_call_s_inputs_and_return_copies_of_the_outputs() -> None:
+def test_replays_on_cuda_read_each_call_s_inputs_and_return_copies_of_the_outputs() -> None:
     graphs = StepGraphs(forget_partial=lambda: None)
     weight = torch.ones(3, device="cuda")
 
@@ -205,7 +205,7 @@ def test_replays_read_each_call_s_inputs_and_return_copies_of_the_outputs() -> N
 
 
 @pytest.mark.gpu
-def test_a_shape_that_cannot_be_captured_runs_eagerly_from_then_on(caplog) -> None:
+def test_on_cuda_a_shape_that_cannot_be_captured_runs_eagerly_from_then_on(caplog) -> None:
     forgotten = []
     graphs = StepGraphs(forget_partial=lambda: forgotten.append(True))
 
