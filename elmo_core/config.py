@@ -261,9 +261,8 @@ class TrainConfig(StrictModel):
     capture_step: bool = Field(
         False,
         description="replay each whole training step (forward, backward, clip, Adagrad) as one "
-        "CUDA graph per shape bucket, the LSTM's fused ops inside it; CUDA and one worker only, "
-        "with shape_buckets. PREDICTED, not yet measured: the host stops bounding the step at "
-        "128 rows",
+        "CUDA graph per shape bucket, the LSTM's fused ops inside it (fewer host launches); "
+        "CUDA and one worker only, with shape_buckets",
     )
 
     @field_validator("capture_step")
