@@ -56,6 +56,7 @@ class _Graph:
             lambda leaf: leaf.to(device, copy=True) if isinstance(leaf, torch.Tensor) else leaf,
             arguments,
         )
+        self.statics = tree_flatten(self.inputs)[0]  # in the order a call's leaves flatten
         self.graph = torch.cuda.CUDAGraph()
         capture = torch.cuda.graph(
             self.graph, pool=pool, stream=stream, capture_error_mode="thread_local"
@@ -65,8 +66,7 @@ class _Graph:
 
     def replay(self, arguments: dict[str, Any]) -> Any:
         """The step on ``arguments`` (shaped as those captured); its results copied out."""
-        statics, leaves = tree_flatten(self.inputs)[0], tree_flatten(arguments)[0]
-        for static, leaf in zip(statics, leaves, strict=True):
+        for static, leaf in zip(self.statics, tree_flatten(arguments)[0], strict=True):
             if isinstance(static, torch.Tensor):
                 static.copy_(leaf, non_blocking=True)
         self.graph.replay()

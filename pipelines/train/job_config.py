@@ -24,10 +24,10 @@ from elmo_core.model.lstm import training_defaults
 from elmo_core.presets import PRESETS, model_preset
 from pipelines.common.settings import elmo_home
 
-# How the model runs, not what it is: left out of the run name.
+# How the model and the step run, not what they are: left out of the run name.
 RUNTIME_MODEL_KEYS = {"lstm_impl", "batch_directions", "conv_impl", "cpu_highway_bf16"}
-# What validation warns of, and how the step runs (captured or not), not the training.
-REPORTING_TRAIN_KEYS = {"warn_rise", "warn_parting", "capture_step"}
+RUNTIME_TRAIN_KEYS = {"capture_step"}
+REPORTING_TRAIN_KEYS = {"warn_rise", "warn_parting"}  # what validation warns of, not the training
 # Where a run trains: from the calling process (on RAY_ADDRESS or a local Ray), or as a Ray Job.
 Where = Literal["local", "ray-job"]
 
@@ -124,15 +124,18 @@ def _model_section(model: str) -> dict[str, Any]:
 def run_name(cfg: TrainJobConfig, dataset_sha256: str, init_from: str | None = None) -> str:
     """``cfg.run.name``, or ``bilm-<12 hex>`` of the model and train sections, start and data.
 
-    How the model runs is left out (:data:`RUNTIME_MODEL_KEYS`: the LSTM and convolution
-    kernels, the CPU highway's dtype): every variant has the same parameters and passes the same
-    parity tests, so a run resumes under another; so are the validation warnings' thresholds.
+    How the model and the step run are left out (:data:`RUNTIME_MODEL_KEYS`: the LSTM and
+    convolution kernels, the CPU highway's dtype; :data:`RUNTIME_TRAIN_KEYS`: a captured step):
+    every variant has the same parameters and passes the same parity tests, so a run resumes under
+    another; so are the validation warnings' thresholds.
     """
     if cfg.run.name:
         return cfg.run.name
     identity = {
         "model": cfg.model.model_dump(mode="json", exclude=RUNTIME_MODEL_KEYS),
-        "train": cfg.train.model_dump(mode="json", exclude=REPORTING_TRAIN_KEYS),
+        "train": cfg.train.model_dump(
+            mode="json", exclude=RUNTIME_TRAIN_KEYS | REPORTING_TRAIN_KEYS
+        ),
         "init_from": init_from,
         "dataset": dataset_sha256,
     }
