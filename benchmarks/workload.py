@@ -18,7 +18,7 @@ from elmo_core.model.char_cnn import TokenTypes, token_types
 from elmo_core.model.sampler import LogUniformSampler, SampledCandidates, touched_rows
 from elmo_core.model.softmax import SampledSoftmax
 from elmo_core.training.batches import ROWS_PER_OCTAVE, bucket, pad_rows, pad_types
-from elmo_core.training.step import TrainingStep
+from elmo_core.training.step import StepResult, TrainingStep
 
 CANDIDATE_SETS = 16  # distinct sets the timed steps cycle through
 
@@ -109,7 +109,7 @@ def worker_step(
     types: TokenTypes,
     host_targets: np.ndarray,
     ahead: FoundAhead | None = None,
-) -> Callable[[], None]:
+) -> Callable[[], StepResult]:
     """``step`` on ``windows`` as a worker calls it: each state carried into the next call, the
     candidate sets, token types and softmax rows found ahead (by a worker's data loader; here,
     before the timing, or as given: ``ahead``)."""
@@ -122,16 +122,17 @@ def worker_step(
     rows = [row.to(device) for row in ahead[1]]
     state, calls = None, 0
 
-    def run() -> None:
+    def run() -> StepResult:
         nonlocal state, calls
         candidates = (drawn[calls % CANDIDATE_SETS], drawn[(calls + 1) % CANDIDATE_SETS])
-        state = step(
+        result = step(
             **windows,
             state=state,
             candidates=candidates,
             types=types,
             softmax_rows=rows[calls % CANDIDATE_SETS],
-        ).state
-        calls += 2
+        )
+        state, calls = result.state, calls + 2
+        return result
 
     return run

@@ -67,14 +67,24 @@ def exchange_rows(
     all_rows = [torch.empty_like(padded_rows) for _ in range(world_size)]
     dist.all_gather(all_ids, padded_ids)
     dist.all_gather(all_rows, padded_rows)
-    ids, order = torch.sort(torch.cat(all_ids))  # (W·M,)
-    values = torch.cat(all_rows).index_select(0, order)  # (W·M, D)
+    distinct, summed = sum_rows_by_id(torch.cat(all_ids), torch.cat(all_rows), num_rows)
+    return distinct, summed / world_size
+
+
+def sum_rows_by_id(
+    ids: torch.Tensor, rows: torch.Tensor, num_rows: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gathered ``(N,)`` ids and ``(N, D)`` rows as the union in static shapes: the ids sorted,
+    each run of one id summed into one slot; the distinct ids in order, then padding slots with
+    the last id and zero rows. The exchange's work on the device, which grows with the workers."""
+    ids, order = torch.sort(ids)  # (N,)
+    values = rows.index_select(0, order)  # (N, D)
     starts = torch.ones_like(ids, dtype=torch.bool)
     starts[1:] = ids[1:] != ids[:-1]
-    slots = torch.cumsum(starts, 0) - 1  # (W·M,): each id's slot among the distinct ones
+    slots = torch.cumsum(starts, 0) - 1  # (N,): each id's slot among the distinct ones
     summed = torch.zeros_like(values).index_add_(0, slots, values)
     distinct = torch.full_like(ids, num_rows).scatter_(0, slots, ids)
-    return distinct.clamp_(max=num_rows - 1), summed / world_size
+    return distinct.clamp_(max=num_rows - 1), summed
 
 
 def exchange_softmax_gradients(

@@ -33,6 +33,10 @@
 #                    and 1,024 rows, directions batched, alternated twice (infra/device/ab.py);
 #   ab-captured      graphed (the CUDA default) against the whole step captured (train.capture_step)
 #                    at 128 and 1,024 rows, directions batched, alternated twice;
+#   two-ranks        two gloo ranks on CUDA device 0 (NCCL refuses two ranks on one device):
+#                    20 steps train as one rank on both ranks' rows (the test), then original at
+#                    128 rows a rank: bytes sent a step, dense and rows apart, each exchange's
+#                    time, the union's device work at 2, 8, 16 workers (infra/device/two_ranks.py);
 #   inference        embedding 64 sentences with the frozen biLM (reference, compiled, fused);
 #   data             the data path on this machine's CPUs;
 #   recipe           300 steps of original at 128 rows against 1024 rows at two learning rates
@@ -153,6 +157,13 @@ run_part() {
             [[ -n $rehearse ]] && size=(--rounds 1 --smoke --sweep 6,8)
             "$python" -m infra.device.ab --impls graphed,captured --batch-directions --only sweep \
                 "${size[@]}" ;;
+        two-ranks)
+            local size=()
+            [[ -n $rehearse ]] && size=(--smoke)
+            PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 "$python" -m pytest -q -p pytest_timeout \
+                -p no:cacheprovider --junitxml "$out/two-ranks.xml" -k two_ranks \
+                tests/unit/elmo_core/training/test_gradient_exchange.py &&
+                "$python" -m infra.device.two_ranks "${size[@]}" ;;
         inference)
             bilm reference --only inference &&
                 bilm compiled --batch-directions --only inference &&

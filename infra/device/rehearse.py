@@ -57,6 +57,7 @@ PARTS = [
     "ab",
     "ab-graphed",
     "ab-captured",
+    "two-ranks",
     "inference",
     "data",
     "recipe",

@@ -26,7 +26,7 @@ from pipelines.common.settings import elmo_home
 
 # How the model and the step run, not what they are: left out of the run name.
 RUNTIME_MODEL_KEYS = {"lstm_impl", "batch_directions", "conv_impl", "cpu_highway_bf16"}
-RUNTIME_TRAIN_KEYS = {"capture_step"}
+RUNTIME_TRAIN_KEYS = {"capture_step", "shape_buckets"}
 REPORTING_TRAIN_KEYS = {"warn_rise", "warn_parting"}  # what validation warns of, not the training
 # Where a run trains: from the calling process (on RAY_ADDRESS or a local Ray), or as a Ray Job.
 Where = Literal["local", "ray-job"]
@@ -83,13 +83,20 @@ GPU_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+# One GPU worker's step captured whole, with the shape buckets a capture needs: faster than graphed
+# at 128 and 1,024 rows (benchmarks/results/gpu_captured-2026-11-28.md). Several workers exchange
+# the softmax rows through the host between the backward and the clip, which no graph holds.
+ONE_GPU_DEFAULTS: dict[str, Any] = {"shape_buckets": True, "capture_step": True}
+
+
 def resolve_train_config(
     model: str | None = None, config_file: str | Path | None = None, overrides: Sequence[str] = ()
 ) -> TrainJobConfig:
     """``--model`` (a preset name or a YAML/JSON file of model keys) → YAML → overrides.
 
     Without ``--model`` the model is :class:`ModelConfig`'s defaults (the original ELMo). With
-    ``run.use_gpu`` the keys the user left unset take :data:`GPU_DEFAULTS`.
+    ``run.use_gpu`` the keys the user left unset take :data:`GPU_DEFAULTS`, and with one worker
+    :data:`ONE_GPU_DEFAULTS` too (unless the user turned the shape buckets off).
     """
     preset: dict[str, Any] = {}
     if model is not None:
@@ -99,6 +106,9 @@ def resolve_train_config(
         return cfg
     beneath = copy.deepcopy(GPU_DEFAULTS)
     beneath["model"].update(preset.get("model", {}))
+    buckets_off = "shape_buckets" in cfg.train.model_fields_set and not cfg.train.shape_buckets
+    if cfg.run.num_workers == 1 and not buckets_off:
+        beneath["train"].update(ONE_GPU_DEFAULTS)
     return resolve_config(TrainJobConfig, beneath, config_file, overrides)
 
 
@@ -125,9 +135,10 @@ def run_name(cfg: TrainJobConfig, dataset_sha256: str, init_from: str | None = N
     """``cfg.run.name``, or ``bilm-<12 hex>`` of the model and train sections, start and data.
 
     How the model and the step run are left out (:data:`RUNTIME_MODEL_KEYS`: the LSTM and
-    convolution kernels, the CPU highway's dtype; :data:`RUNTIME_TRAIN_KEYS`: a captured step):
-    every variant has the same parameters and passes the same parity tests, so a run resumes under
-    another; so are the validation warnings' thresholds.
+    convolution kernels, the CPU highway's dtype; :data:`RUNTIME_TRAIN_KEYS`: a captured step and
+    its shape buckets, which leave the loss and updates exact): every variant has the same
+    parameters and passes the same parity tests, so a run resumes under another; so are the
+    validation warnings' thresholds.
     """
     if cfg.run.name:
         return cfg.run.name

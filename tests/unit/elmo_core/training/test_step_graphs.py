@@ -33,15 +33,19 @@ CAPTURED = ["train.capture_step=true", "train.shape_buckets=true"]
 
 @pytest.fixture
 def loader(make_dataset):
-    """``loader(shape_buckets, rows, unroll, samples) -> (vocab size, StepBatches)``: the same
-    windows either way."""
+    """``loader(shape_buckets, rows, unroll, samples, pin_memory) -> (vocab size, StepBatches)``:
+    the same windows either way; ``pin_memory`` as the training loop sets it on CUDA."""
     dataset = make_dataset(SENTENCES, {"held.txt": SENTENCES[:4]}, sentences_per_row_group=8)
     manifest = load_manifest(dataset)
     table = load_word_types(dataset, manifest).char_ids
     opened: list[StepBatches] = []
 
     def make(
-        shape_buckets: bool, rows: int = ROWS, unroll: int = UNROLL, samples: int = SAMPLES
+        shape_buckets: bool,
+        rows: int = ROWS,
+        unroll: int = UNROLL,
+        samples: int = SAMPLES,
+        pin_memory: bool = False,
     ) -> tuple[int, StepBatches]:
         draw = CandidateSpec(manifest.vocab.size, num_samples=samples)
         specs = (
@@ -49,7 +53,7 @@ def loader(make_dataset):
             StreamSpec(dataset, rows, unroll, 0, 1, True, 2, candidates=draw),
         )
         batches = StepBatches(
-            specs, manifest, table, workers=0, pin_memory=False, shape_buckets=shape_buckets
+            specs, manifest, table, workers=0, pin_memory=pin_memory, shape_buckets=shape_buckets
         )
         opened.append(batches)
         return manifest.vocab.size, batches
@@ -162,8 +166,9 @@ def test_captured_steps_train_as_eager_ones_on_cuda(loader, bf16, batch_directio
 @pytest.mark.usefixtures("ieee_float32")
 def test_a_replayed_step_makes_the_host_wait_for_nothing(loader) -> None:
     """Each step under CUDA's sync check, which warns; the warm-ups and captures may wait (a
-    capture begins with a synchronize), the replays may not."""
-    vocab_size, batches = loader(shape_buckets=True)
+    capture begins with a synchronize), the replays may not. The batches are pinned, as the
+    training loop pins them on CUDA: a replay's copy from pageable memory would wait."""
+    vocab_size, batches = loader(shape_buckets=True, pin_memory=True)
     _, step = _twin_steps(vocab_size, bf16=True)
     assert step.graphs is not None
     device, state, checked = torch.device("cuda"), None, 0
@@ -180,7 +185,8 @@ def test_a_replayed_step_makes_the_host_wait_for_nothing(loader) -> None:
             torch.cuda.set_sync_debug_mode(0)
         state = result.state
         if step.graphs.replays > replays:
-            assert [str(w.message) for w in caught if "synchroniz" in str(w.message)] == []
+            waits = [f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
+            assert waits == [], "the replay's host waits, each at the Python line that made it"
             checked += 1
     assert checked > 0
     assert math.isfinite(float(result.output.loss))

@@ -72,6 +72,7 @@ def test_run_names_hash_what_is_trained_but_not_where_it_runs() -> None:
     same_recipe_on_gpus = ["run.use_gpu=true", "train.batch_size=128", "train.lr=0.2"]
     on_gpus = resolve_train_config("tiny", None, same_recipe_on_gpus)  # and the GPU's kernel
     assert on_gpus.model.lstm_impl != base.model.lstm_impl
+    assert on_gpus.train.capture_step and on_gpus.train.shape_buckets  # and its captured step
     assert run_name(on_gpus, "a" * 64) == name
     assert run_name(base, "b" * 64) != name
     assert run_name(resolve_train_config("tiny", None, ["train.lr=0.1"]), "a" * 64) != name
@@ -103,6 +104,22 @@ def test_a_gpu_run_defaults_to_the_graphed_batched_layer_and_the_larger_batch() 
     assert cfg.model.lstm.cell_dim == 4096  # the preset still applies above the defaults
     on_cpu = resolve_train_config("original")
     assert (on_cpu.model.lstm_impl, on_cpu.train.batch_size, on_cpu.train.lr) == ("auto", 128, 0.2)
+    assert not on_cpu.train.capture_step
+
+
+def test_one_gpu_worker_captures_its_step_and_several_do_not() -> None:
+    one = resolve_train_config("original", None, ["run.use_gpu=true"])
+    assert (one.train.capture_step, one.train.shape_buckets) == (True, True)
+    several = resolve_train_config("original", None, ["run.use_gpu=true", "run.num_workers=2"])
+    assert (several.train.capture_step, several.train.shape_buckets) == (False, False)
+    no_buckets = ["run.use_gpu=true", "train.shape_buckets=false"]
+    assert not resolve_train_config("original", None, no_buckets).train.capture_step
+    eager = resolve_train_config("original", None, ["run.use_gpu=true", "train.capture_step=false"])
+    assert (eager.train.capture_step, eager.train.shape_buckets) == (False, True)
+    asked = ["run.use_gpu=true", "run.num_workers=2", "train.shape_buckets=true"]
+    with pytest.raises(ConfigError, match="num_workers=1") as raised:  # asked for, several workers
+        resolve_train_config("original", None, [*asked, "train.capture_step=true"])
+    assert raised.value.key == "run"
 
 
 def test_the_users_keys_win_over_the_gpu_defaults(tmp_path: Path) -> None:

@@ -1,0 +1,202 @@
+"""Two data-parallel ranks training `original` on one device, over gloo: what each rank sends a
+step (the dense gradients DDP all-reduces, the softmax rows apart), what each exchange takes
+alone, and the union of gathered rows' device work at 2, 8 and 16 workers (the part of the row
+exchange that grows with the world). Both ranks share CUDA device 0, as NCCL refuses two ranks on
+one device, so the step and exchange times are gloo's through the host, not a link's: the bytes
+and the union's time are what ``scaling_model.py`` takes from here.
+
+    python -m infra.device.two_ranks                # original, 128 rows a rank, CUDA device 0
+    python -m infra.device.two_ranks --smoke        # tiny sizes on the CPU (tested in CI)
+
+Last line: one JSON object. Exits 1 when the ranks end with different weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel
+
+from benchmarks.harness import print_summary
+from benchmarks.workload import found_ahead, synthetic_windows, worker_step
+from elmo_core.config import TrainConfig
+from elmo_core.model.bilm import BiLM
+from elmo_core.model.sampler import LogUniformSampler
+from elmo_core.presets import model_preset
+from elmo_core.training.gradient_exchange import (
+    SOFTMAX_PARAMETERS,
+    exchange_rows,
+    softmax_rows_bound,
+    sum_rows_by_id,
+)
+from elmo_core.training.step import TrainingStep
+
+WORLD_SIZE = 2
+UNION_WORLDS = (2, 8, 16)  # workers whose gathered rows one worker sums
+REPEATS = 5  # timed calls of each exchange alone
+
+
+def median_seconds(
+    run: Callable[[], object], repeats: int, synchronize: Callable[[], None]
+) -> float:
+    """Median wall seconds of ``run``, the device drained before each clock read; one untimed
+    call first."""
+    run()
+    synchronize()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure(rank: int, args: argparse.Namespace) -> dict[str, Any]:
+    """This rank's step and exchanges; every rank must call it (the collectives pair up)."""
+    device = torch.device(args.device)
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else lambda: None
+    config = model_preset(args.preset).model_copy(
+        update={"lstm_impl": args.lstm_impl, "batch_directions": True}
+    )
+    torch.manual_seed(0)
+    model = BiLM(config, args.vocab).to(device).train()
+    windows, types, host_targets = synthetic_windows(
+        args.batch, args.window, args.vocab, args.types, config.char_cnn.max_chars_per_token, device
+    )
+    recipe = TrainConfig(
+        batch_size=args.batch, unroll_steps=args.window, bf16=device.type == "cuda"
+    )
+    step = TrainingStep.build(model, recipe, "sparse", DistributedDataParallel)
+    assert model.softmax is not None
+    ahead = found_ahead(model.softmax, host_targets, pinned=device.type == "cuda")
+    run = worker_step(step, windows, types, host_targets, ahead)
+    sent = run().softmax_bytes  # the first step: compiles and lazy state, untimed
+    step_s = median_seconds(run, args.steps, synchronize)
+
+    dense = [
+        p for name, p in model.named_parameters() if name not in SOFTMAX_PARAMETERS
+    ]  # what DDP all-reduces: float32 gradients of every parameter but the softmax's
+    dense_bytes = sum(p.numel() * 4 for p in dense)
+    flat = torch.randn(dense_bytes // 4, device=device)
+    all_reduce_s = median_seconds(lambda: dist.all_reduce(flat), REPEATS, synchronize)
+
+    bound = softmax_rows_bound(args.vocab, args.batch, args.window, config.num_samples)
+    width = config.lstm.projection_dim + 1  # a row's weight and bias, as they travel
+    sampler, generator = LogUniformSampler(args.vocab), torch.Generator().manual_seed(rank)
+    ids = torch.unique(sampler.draw(bound, generator)).to(device)  # (R ≤ M,) touched rows
+    rows = torch.randn(ids.numel(), width, device=device)
+    rows_s = median_seconds(
+        lambda: exchange_rows(ids, rows, args.vocab, bound), REPEATS, synchronize
+    )
+
+    union_s = {}
+    for world in UNION_WORLDS:  # the gathered rows one worker receives, summed on its device
+        gathered_ids = sampler.draw(world * bound, generator).to(device)
+        gathered = torch.randn(world * bound, width, device=device)
+        union_s[world] = median_seconds(
+            lambda i=gathered_ids, r=gathered: sum_rows_by_id(i, r, args.vocab),
+            REPEATS,
+            synchronize,
+        )
+
+    weights = torch.cat([p.detach().flatten().float() for p in model.parameters()]).cpu()
+    everyone = [torch.empty_like(weights) for _ in range(WORLD_SIZE)]
+    dist.all_gather(everyone, weights)
+    return {
+        "rank": rank,
+        "step_ms": step_s * 1e3,
+        "dense_bytes": dense_bytes,
+        "softmax_bytes": sent,
+        "softmax_rows_bound": bound,
+        "all_reduce_ms": all_reduce_s * 1e3,
+        "rows_exchange_ms": rows_s * 1e3,
+        "union_ms": {str(world): seconds * 1e3 for world, seconds in union_s.items()},
+        "weights_equal": all(torch.equal(everyone[0], other) for other in everyone[1:]),
+    }
+
+
+def _rank(rank: int, port: int, args: argparse.Namespace, results: Any) -> None:
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE
+    )
+    try:
+        results.put(measure(rank, args))
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--preset", default="original")
+    parser.add_argument("--batch", type=int, default=128, help="rows per rank")
+    parser.add_argument("--window", type=int, default=20)
+    parser.add_argument("--vocab", type=int, default=793_471)
+    parser.add_argument("--types", type=int, default=50_000, help="distinct synthetic words")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps after the first")
+    parser.add_argument("--lstm-impl", default="fused", choices=["reference", "fused"])
+    parser.add_argument("--device", help="default cuda:0 where there is one, else cpu")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes: a CPU check")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.preset, args.batch, args.window, args.vocab, args.types = "tiny", 4, 5, 200, 50
+        args.steps = 2
+    args.device = args.device or ("cuda:0" if torch.cuda.is_available() else "cpu")
+    context = mp.get_context("spawn")  # a fresh interpreter per rank: CUDA does not survive fork
+    results = context.SimpleQueue()
+    mp.start_processes(
+        _rank,
+        args=(_free_port(), args, results),
+        nprocs=WORLD_SIZE,
+        start_method="spawn",
+        join=True,
+    )
+    ranks = sorted((results.get() for _ in range(WORLD_SIZE)), key=lambda r: r["rank"])
+    print(f"{WORLD_SIZE} gloo ranks on {args.device}: {args.preset}, {args.batch} rows a rank")
+    print(
+        f"{'rank':>4} {'step ms':>9} {'dense MiB':>10} {'rows MiB':>9} {'all-reduce ms':>14} "
+        f"{'rows ms':>8}"
+    )
+    for r in ranks:
+        print(
+            f"{r['rank']:>4} {r['step_ms']:9.2f} {r['dense_bytes'] / 2**20:10.2f} "
+            f"{r['softmax_bytes'] / 2**20:9.2f} {r['all_reduce_ms']:14.2f} "
+            f"{r['rows_exchange_ms']:8.2f}"
+        )
+    union = ranks[0]["union_ms"]
+    print(
+        "union of gathered rows, ms on one worker: "
+        + ", ".join(f"{world} workers {ms:.2f}" for world, ms in union.items())
+    )
+    weights_equal = all(r["weights_equal"] for r in ranks)
+    print(f"both ranks hold the same weights: {weights_equal}")
+    print_summary(
+        {
+            "device": args.device,
+            "preset": args.preset,
+            "batch": args.batch,
+            "world_size": WORLD_SIZE,
+            "ranks": ranks,
+            "weights_equal": weights_equal,
+        }
+    )
+    return 0 if weights_equal else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
