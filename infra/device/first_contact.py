@@ -84,9 +84,8 @@ def stages(out: Path, rehearse: bool) -> list[Stage]:
     graphed = [*plain, "--lstm-impl", "graphed", "--batch-directions"]
     small, rows = ("4", "8") if rehearse else ("128", "1024")
     pytest = [*correctness_tests(python), "--junitxml", str(out / TESTS_REPORT)]
-    # Boxes: half again the stage times measured at tree 6f3199c (first_contact_budget.MEASURED_S);
-    # the speed stage, which now times graphed and the captured step too, a quarter again its refit
-    # prediction (all boxes together fit first_contact_budget.LIMIT_S).
+    # Boxes: half again the stage times measured on the last call (first_contact_budget.MEASURED_S;
+    # all boxes together fit first_contact_budget.LIMIT_S).
     return [
         # GPU, memory, clocks, driver, torch and CUDA; the bf16 matmul rate on 8192³ (the MFU
         # denominator)
@@ -95,13 +94,13 @@ def stages(out: Path, rehearse: bool) -> list[Stage]:
         # reference, graphed (CUDA's choice) against fused, the compiled softmax epilogues against
         # eager, 100 steps of bf16 against fp32, a training step with no host sync, the captured
         # step against the eager one and its replays with no host sync
-        Stage("correctness", 136, [pytest]),
+        Stage("correctness", 142, [pytest]),
         # at original, directions batched: graphed (what users get on CUDA) against the
         # straightforward baseline at 128 rows, then at 1,024; fused beside it at both, then the
         # whole step captured (train.capture_step) at both: positions/s, MFU, peak memory
         Stage(
             "speed",
-            190,
+            139,
             [
                 *([[*plain, "--device", "fake-cuda", *batched]] if rehearse else []),
                 [*graphed, "--sweep", rows],
@@ -121,12 +120,12 @@ def stages(out: Path, rehearse: bool) -> list[Stage]:
         # idle gaps, launches and host syncs per step
         Stage(
             "profile",
-            61,
+            60,
             [[*plain, *batched, "--only", "profile"]],  # the CPU profiles, meta cannot
         ),
         Stage(
             "inference",
-            27,
+            25,
             [[*plain, *batched, "--only", "inference"]],
             optional=True,
         ),

@@ -47,7 +47,8 @@ from elmo_core.presets import model_preset
 from elmo_core.training.gradient_exchange import ExchangeMode
 from elmo_core.training.step import TrainingStep
 
-STEPS, WARMUP = 10, 3  # timed steps, and the untimed ones before them
+STEPS, WARMUP = 10, 3  # timed steps, and the untimed ones before them (a captured step: its
+# two eager warm-ups and its capture)
 
 
 def synchronizer(device: torch.device) -> Callable[[], None] | None:
@@ -110,15 +111,19 @@ LAUNCHES = re.compile(r"^cu(da)?LaunchKernel")
 SYNCS = re.compile(r"^cuda(Stream|Device|Event)Synchronize$")  # a host that waits for the GPU
 
 
-def where_the_time_goes(run: Callable[[], None], steps: int) -> dict[str, object]:
+def where_the_time_goes(
+    run: Callable[[], object], steps: int, warmup: int = WARMUP
+) -> dict[str, object]:
     """Per step: device milliseconds by kernel kind, the GPU's idle gaps between kernels, kernel
     launches and host syncs, the kernels that take longest, the ops that launched them
     (:func:`device_ops`), and the host's side (:func:`host_ops`): where the GPU idles, the host is
-    what binds."""
+    what binds. ``warmup`` steps run first, unrecorded: a captured step's eager warm-ups and its
+    capture among the recorded steps would count their launches and syncs as a replay's."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    run()
+    for _ in range(warmup):
+        run()
     with torch.profiler.profile(activities=activities, record_shapes=True) as profile:
         for _ in range(steps):
             run()
@@ -469,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
         report(f"ours@{rows}", timed(f"ours@{rows}", sweep_step), rows)
         summary |= replayed(f"ours@{rows}", sweep_training_step)
     if (args.profile and args.only is None) or args.only == "profile":
-        profile = where_the_time_goes(ours, args.steps)
+        profile = where_the_time_goes(ours, args.steps, args.warmup)
         print(f"where a step of ours goes (per step, batch {args.batch}): {profile}")
         summary["profile"] = profile
     if args.inference or args.only == "inference":

@@ -102,7 +102,8 @@ def test_capturing_needs_buckets_a_gpu_and_one_worker_and_says_so_before_ray() -
         with pytest.raises(ConfigError, match="one GPU worker's step"):
             resolve_train_config(overrides=[*CAPTURED, *run])
     captured = resolve_train_config(overrides=[*CAPTURED, "run.use_gpu=true"])
-    eager = resolve_train_config(overrides=["train.shape_buckets=true", "run.use_gpu=true"])
+    eager = resolve_train_config(overrides=["train.capture_step=false", "run.use_gpu=true"])
+    assert captured.train.capture_step and not eager.train.capture_step
     assert run_name(captured, "sha") == run_name(eager, "sha")  # how it runs: the same run
 
 
