@@ -118,8 +118,8 @@ def worker_step(
         assert step.bilm.softmax is not None
         pinned, buckets = device.type == "cuda", step.train.shape_buckets
         ahead = found_ahead(step.bilm.softmax, host_targets, pinned, shape_buckets=buckets)
-    drawn = ahead[0]
-    rows = [row.to(device) for row in ahead[1]]
+    drawn, host_rows = ahead
+    rows = [row.to(device) for row in host_rows]
     state, calls = None, 0
 
     def run() -> StepResult:
@@ -131,6 +131,7 @@ def worker_step(
             candidates=candidates,
             types=types,
             softmax_rows=rows[calls % CANDIDATE_SETS],
+            row_union=step.agree_on_rows(host_rows[calls % CANDIDATE_SETS]),
         )
         state, calls = result.state, calls + 2
         return result

@@ -184,16 +184,26 @@ class BiLM(nn.Module):
         if self.softmax is None:
             raise ConfigError("a BiLM built without vocab_size has no softmax", key="vocab_size")
         drawn = iter(candidates if candidates is not None else (None, None))
-        rows = None
-        if softmax_rows is not None and self.softmax.training:
-            rows = self.softmax.gather_rows(softmax_rows)
+        softmax = self.softmax
+        gathered: list[SoftmaxRows] = []
+
+        def rows() -> SoftmaxRows | None:
+            """Both directions' rows, gathered once, as the first is scored: after the LSTMs,
+            so that the backward reaches the rows' gradients before the LSTMs' (an exchange of
+            them can then start while the LSTMs' backward runs)."""
+            if softmax_rows is None or not softmax.training:
+                return None
+            if not gathered:
+                gathered.append(softmax.gather_rows(softmax_rows))
+            return gathered[0]
+
         (forward_loss, num_tokens), (backward_loss, _), state = self.score_window(
             forward_inputs,
             forward_targets,
             backward_inputs,
             backward_targets,
             # score_window scores the forward direction, then the backward one
-            lambda output, targets: self._mean_loss(output, targets, next(drawn), rows),
+            lambda output, targets: self._mean_loss(output, targets, next(drawn), rows()),
             state,
             types,
         )

@@ -2,20 +2,31 @@
 
 A step touches only the rows of the softmax's ``W (V, P)`` that its candidates and targets name,
 but DDP would all-reduce the whole matrix, the model's largest. So the softmax stays out of DDP
-and its rows are exchanged with ``all_gather`` alone, which runs alike on gloo and NCCL.
-Shapes: V vocabulary, P projection, R rows touched on one worker, M the most rows on any worker.
+and its rows travel apart, one of two ways (``run.grad_exchange``):
+
+- ``union``: the workers agree on the host, before the step, which rows any of them touches (the
+  loader found each worker's on the host); each worker places its rows in a block of that union
+  and the block is all-reduced, launched as soon as the backward has made the softmax's
+  gradients, so that it runs while the LSTMs' backward does. Each row travels once, as NCCL's
+  best-kept collective moves it, and nothing is sorted or summed by id on the device.
+- ``sparse``: each worker's rows, padded to the most a step can touch, are all-gathered and every
+  worker sums them into their union on the device: the baseline, which needs no rows ahead.
+
+Both run alike on gloo and NCCL. Shapes: V vocabulary, P projection, R rows touched on one
+worker, M the most rows on any worker, D the rows any worker touches.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Literal
+from typing import Any, Literal, NamedTuple
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-ExchangeMode = Literal["sparse", "dense"]
+ExchangeMode = Literal["union", "sparse", "dense"]
+SPARSE_MODES = ("union", "sparse")  # the softmax's gradient as rows
 SOFTMAX_PARAMETERS = ("softmax.weight", "softmax.bias")
 
 
@@ -23,6 +34,15 @@ def exclude_from_ddp(module: nn.Module, names: Iterable[str]) -> None:
     """Tell DDP (before it wraps ``module``) to neither broadcast nor all-reduce these."""
     nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
         module, list(names)
+    )
+
+
+def dense_gradient_bytes(bilm: nn.Module) -> int:
+    """The float32 gradients DDP all-reduces each step: every parameter but the softmax's."""
+    return sum(
+        p.numel() * 4
+        for name, p in bilm.named_parameters()
+        if name not in SOFTMAX_PARAMETERS and p.requires_grad
     )
 
 
@@ -39,6 +59,68 @@ def softmax_rows_bound(num_classes: int, rows: int, unroll_steps: int, num_sampl
     each) and candidates, the vocabulary at most. Every worker pads its rows to it for the
     exchange, so its size is static."""
     return min(num_classes, 2 * rows * unroll_steps + 2 * num_samples)
+
+
+def ring_bytes(collective: Literal["all_reduce", "all_gather"], size: int, world_size: int) -> int:
+    """The bytes each worker sends (and receives) when a ring runs ``collective`` on its
+    ``size``-byte tensor: ``all_reduce`` reduce-scatters then gathers, ``2(W-1)/W`` of it;
+    ``all_gather`` passes on every other worker's, ``(W-1)`` times it."""
+    if world_size == 1:
+        return 0
+    if collective == "all_reduce":
+        return 2 * (world_size - 1) * size // world_size
+    return (world_size - 1) * size
+
+
+def agree_on_rows(
+    rows: torch.Tensor, num_rows: int, group: dist.ProcessGroup | None = None
+) -> torch.Tensor:
+    """The ``(D,)`` sorted rows any worker touches, from this worker's ``(R,)`` on the host: a byte
+    a vocabulary row, maxed over the workers on ``group`` (a host one: nothing waits for a GPU)."""
+    marks = torch.zeros(num_rows, dtype=torch.uint8)
+    marks[rows] = 1
+    dist.all_reduce(marks, op=dist.ReduceOp.MAX, group=group)
+    return marks.nonzero().squeeze(1)
+
+
+class RowsInFlight(NamedTuple):
+    """A union exchange launched (:func:`launch_union_exchange`): the agreed ids, the block being
+    all-reduced, and the all-reduce's work to wait for."""
+
+    ids: torch.Tensor  # (D,)
+    block: torch.Tensor  # (D, P+1)
+    work: Any  # torch.distributed's Work
+
+
+def launch_union_exchange(
+    indices: torch.Tensor, rows: torch.Tensor, union: torch.Tensor
+) -> RowsInFlight:
+    """Start averaging row-sparse gradients over all workers, each worker's ``(R, D)`` rows at its
+    ``(R,)`` ids: every worker places them in a ``(|union|, D)`` block at their ids' places in
+    the agreed ``union``, and the block's all-reduce is launched, not waited for."""
+    slots = torch.searchsorted(union, indices)  # (R,): on the device, no wait
+    block = rows.new_zeros(union.numel(), rows.shape[1]).index_copy_(0, slots, rows)
+    return RowsInFlight(union, block, dist.all_reduce(block, async_op=True))
+
+
+def reduce_rows_over_union(
+    indices: torch.Tensor, rows: torch.Tensor, union: torch.Tensor
+) -> torch.Tensor:
+    """The union's ``(|union|, D)`` block of rows averaged over all workers
+    (:func:`launch_union_exchange`, waited for)."""
+    flight = launch_union_exchange(indices, rows, union)
+    flight.work.wait()
+    return flight.block.div_(dist.get_world_size())
+
+
+def launch_softmax_exchange(
+    weight: nn.Parameter, bias: nn.Parameter, union: torch.Tensor
+) -> RowsInFlight:
+    """The union exchange of the softmax's gradients, launched as soon as they exist, so that
+    it runs while the rest of the backward does; :func:`exchange_softmax_gradients` finishes it."""
+    indices, values, bias_rows = _local_rows(weight, bias)
+    packed = torch.cat([values, bias_rows.unsqueeze(1)], dim=1)  # (R, P+1)
+    return launch_union_exchange(indices, packed, union)
 
 
 def exchange_rows(
@@ -88,22 +170,62 @@ def sum_rows_by_id(
 
 
 def exchange_softmax_gradients(
-    weight: nn.Parameter, bias: nn.Parameter, mode: ExchangeMode, bound: int
+    weight: nn.Parameter,
+    bias: nn.Parameter,
+    mode: ExchangeMode,
+    bound: int,
+    union: torch.Tensor | None = None,
+    in_flight: RowsInFlight | None = None,
 ) -> int:
-    """Average the softmax's gradients over workers in place; returns the bytes this worker sent.
+    """Average the softmax's gradients over workers in place; returns the bytes this worker sent
+    (and received) for them, as a ring moves them (:func:`ring_bytes`).
 
-    ``sparse``: ``weight.grad`` is a sparse tensor (``SampledSoftmax(sparse=True)``); both grads
-    become sparse tensors over the union of touched rows (:func:`exchange_rows`, each worker's
-    padded to ``bound`` rows), which ``RowSparseAdagrad`` applies to those rows only (a
-    zero-gradient row is left unchanged by dense Adagrad too).
-    The bias's rows travel as one more column of the weight's. ``dense``: both grads become
-    dense and are all-reduced whole, the baseline ``benchmarks/bench_train.py`` measures.
+    ``union`` and ``sparse``: ``weight.grad`` is a sparse tensor (``SampledSoftmax(sparse=True)``);
+    both grads become sparse tensors over the union of touched rows, which ``RowSparseAdagrad``
+    applies to those rows only (a zero-gradient row is left unchanged by dense Adagrad too).
+    ``union`` all-reduces a block of the agreed ``union`` rows (:func:`agree_on_rows` made it),
+    or waits for the exchange already ``in_flight`` (:func:`launch_softmax_exchange`); ``sparse``
+    all-gathers each worker's rows padded to ``bound`` (:func:`exchange_rows`). The bias's rows
+    travel as one more column of the weight's. ``dense``: both grads become dense and are
+    all-reduced whole, the baseline ``benchmarks/bench_train.py`` measures.
     """
     assert weight.grad is not None and bias.grad is not None
     num_classes, dim = weight.shape
     if mode == "dense":
         return _exchange_dense(weight, bias)
-    # Coalescing is no work (and no wait) for the rows SampledSoftmax.gather_rows made once.
+    world_size = dist.get_world_size() if _distributed() else 1
+    if mode == "union" and world_size > 1:
+        if in_flight is None:
+            if union is None:
+                raise ValueError("the union exchange needs the rows the workers agreed on")
+            in_flight = launch_softmax_exchange(weight, bias, union)
+        in_flight.work.wait()
+        ids, rows = in_flight.ids, in_flight.block.div_(world_size)
+        sent = ring_bytes("all_reduce", rows.numel() * rows.element_size(), world_size)
+    else:
+        indices, values, bias_rows = _local_rows(weight, bias)
+        if world_size == 1:  # the average is the gradient: no packing
+            weight.grad = _sparse_rows(indices, values, (num_classes, dim))
+            bias.grad = _sparse_rows(indices, bias_rows, (num_classes,))
+            return 0
+        packed = torch.cat([values, bias_rows.unsqueeze(1)], dim=1)  # (R, P+1)
+        ids, rows = exchange_rows(indices, packed, num_classes, bound)
+        size = bound * (packed.element_size() * packed.shape[1] + indices.element_size())
+        sent = ring_bytes("all_gather", size, world_size)
+    # contiguous values: a strided column would send the clip's and Adagrad's multi-tensor ops
+    # down their one-tensor-at-a-time path on a GPU
+    weight.grad = _sparse_rows(ids, rows[:, :dim].contiguous(), (num_classes, dim))
+    bias.grad = _sparse_rows(ids, rows[:, dim].contiguous(), (num_classes,))
+    return sent
+
+
+def _local_rows(
+    weight: nn.Parameter, bias: nn.Parameter
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """This worker's softmax gradient as ``(R,)`` ids, ``(R, P)`` weight rows and ``(R,)`` bias
+    rows. Coalescing is no work (and no wait) for the rows ``SampledSoftmax.gather_rows`` made
+    once."""
+    assert weight.grad is not None and bias.grad is not None
     local = weight.grad.coalesce() if weight.grad.is_sparse else weight.grad.to_sparse(1).coalesce()
     indices = local.indices()[0]  # (R,)
     if bias.grad.is_sparse:  # gathered with the weight's rows: the same rows
@@ -111,18 +233,7 @@ def exchange_softmax_gradients(
         assert bias_rows.shape == indices.shape, "the softmax's weight and bias rows differ"
     else:
         bias_rows = bias.grad[indices]
-    world_size = dist.get_world_size() if _distributed() else 1
-    if world_size == 1:  # the average is the gradient: no packing
-        weight.grad = _sparse_rows(indices, local.values(), (num_classes, dim))
-        bias.grad = _sparse_rows(indices, bias_rows, (num_classes,))
-        return 0
-    packed = torch.cat([local.values(), bias_rows.unsqueeze(1)], dim=1)  # (R, P+1)
-    ids, rows = exchange_rows(indices, packed, num_classes, bound)
-    # contiguous values: a strided column would send the clip's and Adagrad's multi-tensor ops
-    # down their one-tensor-at-a-time path on a GPU
-    weight.grad = _sparse_rows(ids, rows[:, :dim].contiguous(), (num_classes, dim))
-    bias.grad = _sparse_rows(ids, rows[:, dim].contiguous(), (num_classes,))
-    return bound * (packed.element_size() * packed.shape[1] + indices.element_size())
+    return indices, local.values(), bias_rows
 
 
 def _exchange_dense(weight: nn.Parameter, bias: nn.Parameter) -> int:
@@ -133,7 +244,9 @@ def _exchange_dense(weight: nn.Parameter, bias: nn.Parameter) -> int:
         for grad in grads:
             dist.all_reduce(grad)
             grad.div_(dist.get_world_size())
-            sent += grad.numel() * grad.element_size()
+            sent += ring_bytes(
+                "all_reduce", grad.numel() * grad.element_size(), dist.get_world_size()
+            )
     weight.grad, bias.grad = grads
     return sent
 

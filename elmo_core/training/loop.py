@@ -114,6 +114,8 @@ def carried_steps(
     (its streams' positions after it) with its result."""
     reset = StateReset(step.train.state_reset, step.train.seed if seed is None else seed, device)
     for number, batch in enumerate(batches, start=first_step):
-        result = step(**batch.step_arguments(device), state=reset(state, number))
+        union = step.agree_on_rows(batch.softmax_rows)  # on the host, before the step's work
+        arguments = batch.step_arguments(device)
+        result = step(**arguments, state=reset(state, number), row_union=union)
         state = result.state
         yield batch, result

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from functools import partial
 from typing import Any, NamedTuple
 
 import torch
@@ -20,15 +21,21 @@ from elmo_core.model.char_cnn import TokenTypes
 from elmo_core.model.sampler import SampledCandidates
 from elmo_core.training.gradient_exchange import (
     SOFTMAX_PARAMETERS,
+    SPARSE_MODES,
     ExchangeMode,
+    RowsInFlight,
+    agree_on_rows,
     broadcast_parameters,
     clip_global_norm,
     exchange_softmax_gradients,
     exclude_from_ddp,
+    launch_softmax_exchange,
     softmax_rows_bound,
 )
 from elmo_core.training.row_adagrad import RowSparseAdagrad
 from elmo_core.training.step_graphs import StepGraphs, shape_key
+
+EXCHANGE_LAUNCHED = "softmax_rows_exchange_launched"  # the profiler's label of the launch
 
 
 class LossModule(nn.Module):
@@ -49,7 +56,7 @@ class StepResult(NamedTuple):
     output: LossOutput
     state: BiLMState  # detached: the next window starts from it (truncated BPTT)
     grad_norm: torch.Tensor  # 0-dim, before clipping; reading it waits for the step
-    softmax_bytes: int = 0  # the softmax rows this worker sent (the dense weights go by DDP)
+    softmax_bytes: int = 0  # the softmax rows' bytes this worker sent, and received (a ring's)
 
 
 class TrainingStep:
@@ -68,9 +75,25 @@ class TrainingStep:
         optimizer: torch.optim.Optimizer,
         train: TrainConfig,
         grad_exchange: ExchangeMode,
+        overlap_exchange: bool = True,
     ) -> None:
         self.module, self.bilm, self.optimizer = module, bilm, optimizer
         self.train, self.grad_exchange = train, grad_exchange
+        self.agreeing = grad_exchange == "union" and _world_size() > 1
+        # the union's rows are agreed on the host: NCCL's group cannot, a gloo one can
+        self.host_group = None
+        if self.agreeing and torch.distributed.get_backend() != "gloo":
+            self.host_group = torch.distributed.new_group(backend="gloo")
+        # the union exchange, launched from the softmax's gradients as the backward makes them
+        self.overlapping = self.agreeing and overlap_exchange
+        self._union: torch.Tensor | None = None  # this step's agreed rows, while it runs
+        self._ready: set[str] = set()  # which of the softmax's gradients exist
+        self._in_flight: RowsInFlight | None = None
+        if self.overlapping:
+            assert bilm.softmax is not None
+            for name in ("weight", "bias"):
+                parameter = getattr(bilm.softmax, name)
+                parameter.register_post_accumulate_grad_hook(partial(self._softmax_grad, name))
         self.graphs: StepGraphs | None = None
         if train.capture_step:
             self.graphs = _step_graphs(bilm, optimizer)
@@ -80,13 +103,16 @@ class TrainingStep:
         cls,
         bilm: BiLM,
         train: TrainConfig,
-        grad_exchange: ExchangeMode = "sparse",
+        grad_exchange: ExchangeMode = "union",
         wrap_model: Callable[[nn.Module], nn.Module] = lambda module: module,
+        overlap_exchange: bool = True,
     ) -> TrainingStep:
-        """The step over ``bilm`` (already on its device): softmax rows apart, Adagrad."""
+        """The step over ``bilm`` (already on its device): softmax rows apart, Adagrad.
+        ``overlap_exchange=False`` exchanges the union's rows after the backward, not during it:
+        the baseline ``benchmarks/bench_exchange.py`` times the overlap against."""
         if bilm.softmax is None:
             raise ConfigError("a BiLM built without vocab_size has no softmax", key="vocab_size")
-        bilm.softmax.sparse = grad_exchange == "sparse"
+        bilm.softmax.sparse = grad_exchange in SPARSE_MODES
         bilm.zero_grad(set_to_none=True)  # a step's softmax rows are its own: marked distinct
         module = LossModule(bilm)
         exclude_from_ddp(module, [f"bilm.{name}" for name in SOFTMAX_PARAMETERS])
@@ -94,7 +120,21 @@ class TrainingStep:
         optimizer = RowSparseAdagrad(
             bilm.parameters(), lr=train.lr, initial_accumulator_value=train.initial_accumulator
         )  # its accumulators stay float32 whatever autocast does
-        return cls(wrap_model(module), bilm, optimizer, train, grad_exchange)
+        return cls(wrap_model(module), bilm, optimizer, train, grad_exchange, overlap_exchange)
+
+    def agree_on_rows(self, softmax_rows: torch.Tensor | None) -> torch.Tensor | None:
+        """The softmax rows any worker touches in the coming step, agreed from this worker's
+        ``softmax_rows`` on the host (found ahead by its loader): what ``row_union`` takes. None
+        where no worker needs it: one worker, or an exchange other than ``union``. Every worker
+        calls it once a step, before the step."""
+        if not self.agreeing:
+            return None
+        if softmax_rows is None:
+            raise ValueError(
+                "run.grad_exchange=union needs each step's softmax rows found ahead by the loader"
+            )
+        assert self.bilm.softmax is not None
+        return agree_on_rows(softmax_rows, self.bilm.softmax.num_classes, self.host_group)
 
     def __call__(
         self,
@@ -106,10 +146,15 @@ class TrainingStep:
         candidates: tuple[SampledCandidates, SampledCandidates] | None = None,
         types: TokenTypes | None = None,
         softmax_rows: torch.Tensor | None = None,
+        row_union: torch.Tensor | None = None,
     ) -> StepResult:
         """The step; ``candidates`` (forward, backward), both windows' token ``types`` and the
         ``softmax_rows`` they touch found ahead by the data loader, else the model finds them (on
-        the device, where finding types or rows makes the host wait)."""
+        the device, where finding types or rows makes the host wait); ``row_union``, on the host,
+        what :meth:`agree_on_rows` returned for this step."""
+        device = forward_targets.device
+        if row_union is not None and device.type == "cuda":  # from pinned memory: no wait
+            row_union = row_union.pin_memory().to(device, non_blocking=True)
         arguments: dict[str, Any] = {
             "forward_inputs": forward_inputs,
             "forward_targets": forward_targets,
@@ -119,6 +164,7 @@ class TrainingStep:
             "candidates": candidates,
             "types": types,
             "softmax_rows": softmax_rows,
+            "row_union": None if row_union is None else row_union.to(device),
         }
         if self.graphs is None:
             return self._step(arguments)
@@ -134,21 +180,50 @@ class TrainingStep:
             else contextlib.nullcontext()
         )
         with autocast:
-            output, new_state = self.module(**arguments)
+            output, new_state = self.module(
+                **{name: value for name, value in arguments.items() if name != "row_union"}
+            )
+        if self.overlapping:  # armed for _softmax_grad
+            self._union, self._ready = arguments["row_union"], set()
+            self._rows_distinct = arguments["softmax_rows"] is not None
         (output.loss * self.train.unroll_steps).backward()  # bilm-tf scales by the unroll
         softmax = self.bilm.softmax
         assert softmax is not None
         if arguments["softmax_rows"] is not None:  # gathered once for both directions
             softmax.mark_rows_distinct()
+        in_flight, self._in_flight, self._union = self._in_flight, None, None
         bound = softmax_rows_bound(
             softmax.num_classes, self.train.batch_size, self.train.unroll_steps, softmax.num_samples
         )
-        sent = exchange_softmax_gradients(softmax.weight, softmax.bias, self.grad_exchange, bound)
+        sent = exchange_softmax_gradients(
+            softmax.weight,
+            softmax.bias,
+            self.grad_exchange,
+            bound,
+            arguments["row_union"],
+            in_flight,
+        )
         grad_norm = clip_global_norm(self.bilm.parameters(), self.train.clip_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         detached = (new_state[0].detach(), new_state[1].detach())
         return StepResult(output, detached, grad_norm, sent)
+
+    def _softmax_grad(self, name: str, _: torch.Tensor) -> None:
+        """Autograd's hook as the softmax's ``name`` gradient is stored: once both are, this
+        step's union exchange is launched, before the LSTMs' backward runs."""
+        if self._union is None:
+            return
+        self._ready.add(name)
+        if len(self._ready) < 2:
+            return
+        softmax = self.bilm.softmax
+        assert softmax is not None
+        if self._rows_distinct:  # gathered once for both directions
+            softmax.mark_rows_distinct()
+        with torch.profiler.record_function(EXCHANGE_LAUNCHED):
+            self._in_flight = launch_softmax_exchange(softmax.weight, softmax.bias, self._union)
+        self._union = None
 
 
 def _step_graphs(bilm: BiLM, optimizer: torch.optim.Optimizer) -> StepGraphs:
@@ -166,3 +241,8 @@ def _step_graphs(bilm: BiLM, optimizer: torch.optim.Optimizer) -> StepGraphs:
     graphs = StepGraphs(forget_partial=lambda: optimizer.zero_grad(set_to_none=True))
     optimizer.register_load_state_dict_post_hook(lambda _: graphs.clear())
     return graphs
+
+
+def _world_size() -> int:
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    return torch.distributed.get_world_size() if distributed else 1

@@ -33,10 +33,10 @@
 #                    and 1,024 rows, directions batched, alternated twice (infra/device/ab.py);
 #   ab-captured      graphed (the CUDA default) against the whole step captured (train.capture_step)
 #                    at 128 and 1,024 rows, directions batched, alternated twice;
-#   two-ranks        two gloo ranks on CUDA device 0 (NCCL refuses two ranks on one device):
-#                    20 steps train as one rank on both ranks' rows (the test), then original at
-#                    128 rows a rank: bytes sent a step, dense and rows apart, each exchange's
-#                    time, the union's device work at 2, 8, 16 workers (infra/device/two_ranks.py);
+#   two-ranks        gloo ranks on CUDA device 0 (NCCL refuses two ranks on one device): 20
+#                    steps train as one rank on all ranks' rows, each exchange (the tests), then
+#                    original at 128 rows a rank: bytes sent a step, dense and rows apart, each
+#                    exchange's time, summing gathered rows at 2, 8, 16 workers (two_ranks.py);
 #   inference        embedding 64 sentences with the frozen biLM (reference, compiled, fused);
 #   data             the data path on this machine's CPUs;
 #   recipe           300 steps of original at 128 rows against 1024 rows at two learning rates
@@ -161,7 +161,7 @@ run_part() {
             local size=()
             [[ -n $rehearse ]] && size=(--smoke)
             PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 "$python" -m pytest -q -p pytest_timeout \
-                -p no:cacheprovider --junitxml "$out/two-ranks.xml" -k two_ranks \
+                -p no:cacheprovider --junitxml "$out/two-ranks.xml" -k "ranks_train or launched" \
                 tests/unit/elmo_core/training/test_gradient_exchange.py &&
                 "$python" -m infra.device.two_ranks "${size[@]}" ;;
         inference)

@@ -1,9 +1,10 @@
 """Two data-parallel ranks training `original` on one device, over gloo: what each rank sends a
 step (the dense gradients DDP all-reduces, the softmax rows apart), what each exchange takes
-alone, and the union of gathered rows' device work at 2, 8 and 16 workers (the part of the row
-exchange that grows with the world). Both ranks share CUDA device 0, as NCCL refuses two ranks on
-one device, so the step and exchange times are gloo's through the host, not a link's: the bytes
-and the union's time are what ``scaling_model.py`` takes from here.
+alone (the rows' union all-reduced, the default; the padded rows all-gathered; the host's
+agreement on the union), and the gathered rows' summing on the device at 2, 8 and 16 workers
+(the part of the gather's exchange that grows with the world). Both ranks share CUDA device 0, as
+NCCL refuses two ranks on one device, so the step and exchange times are gloo's through the host,
+not a link's: the bytes and the summing's time are what ``scaling_model.py`` takes from here.
 
     python -m infra.device.two_ranks                # original, 128 rows a rank, CUDA device 0
     python -m infra.device.two_ranks --smoke        # tiny sizes on the CPU (tested in CI)
@@ -33,15 +34,17 @@ from elmo_core.model.bilm import BiLM
 from elmo_core.model.sampler import LogUniformSampler
 from elmo_core.presets import model_preset
 from elmo_core.training.gradient_exchange import (
-    SOFTMAX_PARAMETERS,
+    agree_on_rows,
+    dense_gradient_bytes,
     exchange_rows,
+    reduce_rows_over_union,
     softmax_rows_bound,
     sum_rows_by_id,
 )
 from elmo_core.training.step import TrainingStep
 
 WORLD_SIZE = 2
-UNION_WORLDS = (2, 8, 16)  # workers whose gathered rows one worker sums
+SUMMING_WORLDS = (2, 8, 16)  # workers whose gathered rows one worker sums
 REPEATS = 5  # timed calls of each exchange alone
 
 
@@ -76,34 +79,35 @@ def measure(rank: int, args: argparse.Namespace) -> dict[str, Any]:
     recipe = TrainConfig(
         batch_size=args.batch, unroll_steps=args.window, bf16=device.type == "cuda"
     )
-    step = TrainingStep.build(model, recipe, "sparse", DistributedDataParallel)
+    step = TrainingStep.build(model, recipe, "union", DistributedDataParallel)
     assert model.softmax is not None
     ahead = found_ahead(model.softmax, host_targets, pinned=device.type == "cuda")
     run = worker_step(step, windows, types, host_targets, ahead)
     sent = run().softmax_bytes  # the first step: compiles and lazy state, untimed
     step_s = median_seconds(run, args.steps, synchronize)
 
-    dense = [
-        p for name, p in model.named_parameters() if name not in SOFTMAX_PARAMETERS
-    ]  # what DDP all-reduces: float32 gradients of every parameter but the softmax's
-    dense_bytes = sum(p.numel() * 4 for p in dense)
+    dense_bytes = dense_gradient_bytes(model)  # what DDP all-reduces
     flat = torch.randn(dense_bytes // 4, device=device)
     all_reduce_s = median_seconds(lambda: dist.all_reduce(flat), REPEATS, synchronize)
 
     bound = softmax_rows_bound(args.vocab, args.batch, args.window, config.num_samples)
     width = config.lstm.projection_dim + 1  # a row's weight and bias, as they travel
     sampler, generator = LogUniformSampler(args.vocab), torch.Generator().manual_seed(rank)
-    ids = torch.unique(sampler.draw(bound, generator)).to(device)  # (R ≤ M,) touched rows
+    found = ahead[1][0]  # (R,) on the host: the rows the first step touched, as the loader finds
+    agree_s = median_seconds(lambda: agree_on_rows(found, args.vocab), REPEATS, synchronize)
+    union = agree_on_rows(found, args.vocab).to(device)
+    ids = found.to(device)
     rows = torch.randn(ids.numel(), width, device=device)
+    union_s = median_seconds(lambda: reduce_rows_over_union(ids, rows, union), REPEATS, synchronize)
     rows_s = median_seconds(
         lambda: exchange_rows(ids, rows, args.vocab, bound), REPEATS, synchronize
     )
 
-    union_s = {}
-    for world in UNION_WORLDS:  # the gathered rows one worker receives, summed on its device
+    summing_s = {}
+    for world in SUMMING_WORLDS:  # the gathered rows one worker receives, summed on its device
         gathered_ids = sampler.draw(world * bound, generator).to(device)
         gathered = torch.randn(world * bound, width, device=device)
-        union_s[world] = median_seconds(
+        summing_s[world] = median_seconds(
             lambda i=gathered_ids, r=gathered: sum_rows_by_id(i, r, args.vocab),
             REPEATS,
             synchronize,
@@ -117,10 +121,14 @@ def measure(rank: int, args: argparse.Namespace) -> dict[str, Any]:
         "step_ms": step_s * 1e3,
         "dense_bytes": dense_bytes,
         "softmax_bytes": sent,
+        "softmax_rows": ids.numel(),
+        "union_rows": union.numel(),
         "softmax_rows_bound": bound,
         "all_reduce_ms": all_reduce_s * 1e3,
-        "rows_exchange_ms": rows_s * 1e3,
-        "union_ms": {str(world): seconds * 1e3 for world, seconds in union_s.items()},
+        "agree_ms": agree_s * 1e3,
+        "union_exchange_ms": union_s * 1e3,
+        "gather_exchange_ms": rows_s * 1e3,
+        "sum_rows_ms": {str(world): seconds * 1e3 for world, seconds in summing_s.items()},
         "weights_equal": all(torch.equal(everyone[0], other) for other in everyone[1:]),
     }
 
@@ -170,18 +178,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{WORLD_SIZE} gloo ranks on {args.device}: {args.preset}, {args.batch} rows a rank")
     print(
         f"{'rank':>4} {'step ms':>9} {'dense MiB':>10} {'rows MiB':>9} {'all-reduce ms':>14} "
-        f"{'rows ms':>8}"
+        f"{'agree ms':>9} {'union ms':>9} {'gather ms':>10}"
     )
     for r in ranks:
         print(
             f"{r['rank']:>4} {r['step_ms']:9.2f} {r['dense_bytes'] / 2**20:10.2f} "
             f"{r['softmax_bytes'] / 2**20:9.2f} {r['all_reduce_ms']:14.2f} "
-            f"{r['rows_exchange_ms']:8.2f}"
+            f"{r['agree_ms']:9.2f} {r['union_exchange_ms']:9.2f} {r['gather_exchange_ms']:10.2f}"
         )
-    union = ranks[0]["union_ms"]
+    summing = ranks[0]["sum_rows_ms"]
     print(
-        "union of gathered rows, ms on one worker: "
-        + ", ".join(f"{world} workers {ms:.2f}" for world, ms in union.items())
+        "the gathered rows summed, ms on one worker: "
+        + ", ".join(f"{world} workers {ms:.2f}" for world, ms in summing.items())
     )
     weights_equal = all(r["weights_equal"] for r in ranks)
     print(f"both ranks hold the same weights: {weights_equal}")

@@ -31,6 +31,8 @@ from pipelines.tracking.stage_runs import EXPERIMENT, STAGE_TAG, use_tracking
 TRAIN_STARTED_TAG = "elmo.train_started"  # where rank 0's loop began: "step 0 at <UTC time>"
 VALIDATION_SAMPLE_TAG = "elmo.validation_sample"  # "2,000-sentence heldout sample"
 GRAD_NORM_METRIC = f"{TRAIN_SECTION}/grad_norm"
+# what each worker sent (and received) a step, as a ring moves it: _softmax (its rows), _dense (DDP)
+EXCHANGED_BYTES_METRIC = f"{TRAIN_SECTION}/exchanged_bytes"
 VALIDATION_PERPLEXITY = f"{VALIDATION_SECTION}/perplexity"  # _forward, _backward
 TRAPPED_ROWS = f"{VALIDATION_SECTION}/trapped_rows"  # _forward, _backward
 

@@ -44,8 +44,11 @@ class RunConfig(StrictModel):
         3, ge=-1, description="worker-group restarts from the last checkpoint"
     )
     checkpoints_to_keep: int = Field(2, gt=0)
-    grad_exchange: Literal["sparse", "dense"] = Field(
-        "sparse", description="softmax gradient exchange; dense is the benchmark baseline"
+    grad_exchange: Literal["union", "sparse", "dense"] = Field(
+        "union",
+        description="how workers average the softmax's row gradients: union, a block of the rows "
+        "any worker touches, all-reduced; sparse, each worker's padded rows all-gathered (the "
+        "earlier design); dense, the whole matrix all-reduced (the benchmark baseline)",
     )
     data_workers: Literal[0, 1, 2] | None = Field(
         None,

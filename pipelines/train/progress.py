@@ -29,6 +29,7 @@ from pipelines.tracking.flow_runs import (
 from pipelines.tracking.stage_runs import shared_run
 from pipelines.tracking.train_progress import (
     ETA_WINDOWS,
+    EXCHANGED_BYTES_METRIC,
     GRAD_NORM_METRIC,
     TRAIN_STARTED_TAG,
     TRAPPED_ROWS,
@@ -114,10 +115,13 @@ class Progress:
         validation_sentences: int,
         warn_at: tuple[float, float],
         console: bool = True,
+        dense_bytes: int = 0,
     ) -> None:
         """``warn_at``: ``train.warn_rise`` and ``train.warn_parting``; ``console``: print each
-        line (off where a flow logs them from the run's metrics instead)."""
+        line (off where a flow logs them from the run's metrics instead); ``dense_bytes``: what
+        DDP's all-reduce sends a step, logged beside the softmax rows' where workers exchange."""
         self.run, self.shared, self.active = run, shared, rank == 0
+        self.dense_bytes = dense_bytes
         self.warn_rise, self.warn_parting = warn_at
         self.total, self.log_every, self.console = total_steps, log_every, console
         self.sample = f"{validation_sentences:,}-sentence heldout sample"
@@ -145,9 +149,15 @@ class Progress:
             yield
 
     def after_step(
-        self, step: int, output: LossOutput, grad_norm: torch.Tensor, world_size: int
+        self,
+        step: int,
+        output: LossOutput,
+        grad_norm: torch.Tensor,
+        world_size: int,
+        softmax_bytes: int = 0,
     ) -> None:
-        """Accumulate on the device; only a logged step reads values back (waits for the GPU)."""
+        """Accumulate on the device; only a logged step reads values back (waits for the GPU).
+        ``softmax_bytes``: what the step's softmax exchange sent (``StepResult.softmax_bytes``)."""
         if not self.active:
             return
         parts = (output.loss, output.forward, output.backward, output.num_tokens)
@@ -165,6 +175,9 @@ class Progress:
             TOKENS_PER_S_METRIC: tokens_per_s,
             GRAD_NORM_METRIC: float(grad_norm),
         }
+        if world_size > 1:
+            metrics[f"{EXCHANGED_BYTES_METRIC}_softmax"] = softmax_bytes
+            metrics[f"{EXCHANGED_BYTES_METRIC}_dense"] = self.dense_bytes
         now = time.time()  # the metrics' timestamp, from which the flow's log takes its ETA
         mlflow.log_metrics(metrics, step=step, timestamp=int(now * 1000))
         self.shared.curves.setdefault(TRAIN_LOSS_METRIC, []).append((step, loss / num_steps))

@@ -41,6 +41,7 @@ from elmo_core.model.warm_start import dataset_warmup
 from elmo_core.perplexity import PerplexitySums, evaluate_perplexity
 from elmo_core.threads import threads_under_load
 from elmo_core.training.batches import StepBatches, StreamPosition, StreamSpec
+from elmo_core.training.gradient_exchange import dense_gradient_bytes, ring_bytes
 from elmo_core.training.loop import carried_steps, step_batches, training_streams
 from elmo_core.training.step import TrainingStep
 from pipelines.serving.bilm_loader import BiLMReference, initial_bilm
@@ -273,6 +274,7 @@ class Worker:
             ),
             warn_at=(self.train.warn_rise, self.train.warn_parting),
             console=self.cfg.console,
+            dense_bytes=ring_bytes("all_reduce", dense_gradient_bytes(self.bilm), self.world_size),
         )
         output = None
         with progress.tracking(), self._batches() as batches:
@@ -291,7 +293,9 @@ class Worker:
                 self.positions = (batch.forward.position, batch.backward.position)
                 self.shared.step += 1
                 step = self.shared.step
-                progress.after_step(step, output, result.grad_norm, self.world_size)
+                progress.after_step(
+                    step, output, result.grad_norm, self.world_size, result.softmax_bytes
+                )
                 if step % self.train.validate_every == 0 or step == self.cfg.total_steps:
                     self.validate(progress)
                 if step % self.train.checkpoint_every == 0 and step < self.cfg.total_steps:

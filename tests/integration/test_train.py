@@ -105,6 +105,9 @@ def test_two_workers_survive_a_killed_worker_and_record_the_run(
     by_step = {m.step: m.value for m in validation}
     assert sorted(by_step) == [8, 16, 24] and by_step[24] < by_step[8]  # the loss falls
     assert result.best_perplexity == pytest.approx(min(by_step.values()))
+    for part in ("softmax", "dense"):  # what each worker's exchanges sent, as counted
+        sent = store.get_metric_history(result.mlflow_run_id, f"bilm/train/exchanged_bytes_{part}")
+        assert sent and all(metric.value > 0 for metric in sent)
     # one number, in the description: no single-dot chart of it
     assert not store.get_metric_history(result.mlflow_run_id, "bilm/validation/best_perplexity")
 

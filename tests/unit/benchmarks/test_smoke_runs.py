@@ -78,9 +78,27 @@ def shape_buckets(summary: dict) -> None:
     assert summary["cnn_work_ratio@8"] >= 1 and summary["softmax_rows_ratio@8"] >= 1
 
 
+def softmax_rows(summary: dict) -> None:
+    one, bound = summary["worker@4x2"], summary["bound@4x2"]
+    every, shared = summary["all@4x2"], summary["all_shared_draw@4x2"]
+    assert 0 < one <= bound and one <= every <= 2 * bound  # the union of two workers' rows
+    assert summary["all_targets@4x2"] <= shared <= every  # one draw for both: fewer rows
+
+
+def exchange(summary: dict) -> None:
+    assert summary["union_rows@2"] > 0
+    assert summary["serial@2"] > 0 and summary["overlapped@2"] > 0 and summary["exchange@2"] > 0
+    saved = summary["serial@2"] - summary["overlapped@2"]
+    assert summary["saved_over_exchange@2"] == pytest.approx(
+        saved / summary["exchange@2"], rel=1e-2, abs=1e-2
+    )
+
+
 CHECKS = {"cpu_step": cpu_step, "inference": inference, "step_ops": step_ops}
 CHECKS["shape_buckets"] = shape_buckets
 CHECKS["threads_under_load"] = threads_under_load
+CHECKS["softmax_rows"] = softmax_rows
+CHECKS["exchange"] = exchange
 
 
 @pytest.mark.parametrize("name", sorted(CHECKS))

@@ -50,6 +50,7 @@ class _RecordingStep:
 
     def __init__(self, step: TrainingStep) -> None:
         self.step, self.train, self.states = step, step.train, []
+        self.agree_on_rows = step.agree_on_rows
 
     def __call__(self, **arguments):
         self.states.append(arguments["state"])
