@@ -17,16 +17,13 @@ not a GPU's speed. Last line: one JSON object. Results: benchmarks/results/bench
 from __future__ import annotations
 
 import argparse
-import socket
 import sys
-from typing import Any
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
 from benchmarks.harness import print_summary, seconds_per_call, time_in_turn
+from benchmarks.ranks import on_gloo_ranks
 from benchmarks.workload import found_ahead, synthetic_windows, worker_step
 from elmo_core.config import TrainConfig
 from elmo_core.model.bilm import BiLM
@@ -66,24 +63,6 @@ def measure(rank: int, args: argparse.Namespace) -> dict[str, float]:
     return seconds | {"exchange": exchange, "union_rows": float(union.numel())}
 
 
-def _rank(rank: int, world: int, port: int, args: argparse.Namespace, results: Any) -> None:
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
-    )
-    try:
-        figures = measure(rank, args)
-        if rank == 0:
-            results.put(figures)
-    finally:
-        dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", default="2,4")
@@ -102,7 +81,6 @@ def main(argv: list[str] | None = None) -> int:
         args.workers, args.preset, args.rows, args.vocab = "2", "tiny", 4, 2_000
         args.projection = 16
         args.samples, args.types, args.repeats = 64, 50, 2
-    context = mp.get_context("spawn")
     summary: dict[str, object] = {"benchmark": "exchange", "preset": args.preset, "rows": args.rows}
     print(f"union exchange, {args.preset}, {args.rows} rows a rank, K = {args.samples:,}")
     print(
@@ -110,17 +88,13 @@ def main(argv: list[str] | None = None) -> int:
         f"{'exchange s':>11}"
     )
     for world in (int(value) for value in args.workers.split(",")):
-        results = context.SimpleQueue()
-        mp.start_processes(
-            _rank, args=(world, _free_port(), args, results), nprocs=world, start_method="spawn"
-        )
-        figures = results.get()
+        figures = on_gloo_ranks(measure, world, args)[0]
         saved = figures["serial"] - figures["overlapped"]
         print(
             f"{world:5} {figures['union_rows']:11,.0f} {figures['serial']:9.3f} "
             f"{figures['overlapped']:13.3f} {saved:8.3f} {figures['exchange']:11.3f}"
         )
-        summary |= {f"{name}@{world}": round(value, 4) for name, value in figures.items()}
+        summary |= {f"{name}@{world}": round(value, 6) for name, value in figures.items()}
         summary[f"saved_over_exchange@{world}"] = round(saved / figures["exchange"], 3)
     print_summary(summary)
     return 0

@@ -34,7 +34,7 @@
 #   ab-captured      graphed (the CUDA default) against the whole step captured (train.capture_step)
 #                    at 128 and 1,024 rows, directions batched, alternated twice;
 #   two-ranks        gloo ranks on CUDA device 0 (NCCL refuses two ranks on one device): 20
-#                    steps train as one rank on all ranks' rows, each exchange (the tests), then
+#                    steps train as one rank on all ranks' rows, for each exchange; then
 #                    original at 128 rows a rank: bytes sent a step, dense and rows apart, each
 #                    exchange's time, summing gathered rows at 2, 8, 16 workers (two_ranks.py);
 #   inference        embedding 64 sentences with the frozen biLM (reference, compiled, fused);

@@ -15,7 +15,6 @@ Last line: one JSON object. Exits 1 when the ranks end with different weights.
 from __future__ import annotations
 
 import argparse
-import socket
 import statistics
 import sys
 import time
@@ -24,10 +23,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
 from benchmarks.harness import print_summary
+from benchmarks.ranks import on_gloo_ranks
 from benchmarks.workload import found_ahead, synthetic_windows, worker_step
 from elmo_core.config import TrainConfig
 from elmo_core.model.bilm import BiLM
@@ -133,22 +132,6 @@ def measure(rank: int, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _rank(rank: int, port: int, args: argparse.Namespace, results: Any) -> None:
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE
-    )
-    try:
-        results.put(measure(rank, args))
-    finally:
-        dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="original")
@@ -165,16 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         args.preset, args.batch, args.window, args.vocab, args.types = "tiny", 4, 5, 200, 50
         args.steps = 2
     args.device = args.device or ("cuda:0" if torch.cuda.is_available() else "cpu")
-    context = mp.get_context("spawn")  # a fresh interpreter per rank: CUDA does not survive fork
-    results = context.SimpleQueue()
-    mp.start_processes(
-        _rank,
-        args=(_free_port(), args, results),
-        nprocs=WORLD_SIZE,
-        start_method="spawn",
-        join=True,
-    )
-    ranks = sorted((results.get() for _ in range(WORLD_SIZE)), key=lambda r: r["rank"])
+    ranks = on_gloo_ranks(measure, WORLD_SIZE, args)
     print(f"{WORLD_SIZE} gloo ranks on {args.device}: {args.preset}, {args.batch} rows a rank")
     print(
         f"{'rank':>4} {'step ms':>9} {'dense MiB':>10} {'rows MiB':>9} {'all-reduce ms':>14} "
