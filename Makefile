@@ -49,7 +49,8 @@ bench: setup
 		$(PY) -m benchmarks.$$(basename $$script .py) || exit 1; \
 	done
 
-# Local stack (infra/local): Prefect server + worker, MLflow server, Ray head on 127.0.0.1.
+# Local stack (infra/local): Prefect server + worker, MLflow server, Ray head on 127.0.0.1
+# (ELMO_STACK_DATABASE=postgresql: both servers on a PostgreSQL cluster of the stack's own).
 .PHONY: stack-up stack-status stack-down
 
 stack-up: setup

@@ -1,4 +1,6 @@
-"""Start, check and stop the local stack: Prefect server + process worker, MLflow server, Ray head.
+"""Start, check and stop the local stack: Prefect server + process worker, MLflow server, Ray head,
+and with ``ELMO_STACK_DATABASE=postgresql`` a PostgreSQL cluster that both servers store in (the
+team setup, ``postgres.py``); else each server keeps a SQLite file.
 
 Usage: ``python infra/local/stack.py start|status|stop [--services prefect,worker,mlflow,ray]``.
 Everything binds to 127.0.0.1 with state under ``$ELMO_HOME/stack``, so stacks on other ports
@@ -27,9 +29,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.common.settings import elmo_home
+if __package__ in (None, ""):  # run as a script: its package's root, for infra.local.postgres
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-SERVICE_ORDER = ("mlflow", "prefect", "ray", "worker")
+from infra.local import postgres  # noqa: E402
+from pipelines.common.settings import elmo_home  # noqa: E402
+
+SERVICE_ORDER = ("postgres", "mlflow", "prefect", "ray", "worker")
+DATABASES = ("sqlite", "postgresql")  # where the MLflow and Prefect servers store
 WORKER_NAME = "elmo-local"
 LOG_TAIL_LINES = 40
 STOP_GRACE_S = 8.0
@@ -58,6 +65,8 @@ class StackConfig:
     work_pool: str = "elmo-process"
     timeout_s: float = 120.0
     host: str = "127.0.0.1"
+    database: str = "sqlite"
+    postgres_port: int = 5432
 
     @classmethod
     def from_env(cls) -> StackConfig:
@@ -68,6 +77,9 @@ class StackConfig:
             return int(environ.get(key, default))
 
         cpus = environ.get("ELMO_RAY_NUM_CPUS")
+        database = environ.get("ELMO_STACK_DATABASE", cls.database)
+        if database not in DATABASES:
+            raise StackError(f"ELMO_STACK_DATABASE={database!r}: choose one of {DATABASES}")
         return cls(
             home=elmo_home(),
             prefect_port=number("ELMO_PREFECT_PORT", cls.prefect_port),
@@ -80,7 +92,22 @@ class StackConfig:
             mlflow_workers=number("ELMO_MLFLOW_WORKERS", cls.mlflow_workers),
             work_pool=environ.get("ELMO_WORK_POOL", cls.work_pool),
             timeout_s=float(environ.get("ELMO_STACK_TIMEOUT_S", cls.timeout_s)),
+            database=database,
+            postgres_port=number("ELMO_POSTGRES_PORT", cls.postgres_port),
         )
+
+    @property
+    def services(self) -> list[str]:
+        """Every service of this stack, in start order."""
+        return [name for name in SERVICE_ORDER if name != "postgres" or self.on_postgres]
+
+    @property
+    def on_postgres(self) -> bool:
+        return self.database == "postgresql"
+
+    def database_url(self, name: str, driver: str) -> str:
+        """A database of the stack's cluster, as a SQLAlchemy URL."""
+        return postgres.url(self.host, self.postgres_port, name, self.state_dir, driver)
 
     @property
     def state_dir(self) -> Path:
@@ -138,6 +165,12 @@ class Service:
     needs: tuple[str, ...] = ()
     # `ray start` forks its daemons and exits 0; the others must keep running.
     daemonizes: bool = False
+    needs_database: bool = False  # on the PostgreSQL stack, it stores there
+    after_start: Callable[[StackConfig], None] | None = None  # once healthy, before the next wave
+
+    def prerequisites(self, cfg: StackConfig) -> tuple[str, ...]:
+        """The services that must be healthy before this one starts."""
+        return (*self.needs, *(("postgres",) if self.needs_database and cfg.on_postgres else ()))
 
 
 def _bin(name: str) -> str:
@@ -183,9 +216,14 @@ def _worker_healthy(cfg: StackConfig) -> bool:
 
 
 def _mlflow_command(cfg: StackConfig) -> list[str]:
+    store = (
+        cfg.database_url("mlflow", postgres.MLFLOW_DRIVER)
+        if cfg.on_postgres
+        else f"sqlite:///{cfg.home / 'mlflow.db'}"
+    )
     return [
         _bin("mlflow"), "server",
-        "--backend-store-uri", f"sqlite:///{cfg.home / 'mlflow.db'}",
+        "--backend-store-uri", store,
         "--serve-artifacts",
         "--artifacts-destination", (cfg.home / "mlartifacts").as_uri(),
         "--host", cfg.host,
@@ -224,14 +262,26 @@ def _ray_command(cfg: StackConfig) -> list[str]:
 
 
 SERVICES: dict[str, Service] = {
+    "postgres": Service(
+        "postgres",
+        lambda c: postgres.server_command(c.state_dir, c.host, c.postgres_port),
+        lambda c: postgres.ready(c.host, c.postgres_port),
+        lambda c: {"ELMO_POSTGRES_PORT": c.postgres_port},
+        after_start=lambda c: postgres.ensure_databases(c.host, c.postgres_port, c.state_dir),
+    ),
     "mlflow": Service(
-        "mlflow", _mlflow_command, _mlflow_healthy, lambda c: {"ELMO_MLFLOW_PORT": c.mlflow_port}
+        "mlflow",
+        _mlflow_command,
+        _mlflow_healthy,
+        lambda c: {"ELMO_MLFLOW_PORT": c.mlflow_port},
+        needs_database=True,
     ),
     "prefect": Service(
         "prefect",
         _prefect_command,
         _prefect_healthy,
         lambda c: {"ELMO_PREFECT_PORT": c.prefect_port},
+        needs_database=True,
     ),
     "ray": Service(
         "ray",
@@ -298,6 +348,10 @@ def _service_env(cfg: StackConfig) -> dict[str, str]:
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.update(cfg.client_env())
     env["PREFECT_HOME"] = str(cfg.state_dir / "prefect")
+    if cfg.on_postgres:  # the server's store; clients go through PREFECT_API_URL
+        env["PREFECT_API_DATABASE_CONNECTION_URL"] = cfg.database_url(
+            "prefect", postgres.PREFECT_DRIVER
+        )
     env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
     env["RAY_USAGE_STATS_ENABLED"] = "0"
     return env
@@ -357,30 +411,36 @@ def _wait_healthy(cfg: StackConfig, service: Service, process: subprocess.Popen[
 def start(cfg: StackConfig, names: list[str]) -> dict[str, float]:
     """Start the services in ``names`` that are not already healthy; seconds each took.
 
-    Services without prerequisites start side by side; the worker follows once Prefect is up.
-    A service whose session is alive but unhealthy is stopped and started again.
+    Services start side by side in waves, each after the services it needs: PostgreSQL first
+    where the servers store there, the worker once Prefect is up. A service whose session is
+    alive but unhealthy is stopped and started again.
     """
     for sub in ("logs", "pids"):
         (cfg.state_dir / sub).mkdir(parents=True, exist_ok=True)
     _ensure_ray_token(cfg)
     timings: dict[str, float] = {}
-    for wave in (
-        [n for n in names if not SERVICES[n].needs],
-        [n for n in names if SERVICES[n].needs],
-    ):
+    depth: dict[str, int] = {}
+    for name in SERVICE_ORDER:  # each after everything it needs
+        needs = SERVICES[name].prerequisites(cfg)
+        depth[name] = 1 + max((depth[need] for need in needs), default=-1)
+    for level in sorted({depth[name] for name in names}):
         launched = {}
-        for name in wave:
+        for name in (n for n in names if depth[n] == level):
             service = SERVICES[name]
-            for need in service.needs:
+            for need in service.prerequisites(cfg):
                 if not SERVICES[need].healthy(cfg):
                     raise StackError(f"{name} needs {need}, which is not running")
             if service.healthy(cfg) and _is_ours(cfg, name):
                 _say(f"{name}: already running")
+                if service.after_start is not None:
+                    service.after_start(cfg)
                 continue
             stop_services(cfg, [name])
             launched[name] = (time.monotonic(), _spawn(cfg, service))
         for name, (spawned, process) in launched.items():
             _wait_healthy(cfg, SERVICES[name], process)
+            if SERVICES[name].after_start is not None:
+                SERVICES[name].after_start(cfg)
             timings[name] = time.monotonic() - spawned
             _say(f"{name}: healthy {timings[name]:.1f} s after launch")
     _write_env_file(cfg)
@@ -460,18 +520,19 @@ def _parse_services(text: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("action", choices=("start", "status", "stop"))
-    parser.add_argument("--services", type=_parse_services, default=list(SERVICE_ORDER))
+    parser.add_argument("--services", type=_parse_services, help="default: all of the stack's")
     args = parser.parse_args(argv)
-    cfg = StackConfig.from_env()
     try:
+        cfg = StackConfig.from_env()
+        services = args.services or cfg.services
         if args.action == "start":
-            start(cfg, args.services)
+            start(cfg, services)
         elif args.action == "stop":
-            stop(cfg, args.services)
+            stop(cfg, list(reversed(services)))
             return 0
-        elif not status(cfg, args.services):
+        elif not status(cfg, services):
             return 1
-    except StackError as error:
+    except (StackError, postgres.PostgresError) as error:
         _say(f"error: {error}")
         return 1
     print(_exports(cfg), end="")
