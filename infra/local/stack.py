@@ -1,6 +1,6 @@
 """Start, check and stop the local stack: Prefect server + process worker, MLflow server, Ray head,
 and with ``ELMO_STACK_DATABASE=postgresql`` a PostgreSQL cluster that both servers store in (the
-team setup, ``postgres.py``); else each server keeps a SQLite file.
+team setup); else each server keeps a SQLite file.
 
 Usage: ``python infra/local/stack.py start|status|stop [--services prefect,worker,mlflow,ray]``.
 Everything binds to 127.0.0.1 with state under ``$ELMO_HOME/stack``, so stacks on other ports
@@ -15,28 +15,27 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import glob
 import hashlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: its package's root, for infra.local.postgres
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from infra.local import postgres  # noqa: E402
-from pipelines.common.settings import elmo_home  # noqa: E402
+from pipelines.common.settings import elmo_home
 
 SERVICE_ORDER = ("postgres", "mlflow", "prefect", "ray", "worker")
-DATABASES = ("sqlite", "postgresql")  # where the MLflow and Prefect servers store
+STORES = ("sqlite", "postgresql")  # where the MLflow and Prefect servers store
 WORKER_NAME = "elmo-local"
 LOG_TAIL_LINES = 40
 STOP_GRACE_S = 8.0
@@ -78,8 +77,8 @@ class StackConfig:
 
         cpus = environ.get("ELMO_RAY_NUM_CPUS")
         database = environ.get("ELMO_STACK_DATABASE", cls.database)
-        if database not in DATABASES:
-            raise StackError(f"ELMO_STACK_DATABASE={database!r}: choose one of {DATABASES}")
+        if database not in STORES:
+            raise StackError(f"ELMO_STACK_DATABASE={database!r}: choose one of {STORES}")
         return cls(
             home=elmo_home(),
             prefect_port=number("ELMO_PREFECT_PORT", cls.prefect_port),
@@ -107,7 +106,7 @@ class StackConfig:
 
     def database_url(self, name: str, driver: str) -> str:
         """A database of the stack's cluster, as a SQLAlchemy URL."""
-        return postgres.url(self.host, self.postgres_port, name, self.state_dir, driver)
+        return _postgres_url(self.host, self.postgres_port, name, self.state_dir, driver)
 
     @property
     def state_dir(self) -> Path:
@@ -215,9 +214,137 @@ def _worker_healthy(cfg: StackConfig) -> bool:
     return any(w.get("name") == WORKER_NAME and w.get("status") == "ONLINE" for w in workers)
 
 
+# --- PostgreSQL: the team setup's store, as the compose file has it (the same user, databases
+# and URL schemes: tests/unit/infra/local/test_stack.py checks the two agree). Debian's
+# `postgresql` package provides the binaries. PostgreSQL refuses to run as root: there it runs as
+# the package's `postgres` user, in a directory that user can reach.
+
+POSTGRES_USER = "elmo"  # compose's ${POSTGRES_USER} in infra/compose/.env.example
+POSTGRES_DATABASES = ("prefect", "mlflow")  # compose: POSTGRES_DB, then postgres-init.sql
+POSTGRES_SYSTEM_USER = "postgres"  # Debian's, for a root caller
+
+
+def postgres_binary(name: str) -> str:
+    """``name`` from PATH, else from Debian's newest ``/usr/lib/postgresql/<major>/bin``."""
+    found = shutil.which(name) or next(
+        iter(sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)), None
+    )
+    if found is None:
+        raise StackError(
+            f"PostgreSQL's {name} is not installed: apt-get install postgresql (Debian's package)"
+        )
+    return found
+
+
+def _as_postgres_owner(command: list[str]) -> list[str]:
+    """``command`` as the cluster's owner: the caller, or for root Debian's ``postgres`` user."""
+    return ["runuser", "-u", POSTGRES_SYSTEM_USER, "--", *command] if os.geteuid() == 0 else command
+
+
+def postgres_data_dir(state_dir: Path) -> Path:
+    """The cluster's directory: under the stack's state, or for root (whose home the ``postgres``
+    user cannot enter) a ``/tmp`` directory named after that state."""
+    if os.geteuid() != 0:
+        return state_dir / "postgres"
+    digest = hashlib.sha1(str(state_dir).encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"elmo-postgres-{digest}"
+
+
+def postgres_password(state_dir: Path) -> str:
+    """The cluster's password, generated once into the stack's state (mode 600)."""
+    path = state_dir / "postgres_password"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".partial")
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_urlsafe(24))
+        partial.replace(path)
+    return path.read_text().strip()
+
+
+MLFLOW_DRIVER = "postgresql+psycopg2"  # MLflow's plain postgresql:// asks for psycopg 3
+PREFECT_DRIVER = "postgresql+asyncpg"
+
+
+def _postgres_url(host: str, port: int, database: str, state_dir: Path, driver: str) -> str:
+    """The database's SQLAlchemy URL: :data:`MLFLOW_DRIVER` for MLflow, :data:`PREFECT_DRIVER` for
+    Prefect."""
+    return f"{driver}://{POSTGRES_USER}:{postgres_password(state_dir)}@{host}:{port}/{database}"
+
+
+def _ensure_cluster(state_dir: Path) -> Path:
+    """The cluster's directory, made by ``initdb`` the first time (a half-made one is removed
+    first: ``PG_VERSION`` is written last)."""
+    directory = postgres_data_dir(state_dir)
+    if (directory / "PG_VERSION").exists():
+        return directory
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(mode=0o700, parents=True)
+    secret = postgres_password(state_dir)
+    with tempfile.NamedTemporaryFile("w", dir=directory.parent, delete=False) as handle:
+        handle.write(secret)
+    pwfile = Path(handle.name)
+    try:
+        if os.geteuid() == 0:
+            shutil.chown(directory, POSTGRES_SYSTEM_USER, POSTGRES_SYSTEM_USER)
+            shutil.chown(pwfile, POSTGRES_SYSTEM_USER, POSTGRES_SYSTEM_USER)
+        command = [
+            postgres_binary("initdb"), "-D", str(directory), "-U", POSTGRES_USER,
+            f"--pwfile={pwfile}", "--auth=scram-sha-256", "--encoding=UTF8", "--locale=C.UTF-8",
+        ]  # fmt: skip
+        made = subprocess.run(
+            _as_postgres_owner(command), capture_output=True, text=True, check=False
+        )
+    finally:
+        pwfile.unlink(missing_ok=True)
+    if made.returncode != 0:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise StackError(f"initdb failed in {directory}:\n{made.stdout[-2000:]}{made.stderr}")
+    return directory
+
+
+def _postgres_command(state_dir: Path, host: str, port: int) -> list[str]:
+    """``postgres`` in the foreground on ``host:port``, its Unix socket in its own directory."""
+    directory = _ensure_cluster(state_dir)
+    server = [postgres_binary("postgres"), "-D", str(directory), "-h", host, "-p", str(port)]
+    return _as_postgres_owner([*server, "-k", str(directory)])
+
+
+def _postgres_ready(host: str, port: int) -> bool:
+    """Whether the server accepts connections (``pg_isready``; no password needed)."""
+    probe = [
+        postgres_binary("pg_isready"), "-h", host, "-p", str(port),
+        "-U", POSTGRES_USER, "-d", "postgres",
+    ]  # fmt: skip
+    return subprocess.run(probe, capture_output=True, check=False).returncode == 0
+
+
+def _ensure_databases(host: str, port: int, state_dir: Path) -> None:
+    """Create :data:`POSTGRES_DATABASES` where missing."""
+    import psycopg2  # the MLflow server's driver: only the PostgreSQL stack needs it
+
+    try:
+        connection = psycopg2.connect(
+            host=host, port=port, user=POSTGRES_USER, password=postgres_password(state_dir),
+            dbname="postgres", connect_timeout=5,
+        )  # fmt: skip
+    except psycopg2.Error as error:
+        raise StackError(f"PostgreSQL on {host}:{port} refused the stack: {error}") from None
+    connection.autocommit = True
+    try:
+        with connection.cursor() as cursor:
+            for database in POSTGRES_DATABASES:
+                cursor.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,))
+                if cursor.fetchone() is None:
+                    cursor.execute(f'CREATE DATABASE "{database}"')
+    finally:
+        connection.close()
+
+
 def _mlflow_command(cfg: StackConfig) -> list[str]:
     store = (
-        cfg.database_url("mlflow", postgres.MLFLOW_DRIVER)
+        cfg.database_url("mlflow", MLFLOW_DRIVER)
         if cfg.on_postgres
         else f"sqlite:///{cfg.home / 'mlflow.db'}"
     )
@@ -264,10 +391,10 @@ def _ray_command(cfg: StackConfig) -> list[str]:
 SERVICES: dict[str, Service] = {
     "postgres": Service(
         "postgres",
-        lambda c: postgres.server_command(c.state_dir, c.host, c.postgres_port),
-        lambda c: postgres.ready(c.host, c.postgres_port),
+        lambda c: _postgres_command(c.state_dir, c.host, c.postgres_port),
+        lambda c: _postgres_ready(c.host, c.postgres_port),
         lambda c: {"ELMO_POSTGRES_PORT": c.postgres_port},
-        after_start=lambda c: postgres.ensure_databases(c.host, c.postgres_port, c.state_dir),
+        after_start=lambda c: _ensure_databases(c.host, c.postgres_port, c.state_dir),
     ),
     "mlflow": Service(
         "mlflow",
@@ -349,9 +476,7 @@ def _service_env(cfg: StackConfig) -> dict[str, str]:
     env.update(cfg.client_env())
     env["PREFECT_HOME"] = str(cfg.state_dir / "prefect")
     if cfg.on_postgres:  # the server's store; clients go through PREFECT_API_URL
-        env["PREFECT_API_DATABASE_CONNECTION_URL"] = cfg.database_url(
-            "prefect", postgres.PREFECT_DRIVER
-        )
+        env["PREFECT_API_DATABASE_CONNECTION_URL"] = cfg.database_url("prefect", PREFECT_DRIVER)
     env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
     env["RAY_USAGE_STATS_ENABLED"] = "0"
     return env
@@ -532,7 +657,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         elif not status(cfg, services):
             return 1
-    except (StackError, postgres.PostgresError) as error:
+    except StackError as error:
         _say(f"error: {error}")
         return 1
     print(_exports(cfg), end="")

@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -33,12 +34,10 @@ print(json.dumps({"state": state.type.value, "result": state.result()}))
 """
 
 
-def _postgres_installed() -> bool:
-    from infra.local import postgres
-
+def _postgres_installed(stack_module: ModuleType) -> bool:
     try:
-        postgres.binary("initdb")
-    except postgres.PostgresError:
+        stack_module.postgres_binary("initdb")
+    except stack_module.StackError:
         return False
     return True
 
@@ -50,27 +49,23 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def team_stack(tmp_path: Path, local_stack) -> Iterator[Any]:
-    if not _postgres_installed():
+def team_stack(tmp_path: Path, local_stack, stack_module: ModuleType) -> Iterator[Any]:
+    if not _postgres_installed(stack_module):
         pytest.skip("no PostgreSQL here: apt-get install postgresql")
-    from infra.local import postgres
-
     home = tmp_path / "elmo"
     settings = {"ELMO_STACK_DATABASE": "postgresql", "ELMO_POSTGRES_PORT": str(_free_port())}
     with local_stack(home, ELMO_STACK_TIMEOUT_S="200", **settings) as stack:
         yield stack
-    shutil.rmtree(postgres.data_dir(home / "stack"), ignore_errors=True)
+    shutil.rmtree(stack_module.postgres_data_dir(home / "stack"), ignore_errors=True)
 
 
-def _rows(stack: Any, database: str, query: str) -> list[tuple[Any, ...]]:
+def _rows(stack: Any, module: ModuleType, database: str, query: str) -> list[tuple[Any, ...]]:
     import psycopg2
-
-    from infra.local import postgres
 
     state = Path(stack.env["ELMO_HOME"]) / "stack"
     connection = psycopg2.connect(
         host="127.0.0.1", port=int(stack.env["ELMO_POSTGRES_PORT"]), dbname=database,
-        user=postgres.USER, password=postgres.password(state),
+        user=module.POSTGRES_USER, password=module.postgres_password(state),
     )  # fmt: skip
     try:
         with connection.cursor() as cursor:
@@ -82,7 +77,7 @@ def _rows(stack: Any, database: str, query: str) -> list[tuple[Any, ...]]:
 
 @pytest.mark.timeout(400)
 def test_mlflow_and_prefect_store_in_postgresql_and_keep_long_and_non_ascii_values(
-    team_stack, tmp_path: Path
+    team_stack, stack_module: ModuleType, tmp_path: Path
 ) -> None:
     began = time.monotonic()
     started = team_stack.run("start", "--services", "postgres,mlflow,prefect")
@@ -105,7 +100,7 @@ def test_mlflow_and_prefect_store_in_postgresql_and_keep_long_and_non_ascii_valu
     assert (len(stored.data.tags["long"]), len(stored.data.params["long"])) == (8000, 6000)
     assert stored.info.artifact_uri.startswith("mlflow-artifacts:")
     assert (Path(client.download_artifacts(run_id, "note.txt", str(tmp_path / "back")))).read_text()
-    in_postgres = _rows(team_stack, "mlflow", "SELECT name FROM runs")
+    in_postgres = _rows(team_stack, stack_module, "mlflow", "SELECT name FROM runs")
     assert in_postgres == [("prüfung ✓ 模型",)]
     assert not (Path(team_stack.env["ELMO_HOME"]) / "mlflow.db").exists()  # no SQLite beside it
 
@@ -121,9 +116,8 @@ def test_mlflow_and_prefect_store_in_postgresql_and_keep_long_and_non_ascii_valu
     )
     assert flow.returncode == 0, flow.stderr[-3000:]
     assert json.loads(flow.stdout.splitlines()[-1]) == {"state": "COMPLETED", "result": "BÄNK"}
-    names = _rows(
-        team_stack, "prefect", "SELECT f.name FROM flow_run r JOIN flow f ON f.id = r.flow_id"
-    )
+    flows = "SELECT f.name FROM flow_run r JOIN flow f ON f.id = r.flow_id"
+    names = _rows(team_stack, stack_module, "prefect", flows)
     assert ("team-stack-check",) in names
 
 

@@ -1,4 +1,5 @@
-"""infra/local/stack.py without its servers: configuration, session-wide stop, refusals."""
+"""infra/local/stack.py without its servers: configuration, session-wide stop, refusals, and the
+PostgreSQL settings it shares with the compose file."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import yaml
 
 
 def _free_port() -> int:
@@ -148,3 +150,62 @@ def test_unknown_service_is_a_usage_error(stack_module: ModuleType) -> None:
     with pytest.raises(SystemExit) as exit_info:
         stack_module.main(["start", "--services", "mlflow,airflow"])
     assert exit_info.value.code == 2
+
+
+COMPOSE = Path(__file__).resolve().parents[4] / "infra" / "compose"
+
+
+def test_the_stack_and_the_compose_file_share_user_databases_and_drivers(
+    stack_module: ModuleType,
+) -> None:
+    services = yaml.safe_load((COMPOSE / "docker-compose.yaml").read_text())["services"]
+    environment = services["postgres"]["environment"]
+    assert environment["POSTGRES_DB"] == stack_module.POSTGRES_DATABASES[0]
+    created = (COMPOSE / "postgres-init.sql").read_text()
+    assert f"CREATE DATABASE {stack_module.POSTGRES_DATABASES[1]};" in created
+    assert f"POSTGRES_USER={stack_module.POSTGRES_USER}\n" in (COMPOSE / ".env.example").read_text()
+    prefect = services["prefect-server"]["environment"]["PREFECT_API_DATABASE_CONNECTION_URL"]
+    assert prefect.startswith(f"{stack_module.PREFECT_DRIVER}://")
+    assert prefect.endswith(f"/{stack_module.POSTGRES_DATABASES[0]}")
+    store = next(a for a in services["mlflow"]["command"] if a.startswith("--backend-store-uri="))
+    assert store.startswith(f"--backend-store-uri={stack_module.MLFLOW_DRIVER}://")
+    assert store.endswith(f"/{stack_module.POSTGRES_DATABASES[1]}")
+
+
+def test_the_servers_wait_for_postgres_only_on_the_postgres_stack(
+    stack_module: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ELMO_HOME", str(tmp_path))
+    on_sqlite = stack_module.StackConfig.from_env()
+    assert "postgres" not in on_sqlite.services
+    assert stack_module.SERVICES["mlflow"].prerequisites(on_sqlite) == ()
+    monkeypatch.setenv("ELMO_STACK_DATABASE", "postgresql")
+    team = stack_module.StackConfig.from_env()
+    assert team.services[0] == "postgres"
+    assert stack_module.SERVICES["mlflow"].prerequisites(team) == ("postgres",)
+    assert stack_module.SERVICES["worker"].prerequisites(team) == ("prefect",)
+    url = team.database_url("mlflow", stack_module.MLFLOW_DRIVER)
+    secret = (tmp_path / "stack" / "postgres_password").read_text()
+    assert (
+        url
+        == f"{stack_module.MLFLOW_DRIVER}://{stack_module.POSTGRES_USER}:{secret}@127.0.0.1:5432/mlflow"
+    )
+    assert (tmp_path / "stack" / "postgres_password").stat().st_mode & 0o777 == 0o600
+
+
+def test_an_unknown_database_is_refused_naming_the_setting(
+    stack_module: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ELMO_HOME", str(tmp_path))
+    monkeypatch.setenv("ELMO_STACK_DATABASE", "mysql")
+    with pytest.raises(stack_module.StackError, match="ELMO_STACK_DATABASE='mysql'"):
+        stack_module.StackConfig.from_env()
+
+
+def test_a_missing_postgresql_says_how_to_install_it(
+    stack_module: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setattr(stack_module.glob, "glob", lambda pattern: [])
+    with pytest.raises(stack_module.StackError, match="apt-get install postgresql"):
+        stack_module.postgres_binary("initdb")
