@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup test test-unit test-integration bench lint demo run deploy e2e
+.PHONY: setup test test-team-stack test-unit test-integration bench lint demo run deploy e2e
 
 setup: $(VENV)/.installed
 
@@ -20,6 +20,10 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 # start once, and one process's waits (Ray start-up, polls, subprocesses) overlap the other's work.
 test: setup
 	$(PY) -m pytest -q -n 2 --dist loadfile
+
+# The team stack's tests (MLflow and Prefect on a real PostgreSQL): CI's own step after `make test`.
+test-team-stack: setup
+	$(PY) -m pytest -q -m team_stack tests/integration
 
 # The unit tests alone (no tests/integration): under 3 minutes on 2 cores.
 test-unit: setup

@@ -89,6 +89,7 @@ class TrainingStep:
         self._union: torch.Tensor | None = None  # this step's agreed rows, while it runs
         self._ready: set[str] = set()  # which of the softmax's gradients exist
         self._in_flight: RowsInFlight | None = None
+        self._rows_distinct = False  # the step's rows were gathered once (found ahead)
         if self.overlapping:
             assert bilm.softmax is not None
             for name in ("weight", "bias"):
@@ -164,7 +165,7 @@ class TrainingStep:
             "candidates": candidates,
             "types": types,
             "softmax_rows": softmax_rows,
-            "row_union": None if row_union is None else row_union.to(device),
+            "row_union": row_union,
         }
         if self.graphs is None:
             return self._step(arguments)
@@ -183,8 +184,8 @@ class TrainingStep:
             output, new_state = self.module(
                 **{name: value for name, value in arguments.items() if name != "row_union"}
             )
-        if self.overlapping:  # armed for _softmax_grad
-            self._union, self._ready = arguments["row_union"], set()
+        if self.overlapping:  # armed for _softmax_grad (nothing left from a step that failed)
+            self._union, self._ready, self._in_flight = arguments["row_union"], set(), None
             self._rows_distinct = arguments["softmax_rows"] is not None
         (output.loss * self.train.unroll_steps).backward()  # bilm-tf scales by the unroll
         softmax = self.bilm.softmax

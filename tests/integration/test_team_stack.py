@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from mlflow.tracking import MlflowClient
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.team_stack]  # make test-team-stack
 
 FLOW_SCRIPT = """
 import json

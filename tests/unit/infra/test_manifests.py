@@ -119,7 +119,7 @@ def test_compose_backends_are_postgres_and_s3(services: dict[str, dict[str, Any]
     prefect_db = services["prefect-server"]["environment"]["PREFECT_API_DATABASE_CONNECTION_URL"]
     mlflow_args = " ".join(services["mlflow"]["command"])
     assert prefect_db.startswith("postgresql+asyncpg://")
-    assert "--backend-store-uri=postgresql://" in mlflow_args
+    assert "--backend-store-uri=postgresql+psycopg2://" in mlflow_args
     assert "--artifacts-destination=s3://" in mlflow_args
     init_script = " ".join(services["minio-init"]["command"])
     assert "mc mb" in init_script
