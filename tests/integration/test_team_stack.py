@@ -129,3 +129,19 @@ def test_a_server_started_without_its_database_fails_at_once_naming_it(team_stac
     assert "mlflow needs postgres, which is not running" in result.stderr
     assert time.monotonic() - began < 20
     assert not (Path(team_stack.env["ELMO_HOME"]) / "stack" / "pids" / "mlflow.pid").exists()
+
+
+@pytest.mark.timeout(200)
+def test_a_password_the_cluster_refuses_fails_at_once_naming_the_server(team_stack) -> None:
+    started = team_stack.run("start", "--services", "postgres")
+    assert started.returncode == 0, started.stderr
+    state = Path(team_stack.env["ELMO_HOME"]) / "stack"
+    (state / "postgres_password").write_text("not-the-clusters")
+    began = time.monotonic()
+    again = team_stack.run("start", "--services", "postgres,mlflow", timeout=60)
+    assert again.returncode == 1
+    port = team_stack.env["ELMO_POSTGRES_PORT"]
+    assert f"PostgreSQL on 127.0.0.1:{port} refused the stack" in again.stderr
+    assert "password authentication failed" in again.stderr
+    assert time.monotonic() - began < 20
+    assert not (state / "pids" / "mlflow.pid").exists()  # nothing started on it
