@@ -251,14 +251,18 @@ def postgres_data_dir(state_dir: Path) -> Path:
 
 
 def postgres_password(state_dir: Path) -> str:
-    """The cluster's password, generated once into the stack's state (mode 600)."""
-    path = state_dir / "postgres_password"
+    """The cluster's password, generated once into the stack's state."""
+    return _secret(state_dir / "postgres_password", lambda: secrets.token_urlsafe(24))
+
+
+def _secret(path: Path, make: Callable[[], str]) -> str:
+    """``path``'s secret, made by ``make`` and written whole (mode 600) the first time."""
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(".partial")
         fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as out:
-            out.write(secrets.token_urlsafe(24))
+            out.write(make())
         partial.replace(path)
     return path.read_text().strip()
 
@@ -457,15 +461,7 @@ def _log_tail(cfg: StackConfig, name: str) -> str:
 
 
 def _ensure_ray_token(cfg: StackConfig) -> None:
-    path = cfg.ray_token_path
-    if path.exists():
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".partial")
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(secrets.token_hex(32))
-    partial.replace(path)
+    _secret(cfg.ray_token_path, lambda: secrets.token_hex(32))
 
 
 def _service_env(cfg: StackConfig) -> dict[str, str]:
