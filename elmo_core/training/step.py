@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from functools import partial
 from typing import Any, NamedTuple
 
 import torch
@@ -87,14 +86,12 @@ class TrainingStep:
         # the union exchange, launched from the softmax's gradients as the backward makes them
         self.overlapping = self.agreeing and overlap_exchange
         self._union: torch.Tensor | None = None  # this step's agreed rows, while it runs
-        self._ready: set[str] = set()  # which of the softmax's gradients exist
         self._in_flight: RowsInFlight | None = None
         self._rows_distinct = False  # the step's rows were gathered once (found ahead)
         if self.overlapping:
             assert bilm.softmax is not None
-            for name in ("weight", "bias"):
-                parameter = getattr(bilm.softmax, name)
-                parameter.register_post_accumulate_grad_hook(partial(self._softmax_grad, name))
+            for parameter in (bilm.softmax.weight, bilm.softmax.bias):
+                parameter.register_post_accumulate_grad_hook(self._softmax_grad)
         self.graphs: StepGraphs | None = None
         if train.capture_step:
             self.graphs = _step_graphs(bilm, optimizer)
@@ -185,7 +182,7 @@ class TrainingStep:
                 **{name: value for name, value in arguments.items() if name != "row_union"}
             )
         if self.overlapping:  # armed for _softmax_grad (nothing left from a step that failed)
-            self._union, self._ready, self._in_flight = arguments["row_union"], set(), None
+            self._union, self._in_flight = arguments["row_union"], None
             self._rows_distinct = arguments["softmax_rows"] is not None
         (output.loss * self.train.unroll_steps).backward()  # bilm-tf scales by the unroll
         softmax = self.bilm.softmax
@@ -210,16 +207,13 @@ class TrainingStep:
         detached = (new_state[0].detach(), new_state[1].detach())
         return StepResult(output, detached, grad_norm, sent)
 
-    def _softmax_grad(self, name: str, _: torch.Tensor) -> None:
-        """Autograd's hook as the softmax's ``name`` gradient is stored: once both are, this
-        step's union exchange is launched, before the LSTMs' backward runs."""
-        if self._union is None:
-            return
-        self._ready.add(name)
-        if len(self._ready) < 2:
-            return
+    def _softmax_grad(self, _: torch.Tensor) -> None:
+        """Autograd's hook as one of the softmax's gradients is stored: once both are (the step
+        began with none), this step's union exchange is launched, before the LSTMs' backward."""
         softmax = self.bilm.softmax
         assert softmax is not None
+        if self._union is None or softmax.weight.grad is None or softmax.bias.grad is None:
+            return
         if self._rows_distinct:  # gathered once for both directions
             softmax.mark_rows_distinct()
         with torch.profiler.record_function(EXCHANGE_LAUNCHED):
