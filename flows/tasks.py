@@ -7,12 +7,16 @@ and training recovers on its own.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from prefect import Task, get_run_logger, task
+from prefect import Task, get_client, get_run_logger, task
+from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.client.schemas.objects import TaskRun
+from prefect.concurrency.sync import concurrency
+from prefect.exceptions import ObjectAlreadyExists
 from prefect.states import State
 
 from elmo_core.analysis.task_runs import DEFAULT_FRACTIONS
@@ -165,6 +169,23 @@ def evaluate(
     return result
 
 
+REGISTRY_LOCK = "elmo-registry"  # a Prefect global concurrency limit of one slot
+
+
+@contextmanager
+def registry_lock() -> Iterator[None]:
+    """One flow run at a time registers and judges a version, across every flow run on the
+    server: two that finish together would otherwise both be measured against the same champion
+    (the last alias set wins), or both register a training run that neither found registered.
+    The limit is made on first use; Prefect renews the lease while registration runs."""
+    with get_client(sync_client=True) as client, suppress(ObjectAlreadyExists):
+        client.create_global_concurrency_limit(
+            GlobalConcurrencyLimitCreate(name=REGISTRY_LOCK, limit=1)
+        )
+    with concurrency(REGISTRY_LOCK, occupy=1, strict=True):
+        yield
+
+
 @task(name="register")
 def register(
     run: TrainResult,
@@ -176,16 +197,17 @@ def register(
 ) -> RegisteredBiLM:
     """The run's version of ``name`` (its model that ``hand_on`` picks, as :func:`evaluate`'s):
     registered and judged by the champion policy once per training run (a re-run gets the same
-    version and decision back)."""
-    registered = register_trained(
-        run,
-        dataset,
-        evaluation,
-        hand_on=hand_on,
-        name=name,
-        parent_run_id=parent_run_id,
-        tags=flow_tags(),
-    )
+    version and decision back), one flow run at a time (:func:`registry_lock`)."""
+    with registry_lock():
+        registered = register_trained(
+            run,
+            dataset,
+            evaluation,
+            hand_on=hand_on,
+            name=name,
+            parent_run_id=parent_run_id,
+            tags=flow_tags(),
+        )
     get_run_logger().info(registry_line(registered))
     get_run_logger().info(run_link_line("register run", mlflow_link(registered.run_id)))
     return registered

@@ -1,6 +1,7 @@
 """Start, check and stop the local stack: Prefect server + process worker, MLflow server, Ray head,
-and with ``ELMO_STACK_DATABASE=postgresql`` a PostgreSQL cluster that both servers store in (the
-team setup); else each server keeps a SQLite file.
+and with ``ELMO_STACK_DATABASE=postgresql`` the team setup: a PostgreSQL cluster that both servers
+store in and a second Ray node joined to the head (``ray-node``); else each server keeps a SQLite
+file and Ray is the head alone (``ELMO_RAY_WORKER_NODE=1`` adds the node there too).
 
 Usage: ``python infra/local/stack.py start|status|stop [--services prefect,worker,mlflow,ray]``.
 Everything binds to 127.0.0.1 with state under ``$ELMO_HOME/stack``, so stacks on other ports
@@ -34,13 +35,26 @@ from pathlib import Path
 
 from pipelines.common.settings import elmo_home
 
-SERVICE_ORDER = ("postgres", "mlflow", "prefect", "ray", "worker")
+SERVICE_ORDER = ("postgres", "mlflow", "prefect", "ray", "ray-node", "worker")
 STORES = ("sqlite", "postgresql")  # where the MLflow and Prefect servers store
 WORKER_NAME = "elmo-local"
 LOG_TAIL_LINES = 40
 STOP_GRACE_S = 8.0
 # Ray puts Unix sockets under its temp dir; their paths must stay under 107 bytes.
 MAX_RAY_TEMP_DIR_CHARS = 40
+# A custom resource only the second Ray node has: how its health check finds it among the nodes.
+RAY_NODE_RESOURCE = "elmo_worker_node"
+
+
+# Every client of the stack (the worker's flow runs, Ray's training workers, a user's shell)
+# rides out a server restarted under it: MLflow's client retries a refused connection with
+# backoff 2, 4, ... s, capped at 120 s, and Prefect's 2, 4, ... 128 s: about 4 minutes each
+# (tests/integration/test_team_pipeline.py stops MLflow for 30 s and restarts Prefect mid-run).
+CLIENT_RETRIES = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "7",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "2",
+    "PREFECT_CLIENT_MAX_RETRIES": "7",
+}
 
 
 class StackError(RuntimeError):
@@ -66,6 +80,8 @@ class StackConfig:
     host: str = "127.0.0.1"
     database: str = "sqlite"
     postgres_port: int = 5432
+    ray_worker_node: bool = False  # a second Ray node on this machine, joined to the head
+    ray_node_agent_port: int = 52366
 
     @classmethod
     def from_env(cls) -> StackConfig:
@@ -79,6 +95,9 @@ class StackConfig:
         database = environ.get("ELMO_STACK_DATABASE", cls.database)
         if database not in STORES:
             raise StackError(f"ELMO_STACK_DATABASE={database!r}: choose one of {STORES}")
+        node = environ.get("ELMO_RAY_WORKER_NODE", "1" if database == "postgresql" else "0")
+        if node not in ("0", "1"):
+            raise StackError(f"ELMO_RAY_WORKER_NODE={node!r}: choose 0 or 1")
         return cls(
             home=elmo_home(),
             prefect_port=number("ELMO_PREFECT_PORT", cls.prefect_port),
@@ -93,12 +112,15 @@ class StackConfig:
             timeout_s=float(environ.get("ELMO_STACK_TIMEOUT_S", cls.timeout_s)),
             database=database,
             postgres_port=number("ELMO_POSTGRES_PORT", cls.postgres_port),
+            ray_worker_node=node == "1",
+            ray_node_agent_port=number("ELMO_RAY_NODE_AGENT_PORT", cls.ray_node_agent_port),
         )
 
     @property
     def services(self) -> list[str]:
         """Every service of this stack, in start order."""
-        return [name for name in SERVICE_ORDER if name != "postgres" or self.on_postgres]
+        optional = {"postgres": self.on_postgres, "ray-node": self.ray_worker_node}
+        return [name for name in SERVICE_ORDER if optional.get(name, True)]
 
     @property
     def on_postgres(self) -> bool:
@@ -141,6 +163,7 @@ class StackConfig:
             "RAY_API_SERVER_ADDRESS": self.ray_dashboard_url,
             "RAY_AUTH_MODE": "token",
             "RAY_AUTH_TOKEN_PATH": str(self.ray_token_path),
+            **CLIENT_RETRIES,
         }
 
 
@@ -198,12 +221,25 @@ def _mlflow_healthy(cfg: StackConfig) -> bool:
     return _http_ok(f"{cfg.mlflow_url}/health").strip() == b"OK"
 
 
-def _ray_healthy(cfg: StackConfig) -> bool:
+def _ray_get(cfg: StackConfig, path: str) -> bytes:
+    """GET ``path`` of the head's dashboard with the stack's token (b"" until it has one)."""
     if not cfg.ray_token_path.exists():
-        return False
+        return b""
     token = cfg.ray_token_path.read_text().strip()
-    auth = {"Authorization": f"Bearer {token}"}
-    return b"ray_version" in _http_ok(f"{cfg.ray_dashboard_url}/api/version", auth)
+    return _http_ok(f"{cfg.ray_dashboard_url}{path}", {"Authorization": f"Bearer {token}"})
+
+
+def _ray_healthy(cfg: StackConfig) -> bool:
+    return b"ray_version" in _ray_get(cfg, "/api/version")
+
+
+def _ray_node_healthy(cfg: StackConfig) -> bool:
+    """The head lists an ALIVE node that has :data:`RAY_NODE_RESOURCE` (the state API)."""
+    body = _ray_get(cfg, "/api/v0/nodes?detail=1&limit=100")
+    nodes = json.loads(body)["data"]["result"]["result"] if body else []
+    return any(
+        node["state"] == "ALIVE" and RAY_NODE_RESOURCE in node["resources_total"] for node in nodes
+    )
 
 
 def _worker_healthy(cfg: StackConfig) -> bool:
@@ -392,6 +428,21 @@ def _ray_command(cfg: StackConfig) -> list[str]:
     return command
 
 
+def _ray_node_command(cfg: StackConfig) -> list[str]:
+    """A second node joined to the head, on this machine: its own agent port, every other port
+    left for Ray to choose; the head's temp dir and token."""
+    command = [
+        _bin("ray"), "start",
+        "--address", f"{cfg.host}:{cfg.ray_port}",
+        "--dashboard-agent-listen-port", str(cfg.ray_node_agent_port),
+        "--resources", json.dumps({RAY_NODE_RESOURCE: 1}),
+        "--disable-usage-stats",
+    ]  # fmt: skip
+    if cfg.ray_num_cpus is not None:
+        command += ["--num-cpus", str(cfg.ray_num_cpus)]
+    return command
+
+
 SERVICES: dict[str, Service] = {
     "postgres": Service(
         "postgres",
@@ -419,6 +470,14 @@ SERVICES: dict[str, Service] = {
         _ray_command,
         _ray_healthy,
         lambda c: {"ELMO_RAY_PORT": c.ray_port, "ELMO_RAY_DASHBOARD_PORT": c.ray_dashboard_port},
+        daemonizes=True,
+    ),
+    "ray-node": Service(
+        "ray-node",
+        _ray_node_command,
+        _ray_node_healthy,
+        lambda c: {"ELMO_RAY_NODE_AGENT_PORT": c.ray_node_agent_port},
+        needs=("ray",),
         daemonizes=True,
     ),
     "worker": Service("worker", _worker_command, _worker_healthy, lambda c: {}, needs=("prefect",)),

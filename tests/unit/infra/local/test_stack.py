@@ -75,6 +75,7 @@ def test_config_reads_ports_and_home_from_the_environment(
         "RAY_API_SERVER_ADDRESS": "http://127.0.0.1:18265",
         "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN_PATH": str(tmp_path / "stack" / "ray_auth_token"),
+        **stack_module.CLIENT_RETRIES,
     }
     assert f"sqlite:///{tmp_path}/mlflow.db" in stack_module._mlflow_command(cfg)
 
@@ -181,7 +182,8 @@ def test_the_servers_wait_for_postgres_only_on_the_postgres_stack(
     assert stack_module.SERVICES["mlflow"].prerequisites(on_sqlite) == ()
     monkeypatch.setenv("ELMO_STACK_DATABASE", "postgresql")
     team = stack_module.StackConfig.from_env()
-    assert team.services[0] == "postgres"
+    assert team.services == list(stack_module.SERVICE_ORDER)  # with the second Ray node
+    assert "ray-node" not in on_sqlite.services
     assert stack_module.SERVICES["mlflow"].prerequisites(team) == ("postgres",)
     assert stack_module.SERVICES["worker"].prerequisites(team) == ("prefect",)
     url = team.database_url("mlflow", stack_module.MLFLOW_DRIVER)
@@ -209,3 +211,27 @@ def test_a_missing_postgresql_says_how_to_install_it(
     monkeypatch.setattr(stack_module.glob, "glob", lambda pattern: [])
     with pytest.raises(stack_module.StackError, match="apt-get install postgresql"):
         stack_module.postgres_binary("initdb")
+
+
+def test_the_second_ray_node_joins_the_head_on_its_own_agent_port(
+    stack_module: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ELMO_HOME", str(tmp_path))
+    monkeypatch.setenv("ELMO_RAY_WORKER_NODE", "1")
+    monkeypatch.setenv("ELMO_RAY_PORT", "16379")
+    monkeypatch.setenv("ELMO_RAY_NODE_AGENT_PORT", "52999")
+    monkeypatch.setenv("ELMO_RAY_NUM_CPUS", "1")
+    cfg = stack_module.StackConfig.from_env()
+
+    assert cfg.services[-2:] == ["ray-node", "worker"]
+    assert stack_module.SERVICES["ray-node"].prerequisites(cfg) == ("ray",)
+    command = stack_module._ray_node_command(cfg)
+    joined = " ".join(command)
+    assert "--head" not in command
+    assert "--address 127.0.0.1:16379" in joined
+    assert "--dashboard-agent-listen-port 52999" in joined
+    assert "--num-cpus 1" in joined
+    assert stack_module.RAY_NODE_RESOURCE in joined
+    monkeypatch.setenv("ELMO_RAY_WORKER_NODE", "yes")
+    with pytest.raises(stack_module.StackError, match="ELMO_RAY_WORKER_NODE='yes'"):
+        stack_module.StackConfig.from_env()

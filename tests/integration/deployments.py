@@ -1,0 +1,136 @@
+"""The ``pretrain/smoke`` deployment driven as a user drives it, for the tests that run it on a
+started local stack (test_end_to_end.py on SQLite, test_team_pipeline.py on PostgreSQL): the
+Prefect CLI as subprocesses with the stack's exports, flow runs watched over the Prefect API, the
+champion loaded in a fresh interpreter."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+PREFECT = str(Path(sys.executable).parent / "prefect")
+TERMINAL_STATES = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
+
+# A fresh interpreter that knows only the tracking URI, as a user's notebook would: the vectors
+# of "bank" in two sentences, every layer.
+EMBED_SCRIPT = """
+import json, mlflow, pandas as pd
+model = mlflow.pyfunc.load_model("models:/elmo-bilm@champion")
+out = model.predict(pd.DataFrame({"sentence": [
+    "She went to the bank to withdraw money.", "They sat on the bank of the river."]}))
+banks = []
+for tokens, layers in zip(out["tokens"], out["embeddings"]):
+    index = list(tokens).index("bank")
+    banks.append([[float(x) for x in layer[index]] for layer in layers])
+print(json.dumps(banks))
+"""
+
+
+@contextmanager
+def user_shell(
+    local_stack: Callable[..., AbstractContextManager[Any]], home: Path, **settings: str
+) -> Iterator[dict[str, str]]:
+    """The local stack started under ``home`` with ``settings``; yields the environment a user's
+    shell has after sourcing it (the Prefect CLI's own state beside ``home``)."""
+    with local_stack(
+        home,
+        ELMO_REPO=str(ROOT),
+        MLFLOW_DISABLE_TELEMETRY="true",
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        **settings,
+    ) as local:
+        started = local.run("start", timeout=600)
+        assert started.returncode == 0, started.stderr
+        exported = local.exports(started.stdout)
+        yield {**local.env, **exported, "PREFECT_HOME": str(home.parent / "cli")}
+
+
+def run_cli(
+    args: list[str], env: dict[str, str], timeout: float
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        args, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def deploy_smoke(env: dict[str, str]) -> None:
+    """``prefect deploy --name pretrain/smoke`` from this checkout."""
+    deployed = run_cli([PREFECT, "--no-prompt", "deploy", "--name", "pretrain/smoke"], env, 300)
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+
+
+def shorter_smoke(
+    *overrides: str, tasks: tuple[str, ...] = ("ner",), num_workers: int = 1
+) -> dict[str, Any]:
+    """The deployment's parameters for a shorter run: 30 steps of the tiny preset (then
+    ``overrides``) on ``num_workers``, the bundled ``tasks`` over one seed, no analysis (the
+    demo's whole set is checked in tests/unit/flows/test_deployments.py)."""
+    config = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+    (smoke,) = [
+        d for d in config["deployments"] if d["name"] == "smoke" and "pretrain" in d["entrypoint"]
+    ]
+    params = smoke["parameters"]["params"]
+    short = ["train.max_steps=30", "train.checkpoint_every=30", "train.validate_every=30"]
+    training = params["training"] | {"model": "tiny", "num_workers": num_workers}
+    training["overrides"] = [*training["overrides"], *short, *overrides]
+    task_files = [f"examples/tasks/{task}.yaml" for task in tasks]
+    return params | {"training": training, "tasks": task_files, "seeds": [0], "analyze": False}
+
+
+def watch_smoke(env: dict[str, str], params: dict[str, Any], timeout: float = 600) -> str:
+    """``prefect deployment run pretrain/smoke --watch`` with ``params``; its stdout, once the
+    flow run completed."""
+    run = [PREFECT, "deployment", "run", "pretrain/smoke", "--watch"]
+    run += ["--watch-timeout", str(int(timeout)), "--param", f"params={json.dumps(params)}"]
+    watched = run_cli(run, env, timeout + 60)
+    assert watched.returncode == 0, watched.stdout[-4000:] + watched.stderr[-2000:]
+    assert "Flow run finished successfully in 'Completed'" in watched.stdout
+    return watched.stdout
+
+
+def start_smoke(env: dict[str, str], params: dict[str, Any]) -> str:
+    """``prefect deployment run pretrain/smoke`` with ``params``, not waited for: its flow run."""
+    run = [PREFECT, "deployment", "run", "pretrain/smoke"]
+    started = run_cli([*run, "--param", f"params={json.dumps(params)}"], env, 120)
+    assert started.returncode == 0, started.stdout + started.stderr
+    found = re.search(r"UUID:\s*([0-9a-f-]{36})", started.stdout)
+    assert found, started.stdout
+    return found.group(1)
+
+
+def flow_run_state(env: dict[str, str], flow_run_id: str) -> str:
+    """The flow run's state type (``RUNNING``, ``COMPLETED``, ...) from the Prefect API."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    url = f"{env['PREFECT_API_URL']}/flow_runs/{flow_run_id}"
+    with opener.open(url, timeout=30) as response:
+        return str(json.load(response)["state_type"])
+
+
+def wait_for_flow_runs(env: dict[str, str], ids: list[str], timeout: float) -> dict[str, str]:
+    """Each flow run's terminal state type, polled until all have one (or ``timeout`` passed)."""
+    deadline = time.monotonic() + timeout
+    states = {run_id: "" for run_id in ids}
+    while time.monotonic() < deadline:
+        states = {run_id: flow_run_state(env, run_id) for run_id in ids}
+        if all(state in TERMINAL_STATES for state in states.values()):
+            break
+        time.sleep(2)
+    return states
+
+
+def bank_vectors(env: dict[str, str]) -> list[list[list[float]]]:
+    """The champion's vectors of "bank" in two sentences, loaded in a fresh interpreter."""
+    embedded = run_cli([sys.executable, "-c", EMBED_SCRIPT], env, timeout=300)
+    assert embedded.returncode == 0, embedded.stderr[-3000:]
+    return json.loads(embedded.stdout.strip().splitlines()[-1])
