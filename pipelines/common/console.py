@@ -6,6 +6,7 @@ interval. Chatter is silenced by each library's own environment switch, never fi
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
@@ -134,7 +135,7 @@ QUIET_ENVIRONMENT = {
     # Our workers' lines say what they are ("[train] step …"); Ray's name/pid prefix adds colour.
     "RAY_DISABLE_WORKER_LOG_PREFIX": "1",
     # Else a worker's root logger is at INFO (each report's record, matplotlib's font cache);
-    # Python's default then prints warnings and errors only (no JSON logs for the Train view).
+    # warnings and errors reach stderr through show_warnings (no JSON logs for the Train view).
     "RAY_TRAIN_ENABLE_WORKER_STRUCTURED_LOGGING": "0",
     # Ray's own INFO lines ("Setting up process group"), read as a local Ray's processes start.
     "RAY_LOGGER_LEVEL": "warning",
@@ -142,6 +143,15 @@ QUIET_ENVIRONMENT = {
     "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
     "MLFLOW_LOGGING_LEVEL": "WARNING",
 }
+
+
+def show_warnings() -> None:
+    """Every logger's warnings and errors on stderr, in a process whose root logger has no
+    handler (a Ray worker, with Train's structured logging off above). Python's fallback does not
+    cover a library that gave its logger a ``NullHandler``: urllib3 does, and its retries are how
+    a run says that MLflow went away and came back."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
 
 def quiet_environment() -> None:

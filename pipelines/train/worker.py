@@ -44,6 +44,7 @@ from elmo_core.training.batches import StepBatches, StreamPosition, StreamSpec
 from elmo_core.training.gradient_exchange import dense_gradient_bytes, ring_bytes
 from elmo_core.training.loop import carried_steps, step_batches, training_streams
 from elmo_core.training.step import TrainingStep
+from pipelines.common.console import show_warnings
 from pipelines.serving.bilm_loader import BiLMReference, initial_bilm
 from pipelines.train.checkpoint import (
     CheckpointStore,
@@ -118,7 +119,9 @@ class WorkerRuntime(Protocol):
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
     """Ray Train's entry point on each worker: its torch threads (Ray's ``OMP_NUM_THREADS``, the
-    worker's CPUs) fewer on a loaded machine (:mod:`elmo_core.threads`)."""
+    worker's CPUs) fewer on a loaded machine (:mod:`elmo_core.threads`), and the warnings of
+    every library in the job's log (:func:`show_warnings`)."""
+    show_warnings()
     torch.set_num_threads(threads_under_load(torch.get_num_threads()))
     logging.getLogger(RAY_TRAIN_ERROR_LOGGER).addFilter(_drop_user_error_tracebacks)
     train_loop(WorkerConfig.model_validate(config), RayRuntime.current())

@@ -1,7 +1,8 @@
 """The ``pretrain/smoke`` deployment driven as a user drives it, for the tests that run it on a
-started local stack (test_end_to_end.py on SQLite, test_team_pipeline.py on PostgreSQL): the
-Prefect CLI as subprocesses with the stack's exports, flow runs watched over the Prefect API, the
-champion loaded in a fresh interpreter."""
+started local stack (test_end_to_end.py and test_sqlite_at_once.py on SQLite,
+test_team_pipeline.py on PostgreSQL): the Prefect CLI as subprocesses with the stack's exports,
+flow runs watched over the Prefect API, what each left in MLflow, the champion loaded in a fresh
+interpreter."""
 
 from __future__ import annotations
 
@@ -11,16 +12,28 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
 import yaml
+from mlflow.entities import Run
+from mlflow.tracking import MlflowClient
+
+from pipelines.registry.policy import current_champion, decide
+from pipelines.registry.tags import TRAIN_RUN_TAG
+from pipelines.tracking.flow_runs import TRAIN_LOSS_METRIC
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFECT = str(Path(sys.executable).parent / "prefect")
 TERMINAL_STATES = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
+BILM = "elmo-bilm"  # the flow's registered biLM
+ONE_CPU = "run.cpus_per_worker=1"  # two workers: one on each node
+# Every stage a flow run with one task over one seed leaves in MLflow (prepare only when its
+# dataset was not cached yet).
+STAGES = {"train", "evaluate", "register", "adapt"}
 
 # A fresh interpreter that knows only the tracking URI, as a user's notebook would: the vectors
 # of "bank" in two sentences, every layer.
@@ -134,3 +147,60 @@ def bank_vectors(env: dict[str, str]) -> list[list[list[float]]]:
     embedded = run_cli([sys.executable, "-c", EMBED_SCRIPT], env, timeout=300)
     assert embedded.returncode == 0, embedded.stderr[-3000:]
     return json.loads(embedded.stdout.strip().splitlines()[-1])
+
+
+def stage_runs(client: MlflowClient, flow_run_id: str) -> list[Run]:
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    tag = f"tags.`prefect.flow_run_id` = '{flow_run_id}'"
+    return client.search_runs(experiments, filter_string=tag, max_results=1000)
+
+
+def check_stage_runs(client: MlflowClient, flow_run_id: str) -> dict[str, Run]:
+    """Every stage of the flow run left one FINISHED run; training its loss at every logged
+    step, the others artifacts. The stage runs by stage name."""
+    runs = stage_runs(client, flow_run_id)
+    by_stage = Counter(run.data.tags["elmo.stage"] for run in runs)
+    assert set(by_stage) >= STAGES, by_stage
+    assert set(by_stage.values()) == {1}, by_stage
+    assert {run.info.status for run in runs} == {"FINISHED"}
+    stages = {run.data.tags["elmo.stage"]: run for run in runs}
+    loss = client.get_metric_history(stages["train"].info.run_id, TRAIN_LOSS_METRIC)
+    assert loss, "no training loss logged"
+    assert [metric.step for metric in loss] == sorted({metric.step for metric in loss})
+    for stage in ("train", "adapt"):
+        assert client.list_artifacts(stages[stage].info.run_id), stage
+    return stages
+
+
+def three_at_once(env: dict[str, str], seeds: tuple[int, int, int]) -> float:
+    """Start three flow runs together (each its own biLM and task, one dataset), check each
+    kept all its runs and exactly one registered version, and that the champion alias is where
+    the policy puts it; the seconds until all three ended."""
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    before = {int(v.version) for v in client.search_model_versions(f"name = '{BILM}'")}
+    tasks = ("ner", "questions", "docstrings")
+    params = [
+        shorter_smoke(ONE_CPU, f"train.seed={seed}", tasks=(task,), num_workers=2)
+        for seed, task in zip(seeds, tasks, strict=True)
+    ]
+    began = time.monotonic()
+    ids = [start_smoke(env, one) for one in params]
+    states = wait_for_flow_runs(env, ids, timeout=1000)
+    seconds = time.monotonic() - began
+
+    assert set(states.values()) == {"COMPLETED"}, states
+    registered = []
+    for flow_run_id in ids:
+        stages = check_stage_runs(client, flow_run_id)
+        train_run = stages["train"].info.run_id
+        found = f"name = '{BILM}' and tags.`{TRAIN_RUN_TAG}` = '{train_run}'"
+        (version,) = client.search_model_versions(found)  # one, not two or none
+        registered.append(int(version.version))
+    versions = client.search_model_versions(f"name = '{BILM}'")
+    assert sorted(int(v.version) for v in versions) == sorted(before | set(registered))
+    assert len(set(registered)) == 3
+    champion = current_champion(BILM, client)
+    assert champion is not None
+    for version in versions:  # no version the policy would crown over the champion
+        assert decide(version, champion).alias != "champion" or version.version == champion.version
+    return seconds

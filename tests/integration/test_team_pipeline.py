@@ -12,25 +12,33 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from pipelines.registry.policy import current_champion, decide
-from pipelines.registry.tags import TRAIN_RUN_TAG
+from pipelines.tracking.flow_runs import TRAIN_LOSS_METRIC
+from pipelines.train.checkpoint import CheckpointStore
+from pipelines.train.run_directory import RunDirectory
 from tests.integration.deployments import (
+    BILM,
+    ONE_CPU,
+    TERMINAL_STATES,
     bank_vectors,
     deploy_smoke,
     shorter_smoke,
+    stage_runs,
     start_smoke,
+    three_at_once,
     user_shell,
     wait_for_flow_runs,
     watch_smoke,
@@ -38,11 +46,7 @@ from tests.integration.deployments import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.team_stack]
 
-BILM = "elmo-bilm"
-ONE_CPU = "run.cpus_per_worker=1"  # two workers: one on each node
-# Every stage a flow run with one task over one seed leaves in MLflow (prepare only when its
-# dataset was not cached yet).
-STAGES = {"train", "evaluate", "register", "adapt"}
+T = TypeVar("T")
 
 
 def _postgres_installed(stack_module: ModuleType) -> bool:
@@ -72,28 +76,6 @@ def team(
         deploy_smoke(env)
         yield env
     shutil.rmtree(stack_module.postgres_data_dir(home / "stack"), ignore_errors=True)
-
-
-def _stage_runs(client: MlflowClient, flow_run_id: str) -> list[Run]:
-    experiments = [e.experiment_id for e in client.search_experiments()]
-    tag = f"tags.`prefect.flow_run_id` = '{flow_run_id}'"
-    return client.search_runs(experiments, filter_string=tag, max_results=1000)
-
-
-def _check_stage_runs(client: MlflowClient, flow_run_id: str) -> dict[str, Run]:
-    """Every stage of the flow run left one FINISHED run; training its loss at every logged
-    step, the others artifacts. The stage runs by stage name."""
-    runs = _stage_runs(client, flow_run_id)
-    by_stage = Counter(run.data.tags["elmo.stage"] for run in runs)
-    assert set(by_stage) >= STAGES, by_stage
-    assert set(by_stage.values()) == {1}, by_stage
-    assert {run.info.status for run in runs} == {"FINISHED"}
-    stages = {run.data.tags["elmo.stage"]: run for run in runs}
-    loss = client.get_metric_history(stages["train"].info.run_id, "bilm/train/loss")
-    assert [metric.step for metric in loss] == sorted({metric.step for metric in loss})
-    for stage in ("train", "adapt"):
-        assert client.list_artifacts(stages[stage].info.run_id), stage
-    return stages
 
 
 def _ray_get(env: dict[str, str], path: str) -> Any:
@@ -133,29 +115,125 @@ def test_a_flow_run_trains_across_both_nodes_and_registers_a_loadable_champion(
 
 @pytest.mark.timeout(1200)
 def test_three_flow_runs_at_once_each_keep_their_runs_and_versions(team: dict[str, str]) -> None:
-    client = MlflowClient(team["MLFLOW_TRACKING_URI"])
-    before = {int(v.version) for v in client.search_model_versions(f"name = '{BILM}'")}
-    params = [
-        shorter_smoke(ONE_CPU, f"train.seed={seed}", tasks=(task,), num_workers=2)
-        for seed, task in ((11, "ner"), (12, "questions"), (13, "docstrings"))
-    ]
-    began = time.monotonic()
-    ids = [start_smoke(team, one) for one in params]
-    states = wait_for_flow_runs(team, ids, timeout=1000)
-    print(f"three flow runs at once on the team stack: {time.monotonic() - began:.0f} s")
+    seconds = three_at_once(team, seeds=(11, 12, 13))
+    print(f"three flow runs at once on the team stack: {seconds:.0f} s")
 
-    assert set(states.values()) == {"COMPLETED"}, states
-    registered = []
-    for flow_run_id in ids:
-        stages = _check_stage_runs(client, flow_run_id)
-        train_run = stages["train"].info.run_id
-        found = f"name = '{BILM}' and tags.`{TRAIN_RUN_TAG}` = '{train_run}'"
-        (version,) = client.search_model_versions(found)  # one, not two or none
-        registered.append(int(version.version))
-    versions = client.search_model_versions(f"name = '{BILM}'")
-    assert sorted(int(v.version) for v in versions) == sorted(before | set(registered))
-    assert len(set(registered)) == 3
-    champion = current_champion(BILM, client)
-    assert champion is not None
-    for version in versions:  # no version the policy would crown over the champion
-        assert decide(version, champion).alias != "champion" or version.version == champion.version
+
+def _stack(env: dict[str, str], stack_module: ModuleType, *args: str) -> None:
+    """``stack.py ARGS`` in the user's shell: stop or start one of the stack's services."""
+    done = subprocess.run(
+        [sys.executable, stack_module.__file__, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def _wait_for(find: Callable[[], T | None], timeout: float, what: str) -> T:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = find()
+        if found is not None:
+            return found
+        time.sleep(1)
+    raise AssertionError(f"no {what} after {timeout:.0f} s")
+
+
+def _train_run(client: MlflowClient, flow_run_id: str) -> Run | None:
+    runs = [r for r in stage_runs(client, flow_run_id) if r.data.tags["elmo.stage"] == "train"]
+    return runs[0] if runs else None
+
+
+def _logged_loss(client: MlflowClient, flow_run_id: str) -> Run | None:
+    """The flow run's train run once it has logged a training loss."""
+    run = _train_run(client, flow_run_id)
+    if run is None or not client.get_metric_history(run.info.run_id, TRAIN_LOSS_METRIC):
+        return None
+    return run
+
+
+def _job_logs(env: dict[str, str], run: Run) -> str:
+    """The Ray job's log (its driver's and its workers' output) that trained ``run``."""
+    job = run.data.tags["ray.job_submission_id"]
+    token = Path(env["RAY_AUTH_TOKEN_PATH"]).read_text().strip()
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    request = urllib.request.Request(
+        f"{env['RAY_API_SERVER_ADDRESS']}/api/jobs/{job}/logs",
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    with opener.open(request, timeout=30) as response:
+        return str(json.load(response)["logs"])
+
+
+def _trains_long(seed: int) -> dict[str, Any]:
+    """A flow run whose training outlasts what a test does to the stack under it: 200 steps,
+    the loss logged and a checkpoint committed every 10."""
+    steps = ("train.max_steps=200", "train.log_every=10", "train.checkpoint_every=10")
+    return shorter_smoke(ONE_CPU, f"train.seed={seed}", *steps, num_workers=2)
+
+
+@pytest.mark.timeout(900)
+def test_training_rides_out_the_mlflow_server_stopped_for_30_s(
+    team: dict[str, str], stack_module: ModuleType
+) -> None:
+    client = MlflowClient(team["MLFLOW_TRACKING_URI"])
+    flow_run = start_smoke(team, _trains_long(seed=21))
+    run = _wait_for(lambda: _logged_loss(client, flow_run), 600, "logged training loss")
+    stopped_at = time.time()
+    _stack(team, stack_module, "stop", "--services", "mlflow")
+    time.sleep(30)
+    _stack(team, stack_module, "start", "--services", "mlflow")
+
+    assert wait_for_flow_runs(team, [flow_run], 600) == {flow_run: "COMPLETED"}
+    finished = client.get_run(run.info.run_id)
+    assert finished.info.status == "FINISHED"
+    assert finished.info.end_time / 1000 > stopped_at + 30, "training ended before the outage"
+    loss = client.get_metric_history(run.info.run_id, TRAIN_LOSS_METRIC)
+    assert [metric.step for metric in loss] == list(range(10, 201, 10))  # no gap, no duplicate
+    retried = [line for line in _job_logs(team, run).splitlines() if "Retrying" in line]
+    assert any("runs/log-batch" in line for line in retried), retried  # rank 0's, in the job log
+
+
+@pytest.mark.timeout(900)
+def test_a_flow_run_ends_true_across_a_prefect_restart_and_its_rerun_redoes_nothing(
+    team: dict[str, str], stack_module: ModuleType
+) -> None:
+    client = MlflowClient(team["MLFLOW_TRACKING_URI"])
+    params = _trains_long(seed=31)
+    flow_run = start_smoke(team, params)
+    _wait_for(lambda: _logged_loss(client, flow_run), 600, "logged training loss")
+    _stack(team, stack_module, "stop", "--services", "prefect")
+    _stack(team, stack_module, "start", "--services", "prefect")
+
+    ended = wait_for_flow_runs(team, [flow_run], 600)[flow_run]
+    print(f"the flow run restarted under ended {ended}")
+    assert ended in TERMINAL_STATES
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    before = Counter(r.data.tags.get("elmo.stage") for r in client.search_runs(experiments))
+    rerun = start_smoke(team, params)
+    assert wait_for_flow_runs(team, [rerun], 600) == {rerun: "COMPLETED"}
+    after = Counter(r.data.tags.get("elmo.stage") for r in client.search_runs(experiments))
+    print(f"runs by stage before the re-run {dict(before)}, after {dict(after)}")
+    assert after - before == Counter({"pretrain": 1})  # its own parent run, no stage redone
+
+
+@pytest.mark.timeout(900)
+def test_a_flow_run_survives_losing_the_second_ray_node(
+    team: dict[str, str], stack_module: ModuleType
+) -> None:
+    client = MlflowClient(team["MLFLOW_TRACKING_URI"])
+    flow_run = start_smoke(team, _trains_long(seed=41))
+    run = _wait_for(lambda: _train_run(client, flow_run), 600, "train run")
+    store = CheckpointStore(RunDirectory(run.data.tags["elmo.run_dir"]))
+    committed = _wait_for(store.newest, 600, "committed checkpoint")
+    _stack(team, stack_module, "stop", "--services", "ray-node")
+    _stack(team, stack_module, "start", "--services", "ray-node")
+
+    assert wait_for_flow_runs(team, [flow_run], 600) == {flow_run: "COMPLETED"}
+    final = store.newest()
+    assert final is not None and final.step == 200
+    resumed = store.record(final)["resumed_from_step"]
+    assert committed.step <= resumed < final.step

@@ -1,10 +1,15 @@
-"""console_progress: timed lines off a terminal, silence for short work, tqdm's figures."""
+"""console_progress: timed lines off a terminal, silence for short work, tqdm's figures; and
+show_warnings, which lets a library's warnings out of a Ray worker."""
 
 from __future__ import annotations
 
 import io
 import re
+import subprocess
+import sys
 import time
+
+import pytest
 
 from pipelines.common.console import INTERVAL_ENV, TimedLines, console_progress
 
@@ -49,3 +54,21 @@ def test_a_line_has_the_rate_and_eta_and_an_unknown_total_just_the_count() -> No
     line = unknown.line()
     unknown.close()
     assert re.fullmatch(r"download: 4\.00k B \[00:00, [\d.]+[kM]?B/s\]", line), line
+
+
+# A process as a Ray worker starts: a root logger with no handler, urllib3 imported (it gives its
+# logger a NullHandler, so Python's last-resort handler never prints its retries).
+RETRY_WARNING = """
+import logging, urllib3
+from pipelines.common.console import show_warnings
+{call}
+logging.getLogger("urllib3.connectionpool").warning("Retrying after connection refused")
+"""
+
+
+@pytest.mark.parametrize("shown", [False, True])
+def test_show_warnings_puts_a_library_retry_on_stderr(shown: bool) -> None:
+    script = RETRY_WARNING.format(call="show_warnings()" if shown else "")
+    command = [sys.executable, "-c", script]
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    assert ("Retrying after connection refused" in done.stderr) is shown

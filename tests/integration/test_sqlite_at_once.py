@@ -1,0 +1,38 @@
+"""The same three flow runs at once as on the team stack (test_team_pipeline.py), on the
+one-machine stack, where MLflow and Prefect each store in a SQLite file: what a user who skips
+PostgreSQL gets when several flow runs share the servers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.integration.deployments import deploy_smoke, three_at_once, user_shell
+
+pytestmark = [pytest.mark.integration, pytest.mark.team_stack]  # make test-team-stack
+
+
+@pytest.fixture(scope="module")
+def sqlite_stack(
+    tmp_path_factory: pytest.TempPathFactory, local_stack, free_port
+) -> Iterator[dict[str, str]]:
+    """The SQLite stack with the team stack's Ray (a head and a second node, one CPU each)."""
+    home = tmp_path_factory.mktemp("sqlite") / "elmo"
+    settings = {
+        "ELMO_RAY_WORKER_NODE": "1",
+        "ELMO_RAY_NODE_AGENT_PORT": str(free_port()),
+        "ELMO_RAY_NUM_CPUS": "1",
+        "ELMO_STACK_TIMEOUT_S": "240",
+    }
+    with user_shell(local_stack, home, **settings) as env:
+        deploy_smoke(env)
+        yield env
+
+
+@pytest.mark.timeout(1200)
+def test_three_flow_runs_at_once_on_sqlite_each_keep_their_runs_and_versions(
+    sqlite_stack: dict[str, str],
+) -> None:
+    seconds = three_at_once(sqlite_stack, seeds=(11, 12, 13))
+    print(f"three flow runs at once on the SQLite stack: {seconds:.0f} s")
