@@ -1,7 +1,9 @@
 """The evaluate stage: full-softmax perplexity of a trained biLM on heldout shards.
 
 The checkpoint is pinned here so every Ray task loads the same weights; the run records
-``heldout_hash`` because the registry compares perplexities only on the same heldout data.
+``heldout_hash`` because the registry compares perplexities only on the same heldout data. A
+training run's model, once scored, is not scored again: a re-run of the flow gets the finished
+evaluation back (:func:`evaluate_trained`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from pathlib import Path
 import mlflow
 import torch
 
+import elmo_core
+import pipelines.evaluate
 from elmo_core.data.manifest import load_manifest
 from elmo_core.data.reader import select_shards
 from elmo_core.errors import DataError
@@ -27,18 +31,23 @@ from elmo_core.perplexity import (
     evaluate_perplexity,
 )
 from elmo_core.threads import fewer_threads_under_load
+from pipelines.common.code_version import code_version, source_files
 from pipelines.common.handoff import HandOn, TrainResult
 from pipelines.evaluate.result import EvaluationResult
 from pipelines.serving.bilm_loader import BiLMReference, load_bilm, resolve_bilm
 from pipelines.tracking.stage_runs import (
     DESCRIPTION_TAG,
+    REUSE_KEY_TAG,
+    find_finished,
     location_name,
     log_dataset,
+    reuse_key,
     stage_run,
     stage_run_name,
 )
 
 PERPLEXITY_TABLE = "perplexity.json"  # the evaluate run's table: each direction and their mean
+RESULT_FILE = "evaluation.json"  # the run's EvaluationResult, what a re-run gets back
 
 
 def evaluate_bilm(
@@ -53,10 +62,12 @@ def evaluate_bilm(
     tags: dict[str, str] | None = None,
     workers: int | None = None,
     subject: str | None = None,
+    key: str | None = None,
 ) -> EvaluationResult:
     """Perplexity of ``checkpoint`` on ``data``'s ``split``, tracked as an ``evaluate`` run
     (metrics named ``<split>_perplexity...``: "validation perplexity" is training's sample)
-    named ``evaluate-<subject>`` (by default the checkpoint's :func:`location_name`)."""
+    named ``evaluate-<subject>`` (by default the checkpoint's :func:`location_name`). ``key``:
+    the run's reuse key, tagged once it is complete."""
     files = list(files) if files else None
     data = absolute_location(data)  # Ray tasks run in another directory
     bilm = resolve_bilm(checkpoint)  # a bad source fails before any run or task starts
@@ -110,6 +121,9 @@ def evaluate_bilm(
         trapped = describe_trapped_rows(sums.forward_trapped, sums.backward_trapped, sums.num_rows)
         description = f"{bilm.location}: {result.summary()}, {protocol} protocol"
         mlflow.set_tag(DESCRIPTION_TAG, f"{description}. {trapped}" if trapped else description)
+        mlflow.log_dict(result.model_dump(mode="json"), RESULT_FILE)
+        if key is not None:
+            mlflow.set_tag(REUSE_KEY_TAG, key)  # last: only a complete run is ever reused
     return result
 
 
@@ -123,14 +137,28 @@ def evaluate_trained(
 ) -> EvaluationResult:
     """The full-softmax heldout perplexity of the training run's model that ``hand_on`` picks
     (:meth:`~pipelines.common.handoff.TrainResult.handed_on`): what registers it. The run is
-    named after the training run and tagged with which of its models it scored."""
+    named after the training run and tagged with which of its models it scored; when that model
+    was scored before on the same heldout data by the same code, that run's result instead."""
     handed = result.handed_on(hand_on)
+    key = reuse_key(
+        {
+            "train_run": result.mlflow_run_id,  # a finished run's models never change
+            "model": handed.tags,
+            "heldout_hash": heldout_hash(data, "heldout", None),
+            "code": code_version(source_files(elmo_core, pipelines.evaluate)),
+        }
+    )
+    finished = find_finished("evaluate", key)
+    if finished is not None:
+        stored = mlflow.artifacts.load_dict(f"runs:/{finished.info.run_id}/{RESULT_FILE}")
+        return EvaluationResult.model_validate(stored)
     return evaluate_bilm(
         handed.model_dir,
         data,
         parent_run_id=parent_run_id,
         tags={**(tags or {}), **handed.tags},
         subject=result.run_name,
+        key=key,
     )
 
 

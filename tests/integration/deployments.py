@@ -1,5 +1,5 @@
 """The ``pretrain/smoke`` deployment driven as a user drives it, for the tests that run it on a
-started local stack (test_end_to_end.py and test_sqlite_at_once.py on SQLite,
+started local stack (test_end_to_end.py and test_sqlite_stack_runs.py on SQLite,
 test_team_pipeline.py on PostgreSQL): the Prefect CLI as subprocesses with the stack's exports,
 flow runs watched over the Prefect API, what each left in MLflow, the champion loaded in a fresh
 interpreter."""

@@ -16,9 +16,10 @@ from elmo_core.model.bilm import BiLM
 from elmo_core.model.serialization import find_model_dir, read_bilm_dir, write_bilm_dir
 from elmo_core.perplexity import evaluate_perplexity
 from elmo_core.presets import tiny
+from pipelines.common.handoff import TrainResult
 from pipelines.evaluate.cli import main
 from pipelines.evaluate.result import EvaluationResult
-from pipelines.evaluate.stage import PERPLEXITY_TABLE, evaluate_bilm, heldout_hash
+from pipelines.evaluate.stage import PERPLEXITY_TABLE, evaluate_bilm, evaluate_trained, heldout_hash
 from pipelines.prepare.corpus_sources import CorpusFiles
 from pipelines.prepare.stage import prepare_files
 from pipelines.tracking import stage_runs
@@ -205,3 +206,27 @@ def test_two_ray_tasks_equal_the_in_process_ranks(ray_session, store, dataset, m
     assert result.num_tokens == total.num_tokens
     assert result.forward_perplexity == pytest.approx(total.forward_perplexity, rel=1e-6)
     assert result.backward_perplexity == pytest.approx(total.backward_perplexity, rel=1e-6)
+
+
+def test_a_training_runs_model_scored_once_is_not_scored_again(store, dataset, model_dir):
+    trained = TrainResult(
+        run_name="bilm-test",
+        run_dir=str(model_dir.parent),
+        model_dir=str(model_dir),
+        best_model_dir=None,
+        mlflow_run_id="0" * 32,
+        steps=10,
+        total_steps=10,
+        resumed_from_step=0,
+        best_perplexity=None,
+        stopped_early=False,
+        seconds=1.0,
+    )
+    first = evaluate_trained(trained, dataset, hand_on="final")
+    again = evaluate_trained(trained, dataset, hand_on="final")
+    other = evaluate_trained(trained.model_copy(update={"mlflow_run_id": "1" * 32}), dataset)
+
+    assert again == first  # the same run's result, read back
+    assert other.run_id != first.run_id  # another training run's model is scored
+    runs = mlflow.search_runs(filter_string="tags.`elmo.stage` = 'evaluate'", output_format="list")
+    assert len(runs) == 2

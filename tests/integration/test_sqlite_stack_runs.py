@@ -1,14 +1,22 @@
-"""The same three flow runs at once as on the team stack (test_team_pipeline.py), on the
-one-machine stack, where MLflow and Prefect each store in a SQLite file: what a user who skips
-PostgreSQL gets when several flow runs share the servers."""
+"""The team stack's first two checks (test_team_pipeline.py), one flow run and then three at once,
+on the one-machine stack, where MLflow and Prefect each store in a SQLite file: what a user who
+skips PostgreSQL gets when several flow runs share the servers, and the two stacks' times."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
 
-from tests.integration.deployments import deploy_smoke, three_at_once, user_shell
+from tests.integration.deployments import (
+    ONE_CPU,
+    deploy_smoke,
+    shorter_smoke,
+    three_at_once,
+    user_shell,
+    watch_smoke,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.team_stack]  # make test-team-stack
 
@@ -30,9 +38,12 @@ def sqlite_stack(
         yield env
 
 
-@pytest.mark.timeout(1200)
-def test_three_flow_runs_at_once_on_sqlite_each_keep_their_runs_and_versions(
+@pytest.mark.timeout(1800)
+def test_one_flow_run_then_three_at_once_on_sqlite_keep_their_runs_and_versions(
     sqlite_stack: dict[str, str],
 ) -> None:
+    began = time.monotonic()
+    watch_smoke(sqlite_stack, shorter_smoke(ONE_CPU, num_workers=2))
+    print(f"one flow run on the SQLite stack: {time.monotonic() - began:.0f} s")
     seconds = three_at_once(sqlite_stack, seeds=(11, 12, 13))
     print(f"three flow runs at once on the SQLite stack: {seconds:.0f} s")
