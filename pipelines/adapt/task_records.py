@@ -149,7 +149,7 @@ def task_params(task: TaskConfig) -> dict[str, str]:
     if task.type == "pair" and task.head.pair_head == "esim":
         unused.add("pooling")  # ESIM pools both ways itself; only "match" reads it
     config["head"] = {key: value for key, value in config["head"].items() if key not in unused}
-    return flatten_params(config)
+    return flatten_params(config, whole_in="config.json")
 
 
 def log_task_data(task: TaskConfig) -> None:

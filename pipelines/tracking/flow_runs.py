@@ -80,7 +80,8 @@ def parent_run(
         },
     )
     run_id = run.info.run_id
-    flat = [Param(key, value) for key, value in flatten_params(params).items()]
+    whole = flatten_params(params, whole_in="the Prefect flow run's parameters")
+    flat = [Param(key, value) for key, value in whole.items()]
     for start in range(0, len(flat), MAX_PARAMS_PER_BATCH):
         client.log_batch(run_id, params=flat[start : start + MAX_PARAMS_PER_BATCH])
     try:

@@ -338,23 +338,34 @@ def log_input_file(location: str, name: str, sha256: str, context: str) -> None:
     mlflow.log_input(dataset, context=context)
 
 
-def flatten_params(config: BaseModel | Mapping[str, Any], prefix: str = "") -> dict[str, str]:
-    """Dotted ``section.key`` → string value as MLflow params (long values cut, not refused);
-    a key whose value is None is left out, not logged as the string "None"."""
+def flatten_params(
+    config: BaseModel | Mapping[str, Any], prefix: str = "", *, whole_in: str | None = None
+) -> dict[str, str]:
+    """Dotted ``section.key`` → string value as MLflow params; a key whose value is None is left
+    out, not logged as the string "None". A value past MLflow's limit is cut, not refused, and
+    ends saying so and where the whole value is (``whole_in``: an artifact, a flow run)."""
     data = config.model_dump(mode="json") if isinstance(config, BaseModel) else dict(config)
     flat: dict[str, str] = {}
     for key, value in data.items():
         dotted = f"{prefix}{key}"
         if isinstance(value, Mapping):
-            flat.update(flatten_params(value, f"{dotted}."))
+            flat.update(flatten_params(value, f"{dotted}.", whole_in=whole_in))
         elif value is not None:
-            flat[dotted] = str(value)[:MAX_PARAM_CHARS]
+            flat[dotted] = _within_limit(str(value), whole_in)
     return flat
+
+
+def _within_limit(value: str, whole_in: str | None) -> str:
+    if len(value) <= MAX_PARAM_CHARS:
+        return value
+    where = f"; whole in {whole_in}" if whole_in else ""
+    note = f" … [cut from {len(value):,} characters{where}]"
+    return value[: MAX_PARAM_CHARS - len(note)] + note
 
 
 def log_config(config: BaseModel, artifact_file: str = "config.json") -> None:
     """Log a resolved config as params (searchable) and as one JSON artifact (exact)."""
-    mlflow.log_params(flatten_params(config))
+    mlflow.log_params(flatten_params(config, whole_in=artifact_file))
     mlflow.log_dict(config.model_dump(mode="json"), artifact_file)
 
 

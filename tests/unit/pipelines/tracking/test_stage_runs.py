@@ -188,3 +188,13 @@ def test_a_stage_runs_source_is_its_stage_module_however_it_was_started(store) -
     tags = store.get_run(run.info.run_id).data.tags
     assert tags["mlflow.source.name"] == "pipelines.evaluate"  # not pytest's entry point
     assert tags["mlflow.source.type"] == "LOCAL"  # no parent: not inside a flow
+
+
+def test_a_param_past_mlflows_limit_is_cut_saying_where_the_whole_value_is() -> None:
+    long = "é" * 7000
+    flat = stage_runs.flatten_params({"a": {"b": long}, "c": "x" * 6000}, whole_in="config.json")
+
+    assert flat["c"] == "x" * 6000  # at the limit: whole
+    assert len(flat["a.b"]) == stage_runs.MAX_PARAM_CHARS
+    assert flat["a.b"].startswith("é" * 5000)
+    assert flat["a.b"].endswith("… [cut from 7,000 characters; whole in config.json]")
