@@ -21,7 +21,8 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 test: setup
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
-# The team stack's tests (MLflow and Prefect on a real PostgreSQL): CI's own step after `make test`.
+# The team stack's tests (MLflow and Prefect on a real PostgreSQL, two Ray nodes, flow runs at once
+# and servers restarted under them; the same flow runs on SQLite): CI's own step after `make test`.
 test-team-stack: setup
 	$(PY) -m pytest -q -m team_stack tests/integration
 

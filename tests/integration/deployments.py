@@ -87,8 +87,9 @@ def shorter_smoke(
     *overrides: str, tasks: tuple[str, ...] = ("ner",), num_workers: int = 1
 ) -> dict[str, Any]:
     """The deployment's parameters for a shorter run: 30 steps of the tiny preset (then
-    ``overrides``) on ``num_workers``, the bundled ``tasks`` over one seed, no analysis (the
-    demo's whole set is checked in tests/unit/flows/test_deployments.py)."""
+    ``overrides``) on ``num_workers``, ``tasks`` (bundled ones by name, others as YAML paths)
+    over one seed, no analysis (the demo's whole set is checked in
+    tests/unit/flows/test_deployments.py)."""
     config = yaml.safe_load((ROOT / "prefect.yaml").read_text())
     (smoke,) = [
         d for d in config["deployments"] if d["name"] == "smoke" and "pretrain" in d["entrypoint"]
@@ -97,7 +98,9 @@ def shorter_smoke(
     short = ["train.max_steps=30", "train.checkpoint_every=30", "train.validate_every=30"]
     training = params["training"] | {"model": "tiny", "num_workers": num_workers}
     training["overrides"] = [*training["overrides"], *short, *overrides]
-    task_files = [f"examples/tasks/{task}.yaml" for task in tasks]
+    task_files = [
+        task if task.endswith(".yaml") else f"examples/tasks/{task}.yaml" for task in tasks
+    ]
     return params | {"training": training, "tasks": task_files, "seeds": [0], "analyze": False}
 
 
@@ -170,6 +173,17 @@ def check_stage_runs(client: MlflowClient, flow_run_id: str) -> dict[str, Run]:
     for stage in ("train", "adapt"):
         assert client.list_artifacts(stages[stage].info.run_id), stage
     return stages
+
+
+LOCK_ERRORS = ("database is locked", "deadlock detected", "could not serialize access")
+SERVERS = ("mlflow", "prefect")
+
+
+def lock_errors(env: dict[str, str]) -> dict[str, int]:
+    """How often each server's log says its database refused a write for another writer."""
+    logs = Path(env["ELMO_HOME"]) / "stack" / "logs"
+    texts = {server: (logs / f"{server}.log").read_text(errors="replace") for server in SERVERS}
+    return {server: sum(map(text.count, LOCK_ERRORS)) for server, text in texts.items()}
 
 
 def three_at_once(env: dict[str, str], seeds: tuple[int, int, int]) -> float:

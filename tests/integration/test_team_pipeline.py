@@ -23,6 +23,7 @@ from types import ModuleType
 from typing import Any, TypeVar
 
 import pytest
+import yaml
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
@@ -32,9 +33,11 @@ from pipelines.train.run_directory import RunDirectory
 from tests.integration.deployments import (
     BILM,
     ONE_CPU,
+    ROOT,
     TERMINAL_STATES,
     bank_vectors,
     deploy_smoke,
+    lock_errors,
     shorter_smoke,
     stage_runs,
     start_smoke,
@@ -94,12 +97,38 @@ def _training_nodes(env: dict[str, str]) -> set[str]:
     return {actor["node_id"] for actor in actors if actor["class_name"] == "RayTrainWorker"}
 
 
+ODD_TAGGING = """Zürich B-LOC
+and O
+東京 B-LOC
+welcomed O
+Søren B-PER
+Müller I-PER
+"""
+
+
+def _non_ascii_task(root: Path) -> Path:
+    """The bundled NER task under a non-ASCII path, its training file with non-ASCII words."""
+    bundled = ROOT / "examples" / "tasks"
+    folder = root / "aufgaben-ü"
+    folder.mkdir()
+    config = yaml.safe_load((bundled / "ner.yaml").read_text())
+    for split in ("train", "dev", "test"):
+        text = (bundled / config[split]).read_text(encoding="utf-8")
+        extra = f"\n{ODD_TAGGING}" if split == "train" else ""
+        (folder / f"ner-ä.{split}.conll").write_text(text.rstrip("\n") + "\n" + extra, "utf-8")
+        config[split] = f"ner-ä.{split}.conll"
+    task = folder / "ner-ä.yaml"
+    task.write_text(yaml.safe_dump(config, allow_unicode=True), encoding="utf-8")
+    return task
+
+
 @pytest.mark.timeout(900)
 def test_a_flow_run_trains_across_both_nodes_and_registers_a_loadable_champion(
-    team: dict[str, str],
+    team: dict[str, str], tmp_path: Path
 ) -> None:
+    task = _non_ascii_task(tmp_path)
     began = time.monotonic()
-    watch_smoke(team, shorter_smoke(ONE_CPU, num_workers=2))
+    watch_smoke(team, shorter_smoke(ONE_CPU, tasks=(str(task),), num_workers=2))
     print(f"one flow run on the team stack: {time.monotonic() - began:.0f} s")
 
     nodes = _ray_get(team, "/api/v0/nodes?detail=1")
@@ -117,6 +146,7 @@ def test_a_flow_run_trains_across_both_nodes_and_registers_a_loadable_champion(
 def test_three_flow_runs_at_once_each_keep_their_runs_and_versions(team: dict[str, str]) -> None:
     seconds = three_at_once(team, seeds=(11, 12, 13))
     print(f"three flow runs at once on the team stack: {seconds:.0f} s")
+    assert lock_errors(team) == {"mlflow": 0, "prefect": 0}
 
 
 def _stack(env: dict[str, str], stack_module: ModuleType, *args: str) -> None:
