@@ -16,7 +16,7 @@ from prefect import Task, get_client, get_run_logger, task
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.client.schemas.objects import TaskRun
 from prefect.concurrency.sync import concurrency
-from prefect.exceptions import ObjectAlreadyExists
+from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 from prefect.states import State
 
 from elmo_core.analysis.task_runs import DEFAULT_FRACTIONS
@@ -178,10 +178,13 @@ def registry_lock() -> Iterator[None]:
     server: two that finish together would otherwise both be measured against the same champion
     (the last alias set wins), or both register a training run that neither found registered.
     The limit is made on first use; Prefect renews the lease while registration runs."""
-    with get_client(sync_client=True) as client, suppress(ObjectAlreadyExists):
-        client.create_global_concurrency_limit(
-            GlobalConcurrencyLimitCreate(name=REGISTRY_LOCK, limit=1)
-        )
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_global_concurrency_limit_by_name(REGISTRY_LOCK)
+        except ObjectNotFound:  # asked first: the server logs a refused duplicate as an error
+            with suppress(ObjectAlreadyExists):
+                limit = GlobalConcurrencyLimitCreate(name=REGISTRY_LOCK, limit=1)
+                client.create_global_concurrency_limit(limit)
     with concurrency(REGISTRY_LOCK, occupy=1, strict=True):
         yield
 
