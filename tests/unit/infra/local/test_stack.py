@@ -235,3 +235,22 @@ def test_the_second_ray_node_joins_the_head_on_its_own_agent_port(
     monkeypatch.setenv("ELMO_RAY_WORKER_NODE", "yes")
     with pytest.raises(stack_module.StackError, match="ELMO_RAY_WORKER_NODE='yes'"):
         stack_module.StackConfig.from_env()
+
+
+def test_a_database_port_held_by_another_server_is_refused_naming_the_setting(
+    stack_module: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ELMO_HOME", str(tmp_path))
+    monkeypatch.setenv("ELMO_STACK_DATABASE", "postgresql")
+    with socket.socket() as other:  # say, another project's database
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        monkeypatch.setenv("ELMO_POSTGRES_PORT", str(other.getsockname()[1]))
+        cfg = stack_module.StackConfig.from_env()
+        began = time.monotonic()
+        with pytest.raises(
+            stack_module.StackError, match="postgres: port .* set ELMO_POSTGRES_PORT"
+        ):
+            stack_module.start(cfg, ["postgres", "mlflow"])
+    assert time.monotonic() - began < 5
+    assert not list((tmp_path / "stack" / "pids").iterdir())  # nothing started half-way
