@@ -21,7 +21,7 @@ from pipelines.embed.stage import EmbedResult
 from pipelines.evaluate.result import EvaluationResult
 from pipelines.registry.register import RegisteredBiLM
 from pipelines.tracking.flow_runs import run_links
-from pipelines.tracking.stage_runs import model_link
+from pipelines.tracking.stage_runs import location_link, model_link
 
 Rows = list[dict[str, Any]]
 
@@ -180,7 +180,7 @@ def adapt_markdown(bilm: str, results: Sequence[AdaptResult], run_ids: dict[str,
     lines = [
         "# ELMo adaptation",
         "",
-        f"- biLM {model_link(bilm) if bilm.startswith('models:/') else f'`{bilm}`'}",
+        f"- biLM {location_link(bilm)}",
         *[f"- {result_line(r, model_link)}" for r in results],
         "",
         "## MLflow runs",

@@ -14,6 +14,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import mlflow
@@ -62,6 +63,8 @@ from pipelines.tracking.stage_runs import (
     REUSE_KEY_TAG,
     ensure_experiment,
     find_finished,
+    location_link,
+    model_link,
     report_progress,
     reuse_key,
     source_tags,
@@ -215,10 +218,11 @@ def _description(job: AdaptJob, result: AdaptResult) -> str:
     Source Run leads here."""
     seeds = ", ".join(map(str, job.seeds))
     did = (
-        f"Adapted the frozen biLM {job.bilm.location} to {job.task.name} ({job.task.type}): "
+        f"Adapted the frozen biLM {location_link(job.bilm.location, relative=True)} to "
+        f"{job.task.name} ({job.task.type}): "
         f"the task head trained with ELMo and without it (the baseline) over seeds {seeds}."
     )
-    return f"{did}\n\n{result_line(result)}"
+    return f"{did}\n\n{result_line(result, partial(model_link, relative=True))}"
 
 
 def job_key(job: AdaptJob, bilm: torch.nn.Module) -> str:

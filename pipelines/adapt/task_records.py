@@ -34,6 +34,7 @@ from pipelines.serving import task_pyfunc
 from pipelines.serving.bilm_loader import BiLMReference, LoadedBiLM
 from pipelines.tracking.stage_runs import (
     flatten_params,
+    location_link,
     log_input_file,
     logged_model_tags,
     register_model,
@@ -276,7 +277,8 @@ def log_task_model(
     version = register_model(info.model_uri, name, tags)
     card = task_card(elmo.model.task, elmo.model.labels, bilm.location, version, example)
     scored = headline or "no dev or test split to score it on"
-    publish_card(card, version, f"Adapted from `{bilm.location}`: {scored}.")
+    adapted_from = location_link(bilm.location, relative=True)
+    publish_card(card, version, f"Adapted from {adapted_from}: {scored}.")
     return TaskModelVersion(name, version, info.model_id)
 
 

@@ -71,6 +71,7 @@ from pipelines.serving.bilm_loader import (
 from pipelines.tracking.stage_runs import (
     DESCRIPTION_TAG,
     logged_model_tags,
+    model_link,
     register_model,
     run_link,
     stage_run,
@@ -341,7 +342,7 @@ def register_description(name: str, version: int, runs: Mapping[str, str]) -> st
     """The register run's description: the version it made and the runs it came from."""
     earlier = [f"{what} in {link}" for what, link in runs.items() if what != "registered"]
     came_from = f" ({'; '.join(earlier)})" if earlier else ""
-    return f"Registered `models:/{name}/{version}`{came_from}."
+    return f"Registered {model_link(f'models:/{name}/{version}', relative=True)}{came_from}."
 
 
 def fetch_dataset_files(dataset_url: str, target: Path) -> DatasetFiles:

@@ -45,6 +45,8 @@ LATE_SYSTEM_METRICS_S = 10.0  # MLflow's own interval: what an hours-long run is
 DATASET_DIGEST_CHARS = 36  # the longest digest MLflow's stores keep
 LOCAL_UI = "http://127.0.0.1:5000"  # where `mlflow ui` serves the embedded store by default
 MLFLOW_UI_ENV = "ELMO_MLFLOW_UI_URL"  # where the user serves it, if elsewhere
+# What keeps a link in MLflow 3's model-training view: without it the UI opens its GenAI view.
+TRAINING_VIEW = "?workflowType=machine_learning"
 DESCRIPTION_TAG = "mlflow.note.content"  # the run's (and the experiment's) description
 PROGRESS_TAG = "elmo.progress"  # a stage run's latest step of work (adapt, analyze)
 REUSE_KEY_TAG = "elmo.reuse_key"  # what a finished adapt or analyze run was made from
@@ -80,20 +82,29 @@ def ui_url(
     defaults to :func:`ui_server`; ``relative``: ``#/experiments/…`` alone, for text shown inside
     the UI (a description), which then works on whatever address serves it."""
     route = f"#/experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "")
-    link = f"{route}?workflowType=machine_learning"
+    link = f"{route}{TRAINING_VIEW}"
     return link if relative else f"{(server or ui_server()).rstrip('/')}/{link}"
 
 
 def model_link(uri: str, *, relative: bool = False) -> str:
-    """``[models:/elmo-ner/3](…/#/models/elmo-ner/versions/3)``: a registered model's URI as a
-    markdown link to its version's page (its model's, for an alias), relative as :func:`ui_url`'s.
-    """
+    """``[models:/elmo-ner/3](…/#/models/elmo-ner/versions/3?workflowType=…)``: a registered
+    model's URI as a markdown link to its version's page (its model's, for an alias) in the
+    model-training view, relative as :func:`ui_url`'s."""
     name, _, version = uri.removeprefix("models:/").partition("/")
     route = f"#/models/{quote(name.partition('@')[0])}"
     if version:
         route += f"/versions/{version}"
+    route += TRAINING_VIEW
     link = route if relative else f"{ui_server().rstrip('/')}/{route}"
     return f"[{uri}]({link})"
+
+
+def location_link(location: str, *, relative: bool = False) -> str:
+    """A biLM's location as markdown: a registered model's URI as :func:`model_link`, anything
+    else (a directory, a file) as code."""
+    if location.startswith("models:/"):
+        return model_link(location, relative=relative)
+    return f"`{location}`"
 
 
 def run_link(run_id: str) -> str:

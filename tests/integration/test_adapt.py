@@ -151,8 +151,11 @@ def test_jobs_run_in_parallel_as_standalone_runs_tagged_with_the_bilm_path(adapt
         assert run.data.tags[adapt_stage.TASK_TAG] == task
         assert "GloVe" in run.data.tags[adapt_stage.BASELINE_TAG]
         description = run.data.tags[stage_runs.DESCRIPTION_TAG]  # the task model's Source Run
-        assert description.startswith(f"Adapted the frozen biLM {adapted.model_dir} to {task} ")
-        assert f"task {task}: " in description and "→ models:/elmo-" in description
+        assert description.startswith(f"Adapted the frozen biLM `{adapted.model_dir}` to {task} ")
+        # the task model as a link that stays in the model-training view
+        assert f"→ [models:/elmo-{task}/" in description
+        assert f"](#/models/elmo-{task}/versions/" in description
+        assert description.endswith(f"{stage_runs.TRAINING_VIEW})")
         assert "mlflow.parentRunId" not in run.data.tags
         assert run.data.params["training.epochs"] == "2"  # the task config, logged
     # Submitted together to a 2-CPU Ray, the two jobs ran as two tasks in two worker processes.

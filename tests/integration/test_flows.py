@@ -50,6 +50,7 @@ from flows.run_local import REPO
 from flows.tasks import prepare
 from pipelines.common.services import ServiceUnreachable
 from pipelines.common.settings import mlflow_tracking_uri
+from pipelines.tracking.stage_runs import TRAINING_VIEW
 
 pytestmark = pytest.mark.integration
 
@@ -479,7 +480,8 @@ def test_pretrain_with_analyze_analyzes_the_new_biLM_in_its_flow_run(
     assert "## Analysis" in written and summary.analysis_headline[0] in written
     described = client.get_run(summary.parent_run_id).data.tags["mlflow.note.content"]
     version = summary.model_uri.removeprefix("models:/").replace("/", "/versions/")
-    assert f"[{summary.model_uri}](#/models/{version})" in described  # a link inside the UI
+    # a link inside the UI, in its model-training view
+    assert f"[{summary.model_uri}](#/models/{version}{TRAINING_VIEW})" in described
     with get_client(sync_client=True) as prefect:
         flow_run_name = prefect.read_flow_run(flow_run_id).name
     assert f"Prefect flow run [{flow_run_name}](http" in described

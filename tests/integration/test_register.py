@@ -210,7 +210,8 @@ def test_a_version_registered_from_a_training_run_links_it_both_ways(registry):
     assert register_run.data.tags[reg.TRAIN_RUN_TAG] == train_run_id
     assert [model.model_id for model in register_run.inputs.model_inputs] == [logged.model_id]
     assert register_run.data.tags["mlflow.note.content"].startswith(
-        "Registered `models:/elmo-bilm-imported/1` (trained in [train-for-register]("
+        "Registered [models:/elmo-bilm-imported/1](#/models/elmo-bilm-imported/versions/1"
+        "?workflowType=machine_learning) (trained in [train-for-register]("
     )
     assert not [key for key in register_run.data.metrics if not key.startswith("system/")]
 

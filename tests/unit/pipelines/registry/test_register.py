@@ -55,6 +55,9 @@ def bilm_dir(tmp_path_factory) -> Path:
     return write_bilm_dir(BiLM(tiny(), 100), tmp_path_factory.mktemp("register") / "bilm")
 
 
+VIEW = "?workflowType=machine_learning"  # a link that stays in the model-training view
+
+
 def _train_run() -> str:
     with stage_runs.stage_run("train", run_name="train-for-register") as run:
         return run.info.run_id
@@ -106,10 +109,11 @@ def test_without_an_evaluation_or_a_vocabulary_only_the_dataset_is_named():
 def test_the_register_runs_description_names_the_version_and_the_runs_before_it():
     runs = {"trained": "[t](u1)", "evaluated": "[e](u2)", "registered": "[r](u3)"}
     assert reg.register_description("elmo-bilm", 3, runs) == (
-        "Registered `models:/elmo-bilm/3` (trained in [t](u1); evaluated in [e](u2))."
+        f"Registered [models:/elmo-bilm/3](#/models/elmo-bilm/versions/3{VIEW}) "
+        "(trained in [t](u1); evaluated in [e](u2))."
     )
-    assert (
-        reg.register_description("x", 1, {"registered": "[r](u3)"}) == "Registered `models:/x/1`."
+    assert reg.register_description("x", 1, {"registered": "[r](u3)"}) == (
+        f"Registered [models:/x/1](#/models/x/versions/1{VIEW})."
     )
 
 

@@ -175,11 +175,13 @@ def test_a_run_that_reported_progress_ends_saying_how_it_ended(store) -> None:
 def test_a_model_uri_links_its_version_page_or_for_an_alias_its_models(monkeypatch) -> None:
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow:5055")
     assert stage_runs.model_link("models:/elmo-ner/3") == (
-        "[models:/elmo-ner/3](http://mlflow:5055/#/models/elmo-ner/versions/3)"
+        "[models:/elmo-ner/3](http://mlflow:5055/#/models/elmo-ner/versions/3"
+        "?workflowType=machine_learning)"
     )
     assert stage_runs.model_link("models:/elmo bilm@champion", relative=True) == (
-        "[models:/elmo bilm@champion](#/models/elmo%20bilm)"
+        "[models:/elmo bilm@champion](#/models/elmo%20bilm?workflowType=machine_learning)"
     )
+    assert stage_runs.location_link("/runs/bilm-1/model") == "`/runs/bilm-1/model`"
 
 
 def test_a_stage_runs_source_is_its_stage_module_however_it_was_started(store) -> None:
