@@ -118,3 +118,21 @@ def house_figures() -> dict[str, object]:
 
 if __name__ == "__main__":
     print(json.dumps(house_figures(), indent=2))
+
+
+PATH_LIKE = re.compile(r"`([\w.*/-]+(?:/|\.py|\.yaml|\.md))`")
+
+
+def test_every_path_readmes_layout_names_exists() -> None:
+    """Each path in a row of README's Layout table exists under that row's folder (a file every
+    stage package has, such as ``stage.py``, in one of them) or at the repository's root."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    layout = text.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    missing = []
+    for row in re.findall(r"^\| `([\w/]+)` \| (.+) \|$", layout, flags=re.MULTILINE):
+        folder, owns = ROOT / row[0], row[1]
+        for path in PATH_LIKE.findall(owns):
+            here = [*folder.glob(path), *folder.glob(f"*/{path}"), *ROOT.glob(path)]
+            if not here:
+                missing.append(f"{row[0]}: {path}")
+    assert missing == []
