@@ -8,9 +8,16 @@ import contextvars
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import cast
+from uuid import UUID
 
 from prefect import get_run_logger
-from prefect.artifacts import create_link_artifact
+from prefect.artifacts import (
+    create_link_artifact,
+    create_progress_artifact,
+    update_progress_artifact,
+)
 
 from flows.artifacts import run_link_line
 from pipelines.tracking.flow_runs import mlflow_link, stage_progress
@@ -19,17 +26,35 @@ from pipelines.train.preflight import TrainPlan
 from pipelines.train.stage import started_run
 
 PROGRESS_LOOK_S = 2.0  # how often the flow looks at a training run's MLflow record
+TRAINING_PROGRESS_KEY = "training-progress"  # the train task's progress bar in Prefect's UI
+
+
+@dataclass
+class FollowedTraining:
+    """What :func:`training_followed` gives the train task: whether the run's link was logged,
+    and its progress bar (a Prefect progress artifact), which :meth:`finished` fills."""
+
+    progress: UUID
+    linked: threading.Event = field(default_factory=threading.Event)
+
+    def finished(self, summary: str) -> None:
+        update_progress_artifact(self.progress, 100.0, description=summary)
 
 
 @contextmanager
-def training_followed(plan: TrainPlan, parent_run_id: str) -> Iterator[threading.Event]:
+def training_followed(plan: TrainPlan, parent_run_id: str) -> Iterator[FollowedTraining]:
     """While the block trains ``plan``'s run, :func:`following` looks at its MLflow record: it
-    logs the run's link once the run exists (and sets the event it yields) with its Ray job's,
-    then each step and validation the run logged since the last look
-    (:func:`training_progress`'s values, in rank 0's words), and each new warning the run gives
-    as a warning. A failed look is skipped, never fatal."""
+    logs the run's link once the run exists (and sets ``linked``) with its Ray job's, then each
+    step and validation the run logged since the last look (:func:`training_progress`'s values,
+    in rank 0's words), and each new warning the run gives as a warning. The task's progress
+    bar moves with the logged steps; before the first, it says what the run waits for. A failed
+    look is skipped, never fatal."""
     logger = get_run_logger()
-    linked = threading.Event()
+    starting = f"biLM {plan.name}: starting (Ray workers, the dataset, the first step)"
+    # async_dispatch's union return: called from this synchronous task, it is the id itself
+    progress = create_progress_artifact(0.0, key=TRAINING_PROGRESS_KEY, description=starting)
+    followed = FollowedTraining(cast(UUID, progress))
+    linked = followed.linked
     logged: set[tuple[int, bool]] = set()  # event_order of each step and validation logged
     warned: str | None = None  # the latest warning logged
 
@@ -56,9 +81,14 @@ def training_followed(plan: TrainPlan, parent_run_id: str) -> Iterator[threading
             if event_order(event) not in logged:
                 logger.info(f"{progress.run_name}: {event.line()}")
                 logged.add(event_order(event))
+        if progress.total and progress.step:
+            done = f"biLM {plan.name}: step {progress.step:,} of {progress.total:,}"
+            update_progress_artifact(
+                followed.progress, 100.0 * progress.step / progress.total, description=done
+            )
 
     with following(look, "training-progress"):
-        yield linked
+        yield followed
 
 
 @contextmanager

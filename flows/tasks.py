@@ -12,6 +12,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+import prefect.runtime.task_run
 from prefect import Task, get_client, get_run_logger, task
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.client.schemas.objects import TaskRun
@@ -115,14 +116,14 @@ def prepare(data: DataParams, parent_run_id: str | None = None) -> str:
 # --- train --------------------------------------------------------------------------------------
 
 
-@task(name="train")
+@task(name="train", task_run_name="train-{plan.name}")
 def _train(
     dataset: str, training: TrainingParams, parent_run_id: str, plan: TrainPlan
 ) -> TrainResult:
     """The train stage on the run the flow planned; while it trains, this task's log follows it
     (:func:`training_followed`), so the task's own page shows its progress, and its workers print
     none of it twice."""
-    with training_followed(plan, parent_run_id) as linked:
+    with training_followed(plan, parent_run_id) as followed:
         result = train_stage.train(
             training.job_config(),
             dataset,
@@ -132,8 +133,9 @@ def _train(
             console=False,
             plan=plan,
         )
-    if not linked.is_set():  # reused, or done before the first look
+    if not followed.linked.is_set():  # reused, or done before the first look
         get_run_logger().info(train_run_link(plan.name, result.mlflow_run_id))
+    followed.finished(f"biLM {plan.name}: {result.summary()}")
     return result
 
 
@@ -152,7 +154,13 @@ def train(dataset: str, training: TrainingParams, parent_run_id: str) -> TrainRe
 # --- evaluate, register, adapt, analyze, embed ----------------------------------------------------
 
 
-@task(name="evaluate")
+def stage_task_run_name(stage: str) -> str:
+    """``adapt-docstrings-ner``: the stage and the tasks (their files' stems) it works on."""
+    paths = prefect.runtime.task_run.parameters.get("task_paths") or []
+    return "-".join([stage, *(Path(path).stem for path in paths)])
+
+
+@task(name="evaluate", task_run_name="evaluate-{run.run_name}")
 def evaluate(
     run: TrainResult, dataset: str, parent_run_id: str, hand_on: HandOn
 ) -> EvaluationResult:
@@ -189,7 +197,7 @@ def registry_lock() -> Iterator[None]:
         yield
 
 
-@task(name="register")
+@task(name="register", task_run_name="register-{run.run_name}")
 def register(
     run: TrainResult,
     dataset: str,
@@ -223,7 +231,7 @@ def check_task_files(paths: list[str]) -> None:
         check_tasks([load_task_config(path) for path in paths])
 
 
-@task(name="adapt")
+@task(name="adapt", task_run_name=lambda: stage_task_run_name("adapt"))
 def adapt(
     bilm: str,
     task_paths: list[str],
@@ -259,7 +267,7 @@ def check_analysis(task_paths: list[str], fractions: Sequence[float], seeds: Seq
     analyze_stage.check_inputs(configs, BUNDLED_SENSES, fractions, seeds)
 
 
-@task(name="analyze")
+@task(name="analyze", task_run_name=lambda: stage_task_run_name("analyze"))
 def analyze(
     bilm: str,
     task_paths: list[str],

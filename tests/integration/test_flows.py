@@ -44,6 +44,7 @@ from elmo_core.model.serialization import write_bilm_dir
 from elmo_core.presets import tiny
 from flows.analyze import analyze
 from flows.artifacts import AnalyzeSummary, PretrainSummary
+from flows.following import TRAINING_PROGRESS_KEY
 from flows.params import AnalyzeParams, DataParams, PretrainParams
 from flows.pretrain import pretrain
 from flows.run_local import REPO
@@ -149,7 +150,7 @@ def _task_log_messages(flow_run_id: UUID, task: str) -> list[str]:
         runs = client.read_task_runs(
             flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
         )
-        (run,) = [run for run in runs if run.name.rsplit("-", 1)[0] == task]
+        (run,) = [run for run in runs if run.name.split("-", 1)[0] == task]
         logs = client.read_logs(log_filter=LogFilter(task_run_id=LogFilterTaskRunId(any_=[run.id])))
     return [log.message for log in logs]
 
@@ -159,7 +160,15 @@ def _task_states(flow_run_id: UUID) -> dict[str, str]:
         runs = client.read_task_runs(
             flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
         )
-    return {run.name.rsplit("-", 1)[0]: run.state.name for run in runs if run.state}
+    return {run.name.split("-", 1)[0]: run.state.name for run in runs if run.state}
+
+
+def _task_run_names(flow_run_id: UUID) -> set[str]:
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+        )
+    return {run.name for run in runs}
 
 
 @flow
@@ -370,8 +379,9 @@ def test_the_run_publishes_tables_and_a_summary_linking_to_mlflow(
         "heldout-perplexity",
         "task-scores",
         "pretrain-summary",
+        TRAINING_PROGRESS_KEY,
     }
-    assert {artifact.type for artifact in artifacts} == {"table", "markdown"}
+    assert {artifact.type for artifact in artifacts} == {"table", "markdown", "progress"}
     created = {key: artifact.created for key, artifact in by_key.items()}
     assert created["dataset-statistics"] < created["heldout-perplexity"] < created["task-scores"]
     markdown = str(by_key["pretrain-summary"].data)
@@ -666,6 +676,18 @@ def make_run_consoles(tmp_path_factory: pytest.TempPathFactory) -> list[list[str
         assert done.returncode == 0, done.stdout[-3000:]
         consoles.append(done.stdout.splitlines())
     return consoles
+
+
+def test_task_runs_are_named_after_their_work_and_training_fills_its_progress_bar(
+    two_runs: list[tuple[PretrainSummary, UUID]],
+) -> None:
+    for summary, flow_run_id in two_runs:  # the second reuses the first's training
+        bilm = summary.train_run
+        named = {f"{stage}-{bilm}" for stage in ("train", "evaluate", "register")}
+        assert named | {"adapt-ner"} <= _task_run_names(flow_run_id)
+        progress = _artifacts(flow_run_id)[TRAINING_PROGRESS_KEY]
+        assert progress.type == "progress" and float(progress.data) == 100.0
+        assert progress.description.startswith(f"biLM {bilm}: ")
 
 
 def test_the_train_tasks_own_page_shows_every_logged_step_and_validation_once(
