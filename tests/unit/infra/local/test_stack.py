@@ -114,10 +114,16 @@ def test_stop_kills_what_ignores_sigterm_after_the_grace_period(
     stack_module: ModuleType, cfg: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(stack_module, "STOP_GRACE_S", 0.5)
-    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
-    process = subprocess.Popen([sys.executable, "-c", stubborn], start_new_session=True)
+    stubborn = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print('ignoring', flush=True); time.sleep(60)"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", stubborn], stdout=subprocess.PIPE, start_new_session=True
+    )
     (cfg.state_dir / "pids" / "prefect.pid").write_text(str(process.pid))
-    time.sleep(0.5)  # let it install the handler
+    assert process.stdout is not None
+    assert process.stdout.readline() == b"ignoring\n"  # its handler is in place, however slow
 
     stack_module.stop_services(cfg, ["prefect"])
 
