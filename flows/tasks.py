@@ -135,7 +135,7 @@ def _train(
         )
     if not followed.linked.is_set():  # reused, or done before the first look
         get_run_logger().info(train_run_link(plan.name, result.mlflow_run_id))
-    followed.finished(f"biLM {plan.name}: {result.summary()}")
+    followed.finished(result.summary())
     return result
 
 

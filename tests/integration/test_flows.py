@@ -687,7 +687,7 @@ def test_task_runs_are_named_after_their_work_and_training_fills_its_progress_ba
         assert named | {"adapt-ner"} <= _task_run_names(flow_run_id)
         progress = _artifacts(flow_run_id)[TRAINING_PROGRESS_KEY]
         assert progress.type == "progress" and float(progress.data) == 100.0
-        assert progress.description.startswith(f"biLM {bilm}: ")
+        assert progress.description.startswith(f"biLM {bilm} ")  # what the run did
 
 
 def test_the_train_tasks_own_page_shows_every_logged_step_and_validation_once(
