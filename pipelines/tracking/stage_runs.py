@@ -12,6 +12,7 @@ import io
 import json
 import logging
 import os
+import re
 import subprocess
 import time
 import warnings
@@ -159,14 +160,19 @@ def stage_run(
     _end(run.info.run_id, ended_status(None))
 
 
+_ETA = re.compile(r",? ETA [^,;]*$")  # how report_progress's lines end while work remains
+
+
 def _end(run_id: str, status: str) -> None:
     """End the run as ``status``, its last progress line (where it reported one) saying so: a
     finished run that still read "epoch 14 of at most 30" would look stopped mid-way. The line
-    itself stays: a flow that looks at it only now still logs where the work got to."""
+    itself stays, but for its ETA, which an ended run no longer has: a flow that looks at it only
+    now still logs where the work got to."""
     try:
         progress = mlflow.MlflowClient().get_run(run_id).data.tags.get(PROGRESS_TAG)
         if progress is not None:
-            mlflow.set_tag(PROGRESS_TAG, f"{progress}; {status.lower()}")
+            where = _ETA.sub("", progress)
+            mlflow.set_tag(PROGRESS_TAG, f"{where}; {status.lower()}")
     except Exception as err:  # a busy tracking server must not hide how the run ended
         log.warning("run %s: its progress line could not be finalised: %s", run_id, err)
     mlflow.end_run(status)

@@ -167,6 +167,10 @@ def test_a_run_that_reported_progress_ends_saying_how_it_ended(store) -> None:
         raise RuntimeError("boom")
     progress = store.get_run(run.info.run_id).data.tags[stage_runs.PROGRESS_TAG]
     assert progress == "seed 1 of 3: epoch 2 of at most 30; failed"
+    with stage_runs.stage_run("adapt", run_name="timed") as run:
+        stage_runs.report_progress("seed 2 (3 of 3), the baseline: epoch 9 of at most 30, ETA 0:08")
+    progress = store.get_run(run.info.run_id).data.tags[stage_runs.PROGRESS_TAG]
+    assert progress == "seed 2 (3 of 3), the baseline: epoch 9 of at most 30; finished"  # no ETA
     with stage_runs.stage_run("evaluate", run_name="silent") as run:
         pass
     assert stage_runs.PROGRESS_TAG not in store.get_run(run.info.run_id).data.tags
