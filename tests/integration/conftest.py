@@ -200,6 +200,17 @@ def local_stack(stack_module: ModuleType) -> Callable[..., AbstractContextManage
     return stack
 
 
+@pytest.fixture(scope="session")
+def stack_cli(stack_module: ModuleType) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """``stack_cli(env, *args)``: ``stack.py ARGS`` in a user's shell ``env``, as
+    :class:`LocalStack` runs it (stop or start one service of a started stack)."""
+
+    def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+        return LocalStack(Path(stack_module.__file__), env).run(*args)
+
+    return run
+
+
 REGISTRY_VOCAB = "<S>\n</S>\n<UNK>\nthe\ncat\n"
 
 

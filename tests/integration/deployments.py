@@ -16,8 +16,10 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
+import pytest
 import yaml
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
@@ -67,6 +69,25 @@ def user_shell(
         assert started.returncode == 0, started.stderr
         exported = local.exports(started.stdout)
         yield {**local.env, **exported, "PREFECT_HOME": str(home.parent / "cli")}
+
+
+def skip_without_postgres(stack_module: ModuleType) -> None:
+    """Skip, saying how to install it, where Debian's PostgreSQL is not here."""
+    try:
+        stack_module.postgres_binary("initdb")
+    except stack_module.StackError:
+        pytest.skip("no PostgreSQL here: apt-get install postgresql")
+
+
+def two_one_cpu_nodes(free_port: Callable[[], int]) -> dict[str, str]:
+    """The stack settings of the team's Ray: a head and a second node, one CPU each, so that two
+    training workers sit on different nodes."""
+    return {
+        "ELMO_RAY_WORKER_NODE": "1",
+        "ELMO_RAY_NODE_AGENT_PORT": str(free_port()),
+        "ELMO_RAY_NUM_CPUS": "1",
+        "ELMO_STACK_TIMEOUT_S": "240",
+    }
 
 
 def run_cli(

@@ -17,6 +17,7 @@ from tests.integration.deployments import (
     lock_errors,
     shorter_smoke,
     three_at_once,
+    two_one_cpu_nodes,
     user_shell,
     watch_smoke,
 )
@@ -30,13 +31,7 @@ def sqlite_stack(
 ) -> Iterator[dict[str, str]]:
     """The SQLite stack with the team stack's Ray (a head and a second node, one CPU each)."""
     home = tmp_path_factory.mktemp("sqlite") / "elmo"
-    settings = {
-        "ELMO_RAY_WORKER_NODE": "1",
-        "ELMO_RAY_NODE_AGENT_PORT": str(free_port()),
-        "ELMO_RAY_NUM_CPUS": "1",
-        "ELMO_STACK_TIMEOUT_S": "240",
-    }
-    with user_shell(local_stack, home, **settings) as env:
+    with user_shell(local_stack, home, **two_one_cpu_nodes(free_port)) as env:
         deploy_smoke(env)
         yield env
 

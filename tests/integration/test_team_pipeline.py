@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 import time
 import urllib.request
 from collections import Counter
@@ -39,9 +37,11 @@ from tests.integration.deployments import (
     deploy_smoke,
     lock_errors,
     shorter_smoke,
+    skip_without_postgres,
     stage_runs,
     start_smoke,
     three_at_once,
+    two_one_cpu_nodes,
     user_shell,
     wait_for_flow_runs,
     watch_smoke,
@@ -52,28 +52,17 @@ pytestmark = [pytest.mark.integration, pytest.mark.team_stack]
 T = TypeVar("T")
 
 
-def _postgres_installed(stack_module: ModuleType) -> bool:
-    try:
-        stack_module.postgres_binary("initdb")
-    except stack_module.StackError:
-        return False
-    return True
-
-
 @pytest.fixture(scope="module")
 def team(
     tmp_path_factory: pytest.TempPathFactory, local_stack, stack_module: ModuleType, free_port
 ) -> Iterator[dict[str, str]]:
     """The started team stack, the smoke deployment deployed on it; the user's environment."""
-    if not _postgres_installed(stack_module):
-        pytest.skip("no PostgreSQL here: apt-get install postgresql")
+    skip_without_postgres(stack_module)
     home = tmp_path_factory.mktemp("team") / "elmo"
     settings = {
         "ELMO_STACK_DATABASE": "postgresql",
         "ELMO_POSTGRES_PORT": str(free_port()),
-        "ELMO_RAY_NODE_AGENT_PORT": str(free_port()),
-        "ELMO_RAY_NUM_CPUS": "1",
-        "ELMO_STACK_TIMEOUT_S": "240",
+        **two_one_cpu_nodes(free_port),
     }
     with user_shell(local_stack, home, **settings) as env:
         deploy_smoke(env)
@@ -149,16 +138,9 @@ def test_three_flow_runs_at_once_each_keep_their_runs_and_versions(team: dict[st
     assert lock_errors(team) == {"mlflow": 0, "prefect": 0}
 
 
-def _stack(env: dict[str, str], stack_module: ModuleType, *args: str) -> None:
-    """``stack.py ARGS`` in the user's shell: stop or start one of the stack's services."""
-    done = subprocess.run(
-        [sys.executable, stack_module.__file__, *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+def _service(stack_cli, env: dict[str, str], action: str, name: str) -> None:
+    """Stop or start one service of the started stack, as its user would."""
+    done = stack_cli(env, action, "--services", name)
     assert done.returncode == 0, done.stderr[-3000:]
 
 
@@ -207,15 +189,15 @@ def _trains_long(seed: int) -> dict[str, Any]:
 
 @pytest.mark.timeout(900)
 def test_training_rides_out_the_mlflow_server_stopped_for_30_s(
-    team: dict[str, str], stack_module: ModuleType
+    team: dict[str, str], stack_cli
 ) -> None:
     client = MlflowClient(team["MLFLOW_TRACKING_URI"])
     flow_run = start_smoke(team, _trains_long(seed=21))
     run = _wait_for(lambda: _logged_loss(client, flow_run), 600, "logged training loss")
     stopped_at = time.time()
-    _stack(team, stack_module, "stop", "--services", "mlflow")
+    _service(stack_cli, team, "stop", "mlflow")
     time.sleep(30)
-    _stack(team, stack_module, "start", "--services", "mlflow")
+    _service(stack_cli, team, "start", "mlflow")
 
     assert wait_for_flow_runs(team, [flow_run], 600) == {flow_run: "COMPLETED"}
     finished = client.get_run(run.info.run_id)
@@ -229,14 +211,14 @@ def test_training_rides_out_the_mlflow_server_stopped_for_30_s(
 
 @pytest.mark.timeout(900)
 def test_a_flow_run_ends_true_across_a_prefect_restart_and_its_rerun_redoes_nothing(
-    team: dict[str, str], stack_module: ModuleType
+    team: dict[str, str], stack_cli
 ) -> None:
     client = MlflowClient(team["MLFLOW_TRACKING_URI"])
     params = _trains_long(seed=31)
     flow_run = start_smoke(team, params)
     _wait_for(lambda: _logged_loss(client, flow_run), 600, "logged training loss")
-    _stack(team, stack_module, "stop", "--services", "prefect")
-    _stack(team, stack_module, "start", "--services", "prefect")
+    _service(stack_cli, team, "stop", "prefect")
+    _service(stack_cli, team, "start", "prefect")
 
     ended = wait_for_flow_runs(team, [flow_run], 600)[flow_run]
     print(f"the flow run restarted under ended {ended}")
@@ -251,16 +233,14 @@ def test_a_flow_run_ends_true_across_a_prefect_restart_and_its_rerun_redoes_noth
 
 
 @pytest.mark.timeout(900)
-def test_a_flow_run_survives_losing_the_second_ray_node(
-    team: dict[str, str], stack_module: ModuleType
-) -> None:
+def test_a_flow_run_survives_losing_the_second_ray_node(team: dict[str, str], stack_cli) -> None:
     client = MlflowClient(team["MLFLOW_TRACKING_URI"])
     flow_run = start_smoke(team, _trains_long(seed=41))
     run = _wait_for(lambda: _train_run(client, flow_run), 600, "train run")
     store = CheckpointStore(RunDirectory(run.data.tags["elmo.run_dir"]))
     committed = _wait_for(store.newest, 600, "committed checkpoint")
-    _stack(team, stack_module, "stop", "--services", "ray-node")
-    _stack(team, stack_module, "start", "--services", "ray-node")
+    _service(stack_cli, team, "stop", "ray-node")
+    _service(stack_cli, team, "start", "ray-node")
 
     assert wait_for_flow_runs(team, [flow_run], 600) == {flow_run: "COMPLETED"}
     final = store.newest()

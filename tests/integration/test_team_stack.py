@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 from mlflow.tracking import MlflowClient
 
+from tests.integration.deployments import skip_without_postgres
+
 pytestmark = [pytest.mark.integration, pytest.mark.team_stack]  # make test-team-stack
 
 FLOW_SCRIPT = """
@@ -34,14 +36,6 @@ print(json.dumps({"state": state.type.value, "result": state.result()}))
 """
 
 
-def _postgres_installed(stack_module: ModuleType) -> bool:
-    try:
-        stack_module.postgres_binary("initdb")
-    except stack_module.StackError:
-        return False
-    return True
-
-
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -50,8 +44,7 @@ def _free_port() -> int:
 
 @pytest.fixture
 def team_stack(tmp_path: Path, local_stack, stack_module: ModuleType) -> Iterator[Any]:
-    if not _postgres_installed(stack_module):
-        pytest.skip("no PostgreSQL here: apt-get install postgresql")
+    skip_without_postgres(stack_module)
     home = tmp_path / "elmo"
     settings = {"ELMO_STACK_DATABASE": "postgresql", "ELMO_POSTGRES_PORT": str(_free_port())}
     with local_stack(home, ELMO_STACK_TIMEOUT_S="200", **settings) as stack:
