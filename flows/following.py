@@ -29,16 +29,35 @@ PROGRESS_LOOK_S = 2.0  # how often the flow looks at a training run's MLflow rec
 TRAINING_PROGRESS_KEY = "training-progress"  # the train task's progress bar in Prefect's UI
 
 
+def progress_key(stage: str) -> str:
+    """A stage task's progress artifact: ``training-progress``, ``adapt-progress``, ..."""
+    return TRAINING_PROGRESS_KEY if stage == "train" else f"{stage}-progress"
+
+
+class ProgressBar:
+    """A task's progress bar in Prefect's UI (a progress artifact), with what the task does."""
+
+    def __init__(self, stage: str, starting: str) -> None:
+        created = create_progress_artifact(0.0, key=progress_key(stage), description=starting)
+        self.id = cast(UUID, created)  # async_dispatch's union: called from a synchronous task
+        self.percent = 0.0
+
+    def update(self, share: float, description: str) -> None:
+        """Move the bar to ``share`` (0 to 1) done, never back (a rounding or a late look)."""
+        self.percent = max(self.percent, round(100.0 * min(share, 1.0), 1))
+        update_progress_artifact(self.id, self.percent, description=description)
+
+    def finished(self, summary: str) -> None:
+        self.update(1.0, summary)
+
+
 @dataclass
 class FollowedTraining:
     """What :func:`training_followed` gives the train task: whether the run's link was logged,
-    and its progress bar (a Prefect progress artifact), which :meth:`finished` fills."""
+    and its progress bar, which the task fills when training is done."""
 
-    progress: UUID
+    progress: ProgressBar
     linked: threading.Event = field(default_factory=threading.Event)
-
-    def finished(self, summary: str) -> None:
-        update_progress_artifact(self.progress, 100.0, description=summary)
 
 
 @contextmanager
@@ -51,9 +70,7 @@ def training_followed(plan: TrainPlan, parent_run_id: str) -> Iterator[FollowedT
     look is skipped, never fatal."""
     logger = get_run_logger()
     starting = f"biLM {plan.name}: starting (Ray workers, the dataset, the first step)"
-    # async_dispatch's union return: called from this synchronous task, it is the id itself
-    progress = create_progress_artifact(0.0, key=TRAINING_PROGRESS_KEY, description=starting)
-    followed = FollowedTraining(cast(UUID, progress))
+    followed = FollowedTraining(ProgressBar("train", starting))
     linked = followed.linked
     logged: set[tuple[int, bool]] = set()  # event_order of each step and validation logged
     warned: str | None = None  # the latest warning logged
@@ -83,20 +100,24 @@ def training_followed(plan: TrainPlan, parent_run_id: str) -> Iterator[FollowedT
                 logged.add(event_order(event))
         if progress.total and progress.step:
             done = f"biLM {plan.name}: step {progress.step:,} of {progress.total:,}"
-            update_progress_artifact(
-                followed.progress, 100.0 * progress.step / progress.total, description=done
-            )
+            followed.progress.update(progress.step / progress.total, done)
 
     with following(look, "training-progress"):
         yield followed
 
 
 @contextmanager
-def stage_followed(parent_run_id: str, stage: str) -> Iterator[None]:
-    """While the block runs ``stage`` (its runs out of the flow's sight, in Ray tasks), each new
-    progress line its runs report (:func:`~pipelines.tracking.stage_runs.report_progress`) is
-    logged with the run's name. A failed look is skipped, never fatal."""
+def stage_followed(
+    parent_run_id: str, stage: str, runs: int, starting: str
+) -> Iterator[ProgressBar]:
+    """While the block runs ``stage`` (its ``runs`` runs out of the flow's sight, in Ray tasks),
+    each new progress line they report (:func:`~pipelines.tracking.stage_runs.report_progress`)
+    is logged with the run's name, and the task's progress bar shows their mean share done (a run
+    not yet started counts none) with the latest line; before any, it says ``starting``. The
+    caller fills the bar once the block is done (its last look comes as the block ends). A failed
+    look is skipped, never fatal."""
     logger = get_run_logger()
+    bar = ProgressBar(stage, starting)
     seen: dict[str, str] = {}
 
     def look() -> None:
@@ -105,13 +126,14 @@ def stage_followed(parent_run_id: str, stage: str) -> Iterator[None]:
         except Exception as err:  # the tracking server may be busy: try again next time
             logger.debug("no %s progress this time: %s", stage, err)
             return
-        for name, line in sorted(progress.items()):
+        for name, (line, _) in sorted(progress.items()):
             if seen.get(name) != line:
                 logger.info(f"{name}: {line}")
                 seen[name] = line
+                bar.update(sum(p.share for p in progress.values()) / runs, f"{name}: {line}")
 
     with following(look, f"{stage}-progress"):
-        yield
+        yield bar
 
 
 @contextmanager

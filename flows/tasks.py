@@ -42,6 +42,7 @@ from flows.following import stage_followed, train_run_link, training_followed
 from flows.params import DataParams, EmbedParams, TrainingParams
 from flows.runs import flow_run_link, flow_tags
 from pipelines.adapt import stage as adapt_stage
+from pipelines.adapt.figures import task_scores_figure
 from pipelines.adapt.stage import AdaptResult, result_line
 from pipelines.analyze import stage as analyze_stage
 from pipelines.analyze.stage import AnalyzeResult
@@ -54,6 +55,7 @@ from pipelines.evaluate import stage as evaluate_stage
 from pipelines.evaluate.result import EvaluationResult
 from pipelines.prepare import stage as prepare_stage
 from pipelines.registry.register import RegisteredBiLM, register_trained
+from pipelines.tracking.figures import log_figure
 from pipelines.tracking.flow_runs import mlflow_link, record_summary
 from pipelines.train import stage as train_stage
 from pipelines.train.preflight import TrainPlan, plan_training
@@ -135,7 +137,7 @@ def _train(
         )
     if not followed.linked.is_set():  # reused, or done before the first look
         get_run_logger().info(train_run_link(plan.name, result.mlflow_run_id))
-    followed.finished(result.summary())
+    followed.progress.finished(result.summary())
     return result
 
 
@@ -244,7 +246,9 @@ def adapt(
     if not task_paths:
         return []
     configs = [load_task_config(path) for path in task_paths]
-    with stage_followed(parent_run_id, "adapt"):
+    names = ", ".join(config.name for config in configs)
+    starting = f"adapt {names}: starting (Ray tasks, the biLM, the task data)"
+    with stage_followed(parent_run_id, "adapt", len(configs), starting) as bar:
         results = adapt_stage.adapt(
             configs,
             bilm,
@@ -253,6 +257,7 @@ def adapt(
             parent_run_id=parent_run_id,
             tags=flow_tags(),
         )
+    bar.finished(f"adapted {names}, each with and without ELMo over {len(seeds)} seeds")
     for result in results:
         get_run_logger().info(result_line(result))
         what = f"adapt run of task {result.task}"
@@ -280,9 +285,12 @@ def analyze(
 ) -> AnalyzeResult:
     """The paper's section 5 on ``bilm`` as one ``analyze`` run, a child of the flow's; its table
     goes to the flow's log and to the ``analysis`` artifact."""
-    with stage_followed(parent_run_id, "analyze"):
+    configs = [load_task_config(path) for path in task_paths]
+    names = ", ".join(config.name for config in configs)
+    starting = f"analyze {names}: starting (the biLM's activations of every sentence, cached)"
+    with stage_followed(parent_run_id, "analyze", 1, starting) as bar:
         result = analyze_stage.analyze(
-            [load_task_config(path) for path in task_paths],
+            configs,
             bilm,
             bilm_options=bilm_options,
             senses=senses,
@@ -292,6 +300,7 @@ def analyze(
             tags=flow_tags(),
             console=False,  # its progress is this task's log
         )
+    bar.finished(f"analyzed {names}: {len(result.rows)} rows")
     if result.reused:
         get_run_logger().info("analysis reused: a finished analyze run of this biLM and settings")
     for line in [*format_rows(result.rows).splitlines(), *result.headline]:
@@ -327,6 +336,8 @@ def embed(params: EmbedParams, parent_run_id: str) -> EmbedResult:
 
 
 # --- summary ------------------------------------------------------------------------------------
+
+TASK_SCORES_FIGURE = "task_scores.png"  # the parent run's: every task with and without ELMo
 
 
 @task(name="summarize")
@@ -365,5 +376,7 @@ def summarize(
         {"summary.md": inside, "dataset.json": json.dumps(dataset_rows(manifest), indent=1)},
         inside,
     )
+    if results:
+        log_figure(task_scores_figure(results), TASK_SCORES_FIGURE, run_id=parent_run_id)
     what = "the summary (the parent run's description)"
     get_run_logger().info(run_link_line(what, mlflow_link(parent_run_id)))

@@ -103,8 +103,12 @@ def confusion_table(matrix: np.ndarray, labels: Sequence[str]) -> Table:
 
 def sample_table(found: SplitPredictions, size: int = NUM_SAMPLES) -> Table:
     """``size`` examples in the model's input columns with gold and predicted labels (tags
-    joined by spaces) and whether they match: the errors first, each group in file order."""
-    order = sorted(range(len(found.examples)), key=lambda i: found.gold[i] == found.predicted[i])
+    joined by spaces) and whether they match: half of them errors and half right where the split
+    has enough of each, the errors first, each group in file order."""
+    right = [i for i in range(len(found.examples)) if found.gold[i] == found.predicted[i]]
+    wrong = [i for i in range(len(found.examples)) if found.gold[i] != found.predicted[i]]
+    errors = wrong[: max(size // 2, size - len(right))]
+    order = errors + right[: size - len(errors)]
     rows = [
         {
             **input_columns(found.examples[i]),

@@ -126,6 +126,11 @@ class AdaptResult:
     examples: int = 0  # the size of the split the scores are on (test, else dev)
     reused: bool = False  # True when a finished run of the same job gave it
 
+    @property
+    def split(self) -> str:
+        """The split the scores are on: test, else dev."""
+        return "test" if self.elmo_test else "dev"
+
 
 def adapt(
     tasks: Sequence[TaskConfig],
@@ -279,8 +284,8 @@ def _train(
             log_curve(epoch, metrics)
         dev = f", dev {metric} {metrics[f'dev_{metric}']:.4f}" if f"dev_{metric}" in metrics else ""
         at_most = f"epoch {epoch} of at most {task.training.epochs}"  # early stopping may end it
-        eta = trainings.eta(epoch, task.training.epochs)
-        report_progress(f"{which}, {model}: {at_most}{dev}, ETA {eta}")
+        share = trainings.share(epoch, task.training.epochs)
+        report_progress(f"{which}, {model}: {at_most}{dev}, ETA {trainings.eta(share)}", share)
 
     started = time.perf_counter()
     result = train_task(
@@ -306,10 +311,13 @@ class _Trainings:
     started: float = field(default_factory=time.perf_counter)
     done: int = 0
 
-    def eta(self, epoch: int, epochs: int) -> str:
-        """The time left at the rate so far, the current training counted as ``epoch`` of its
-        at most ``epochs`` done: early stopping ends most sooner, so it errs long."""
-        share = (self.done + epoch / epochs) / self.total
+    def share(self, epoch: int, epochs: int) -> float:
+        """The share done, the current training counted as ``epoch`` of its at most ``epochs``:
+        early stopping ends most sooner, so it errs low."""
+        return (self.done + epoch / epochs) / self.total
+
+    def eta(self, share: float) -> str:
+        """The time left at the rate so far, ``share`` of the work done."""
         return duration((time.perf_counter() - self.started) * (1 - share) / share)
 
 

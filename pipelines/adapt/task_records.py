@@ -1,8 +1,8 @@
 """What an adapt run records in MLflow: its inputs, curves, final scores, the task model.
 
 Every metric sits under ``task/`` so that MLflow, ordering chart sections by name, shows the biLM's
-``bilm/...`` first. Final scores are means over the seeds, each seed's own score one point of a
-``_by_seed`` chart; the registered model holds the first seed's weights, and says so.
+``bilm/...`` first. Final scores are means over the seeds, each seed's own score a row of the
+``seed_scores.json`` table; the registered model holds the first seed's weights, and says so.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import mlflow
+from mlflow.models.model import ModelInfo
 
 from elmo_core.location import sha256_file
 from elmo_core.tasks.dataset import PairExample
@@ -32,15 +33,12 @@ from pipelines.registry.tags import (
 )
 from pipelines.serving import task_pyfunc
 from pipelines.serving.bilm_loader import BiLMReference, LoadedBiLM
-from pipelines.tracking.stage_runs import (
-    flatten_params,
-    location_link,
-    log_input_file,
-    logged_model_tags,
-    register_model,
-)
+from pipelines.tracking.datasets import log_input_file
+from pipelines.tracking.logged_models import log_model_at, register_model
+from pipelines.tracking.stage_runs import flatten_params, location_link
 
 SCORES_FILE = "scores.json"
+SEEDS_TABLE = "seed_scores.json"  # each seed's headline score, with ELMo and without
 # The fields of ReaderConfig that each format reads, and of HeadConfig that each task type builds
 # on (besides the encoder's hidden_dim, num_layers, dropout and elmo_at_output, which all use).
 READER_FIELDS: dict[str, tuple[str, ...]] = {
@@ -128,16 +126,12 @@ def final_metrics(runs: Sequence[SeedRun]) -> dict[str, float]:
     return found
 
 
-def seed_scores(runs: Sequence[SeedRun]) -> dict[str, list[tuple[int, float]]]:
-    """``task/<model>/<headline>_by_seed``: each seed's own headline score, at the seed as its
-    step, so that the seeds' scores are one chart per model."""
-    split = "test" if runs[0].elmo.test_metrics else "dev"
-    headline = f"{split}_{main_metric(runs[0].elmo.model.task)}"
+def seed_table(runs: Sequence[SeedRun]) -> dict[str, list[float | int]]:
+    """Each seed's headline score with ELMo and without, a row per seed: a table, since seeds
+    are no steps of anything."""
     return {
-        task_metric(model, f"{headline}_by_seed"): [
-            (run.seed, headline_score(getattr(run, model))) for run in runs
-        ]
-        for model in MODELS
+        "seed": [run.seed for run in runs],
+        **{model: [headline_score(getattr(run, model)) for run in runs] for model in MODELS},
     }
 
 
@@ -223,12 +217,11 @@ def scores(
 
 
 def log_outcome(runs: Sequence[SeedRun], seconds: Mapping[str, float], model_id: str) -> None:
-    """The final metrics, linked to the logged task model so its page shows them, and
-    ``scores.json``: every score of the registered seed's models, and each seed's headline."""
+    """The final metrics, linked to the logged task model so its page shows them; each seed's
+    headline as a table; and ``scores.json``: every score of the registered seed's models, and
+    each seed's headline."""
     mlflow.log_metrics(final_metrics(runs), model_id=model_id)
-    for name, points in seed_scores(runs).items():
-        for seed, value in points:
-            mlflow.log_metric(name, value, step=seed, model_id=model_id)
+    mlflow.log_table(seed_table(runs), SEEDS_TABLE)
     by_seed = {
         str(run.seed): {"elmo": headline_score(run.elmo), "baseline": headline_score(run.baseline)}
         for run in runs
@@ -250,8 +243,9 @@ def log_task_model(
     scratch: Path,
     example: Mapping[str, str],
 ) -> TaskModelVersion:
-    """Log the first seed's ELMo task model as a pyfunc model ``elmo-<task>`` with ``example`` as
-    its input example and its run's source tags; register it under that name, tagged with the
+    """Log the first seed's ELMo task model as a pyfunc model ``elmo-<task>`` at the epoch it
+    was kept (:func:`log_model_at`), with ``example`` as its input example and its run's source
+    tags; register it under that name, tagged with the
     task, its scores over the seeds (:class:`Headline`) and the biLM it was adapted from, and
     describe it as every registered model is (:mod:`pipelines.registry.model_card`).
     ``examples``: each split's size."""
@@ -260,18 +254,23 @@ def log_task_model(
     task_dir = task_pyfunc.save_task_model(elmo.model, scratch / "task", source.tokenizer)
     run = mlflow.active_run()
     assert run is not None  # the adapt run
-    info = mlflow.pyfunc.log_model(
-        name=name,
-        tags=logged_model_tags(mlflow.get_run(run.info.run_id)),
-        python_model=task_pyfunc.__file__,
-        artifacts={
-            task_pyfunc.TASK_ARTIFACT: str(task_dir),
-            task_pyfunc.BILM_ARTIFACT: str(source.model_dir),
-        },
-        signature=task_pyfunc.model_signature(elmo.model.task.type),
-        input_example=example_frame(example),
-        pip_requirements=model_requirements(),
-    )
+
+    def log(model_id: str) -> ModelInfo:
+        return mlflow.pyfunc.log_model(
+            name=name,
+            model_id=model_id,
+            python_model=task_pyfunc.__file__,
+            artifacts={
+                task_pyfunc.TASK_ARTIFACT: str(task_dir),
+                task_pyfunc.BILM_ARTIFACT: str(source.model_dir),
+            },
+            signature=task_pyfunc.model_signature(elmo.model.task.type),
+            input_example=example_frame(example),
+            pip_requirements=model_requirements(),
+        )
+
+    own = [task_metric("elmo", "", runs[0].seed)]  # its seed's curves, at its kept epoch
+    info = log_model_at(name, run.info.run_id, elmo.best_epoch, log, own_metrics=own)
     headline = Headline.of(runs, examples)
     tags = {TASK_TAG: elmo.task, **bilm.tags, **(headline.tags() if headline else {})}
     version = register_model(info.model_uri, name, tags)

@@ -223,10 +223,13 @@ def _run_analyses(
     counts = [_num_runs(cached[task.name], fractions, seeds) for task in tasks]
     total = sum(counts)
     with console_progress(total, "analyze", unit="run", enabled=console) as bar:
+        done = 0
 
         def advance(line: str) -> None:
+            nonlocal done
+            done += 1
             bar.update(1)
-            report_progress(line)
+            report_progress(line, done / total)
 
         for index, task in enumerate(tasks):
             splits = cached[task.name]
@@ -290,8 +293,9 @@ def _log_outcome(
     results: Sequence[TaskAnalysis], probes: Sequence[Row], rows: Sequence[Row], lines: list[str]
 ) -> None:
     """The table as artifacts (``analysis.md``, ``analysis.json``, and one MLflow table row per
-    cell), each task's learning curve as metrics with the fraction's percent as the step, the
-    headline's few numbers as the top-level metrics, and the headline as the run's description."""
+    cell), the headline's few numbers as the run's metrics, and the headline as its description.
+    Each task's learning curve is its ``efficiency_<task>.png``, both models against the share of
+    training data: as metrics, MLflow would chart each model apart against "Step"."""
     mlflow.log_text(markdown(rows), MARKDOWN_FILE)
     mlflow.log_text(to_json(rows), TABLE_FILE)
     cells = [
@@ -300,10 +304,6 @@ def _log_outcome(
         for column, cell in row.cells.items()
     ]
     mlflow.log_table({key: [cell[key] for cell in cells] for key in cells[0]}, CELLS_TABLE)
-    for result in results:
-        for fraction, scores in sorted(result.efficiency.items()):
-            curve = {f"{result.task}/learning_curve/{name}": s.mean for name, s in scores.items()}
-            mlflow.log_metrics(curve, step=round(100 * fraction))
     mlflow.log_metrics(headline_metrics(results, probes))
     mlflow.set_tag(DESCRIPTION_TAG, "\n".join(lines))
 

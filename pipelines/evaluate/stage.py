@@ -35,12 +35,12 @@ from pipelines.common.code_version import code_version, source_files
 from pipelines.common.handoff import HandOn, TrainResult
 from pipelines.evaluate.result import EvaluationResult
 from pipelines.serving.bilm_loader import BiLMReference, load_bilm, resolve_bilm
+from pipelines.tracking.datasets import log_dataset
 from pipelines.tracking.stage_runs import (
     DESCRIPTION_TAG,
     REUSE_KEY_TAG,
     find_finished,
     location_name,
-    log_dataset,
     reuse_key,
     stage_run,
     stage_run_name,

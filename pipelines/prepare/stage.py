@@ -147,7 +147,8 @@ def log_prepared(
     artifact."""
     import mlflow
 
-    from pipelines.tracking.stage_runs import DESCRIPTION_TAG, log_config, log_dataset
+    from pipelines.tracking.datasets import log_dataset
+    from pipelines.tracking.stage_runs import DESCRIPTION_TAG, log_config
 
     log_config(cfg, "prepare_config.json")
     mlflow.log_params({"corpus": corpus, "dataset": dataset})

@@ -24,7 +24,7 @@ from elmo_core.data.manifest import MANIFEST_NAME, load_manifest
 from elmo_core.errors import ConfigError, DataError
 from elmo_core.location import Location, join_url, sha256_file
 from elmo_core.model.bilm import BiLM
-from pipelines.common.handoff import HandOn, TrainResult
+from pipelines.common.handoff import CHECKPOINT_STEP_TAG, HandOn, TrainResult
 from pipelines.evaluate.result import EvaluationResult
 from pipelines.registry.model_card import (
     BILM_EXAMPLE,
@@ -68,11 +68,11 @@ from pipelines.serving.bilm_loader import (
     load_bilm,
     resolve_bilm,
 )
+from pipelines.tracking.flow_runs import TRAIN_SECTION, VALIDATION_SECTION
+from pipelines.tracking.logged_models import log_model_at, register_model
 from pipelines.tracking.stage_runs import (
     DESCRIPTION_TAG,
-    logged_model_tags,
     model_link,
-    register_model,
     run_link,
     stage_run,
     stage_run_name,
@@ -230,8 +230,9 @@ def register_bilm(
         mlflow.log_params({"model_name": name, "dataset": dataset.url})
         if exporter is not None:
             version_tags[BILM_TF_TAG] = _log_bilm_tf_export(exporter, source.bilm, run.info.run_id)
-        info = log_bilm_model(source.model_dir, dataset, name, source_run_id=run_id)
-        if evaluation is not None:  # the model's page shows its perplexity, not only system/…
+        step = int((checkpoint_tags or {}).get(CHECKPOINT_STEP_TAG, 0))
+        info = log_bilm_model(source.model_dir, dataset, name, source_run_id=run_id, step=step)
+        if evaluation is not None:  # its heldout perplexity, beside its validation one
             mlflow.log_metrics(evaluation.metrics(), model_id=info.model_id)
         version = register_model(info.model_uri, name, version_tags)
         runs = version_runs(version_tags)
@@ -277,10 +278,15 @@ def _existing_version(version: ModelVersion, apply_policy: bool) -> RegisteredBi
 
 
 def log_bilm_model(
-    model_dir: Path, dataset: DatasetFiles, name: str, source_run_id: str | None = None
+    model_dir: Path,
+    dataset: DatasetFiles,
+    name: str,
+    source_run_id: str | None = None,
+    step: int = 0,
 ) -> ModelInfo:
-    """Log the pyfunc model as ``name`` from the run ``source_run_id`` (default: the active run),
-    with that run's source tags, from code, with explicit requirements and
+    """Log the pyfunc model as ``name`` from the run ``source_run_id`` (default: the active run)
+    as it was at its ``step`` (:func:`log_model_at`: with the run's biLM metrics at that step),
+    from code, with explicit requirements and
     :data:`~pipelines.registry.model_card.BILM_EXAMPLE` as its input example. Logged from
     another run, it is also the active run's input.
 
@@ -289,28 +295,31 @@ def log_bilm_model(
     """
     active = mlflow.active_run()
     assert active is not None  # the register run
-    client = MlflowClient()
-    source = client.get_run(source_run_id or active.info.run_id)
+    source_run_id = source_run_id or active.info.run_id
     artifacts = {
         BILM_ARTIFACT: str(model_dir),
         MANIFEST_ARTIFACT: str(dataset.manifest),
     }
     if dataset.vocab is not None:
         artifacts[VOCAB_ARTIFACT] = str(dataset.vocab)
-    info = Model.log(  # pyfunc.log_model's call, with the run to log from
-        artifact_path=None,
-        name=name,
-        flavor=mlflow.pyfunc,
-        run_id=source.info.run_id,
-        tags=logged_model_tags(source),
-        python_model=bilm_pyfunc.__file__,
-        artifacts=artifacts,
-        signature=bilm_pyfunc.model_signature(),
-        input_example=example_frame(BILM_EXAMPLE),
-        pip_requirements=model_requirements(),
-    )
-    if source.info.run_id != active.info.run_id:
-        client.log_inputs(active.info.run_id, models=[LoggedModelInput(info.model_id)])
+
+    def log(model_id: str) -> ModelInfo:
+        return Model.log(  # pyfunc.log_model's call, into the model made for it
+            artifact_path=None,
+            name=name,
+            flavor=mlflow.pyfunc,
+            model_id=model_id,
+            python_model=bilm_pyfunc.__file__,
+            artifacts=artifacts,
+            signature=bilm_pyfunc.model_signature(),
+            input_example=example_frame(BILM_EXAMPLE),
+            pip_requirements=model_requirements(),
+        )
+
+    bilm_metrics = (f"{TRAIN_SECTION}/", f"{VALIDATION_SECTION}/")
+    info = log_model_at(name, source_run_id, step, log, own_metrics=bilm_metrics)
+    if source_run_id != active.info.run_id:
+        MlflowClient().log_inputs(active.info.run_id, models=[LoggedModelInput(info.model_id)])
     return info
 
 

@@ -10,6 +10,7 @@ import math
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from typing import NamedTuple
 from urllib.parse import urlparse
 
 from mlflow.entities import Metric, Param
@@ -20,6 +21,7 @@ from pipelines.tracking.stage_runs import (
     DESCRIPTION_TAG,
     EXPERIMENT,
     LOCAL_UI,
+    PROGRESS_SHARE_TAG,
     PROGRESS_TAG,
     STAGE_TAG,
     ended_status,
@@ -156,8 +158,15 @@ def record_summary(
     client.set_tag(parent_run_id, DESCRIPTION_TAG, description)
 
 
-def stage_progress(parent_run_id: str, stage: str) -> dict[str, str]:
-    """Each run of ``stage`` under the flow's parent run, by name: its latest progress line."""
+class StageProgress(NamedTuple):
+    """A stage run's latest progress line, and the share of its work done (0 to 1)."""
+
+    line: str
+    share: float
+
+
+def stage_progress(parent_run_id: str, stage: str) -> dict[str, StageProgress]:
+    """Each run of ``stage`` under the flow's parent run that reported progress, by name."""
     use_tracking()
     client = MlflowClient()
     experiment = client.get_experiment_by_name(EXPERIMENT)
@@ -169,7 +178,9 @@ def stage_progress(parent_run_id: str, stage: str) -> dict[str, str]:
         f"and tags.`{STAGE_TAG}` = '{stage}'",
     )
     return {
-        run.info.run_name: run.data.tags[PROGRESS_TAG]
+        run.info.run_name: StageProgress(
+            run.data.tags[PROGRESS_TAG], float(run.data.tags.get(PROGRESS_SHARE_TAG, 0.0))
+        )
         for run in runs
         if PROGRESS_TAG in run.data.tags
     }

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import json
 import logging
 import os
 import re
 import subprocess
 import time
-import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,7 +28,6 @@ from mlflow.utils.mlflow_tags import (
     MLFLOW_GIT_COMMIT,
     MLFLOW_SOURCE_NAME,
     MLFLOW_SOURCE_TYPE,
-    MLFLOW_USER,
 )
 from pydantic import BaseModel
 
@@ -43,20 +40,21 @@ MAX_PARAM_CHARS = 6000
 SYSTEM_METRICS_INTERVAL_ENV = "ELMO_SYSTEM_METRICS_INTERVAL_S"
 DEFAULT_SYSTEM_METRICS_S = 1.0  # at first; wider apart as a run ages, up to LATE_SYSTEM_METRICS_S
 LATE_SYSTEM_METRICS_S = 10.0  # MLflow's own interval: what an hours-long run is sampled at
-DATASET_DIGEST_CHARS = 36  # the longest digest MLflow's stores keep
 LOCAL_UI = "http://127.0.0.1:5000"  # where `mlflow ui` serves the embedded store by default
 MLFLOW_UI_ENV = "ELMO_MLFLOW_UI_URL"  # where the user serves it, if elsewhere
 # What keeps a link in MLflow 3's model-training view: without it the UI opens its GenAI view.
 TRAINING_VIEW = "?workflowType=machine_learning"
 DESCRIPTION_TAG = "mlflow.note.content"  # the run's (and the experiment's) description
 PROGRESS_TAG = "elmo.progress"  # a stage run's latest step of work (adapt, analyze)
+PROGRESS_SHARE_TAG = "elmo.progress_share"  # how much of its work that is done, 0 to 1
 REUSE_KEY_TAG = "elmo.reuse_key"  # what a finished adapt or analyze run was made from
 EXPERIMENT_DESCRIPTION = (
     "ELMo pretraining and adaptation. Each flow run is a parent run; its stages (prepare, train, "
-    "evaluate, register, adapt, analyze, embed) are its child runs, named `<stage>-<subject>`. "
-    "The biLM's training curves are the `bilm/train` and `bilm/validation` chart sections; the "
-    "task models' are `task/seed_<s>` (the first seed's curves), then `task/summary` (the final "
-    "scores: means over the seeds, and each seed's score by seed)."
+    "evaluate, register, adapt and, when asked, analyze; embed in the embed flow) are its child "
+    "runs, named `<stage>-<subject>`. The biLM's training curves are the `bilm/train` and "
+    "`bilm/validation` chart sections; the task models' are `task/seed_<s>` (the first seed's "
+    "curves), then `task/summary` (the final scores, means over the seeds; each seed's own "
+    "score is a row of the run's `seed_scores.json` table)."
 )
 
 log = logging.getLogger(__name__)
@@ -172,16 +170,20 @@ def _end(run_id: str, status: str) -> None:
         progress = mlflow.MlflowClient().get_run(run_id).data.tags.get(PROGRESS_TAG)
         if progress is not None:
             where = _ETA.sub("", progress)
-            mlflow.set_tag(PROGRESS_TAG, f"{where}; {status.lower()}")
+            ended = {PROGRESS_TAG: f"{where}; {status.lower()}"}
+            if status == "FINISHED":
+                ended[PROGRESS_SHARE_TAG] = "1"
+            mlflow.set_tags(ended)
     except Exception as err:  # a busy tracking server must not hide how the run ended
         log.warning("run %s: its progress line could not be finalised: %s", run_id, err)
     mlflow.end_run(status)
 
 
-def report_progress(line: str) -> None:
-    """Say where the active stage run's work is (its ``PROGRESS_TAG``): a flow's log follows the
-    runs of its stages that run out of its sight (Ray tasks) this way."""
-    mlflow.set_tag(PROGRESS_TAG, line)
+def report_progress(line: str, share: float) -> None:
+    """Say where the active stage run's work is (its ``PROGRESS_TAG``) and how much of it is done
+    (``share``, 0 to 1): a flow's log and progress bar follow the runs of its stages that run out
+    of its sight (Ray tasks) this way."""
+    mlflow.set_tags({PROGRESS_TAG: line, PROGRESS_SHARE_TAG: f"{min(max(share, 0.0), 1.0):.4f}"})
 
 
 def stage_run_name(stage: str, subject: str) -> str:
@@ -330,31 +332,6 @@ def _newest_run(stage: str, condition: str) -> Run | None:
     return runs[0] if runs else None
 
 
-def log_dataset(dataset_url: str, context: str) -> None:
-    """Record the prepared dataset as the active run's input (MLflow's Datasets panel): named
-    by its directory, its digest the manifest's sha256 (which names every shard by checksum, so
-    two runs on the same data show the same digest), its source the URL it was read from;
-    ``context`` says how the run used it (``training``, ``evaluation``)."""
-    from elmo_core.data.manifest import manifest_sha256
-
-    name = dataset_url.rstrip("/").rsplit("/", 1)[-1]
-    log_input_file(dataset_url, name, manifest_sha256(dataset_url), context)
-
-
-def log_input_file(location: str, name: str, sha256: str, context: str) -> None:
-    """Record data at ``location`` (a path or URL) as the active run's input, its digest the
-    content's ``sha256`` (cut to what MLflow keeps)."""
-    from mlflow.data.dataset_source_registry import resolve_dataset_source
-    from mlflow.data.meta_dataset import MetaDataset
-
-    with warnings.catch_warnings():  # "can be interpreted in multiple ways": both are the same
-        warnings.simplefilter("ignore", UserWarning)
-        source = resolve_dataset_source(location)
-    digest = sha256[:DATASET_DIGEST_CHARS]
-    dataset = MetaDataset(source, name=name, digest=digest)  # type: ignore[abstract]  # complete at run time
-    mlflow.log_input(dataset, context=context)
-
-
 def flatten_params(
     config: BaseModel | Mapping[str, Any], prefix: str = "", *, whole_in: str | None = None
 ) -> dict[str, str]:
@@ -398,24 +375,6 @@ def source_tags(source_name: str, *, job: bool) -> dict[str, str]:
     if commit is not None:
         tags[MLFLOW_GIT_COMMIT] = commit
     return dict(resolve_tags(tags))
-
-
-def logged_model_tags(run: Run) -> dict[str, str]:
-    """The user and source tags of ``run``, for a model it logs: MLflow would tag the model
-    with the logging process's own (Ray's worker script, no commit)."""
-    return {
-        key: value
-        for key, value in run.data.tags.items()
-        if key == MLFLOW_USER or key.startswith("mlflow.source.")
-    }
-
-
-def register_model(model_uri: str, name: str, tags: Mapping[str, str]) -> int:
-    """Register ``model_uri`` as a new version of ``name``; its number. MLflow's own call prints
-    "Successfully registered model" and "Created version" on stderr beside the stage's line that
-    says the same, so its stderr is taken for the call (its warnings go to logging, unaffected)."""
-    with contextlib.redirect_stderr(io.StringIO()):
-        return int(mlflow.register_model(model_uri, name, tags=dict(tags)).version)
 
 
 def git_commit(repo: Path | None = None) -> str | None:

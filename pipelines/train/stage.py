@@ -26,13 +26,13 @@ from elmo_core.model.serialization import MODEL_DIR
 from pipelines.common.handoff import TrainResult
 from pipelines.common.ray_cluster import connect_ray, cpus_available
 from pipelines.common.settings import RAY_JOBS_ENV, mlflow_tracking_uri
+from pipelines.tracking.datasets import log_dataset
 from pipelines.tracking.flow_runs import HEALTH_TAG, TOTAL_STEPS_TAG
 from pipelines.tracking.stage_runs import (
     DESCRIPTION_TAG,
     find_run,
     git_commit,
     log_config,
-    log_dataset,
     stage_run,
     stage_run_name,
 )

@@ -23,7 +23,7 @@ from elmo_core.tasks.seeds import Scores
 from elmo_core.text.tokenize import WhitespaceTokenizer
 from pipelines.adapt import cli as adapt_cli
 from pipelines.adapt import stage as adapt_stage
-from pipelines.adapt.task_records import MODELS
+from pipelines.adapt.task_records import MODELS, SEEDS_TABLE
 from pipelines.registry.register import DatasetFiles, log_bilm_model
 from pipelines.serving import bilm_loader as bilm_source
 from pipelines.tracking import stage_runs
@@ -226,8 +226,7 @@ def test_the_chart_view_holds_epoch_curves_and_a_few_final_scores_each_named_onc
         means = {f"{p}/{s}_{metric}" for p in ("elmo", "baseline") for s in ("best_dev", "test")}
         means |= {f"gain/dev_{metric}", f"gain/test_{metric}"}
         finals = {f"task/summary/{name}" for name in means}
-        finals |= {f"task/summary/{p}/test_{metric}_by_seed" for p in MODELS}
-        assert set(metrics) == curves | finals
+        assert set(metrics) == curves | finals  # each seed's score is a table's, not a chart's
         for name in curves:
             history = adapted.client.get_metric_history(result.run_id, name)
             assert [point.step for point in history] == [1, 2]
@@ -237,12 +236,14 @@ def test_the_chart_view_holds_epoch_curves_and_a_few_final_scores_each_named_onc
         assert metrics[f"task/summary/elmo/test_{metric}"] == pytest.approx(elmo.mean)
         gain_mean = metrics[f"task/summary/gain/test_{metric}"]
         assert gain_mean == pytest.approx(elmo.mean - baseline.mean)
-        for model, scores in (("elmo", result.elmo_scores), ("baseline", result.baseline_scores)):
-            name = f"task/summary/{model}/test_{metric}_by_seed"
-            by_seed = adapted.client.get_metric_history(result.run_id, name)
-            assert [(point.step, point.value) for point in by_seed] == list(
-                zip(result.seeds, scores, strict=True)
+        table = mlflow.artifacts.load_dict(f"runs:/{result.run_id}/{SEEDS_TABLE}")
+        rows = [dict(zip(table["columns"], row, strict=True)) for row in table["data"]]
+        assert rows == [
+            {"seed": seed, "elmo": pytest.approx(elmo_score), "baseline": pytest.approx(baseline)}
+            for seed, elmo_score, baseline in zip(
+                result.seeds, result.elmo_scores, result.baseline_scores, strict=True
             )
+        ]
         gain = result.elmo_test[metric] - result.baseline_test[metric]
         assert result.gain[f"test_{metric}"] == pytest.approx(gain)  # the registered seed's
 
@@ -272,7 +273,7 @@ def test_every_score_the_mix_and_the_timings_are_in_scores_json(adapted) -> None
 def test_each_run_logs_its_figures_and_tables(adapted) -> None:
     figures = {"scalar_mix.png", "dev_curve.png", "config.json", "scores.json"}
     figures |= {adapt_stage.RESULT_FILE}  # what a re-run of the same job reuses
-    tables = {"sample_predictions.json"}
+    tables = {"sample_predictions.json", SEEDS_TABLE}
     expected = {
         "tagger": figures | tables | {"per_type_scores.json"},
         "questions": figures | tables | {"confusion_matrix.json", "confusion_matrix.png"},
@@ -344,10 +345,11 @@ def test_the_final_scores_are_metrics_of_the_logged_task_model(adapted) -> None:
     means = {f"{p}/{s}_accuracy" for p in MODELS for s in ("best_dev", "test")}
     means |= {"gain/dev_accuracy", "gain/test_accuracy"}
     finals = {f"task/summary/{name}" for name in means}
-    finals |= {f"task/summary/{p}/test_accuracy_by_seed" for p in MODELS}
-    # MLflow also links the run's step-0 metrics at log_model: the first system metrics sample.
-    assert {name for name in linked if not name.startswith("system/")} == finals
-    assert linked["task/summary/elmo/test_accuracy_by_seed"] == result.elmo_scores[-1]  # last
+    # ... and its seed's curves at the epoch it was kept; no system sample
+    kept = {f"task/seed_{result.seeds[0]}/elmo/{name}" for name in ("train_loss", "dev_accuracy")}
+    assert finals | kept <= set(linked) and not [n for n in linked if n.startswith("system/")]
+    (output,) = adapted.client.get_run(result.run_id).outputs.model_outputs
+    assert output.model_id == logged.model_id and output.step >= 1  # an epoch
     mean = Scores(tuple(result.elmo_scores)).mean
     assert linked["task/summary/elmo/test_accuracy"] == pytest.approx(mean)
     # Named as the model it is registered as, from its adapt run, not Ray's worker script

@@ -44,11 +44,11 @@ from elmo_core.model.serialization import write_bilm_dir
 from elmo_core.presets import tiny
 from flows.analyze import analyze
 from flows.artifacts import AnalyzeSummary, PretrainSummary
-from flows.following import TRAINING_PROGRESS_KEY
+from flows.following import TRAINING_PROGRESS_KEY, progress_key
 from flows.params import AnalyzeParams, DataParams, PretrainParams
 from flows.pretrain import pretrain
 from flows.run_local import REPO
-from flows.tasks import prepare
+from flows.tasks import TASK_SCORES_FIGURE, prepare
 from pipelines.common.services import ServiceUnreachable
 from pipelines.common.settings import mlflow_tracking_uri
 from pipelines.tracking.stage_runs import TRAINING_VIEW
@@ -260,10 +260,16 @@ def test_the_parent_run_is_the_flow_runs_summary(
 
     assert parent.info.run_name.startswith("pretrain-corpus.txt-tiny-")  # <stage>-<subject>
     assert parent.data.metrics["heldout_perplexity"] == pytest.approx(summary.perplexity)
-    means = {"ner/test_f1_mean", "ner/test_f1_baseline_mean", "ner/test_f1_gain_mean"}
-    assert means <= set(parent.data.metrics)
+    task_metrics = sorted(key for key in parent.data.metrics if key.startswith("ner/"))
+    assert task_metrics == [  # as the UI orders them: the means, then the deviations
+        "ner/test_f1_mean_baseline",
+        "ner/test_f1_mean_elmo",
+        "ner/test_f1_mean_gain",
+        "ner/test_f1_sd_baseline",
+        "ner/test_f1_sd_elmo",
+    ]
     artifacts = {item.path for item in client.list_artifacts(summary.parent_run_id)}
-    assert {"summary.md", "dataset.json"} <= artifacts
+    assert {"summary.md", "dataset.json", TASK_SCORES_FIGURE} <= artifacts
     description = parent.data.tags["mlflow.note.content"]
     assert "heldout perplexity" in description and "workflowType=machine_learning" in description
     # Inside the MLflow UI: relative links to every stage's run, by name; no word of serving it.
@@ -380,6 +386,7 @@ def test_the_run_publishes_tables_and_a_summary_linking_to_mlflow(
         "task-scores",
         "pretrain-summary",
         TRAINING_PROGRESS_KEY,
+        progress_key("adapt"),
     }
     assert {artifact.type for artifact in artifacts} == {"table", "markdown", "progress"}
     created = {key: artifact.created for key, artifact in by_key.items()}
@@ -455,6 +462,9 @@ def test_the_analyze_flow_publishes_and_logs_the_table(
         if re.match(r"analyze-\S+: tagger: run \d+/\d+, ", line)
     ]
     assert progress and progress[-1].startswith("analyze-")
+    bar = _artifacts(flow_run_id)[progress_key("analyze")]
+    assert bar.type == "progress" and float(bar.data) == 100.0
+    assert re.fullmatch(r"analyzed tagger: \d+ rows", bar.description)
 
 
 def test_pretrain_with_analyze_analyzes_the_new_biLM_in_its_flow_run(
@@ -688,6 +698,9 @@ def test_task_runs_are_named_after_their_work_and_training_fills_its_progress_ba
         progress = _artifacts(flow_run_id)[TRAINING_PROGRESS_KEY]
         assert progress.type == "progress" and float(progress.data) == 100.0
         assert progress.description.startswith(f"biLM {bilm} ")  # what the run did
+        adapted = _artifacts(flow_run_id)[progress_key("adapt")]
+        assert adapted.type == "progress" and float(adapted.data) == 100.0
+        assert adapted.description == "adapted ner, each with and without ELMo over 3 seeds"
 
 
 def test_the_train_tasks_own_page_shows_every_logged_step_and_validation_once(

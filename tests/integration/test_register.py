@@ -19,6 +19,7 @@ from elmo_core.model.bilm import BiLM
 from elmo_core.model.serialization import write_bilm_dir
 from elmo_core.presets import tiny
 from elmo_core.text.char_ids import batch_to_ids
+from pipelines.common.handoff import CHECKPOINT_STEP_TAG, CHECKPOINT_TAG
 from pipelines.evaluate.result import EvaluationResult
 from pipelines.registry import cli as registry_cli
 from pipelines.registry import register as reg
@@ -31,6 +32,9 @@ from pipelines.serving.bilm_loader import (
     resolve_bilm,
 )
 from pipelines.tracking import stage_runs
+from pipelines.tracking.datasets import log_dataset
+from pipelines.tracking.flow_runs import TRAIN_LOSS_METRIC
+from pipelines.tracking.train_progress import VALIDATION_PERPLEXITY
 
 pytestmark = pytest.mark.integration
 
@@ -174,6 +178,10 @@ def test_hdf5_export_is_logged_in_the_run_and_named_by_a_tag(registry, tmp_path)
 def test_a_version_registered_from_a_training_run_links_it_both_ways(registry):
     with stage_runs.stage_run("train", run_name="train-for-register") as run:
         train_run_id = run.info.run_id
+        log_dataset(str(registry.dataset), "training")
+        for step, perplexity in ((4, 900.0), (8, 700.0)):
+            mlflow.log_metrics({VALIDATION_PERPLEXITY: perplexity, TRAIN_LOSS_METRIC: 6.0}, step)
+        mlflow.log_metric("system/cpu_utilization_percentage", 50.0, step=4)  # a sample's number
     result = reg.register(
         registry.model_dir,
         str(registry.dataset),
@@ -181,6 +189,7 @@ def test_a_version_registered_from_a_training_run_links_it_both_ways(registry):
         run_id=train_run_id,
         name="elmo-bilm-imported",
         hdf5_export=False,
+        checkpoint_tags={CHECKPOINT_TAG: "best", CHECKPOINT_STEP_TAG: "4"},
     )
     assert (result.version, result.train_run_id, result.perplexity) == (1, train_run_id, None)
     version = registry.client.get_model_version("elmo-bilm-imported", "1")
@@ -201,9 +210,14 @@ def test_a_version_registered_from_a_training_run_links_it_both_ways(registry):
     assert logged.name == "elmo-bilm-imported" and logged.source_run_id == train_run_id
     train_run = registry.client.get_run(train_run_id)
     assert logged.tags["mlflow.source.name"] == train_run.data.tags["mlflow.source.name"]
-    assert not [m.key for m in logged.metrics or [] if not m.key.startswith("system/")]
-    # ... and the training run's page lists the logged model and the version ("Registered models")
-    assert [output.model_id for output in train_run.outputs.model_outputs] == [logged.model_id]
+    # It holds the step-4 model: its metrics are the run's biLM metrics at step 4, measured on the
+    # training dataset, and no system sample, whatever its number
+    own = {(m.key, m.step, m.value, m.dataset_name) for m in logged.metrics or []}
+    named = registry.dataset.name
+    assert own == {(VALIDATION_PERPLEXITY, 4, 900.0, named), (TRAIN_LOSS_METRIC, 4, 6.0, named)}
+    # ... and the training run's page lists the logged model at its step and the version
+    outputs = [(output.model_id, output.step) for output in train_run.outputs.model_outputs]
+    assert outputs == [(logged.model_id, 4)]
     found = registry.client.search_model_versions(f"run_id = '{train_run_id}'")
     assert [(v.name, str(v.version)) for v in found] == [("elmo-bilm-imported", "1")]
     register_run = registry.client.get_run(result.run_id)
@@ -318,9 +332,9 @@ def test_the_logged_model_shows_its_heldout_perplexities_as_the_version_tags_say
         version = registry.client.get_model_version("elmo-bilm", str(result.version))
         logged = registry.client.get_logged_model(_logged_model_id(version))
         assert logged.source_run_id == result.run_id and logged.name == "elmo-bilm"
-        # The Models page shows the perplexities, not only system metrics; the register run,
-        # which links them to the model, holds nothing else of its own.
-        linked = {m.key: m.value for m in logged.metrics or [] if not m.key.startswith("system/")}
+        # The Models page shows the perplexities and no system sample; the register run, which
+        # links them to the model, holds nothing else of its own.
+        linked = {m.key: m.value for m in logged.metrics or []}
         assert linked == pytest.approx(evaluation.metrics())
         register_metrics = registry.client.get_run(result.run_id).data.metrics
         assert {key for key in register_metrics if not key.startswith("system/")} == set(linked)

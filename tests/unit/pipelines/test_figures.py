@@ -13,7 +13,8 @@ from PIL import Image
 from elmo_core.analysis.task_runs import MIX, TaskAnalysis
 from elmo_core.tasks.seeds import Scores
 from elmo_core.tasks.trainer import TaskResult
-from pipelines.adapt.figures import confusion_figure, mix_figure
+from pipelines.adapt.figures import confusion_figure, mix_figure, task_scores_figure
+from pipelines.adapt.stage import AdaptResult
 from pipelines.analyze.figures import efficiency_figure, layers_figure
 from pipelines.analyze.table import Cell, Row
 from pipelines.tracking.figures import DPI, curves_figure, pyplot
@@ -56,10 +57,26 @@ def _task_result() -> TaskResult:
     )
 
 
+def _adapted(task: str, elmo: tuple[float, ...], baseline: tuple[float, ...]) -> AdaptResult:
+    return AdaptResult(
+        task=task, run_id="r", model_name=f"elmo-{task}", model_version=1,
+        model_uri=f"models:/elmo-{task}/1", metric="f1", elmo_dev={}, elmo_test={"f1": elmo[0]},
+        baseline_dev={}, baseline_test={"f1": baseline[0]}, gain={}, mix_weights=[], gamma=1.0,
+        seeds=list(range(len(elmo))), elmo_scores=list(elmo), baseline_scores=list(baseline),
+    )  # fmt: skip
+
+
+ADAPTED = [
+    _adapted("ner", (0.91, 0.93, 1.0), (0.88, 0.9, 0.89)),
+    _adapted("chunks", (0.62, 0.63, 0.64), (0.6, 0.6, 0.6)),
+    _adapted("questions", (0.8,), (0.7,)),
+]
+
 FIGURES = {
     "efficiency": lambda: efficiency_figure(_analysis()),
     "layers": lambda: layers_figure([_analysis(), _analysis()], [_probe()]),
     "scalar_mix": lambda: mix_figure(_task_result(), seed=0),
+    "task_scores": lambda: task_scores_figure(ADAPTED),
     "confusion": lambda: confusion_figure(np.array([[5, 1], [2, 7]]), ["HUM", "LOC"], "test"),
     "validation_perplexity": lambda: curves_figure(
         {"forward": [(500, 262.0), (1000, 180.0), (1500, 151.0)], "backward": [(500, 250.0)]},
@@ -153,7 +170,7 @@ def test_no_legend_hides_a_bar_a_value_label_or_a_point_and_bars_start_at_0(name
 def test_the_mix_figure_says_its_weights_are_the_kept_epochs_not_the_curves_last() -> None:
     figure = mix_figure(_task_result(), seed=0)
     title = figure.axes[0].title
-    assert "the kept model's: epoch 3 (best on dev) of 5 trained" in title.get_text()
+    assert "the model kept: epoch 3 of 5, the best on dev" in title.get_text()
     figure.canvas.draw()
     shown = title.get_window_extent()
     assert shown.x0 >= 0 and shown.x1 <= figure.bbox.x1  # whole, not cut at the edges
@@ -166,4 +183,72 @@ def test_a_log_axis_reads_as_plain_numbers_and_ticks_sit_at_the_points() -> None
     assert [tick.get_text() for tick in axis.get_xticklabels()] == ["500", "1000", "1500"]
     labels = [tick.get_text() for tick in axis.get_yticklabels() if tick.get_text()]
     assert labels and not any("10^" in label or "times" in label for label in labels)
+    pyplot().close(figure)
+
+
+def _ys(axis) -> list[float]:
+    """Every y a point, a ring or an error bar's end of ``axis`` reaches (not reference lines)."""
+    from matplotlib.collections import LineCollection, PathCollection
+
+    ys = [y for line in axis.get_lines() if line.get_linestyle() != "--" for y in line.get_ydata()]
+    for collection in axis.collections:
+        if isinstance(collection, LineCollection):  # error bars
+            ys += [y for segment in collection.get_segments() for _, y in segment]
+        elif isinstance(collection, PathCollection):  # rings
+            ys += [y for _, y in collection.get_offsets()]
+    return ys
+
+
+@pytest.mark.parametrize("name", ["layers", "task_scores"])
+def test_score_panels_fill_their_grid_keep_bars_within_0_and_1_and_leave_room_above_the_top(
+    name: str,
+) -> None:
+    figure: Figure = FIGURES[name]()
+    panels = {"layers": 3, "task_scores": 3}[name]  # layers: two tasks and a probe
+    assert len(figure.axes) == panels and all(axis.axison for axis in figure.axes)  # no blank slot
+    for axis in figure.axes:
+        ys = _ys(axis)
+        bottom, top = axis.get_ylim()
+        assert min(ys) >= 0.0 and max(ys) <= 1.0  # error bars cut at the score's range
+        assert bottom < min(ys) and top > max(ys)  # room around them: a score at 1.0 is not cut
+        assert all(tick <= 1.0 for tick in axis.get_yticks() if bottom <= tick <= top)
+    pyplot().close(figure)
+
+
+def test_the_task_scores_figure_shows_every_seed_and_the_gain() -> None:
+    figure = task_scores_figure(ADAPTED)
+    ner = figure.axes[0]
+    from matplotlib.collections import PathCollection
+
+    scatters = [c for c in ner.collections if isinstance(c, PathCollection)]
+    rings = [y for c in scatters for _, y in c.get_offsets()]
+    assert sorted(rings) == sorted([0.91, 0.93, 1.0, 0.88, 0.9, 0.89])
+    assert "gain +0.057" in ner.get_title() and "over 3 seeds" in ner.get_xlabel()
+    assert [t.get_text() for t in ner.get_xticklabels()] == ["without ELMo", "with ELMo"]
+    assert "one seed" in figure.axes[2].get_xlabel()
+    pyplot().close(figure)
+
+
+def test_the_efficiency_series_sit_apart_at_each_share() -> None:
+    figure = efficiency_figure(_analysis())
+    (axis,) = figure.axes
+    elmo, baseline = (line.get_xdata() for line in axis.get_lines() if line.get_linestyle() == "-")
+    assert all(e < b for e, b in zip(elmo, baseline, strict=True))  # never at the same x
+    pyplot().close(figure)
+
+
+def test_a_log_axis_over_less_than_a_decade_still_has_numbers() -> None:
+    figure = curves_figure(
+        {"mean": [(4, 2890.0), (8, 2400.0), (12, 2120.0)]},
+        title="validation perplexity",
+        ylabel="perplexity",
+        log_y=True,
+    )
+    (axis,) = figure.axes
+    figure.canvas.draw()
+    low, high = axis.get_ylim()
+    shown = [t for t in axis.get_yticks() if low <= t <= high]
+    assert len(shown) >= 2
+    labels = [label.get_text() for label in axis.get_yticklabels() if label.get_text()]
+    assert len(labels) >= 2
     pyplot().close(figure)

@@ -386,6 +386,12 @@ def test_prepare_is_an_mlflow_run_with_sizes_the_manifest_and_the_dataset_as_inp
     }
     (dataset_input,) = run.inputs.dataset_inputs
     assert dataset_input.dataset.digest == manifest_sha256(result.dataset)[:36]
+    profile = json.loads(dataset_input.dataset.profile)  # MLflow's dataset drawer shows both
+    assert profile["train_sentences"] == train.num_sentences
+    assert profile["heldout_tokens"] == result.manifest.splits["heldout"].num_tokens
+    assert profile["vocabulary"] == result.manifest.vocab.size
+    schema = json.loads(dataset_input.dataset.schema)
+    assert [column["name"] for column in schema["mlflow_colspec"]] == ["types"]
     description = run.data.tags[stage_runs.DESCRIPTION_TAG].split("\n\n")
     assert description[0] == f"Prepared {corpus.train[0]} into {result.dataset}."
     assert description[1].startswith(f"train: {train.num_sentences:,} sentences, ")

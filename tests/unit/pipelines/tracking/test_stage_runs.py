@@ -6,6 +6,7 @@ import pytest
 
 from elmo_core.presets import tiny
 from pipelines.tracking import stage_runs
+from pipelines.tracking.logged_models import logged_model_tags
 
 
 def test_stage_run_nests_under_parent_from_environment(store, monkeypatch):
@@ -140,7 +141,7 @@ def test_a_model_logged_for_a_run_carries_the_runs_user_and_source(store) -> Non
     assert tags["mlflow.user"]
     with stage_runs.stage_run("adapt", run_name="sourced", tags=tags) as run:
         pass
-    logged = stage_runs.logged_model_tags(store.get_run(run.info.run_id))
+    logged = logged_model_tags(store.get_run(run.info.run_id))
     assert logged["mlflow.source.name"] == "pipelines.adapt" and "mlflow.user" in logged
     assert stage_runs.STAGE_TAG not in logged
 
@@ -159,16 +160,21 @@ def test_ui_links_open_the_model_training_view() -> None:
 
 def test_a_run_that_reported_progress_ends_saying_how_it_ended(store) -> None:
     with stage_runs.stage_run("adapt", run_name="progressing") as run:
-        stage_runs.report_progress("seed 0 of 3: epoch 14 of at most 30")
-    progress = store.get_run(run.info.run_id).data.tags[stage_runs.PROGRESS_TAG]
-    assert progress == "seed 0 of 3: epoch 14 of at most 30; finished"
+        stage_runs.report_progress("seed 0 of 3: epoch 14 of at most 30", 0.15)
+        assert store.get_run(run.info.run_id).data.tags[stage_runs.PROGRESS_SHARE_TAG] == "0.1500"
+    tags = store.get_run(run.info.run_id).data.tags
+    assert tags[stage_runs.PROGRESS_TAG] == "seed 0 of 3: epoch 14 of at most 30; finished"
+    assert tags[stage_runs.PROGRESS_SHARE_TAG] == "1"  # all its work is done
     with pytest.raises(RuntimeError), stage_runs.stage_run("adapt", run_name="broken") as run:
-        stage_runs.report_progress("seed 1 of 3: epoch 2 of at most 30")
+        stage_runs.report_progress("seed 1 of 3: epoch 2 of at most 30", 1.2)  # held to 1
         raise RuntimeError("boom")
-    progress = store.get_run(run.info.run_id).data.tags[stage_runs.PROGRESS_TAG]
-    assert progress == "seed 1 of 3: epoch 2 of at most 30; failed"
+    tags = store.get_run(run.info.run_id).data.tags
+    assert tags[stage_runs.PROGRESS_TAG] == "seed 1 of 3: epoch 2 of at most 30; failed"
+    assert tags[stage_runs.PROGRESS_SHARE_TAG] == "1.0000"
     with stage_runs.stage_run("adapt", run_name="timed") as run:
-        stage_runs.report_progress("seed 2 (3 of 3), the baseline: epoch 9 of at most 30, ETA 0:08")
+        stage_runs.report_progress(
+            "seed 2 (3 of 3), the baseline: epoch 9 of at most 30, ETA 0:08", 0.9
+        )
     progress = store.get_run(run.info.run_id).data.tags[stage_runs.PROGRESS_TAG]
     assert progress == "seed 2 (3 of 3), the baseline: epoch 9 of at most 30; finished"  # no ETA
     with stage_runs.stage_run("evaluate", run_name="silent") as run:
