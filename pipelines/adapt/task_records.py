@@ -270,7 +270,15 @@ def log_task_model(
         )
 
     own = [task_metric("elmo", "", runs[0].seed)]  # its seed's curves, at its kept epoch
-    info = log_model_at(name, run.info.run_id, elmo.best_epoch, log, own_metrics=own)
+    kept = "the best on dev" if elmo.dev_metrics else "the last: no dev split"
+    described = (
+        f"The {elmo.task} model with ELMo of seed {runs[0].seed}, as it was at epoch "
+        f"{elmo.best_epoch} (kept: {kept}). Its final scores here are the means over "
+        f"seeds {', '.join(str(r.seed) for r in runs)}; its curves, that seed's at that epoch."
+    )
+    info = log_model_at(
+        name, run.info.run_id, elmo.best_epoch, log, description=described, own_metrics=own
+    )
     headline = Headline.of(runs, examples)
     tags = {TASK_TAG: elmo.task, **bilm.tags, **(headline.tags() if headline else {})}
     version = register_model(info.model_uri, name, tags)

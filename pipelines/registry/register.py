@@ -317,7 +317,17 @@ def log_bilm_model(
         )
 
     bilm_metrics = (f"{TRAIN_SECTION}/", f"{VALIDATION_SECTION}/")
-    info = log_model_at(name, source_run_id, step, log, own_metrics=bilm_metrics)
+    run_name = MlflowClient().get_run(source_run_id).info.run_name
+    described = (
+        f"The biLM of run `{run_name}` as it was at step {step:,}: its metrics here are the "
+        "run's at that step (among them its validation perplexity on a fixed heldout sample) "
+        "and, once evaluated, its heldout perplexities."
+        if step
+        else f"The biLM of run `{run_name}`."
+    )
+    info = log_model_at(
+        name, source_run_id, step, log, description=described, own_metrics=bilm_metrics
+    )
     if source_run_id != active.info.run_id:
         MlflowClient().log_inputs(active.info.run_id, models=[LoggedModelInput(info.model_id)])
     return info

@@ -19,7 +19,7 @@ import mlflow
 from mlflow.entities import LoggedModelOutput, Metric, Run
 from mlflow.models.model import ModelInfo
 from mlflow.tracking import MlflowClient
-from mlflow.utils.mlflow_tags import MLFLOW_USER
+from mlflow.utils.mlflow_tags import MLFLOW_RUN_NOTE, MLFLOW_USER
 
 DATA_CONTEXT_TAG = "mlflow.data.context"
 
@@ -30,19 +30,21 @@ def log_model_at(
     step: int,
     log: Callable[[str], ModelInfo],
     *,
+    description: str,
     own_metrics: Sequence[str] = (),
 ) -> ModelInfo:
-    """The model ``name`` of the run ``source_run_id``, as it was at ``step``: ``log(model_id)``
-    logs its files into the model made here (with no active run, so MLflow links nothing), and
-    its metrics are the run's at ``step`` whose keys start with one of ``own_metrics``, each
-    marked as measured on the run's training dataset (the model page's "Datasets used")."""
+    """The model ``name`` of the run ``source_run_id``, as it was at ``step``, described on its
+    page by ``description``: ``log(model_id)`` logs its files into the model made here (with no
+    active run, so MLflow links nothing), and its metrics are the run's at ``step`` whose keys
+    start with one of ``own_metrics``, each marked as measured on the run's training dataset
+    (the model page's "Datasets used")."""
     client = MlflowClient()
     source = client.get_run(source_run_id)
     model = client.create_logged_model(
         source.info.experiment_id,
         name=name,
         source_run_id=source_run_id,
-        tags=logged_model_tags(source),
+        tags=logged_model_tags(source) | {MLFLOW_RUN_NOTE: description},
         params=dict(source.data.params),
     )
     with ThreadPoolExecutor(1, thread_name_prefix="log-model") as pool:

@@ -350,6 +350,9 @@ def test_the_final_scores_are_metrics_of_the_logged_task_model(adapted) -> None:
     assert finals | kept <= set(linked) and not [n for n in linked if n.startswith("system/")]
     (output,) = adapted.client.get_run(result.run_id).outputs.model_outputs
     assert output.model_id == logged.model_id and output.step >= 1  # an epoch
+    assert logged.tags["mlflow.note.content"].startswith(
+        f"The questions model with ELMo of seed 0, as it was at epoch {output.step} (kept: "
+    )
     mean = Scores(tuple(result.elmo_scores)).mean
     assert linked["task/summary/elmo/test_accuracy"] == pytest.approx(mean)
     # Named as the model it is registered as, from its adapt run, not Ray's worker script

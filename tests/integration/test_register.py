@@ -218,6 +218,9 @@ def test_a_version_registered_from_a_training_run_links_it_both_ways(registry):
     # ... and the training run's page lists the logged model at its step and the version
     outputs = [(output.model_id, output.step) for output in train_run.outputs.model_outputs]
     assert outputs == [(logged.model_id, 4)]
+    assert logged.tags["mlflow.note.content"].startswith(  # the page's description
+        "The biLM of run `train-for-register` as it was at step 4: "
+    )
     found = registry.client.search_model_versions(f"run_id = '{train_run_id}'")
     assert [(v.name, str(v.version)) for v in found] == [("elmo-bilm-imported", "1")]
     register_run = registry.client.get_run(result.run_id)
