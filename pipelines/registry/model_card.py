@@ -21,8 +21,11 @@ from pipelines.registry.tags import (
     CHAMPION,
     DATASET_TAG,
     FORWARD_PERPLEXITY_TAG,
+    HELDOUT_SPLIT_TAG,
     KIND_TAG,
+    MANIFEST_HASH_TAG,
     PERPLEXITY_TAG,
+    PREDICTED_TOKENS_TAG,
     PRESET_TAG,
     SIZE_TAG,
 )
@@ -121,8 +124,9 @@ def bilm_version_description(
 ) -> str:
     """One line on the version, its result first (the model page's versions table shows the
     line's first few characters): its heldout perplexity, its size, where it came from (which
-    model of its training run, when it says); ``runs``: what happened to it in which run
-    (``trained`` → a link to the training run)."""
+    model of its training run, when it says), what it was scored on; ``runs``: what happened to
+    it in which run (``trained`` → a link to the training run). It says what the version's few
+    tags leave out (``BILM_VERSION_TAGS``)."""
     size, preset, data = (version_tags[tag] for tag in (SIZE_TAG, PRESET_TAG, DATASET_TAG))
     score = "no heldout perplexity"
     if PERPLEXITY_TAG in version_tags:
@@ -136,6 +140,11 @@ def bilm_version_description(
         step = version_tags.get(CHECKPOINT_STEP_TAG)
         at = "" if step is None else f" (step {step})"
         lines.append(f"its training run's {version_tags[CHECKPOINT_TAG]} model{at}")
+    if HELDOUT_SPLIT_TAG in version_tags:
+        tokens = int(version_tags[PREDICTED_TOKENS_TAG])
+        lines.append(f"scored on split {version_tags[HELDOUT_SPLIT_TAG]} ({tokens:,} predictions)")
     lines += [f"{what} in run {link}" for what, link in (runs or {}).items()]
+    if MANIFEST_HASH_TAG in version_tags:
+        lines.append(f"dataset manifest sha256 {version_tags[MANIFEST_HASH_TAG][:12]}…")
     text = "; ".join(lines) + "."
     return text[0].upper() + text[1:]

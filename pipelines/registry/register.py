@@ -44,6 +44,7 @@ from pipelines.registry.policy import (
 from pipelines.registry.tags import (
     BACKWARD_PERPLEXITY_TAG,
     BILM_TF_TAG,
+    BILM_VERSION_TAGS,
     CHAMPION,
     DATASET_TAG,
     DEFAULT_NAME,
@@ -234,7 +235,9 @@ def register_bilm(
         info = log_bilm_model(source.model_dir, dataset, name, source_run_id=run_id, step=step)
         if evaluation is not None:  # its heldout perplexity, beside its validation one
             mlflow.log_metrics(evaluation.metrics(), model_id=info.model_id)
-        version = register_model(info.model_uri, name, version_tags)
+        kept = {tag: value for tag, value in version_tags.items() if tag in BILM_VERSION_TAGS}
+        mlflow.set_tags({tag: v for tag, v in version_tags.items() if tag not in kept})
+        version = register_model(info.model_uri, name, kept)
         runs = version_runs(version_tags)
         publish_card(bilm_card(name), version, bilm_version_description(version_tags, runs))
         mlflow.set_tag(DESCRIPTION_TAG, register_description(name, version, runs))

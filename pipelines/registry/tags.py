@@ -5,6 +5,8 @@ Writers and readers import the names from here, so none imports another's module
 
 from __future__ import annotations
 
+from pipelines.common.handoff import CHECKPOINT_TAG
+
 DEFAULT_NAME = "elmo-bilm"
 CHAMPION = "champion"  # the alias of the version users get (the champion policy sets it)
 
@@ -34,6 +36,25 @@ EVALUATE_RUN_TAG = "elmo.evaluate_run_id"  # the perplexities' run; also on the 
 REGISTER_RUN_TAG = "elmo.register_run_id"  # the run that registered the version
 # Which model of its training run a version is, and its step: pipelines.common.handoff's
 # CHECKPOINT_TAG and CHECKPOINT_STEP_TAG (also on the evaluate and register runs).
+
+# The tags a biLM version keeps (what a user filters versions on, and what the champion policy
+# and a re-registration read back); registration writes every other one onto the register run,
+# and says it in the version's description.
+BILM_VERSION_TAGS = frozenset(
+    {
+        PERPLEXITY_TAG,
+        HELDOUT_HASH_TAG,
+        PROTOCOL_TAG,
+        VOCAB_HASH_TAG,
+        DATASET_TAG,
+        PRESET_TAG,
+        SIZE_TAG,
+        BILM_TF_TAG,
+        TRAIN_RUN_TAG,
+        REGISTER_RUN_TAG,
+        CHECKPOINT_TAG,
+    }
+)
 
 # What the champion policy records: its decision (alias, reason, the champion it was measured
 # against) and, on a dethroned champion, its successor. The register run carries the same tags.

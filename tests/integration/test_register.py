@@ -23,7 +23,15 @@ from pipelines.common.handoff import CHECKPOINT_STEP_TAG, CHECKPOINT_TAG
 from pipelines.evaluate.result import EvaluationResult
 from pipelines.registry import cli as registry_cli
 from pipelines.registry import register as reg
-from pipelines.registry.tags import KIND_TAG, PRESET_TAG, SIZE_TAG
+from pipelines.registry.tags import (
+    KIND_TAG,
+    PRESET_TAG,
+    PREVIOUS_CHAMPION_TAG,
+    PROMOTION_ALIAS_TAG,
+    REASON_TAG,
+    SIZE_TAG,
+    SUPERSEDED_BY_TAG,
+)
 from pipelines.serving.bilm_loader import (
     PATH_TAG,
     VERSION_TAG,
@@ -84,6 +92,9 @@ def registry(tmp_path_factory, isolated_home, registry_dataset):
         )
 
 
+POLICY_TAGS = {PROMOTION_ALIAS_TAG, REASON_TAG, PREVIOUS_CHAMPION_TAG, SUPERSEDED_BY_TAG}
+
+
 def test_registering_twice_creates_versions_tagged_with_their_evaluation(registry):
     assert [(r.name, r.version, r.uri) for r in registry.results] == [
         ("elmo-bilm", 1, "models:/elmo-bilm/1"),
@@ -96,15 +107,25 @@ def test_registering_twice_creates_versions_tagged_with_their_evaluation(registr
         version = registry.client.get_model_version("elmo-bilm", str(result.version))
         assert version.run_id == result.run_id  # no training run: the register run logged it
         assert version.tags[reg.REGISTER_RUN_TAG] == result.run_id
-        assert version.tags[reg.PREDICTED_TOKENS_TAG] == "1234"
-        assert version.tags[reg.FORWARD_PERPLEXITY_TAG] == f"{evaluation.forward_perplexity:.4f}"
-        assert version.tags[reg.BACKWARD_PERPLEXITY_TAG] == f"{evaluation.backward_perplexity:.4f}"
         assert version.tags[reg.PERPLEXITY_TAG] == f"{evaluation.perplexity:.4f}"
         assert version.tags[reg.HELDOUT_HASH_TAG] == "abc123"
         assert version.tags[reg.VOCAB_HASH_TAG] == vocab_sha
-        assert version.tags[reg.MANIFEST_HASH_TAG] == manifest_sha
+        # A version keeps the few tags users filter on; the register run holds the rest, and
+        # the description says them
+        assert set(version.tags) <= reg.BILM_VERSION_TAGS | POLICY_TAGS, version.tags
         run = registry.client.get_run(result.run_id)
         assert run.data.tags[stage_runs.STAGE_TAG] == "register"
+        assert run.data.tags[reg.PREDICTED_TOKENS_TAG] == "1234"
+        forward = run.data.tags[reg.FORWARD_PERPLEXITY_TAG]
+        assert forward == f"{evaluation.forward_perplexity:.4f}"
+        backward = run.data.tags[reg.BACKWARD_PERPLEXITY_TAG]
+        assert backward == f"{evaluation.backward_perplexity:.4f}"
+        assert run.data.tags[reg.MANIFEST_HASH_TAG] == manifest_sha
+        assert (
+            f"(forward {float(forward):.2f}, backward {float(backward):.2f})" in version.description
+        )
+        assert "scored on split heldout (1,234 predictions)" in version.description
+        assert f"dataset manifest sha256 {manifest_sha[:12]}…" in version.description
     assert registry.results[0].run_id != registry.results[1].run_id
 
 
@@ -322,7 +343,7 @@ def test_inside_a_flow_the_register_run_is_a_child_with_the_flow_tags_and_the_de
     assert tags["elmo.promotion_previous_champion"] == "2"
     version = registry.client.get_model_version("elmo-bilm", str(result.version))
     version_tags = version.tags
-    assert version_tags[reg.EVALUATE_RUN_TAG] == evaluated.info.run_id
+    assert reg.EVALUATE_RUN_TAG not in version_tags  # the description links it
     assert "; evaluated in run [evaluate-in-flow](" in version.description
     assert {key: tags[key] for key in version_tags if key.startswith("elmo.promotion")} == {
         key: value for key, value in version_tags.items() if key.startswith("elmo.promotion")
