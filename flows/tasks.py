@@ -84,6 +84,7 @@ def _transient(task: Task[..., Any], task_run: TaskRun, state: State[Any]) -> bo
 
 @task(
     name="prepare",
+    task_run_name=lambda: f"prepare-{prefect.runtime.task_run.parameters['data'].corpus_name()}",
     cache_policy=PrepareCachePolicy(),
     persist_result=True,
     retries=2,
@@ -340,7 +341,7 @@ def embed(params: EmbedParams, parent_run_id: str) -> EmbedResult:
 TASK_SCORES_FIGURE = "task_scores.png"  # the parent run's: every task with and without ELMo
 
 
-@task(name="summarize")
+@task(name="summarize", task_run_name="summarize")
 def summarize(
     dataset: str,
     run: TrainResult,

@@ -694,7 +694,8 @@ def test_task_runs_are_named_after_their_work_and_training_fills_its_progress_ba
     for summary, flow_run_id in two_runs:  # the second reuses the first's training
         bilm = summary.train_run
         named = {f"{stage}-{bilm}" for stage in ("train", "evaluate", "register")}
-        assert named | {"adapt-ner"} <= _task_run_names(flow_run_id)
+        named |= {"prepare-corpus.txt", "adapt-ner", "summarize"}
+        assert named <= _task_run_names(flow_run_id)
         progress = _artifacts(flow_run_id)[TRAINING_PROGRESS_KEY]
         assert progress.type == "progress" and float(progress.data) == 100.0
         assert progress.description.startswith(f"biLM {bilm} ")  # what the run did
