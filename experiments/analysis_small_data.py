@@ -32,11 +32,19 @@ from pipelines.analyze.table import Row
 from pipelines.common.task_data import read_splits
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-HEAD = {"hidden_dim": 64, "dropout": 0.3}
-TRAINING = {"epochs": 10, "batch_size": 32, "lr": 0.003, "patience": 3, "min_updates": 100}
+# --heads: this experiment's small heads, or a task config's defaults (what `elmo analyze` runs)
+HEADS = {
+    "small": (
+        {"hidden_dim": 64, "dropout": 0.3},
+        {"epochs": 10, "batch_size": 32, "lr": 0.003, "patience": 3, "min_updates": 100},
+    ),
+    "defaults": ({}, {}),
+    "defaults-64": ({"hidden_dim": 64}, {}),  # the defaults but for a 64-wide head
+}
+Heads = tuple[dict[str, object], dict[str, object]]
 
 
-def ud_ewt(work: Path, max_train: int | None) -> TaskConfig:
+def ud_ewt(work: Path, max_train: int | None, heads: Heads) -> TaskConfig:
     """UPOS tags of the UD EWT treebank, its own splits (train capped to ``max_train``)."""
     source = SHARED / "ud_ewt"
     train = source / "en_ewt-ud-train.conllu"
@@ -51,22 +59,22 @@ def ud_ewt(work: Path, max_train: int | None) -> TaskConfig:
             "dev": str(source / "en_ewt-ud-dev.conllu"),
             "test": str(source / "en_ewt-ud-test.conllu"),
             "reader": {"conllu_column": "upos", "tag_scheme": "none"},
-            "head": HEAD,
-            "training": TRAINING,
+            "head": heads[0],
+            "training": heads[1],
         }
     )
 
 
-def subj(work: Path, max_train: int | None) -> TaskConfig:
+def subj(work: Path, max_train: int | None, heads: Heads) -> TaskConfig:
     """Subjective or objective sentences: a seeded 80/10/10 split of ``subj.all``."""
     lines = _lines(SHARED / "cls" / "subj.all")
     random.Random(0).shuffle(lines)
     tenth = len(lines) // 10
     splits = {"test": lines[:tenth], "dev": lines[tenth : 2 * tenth], "train": lines[2 * tenth :]}
-    return _label_text("subj", work, splits, max_train)
+    return _label_text("subj", work, splits, max_train, heads)
 
 
-def trec(work: Path, max_train: int | None) -> TaskConfig:
+def trec(work: Path, max_train: int | None, heads: Heads) -> TaskConfig:
     """TREC's six coarse question types: its test set, a seeded tenth of train as dev."""
     train = _lines(SHARED / "cls" / "TREC.train.all")
     random.Random(0).shuffle(train)
@@ -76,14 +84,14 @@ def trec(work: Path, max_train: int | None) -> TaskConfig:
         "dev": train[:tenth],
         "train": train[tenth:],
     }
-    return _label_text("trec", work, splits, max_train)
+    return _label_text("trec", work, splits, max_train, heads)
 
 
 TASKS = {"ud-ewt-upos": ud_ewt, "subj": subj, "trec": trec}
 
 
 def _label_text(
-    name: str, work: Path, splits: dict[str, list[str]], max_train: int | None
+    name: str, work: Path, splits: dict[str, list[str]], max_train: int | None, heads: Heads
 ) -> TaskConfig:
     if max_train is not None:
         splits["train"] = splits["train"][:max_train]
@@ -97,8 +105,8 @@ def _label_text(
             "type": "classification",
             "format": "label_text",
             **{split: str(path) for split, path in paths.items()},
-            "head": HEAD | {"pooling": "max"},
-            "training": TRAINING,
+            "head": heads[0] | {"pooling": "max"},
+            "training": heads[1],
         }
     )
 
@@ -168,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         "--max-train", help="cap the training sentences: N for every task, or task=N,..."
     )
     parser.add_argument("--work", type=Path, default=Path("analysis-small-data"))
+    parser.add_argument("--heads", choices=list(HEADS), default="small")
     args = parser.parse_args(argv)
     if not SHARED.is_dir():
         print(f"no {SHARED}: the real task sets are not on this machine", file=sys.stderr)
@@ -182,10 +191,11 @@ def main(argv: list[str] | None = None) -> int:
         "bilm": args.bilm,
         "seeds": seeds,
         "max_train": max_train,
+        "heads": args.heads,
     }
     started_all = time.perf_counter()
     for name in names:  # one analyze run each: a finished task is kept
-        task = TASKS[name](args.work, max_train[name])
+        task = TASKS[name](args.work, max_train[name], HEADS[args.heads])
         config = yaml.safe_dump(task.model_dump(mode="json", exclude_defaults=True))
         (args.work / f"{name}.yaml").write_text(config)  # for benchmarks/bench_task_run.py
         kept = feasible(task, fractions)

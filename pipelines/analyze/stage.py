@@ -81,6 +81,9 @@ from pipelines.tracking.stage_runs import (
 )
 
 SenseSplits = tuple[list[SenseExample], list[SenseExample]]
+# The analysis's head width where a task file sets none: 64 gave the verdicts the task default
+# of 200 gave, in less time (benchmarks/results/analyze_defaults-2026-11-29.md).
+ANALYSIS_HEAD_DIM = 64
 
 
 @dataclass
@@ -91,6 +94,15 @@ class AnalyzeResult:
     rows: list[Row] = field(default_factory=list)
     headline: list[str] = field(default_factory=list)  # table.headline's lines
     reused: bool = False  # True when a finished run of the same analysis gave it
+
+
+def analysis_task(task: TaskConfig) -> TaskConfig:
+    """``task`` as the analysis trains it: its head :data:`ANALYSIS_HEAD_DIM` wide unless its
+    file (or a ``--set``) gives ``head.hidden_dim``."""
+    if "hidden_dim" in task.head.model_fields_set:
+        return task
+    head = task.head.model_copy(update={"hidden_dim": ANALYSIS_HEAD_DIM})
+    return task.model_copy(update={"head": head})
 
 
 def analyze(
@@ -105,8 +117,10 @@ def analyze(
     tags: Mapping[str, str] | None = None,
     console: bool = True,
 ) -> AnalyzeResult:
-    """Every analysis of ``bilm`` on ``tasks`` (and ``senses``: train and test files);
-    ``console``: a progress bar (a flow, which logs the run's progress, turns it off)."""
+    """Every analysis of ``bilm`` on ``tasks`` (and ``senses``: train and test files), their
+    heads :data:`ANALYSIS_HEAD_DIM` wide where a task file sets no width; ``console``: a progress
+    bar (a flow, which logs the run's progress, turns it off)."""
+    tasks = [analysis_task(task) for task in tasks]
     datasets, sense_splits = check_inputs(tasks, senses, fractions, seeds)
     reference = resolve_bilm(bilm, bilm_options, options_key="bilm_options")
     device = "cuda" if torch.cuda.is_available() else "cpu"
