@@ -105,6 +105,15 @@ def analysis_task(task: TaskConfig) -> TaskConfig:
     return task.model_copy(update={"head": head})
 
 
+def heads_note(tasks: Sequence[TaskConfig]) -> str:
+    """What the run's description says of its task heads' widths."""
+    widths = ", ".join(f"{task.name} {task.head.hidden_dim}" for task in tasks)
+    return (
+        f"Task heads (BiLSTM width): {widths}. The analysis trains {ANALYSIS_HEAD_DIM}-wide heads "
+        "where a task file sets no head.hidden_dim."
+    )
+
+
 def analyze(
     tasks: Sequence[TaskConfig],
     bilm: str,
@@ -146,6 +155,7 @@ def analyze(
                     "fractions": ",".join(f"{f:g}" for f in fractions),
                     "seeds": ",".join(str(s) for s in seeds),
                     "device": device,
+                    "head_dims": ",".join(f"{t.name}={t.head.hidden_dim}" for t in tasks),
                 }
             )
             results, probes = _run_analyses(
@@ -161,7 +171,7 @@ def analyze(
                 runs,
             )
             rows = [row for result in results for row in task_rows(result)] + probes
-            lines = headline(results, probes)
+            lines = [*headline(results, probes), heads_note(tasks)]
             _log_outcome(results, probes, rows, lines)
             mlflow.set_tag(REUSE_KEY_TAG, key)  # last: only a complete run is ever reused
     shutil.rmtree(runs.directory, ignore_errors=True)  # the finished MLflow run holds it all now
