@@ -81,9 +81,6 @@ from pipelines.tracking.stage_runs import (
 )
 
 SenseSplits = tuple[list[SenseExample], list[SenseExample]]
-# The analysis's head width where a task file sets none: 64 gave the verdicts the task default
-# of 200 gave, in less time (benchmarks/results/analyze_defaults-2026-11-29.md).
-ANALYSIS_HEAD_DIM = 64
 
 
 @dataclass
@@ -94,24 +91,6 @@ class AnalyzeResult:
     rows: list[Row] = field(default_factory=list)
     headline: list[str] = field(default_factory=list)  # table.headline's lines
     reused: bool = False  # True when a finished run of the same analysis gave it
-
-
-def analysis_task(task: TaskConfig) -> TaskConfig:
-    """``task`` as the analysis trains it: its head :data:`ANALYSIS_HEAD_DIM` wide unless its
-    file (or a ``--set``) gives ``head.hidden_dim``."""
-    if "hidden_dim" in task.head.model_fields_set:
-        return task
-    head = task.head.model_copy(update={"hidden_dim": ANALYSIS_HEAD_DIM})
-    return task.model_copy(update={"head": head})
-
-
-def heads_note(tasks: Sequence[TaskConfig]) -> str:
-    """What the run's description says of its task heads' widths."""
-    widths = ", ".join(f"{task.name} {task.head.hidden_dim}" for task in tasks)
-    return (
-        f"Task heads (BiLSTM width): {widths}. The analysis trains {ANALYSIS_HEAD_DIM}-wide heads "
-        "where a task file sets no head.hidden_dim."
-    )
 
 
 def analyze(
@@ -126,10 +105,8 @@ def analyze(
     tags: Mapping[str, str] | None = None,
     console: bool = True,
 ) -> AnalyzeResult:
-    """Every analysis of ``bilm`` on ``tasks`` (and ``senses``: train and test files), their
-    heads :data:`ANALYSIS_HEAD_DIM` wide where a task file sets no width; ``console``: a progress
-    bar (a flow, which logs the run's progress, turns it off)."""
-    tasks = [analysis_task(task) for task in tasks]
+    """Every analysis of ``bilm`` on ``tasks`` (and ``senses``: train and test files);
+    ``console``: a progress bar (a flow, which logs the run's progress, turns it off)."""
     datasets, sense_splits = check_inputs(tasks, senses, fractions, seeds)
     reference = resolve_bilm(bilm, bilm_options, options_key="bilm_options")
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -155,7 +132,6 @@ def analyze(
                     "fractions": ",".join(f"{f:g}" for f in fractions),
                     "seeds": ",".join(str(s) for s in seeds),
                     "device": device,
-                    "head_dims": ",".join(f"{t.name}={t.head.hidden_dim}" for t in tasks),
                 }
             )
             results, probes = _run_analyses(
@@ -171,7 +147,7 @@ def analyze(
                 runs,
             )
             rows = [row for result in results for row in task_rows(result)] + probes
-            lines = [*headline(results, probes), heads_note(tasks)]
+            lines = headline(results, probes)
             _log_outcome(results, probes, rows, lines)
             mlflow.set_tag(REUSE_KEY_TAG, key)  # last: only a complete run is ever reused
     shutil.rmtree(runs.directory, ignore_errors=True)  # the finished MLflow run holds it all now

@@ -104,11 +104,9 @@ def test_one_finished_run_holds_the_table_figures_and_a_metric_per_cell(analyzed
     cells = mlflow.load_table("analysis_cells.json", run_ids=[result.run_id])
     assert len(cells) == sum(len(row.cells) for row in result.rows)
     assert run.data.tags[stage_runs.DESCRIPTION_TAG] == "\n".join(result.headline)
-    assert result.headline[-1].startswith("Task heads (BiLSTM width): tagger 8. The analysis trai")
-    assert run.data.params["head_dims"] == "tagger=8"  # the file's width wins
     logged = json.loads(mlflow.artifacts.load_text(f"runs:/{result.run_id}/analysis.json"))
     assert [row["analysis"] for row in logged] == names
-    tagger, probe, senses, note, _heads = result.headline
+    tagger, probe, senses, note = result.headline
     assert tagger.startswith("tagger: with ") and "each layer alone: best layer " in tagger
     assert note == "(± is the sample standard deviation over the 2 seeds)"
     verdicts = ("best layer ", "no layer clears its baseline", "saturated")

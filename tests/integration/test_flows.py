@@ -641,8 +641,6 @@ MAKE_RUN_ENDING = (
     ),
     "  ner linear probe accuracy: " + winner(rf"majority {SCORES}"),
     "  word sense, nearest centroid accuracy: " + winner(rf"MFS {SCORES}"),
-    r"  Task heads \(BiLSTM width\): docstrings 64, ner 32, questions 32\. The analysis trains "
-    r"64-wide heads where a task file sets no head\.hidden_dim\.",
 )
 
 
