@@ -126,11 +126,14 @@ def stage_followed(
         except Exception as err:  # the tracking server may be busy: try again next time
             logger.debug("no %s progress this time: %s", stage, err)
             return
+        latest = None
         for name, (line, _) in sorted(progress.items()):
             if seen.get(name) != line:
                 logger.info(f"{name}: {line}")
                 seen[name] = line
-                bar.update(sum(p.share for p in progress.values()) / runs, f"{name}: {line}")
+                latest = f"{name}: {line}"
+        if latest is not None:  # one update a look, with the mean share of every run
+            bar.update(sum(p.share for p in progress.values()) / runs, latest)
 
     with following(look, f"{stage}-progress"):
         yield bar
