@@ -1,12 +1,13 @@
 """One analysis task-model run: this tree against another, and where its time goes.
 
     python -m benchmarks.bench_task_run --bilm MODEL_DIR --task TASK.yaml [--before TREE]
-        [--fraction 0.1] [--repeats 2] [--profile]
+        [--fraction 0.1] [--repeats 2] [--profile] [--machine this|slow]
 
 The run is the analysis's (``elmo analyze``): ``--fraction`` of the task's training split with
 ELMo, seed 0, given the updates of the whole split. Each tree times it in a subprocess of its own,
 the trees taking turns; ``--before`` is a checkout from before a change (``git worktree add
-/tmp/before HEAD``), ``--profile`` prints each tree's top functions. Last line: one JSON object,
+/tmp/before HEAD``), ``--profile`` prints each tree's top functions, ``--machine slow`` runs
+them as on the slower machines users and CI get (:mod:`benchmarks.machines`). Last line: one JSON object,
 each tree's seconds and test accuracy, ``speedup = before / this tree``; results in
 benchmarks/results/analyze_twin-2026-11-28.md.
 """
@@ -26,6 +27,7 @@ import time
 from pathlib import Path
 
 from benchmarks.harness import print_summary
+from benchmarks.machines import MACHINES, on_machine
 
 HERE = Path(__file__).resolve().parents[1]
 
@@ -73,6 +75,7 @@ def in_tree(tree: Path, args: argparse.Namespace, profile: bool) -> dict[str, fl
     # the tree's own packages first; a tree from before benchmarks/ was a package (no
     # __init__.py) finds this one's worker after it, a regular package winning over a namespace
     env = os.environ | {"PYTHONPATH": os.pathsep.join([str(tree), str(HERE)])}
+    command, env = on_machine(args.machine, command, env)
     done = subprocess.run(command, env=env, cwd=tree, capture_output=True, text=True, check=False)
     if done.returncode:
         raise SystemExit(f"{tree}: {done.stderr[-3000:]}")
@@ -90,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--machine", choices=list(MACHINES), default="this")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -108,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                 if not profile:
                     times[name].append(outcome)
     summary: dict[str, object] = {"benchmark": "task_run", "fraction": args.fraction}
+    summary |= {"machine": args.machine, "threads": args.threads}
     for name, outcomes in times.items():
         seconds = statistics.median(o["seconds"] for o in outcomes)
         summary[name] = {"seconds": round(seconds, 2), "test_accuracy": outcomes[0]["test"]}

@@ -28,7 +28,13 @@ class HeadInput(NamedTuple):
 
 
 class SequenceEncoder(nn.Module):
-    """A BiLSTM over the real tokens of each row (packed, so padding never enters the state)."""
+    """A BiLSTM over the real tokens of each row: padding never enters the state.
+
+    On a GPU cuDNN runs the packed rows. A CPU's fast LSTM (oneDNN's, forward and backward) takes
+    no packed input, so there each direction runs over the padded rows, the backward one over
+    each row's real tokens reversed in place: padding then only ever follows a row's tokens, and
+    the outputs at real positions are the packed ones (benchmarks/results/task_lstm-2026-11-29.md).
+    """
 
     def __init__(self, input_dim: int, hidden_dim: int, num_layers: int, dropout: float) -> None:
         super().__init__()
@@ -44,11 +50,53 @@ class SequenceEncoder(nn.Module):
 
     def forward(self, inputs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """``inputs (B, T, I)``, ``mask (B, T)`` → ``(B, T, 2H)``, zero at padding."""
-        lengths = mask.sum(dim=1).clamp(min=1).cpu()  # (B,) an empty row is masked out below
+        encode = self.packed if inputs.is_cuda else self.padded
+        outputs = encode(inputs, mask)
+        return outputs * mask.unsqueeze(-1).to(outputs.dtype)  # (B, T, 2H)
+
+    def packed(self, inputs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Both directions at once over the packed rows → ``(B, T, 2H)``, padding unset."""
+        lengths = mask.sum(dim=1).clamp(min=1).cpu()  # (B,) an empty row is masked out after
         packed = pack_padded_sequence(inputs, lengths, batch_first=True, enforce_sorted=False)
         outputs, _ = self.lstm(packed)
         padded, _ = pad_packed_sequence(outputs, batch_first=True, total_length=inputs.shape[1])
-        return padded * mask.unsqueeze(-1).to(padded.dtype)  # (B, T, 2H)
+        return padded
+
+    def padded(self, inputs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Each layer's directions one after the other over the padded rows → ``(B, T, 2H)``,
+        padding unset."""
+        reversal = _reversal(mask)  # (B, T, 1)
+        outputs = inputs
+        for layer in range(self.lstm.num_layers):
+            if layer:
+                outputs = nn.functional.dropout(outputs, self.lstm.dropout, self.training)
+            forward = self._direction(outputs, layer, "")
+            backward = self._direction(_take(outputs, reversal), layer, "_reverse")
+            outputs = torch.cat([forward, _take(backward, reversal)], dim=-1)  # (B, T, 2H)
+        return outputs
+
+    def _direction(self, inputs: torch.Tensor, layer: int, suffix: str) -> torch.Tensor:
+        """One direction of one layer, left to right over ``inputs (B, T, I)`` → ``(B, T, H)``."""
+        names = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+        weights = [getattr(self.lstm, f"{name}_l{layer}{suffix}") for name in names]
+        state = inputs.new_zeros(1, inputs.shape[0], self.lstm.hidden_size)
+        # what nn.LSTM calls: has_biases, num_layers, dropout, train, bidirectional, batch_first
+        run = (True, 1, 0.0, self.training, False, True)
+        outputs, _, _ = torch.lstm(inputs, (state, state), weights, *run)
+        return outputs
+
+
+def _reversal(mask: torch.Tensor) -> torch.Tensor:
+    """For each position of ``mask (B, T)``: the position holding its row's reversed token, the
+    position itself at padding → ``(B, T, 1)`` (its own inverse)."""
+    lengths = mask.sum(dim=1, keepdim=True)  # (B, 1)
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)  # (B, T)
+    return torch.where(mask, lengths - 1 - positions, positions).unsqueeze(-1)
+
+
+def _take(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``values (B, T, W)`` reordered along T by ``index (B, T, 1)``."""
+    return values.gather(1, index.expand(-1, -1, values.shape[-1]))
 
 
 def pool(values: torch.Tensor, mask: torch.Tensor, how: Literal["max", "mean"]) -> torch.Tensor:

@@ -56,6 +56,24 @@ def test_encoder_output_ignores_padding_and_is_zero_there() -> None:
     assert padded.shape == (2, 6, 8) and padded[~_repadded(side, 6).mask].abs().sum() == 0
 
 
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_the_cpu_path_gives_the_packed_outputs_and_gradients(num_layers: int) -> None:
+    torch.manual_seed(0)
+    encoder = SequenceEncoder(INPUT_DIM, 4, num_layers=num_layers, dropout=0.0)
+    side = _repadded(_side([4, 1, 0, 6, 3]), 8)  # an empty row, and garbage in the padding
+    inputs = side.inputs.requires_grad_()
+    weights = torch.randn(5, 8, 8)  # a loss that weighs every output differently
+    grads = {}
+    for path in (encoder.packed, encoder.padded):
+        outputs = path(inputs, side.mask) * side.mask.unsqueeze(-1)
+        grads[path.__name__] = torch.autograd.grad(
+            (outputs * weights).sum(), [inputs, *encoder.parameters()]
+        )
+        grads[path.__name__] += (outputs,)
+    for packed, padded in zip(grads["packed"], grads["padded"], strict=True):
+        torch.testing.assert_close(padded, packed)
+
+
 @pytest.mark.parametrize(
     ("head_class", "options"),
     [
