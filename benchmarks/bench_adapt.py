@@ -36,6 +36,7 @@ from elmo_core.tasks.trainer import (
     BASELINE,
     TaskSplit,
     build_task_model,
+    epoch_batches,
     train_epoch,
     train_task,
 )
@@ -170,11 +171,11 @@ def cache_speedup(
     max_diff = float((live.batch(check)[0] - cached.batch(check)[0]).abs().max())
     check_agreement({"max_diff": max_diff}, 0.05, "cached and live activations")
     optimizer = torch.optim.Adam(model.parameters(), lr=task.training.lr)
-    order = np.random.default_rng(0).permutation(len(sentences))
-    batch_size = task.training.batch_size
+    settings, shuffler = task.training, np.random.default_rng(0)
+    batches = epoch_batches(cached_split, settings.batch_size, settings.batches, shuffler)
 
     def epoch(split: EncodedSplit) -> Callable[[], float]:
-        return lambda: train_epoch(model, optimizer, split, order, batch_size)
+        return lambda: train_epoch(model, optimizer, split, batches)
 
     # One warm-up epoch each (both paths share the head's kernels), then in turn.
     runs = {"cached": epoch(cached_split), "uncached": epoch(live_split)}

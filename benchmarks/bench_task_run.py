@@ -7,9 +7,9 @@ The run is the analysis's (``elmo analyze``): ``--fraction`` of the task's train
 ELMo, seed 0, given the updates of the whole split. Each tree times it in a subprocess of its own,
 the trees taking turns; ``--before`` is a checkout from before a change (``git worktree add
 /tmp/before HEAD``), ``--profile`` prints each tree's top functions, ``--machine slow`` runs
-them as on the slower machines users and CI get (:mod:`benchmarks.machines`). Last line: one JSON object,
-each tree's seconds and test accuracy, ``speedup = before / this tree``; results in
-benchmarks/results/analyze_twin-2026-11-28.md.
+them as on the slower machines users and CI get (:mod:`benchmarks.machines`). Last line: one JSON
+object, each tree's seconds and test accuracy, ``speedup = before / this tree``; results in
+benchmarks/results/analyze_twin-2026-11-28.md and task_lstm-2026-11-29.md.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from elmo_core.config import StrictModel, parse_override, resolve_config
 
 TaskType = Literal["tagging", "classification", "pair"]
+Batches = Literal["bucketed", "random"]  # how an epoch groups its examples
 TaskFormat = Literal["conll2003", "conllu", "sst", "label_text", "tsv", "snli"]
 Split = Literal["train", "dev", "test"]
 SPLITS: tuple[Split, ...] = ("train", "dev", "test")
@@ -89,6 +90,11 @@ class TaskTrainingConfig(StrictModel):
     )
     eval_every: int | None = Field(
         None, gt=0, description="updates between dev scorings (at epoch ends); None: every epoch"
+    )
+    batches: Batches = Field(
+        "bucketed",
+        description="bucketed: each batch of about one length, in a random order (AllenNLP's "
+        "bucket iterator, which the paper's task models used); random: any examples together",
     )
 
 

@@ -71,10 +71,14 @@ class EncodedSplit:
     tagging: bool
     activations: CachedActivations | None = None
 
+    def lengths(self) -> np.ndarray:
+        """Each example's length in tokens, its longer side for pairs → (num_examples,)."""
+        return np.diff(self.offsets).reshape(self.num_sides, self.num_examples).max(axis=0)
+
     def length_batches(self, max_positions: int) -> list[np.ndarray]:
         """Every example once, shortest first, in batches of at most ``max_positions`` padded
         positions (a longer example alone): evaluation order, where order does not matter."""
-        lengths = np.diff(self.offsets).reshape(self.num_sides, self.num_examples).max(axis=0)
+        lengths = self.lengths()
         order = np.argsort(lengths, kind="stable")  # (num_examples,)
         batches, start = [], 0
         while start < len(order):

@@ -22,7 +22,7 @@ from elmo_core.tasks.activation_cache import CachedActivations, flat_positions
 from elmo_core.tasks.dataset import PairExample
 from elmo_core.tasks.metrics import TagSpans, span_f1_ids
 from elmo_core.tasks.readers import AnyDataset, check_labels, task_labels
-from elmo_core.tasks.task_config import TaskConfig
+from elmo_core.tasks.task_config import Batches, TaskConfig
 from elmo_core.tasks.task_model import (
     EncodedSplit,
     Example,
@@ -192,8 +192,8 @@ def _fit(
     interval = settings.eval_every or 1
     updates, scored_at, losses = 0, 0, []
     for epoch in range(1, settings.epochs + 1):
-        order = shuffler.permutation(splits["train"].num_examples)
-        losses.append(train_epoch(model, optimizer, splits["train"], order, settings.batch_size))
+        batches = epoch_batches(splits["train"], settings.batch_size, settings.batches, shuffler)
+        losses.append(train_epoch(model, optimizer, splits["train"], batches))
         updates += updates_per_epoch
         if updates - scored_at < interval and epoch < settings.epochs:
             continue
@@ -224,19 +224,34 @@ def _fit(
     return history, best_epoch
 
 
+def epoch_batches(
+    split: EncodedSplit, batch_size: int, how: Batches, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """One epoch's batches of example indices, in the order they train. ``bucketed``: sorted by
+    length with ±10 % noise (so neighbours in length do not always share a batch), cut into
+    batches, the batches shuffled; a padded batch then holds little padding, which a CPU's LSTM
+    computes (benchmarks/results/task_lstm-2026-11-29.md). ``random``: a shuffled order cut."""
+    if how == "random":
+        order = rng.permutation(split.num_examples)
+        return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+    noisy = split.lengths() * rng.uniform(0.9, 1.1, split.num_examples)
+    order = np.argsort(noisy, kind="stable")
+    batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
 def train_epoch(
     model: TaskModel,
     optimizer: torch.optim.Optimizer,
     split: EncodedSplit,
-    order: np.ndarray,
-    batch_size: int,
+    batches: Sequence[np.ndarray],
 ) -> float:
-    """One pass over ``split`` in ``order``; returns the mean batch loss."""
+    """One pass over ``split``'s ``batches`` of example indices; returns the mean batch loss."""
     device = next(model.parameters()).device
     model.train()
     losses = []
-    for start in range(0, len(order), batch_size):
-        sides, targets = split.batch(order[start : start + batch_size])
+    for rows in batches:
+        sides, targets = split.batch(rows)
         sides = [_to(side, device) for side in sides]
         loss = model.loss(model(sides), targets.to(device), sides)
         optimizer.zero_grad()

@@ -6,19 +6,22 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from elmo_core.errors import DataError
 from elmo_core.model.bilm import BiLM
-from elmo_core.tasks.dataset import ClassificationExample, TaskDataset
+from elmo_core.tasks.dataset import ClassificationExample, TaggingExample, TaskDataset
 from elmo_core.tasks.metrics import accuracy, span_f1
 from elmo_core.tasks.task_config import TaskConfig
+from elmo_core.tasks.task_model import OOV_TOKEN, encode_split
 from elmo_core.tasks.trainer import (
     BASELINE,
     ELMO,
     TaskResult,
     TaskSplit,
+    epoch_batches,
     main_metric,
     predict,
     train_task,
@@ -120,6 +123,7 @@ def test_a_small_set_that_scores_0_for_its_first_epochs_is_not_stopped_before_it
     scores = {}
     for min_updates in (0, 60):
         training = {"epochs": 40, "batch_size": 4, "lr": 0.001, "patience": 3}
+        training |= {"batches": "random"}  # the order that showed the trap
         task = task_factory("tagging", training=training | {"min_updates": min_updates})
         result = train_task(task, train, dev, None, use_elmo=False, seed=0)
         curve = [epoch["dev_f1"] for epoch in result.history]
@@ -240,3 +244,25 @@ def test_evaluation_over_label_ids_scores_what_the_label_strings_score(
         assert result.test_metrics == pytest.approx(
             spans.to_metrics() | {"accuracy": accuracy(gold, predicted)}
         )
+
+
+def test_bucketed_batches_hold_little_padding_and_every_example_once_an_epoch() -> None:
+    rng = random.Random(0)
+    lengths = [rng.randint(1, 60) for _ in range(200)]
+    examples = [TaggingExample(["w"] * n, ["O"] * n) for n in lengths]
+    split = encode_split(examples, {"w": 2, OOV_TOKEN: 1}, {"O": 0})
+
+    def padded(batches: list[np.ndarray]) -> int:
+        return sum(len(rows) * int(split.lengths()[rows].max()) for rows in batches)
+
+    shuffler = np.random.default_rng(0)
+    epochs = {
+        how: [epoch_batches(split, 16, how, shuffler) for _ in range(2)]
+        for how in ("bucketed", "random")
+    }
+    for batches in (*epochs["bucketed"], *epochs["random"]):
+        assert sorted(np.concatenate(batches).tolist()) == list(range(200))
+        assert max(len(rows) for rows in batches) == 16 and len(batches) == 13
+    first, second = epochs["bucketed"]
+    assert [rows.tolist() for rows in first] != [rows.tolist() for rows in second]
+    assert padded(first) < 1.25 * sum(lengths) < padded(epochs["random"][0])
