@@ -4,7 +4,9 @@ Sample efficiency (§5.5), one biLM layer against the learned mix (§5.3), and w
 the task model (§5.2). A fraction trains for as many updates as the whole split; the full-data
 ELMo run with the mix at the input serves all three comparisons, so it runs once per seed. The
 runs are planned first and depend on none other, so a runner may train them side by side (the
-analyze stage: one Ray task each). Each finished run's outcome can be kept
+analyze stage: one Ray task each). Each layer alone trains only once the others have shown that
+the mix of all layers gains beyond the seeds' spread on all of train: where the mix gains nothing,
+which layer holds the gain is no question. Each finished run's outcome can be kept
 (:class:`FinishedRuns`), so an analysis stopped after hours resumes where it stopped.
 """
 
@@ -27,7 +29,7 @@ import torch
 
 from elmo_core.analysis.sampling import check_fractions, subsample
 from elmo_core.tasks.readers import task_labels
-from elmo_core.tasks.seeds import DEFAULT_SEEDS, Scores
+from elmo_core.tasks.seeds import DEFAULT_SEEDS, Scores, difference, within_spread
 from elmo_core.tasks.task_config import TaskConfig
 from elmo_core.tasks.trainer import TaskResult, TaskSplit, main_metric, train_task
 
@@ -42,7 +44,8 @@ Progress = Callable[[str], object]
 @dataclass
 class TaskAnalysis:
     """One task's comparisons: ``efficiency[fraction]["elmo" | "baseline"]``, ``layers[j | mix]``,
-    ``placement[input | input+output]`` and the learned mix's weights, mean over seeds."""
+    ``placement[input | input+output]`` and the learned mix's weights, mean over seeds;
+    ``layers_not_run`` says why ``layers`` holds only the mix, where it does."""
 
     task: str
     metric: str  # e.g. "test_accuracy"
@@ -50,6 +53,7 @@ class TaskAnalysis:
     layers: dict[str, Scores] = field(default_factory=dict)
     placement: dict[str, Scores] = field(default_factory=dict)
     mix_weights: list[float] = field(default_factory=list)
+    layers_not_run: str | None = None
 
 
 @dataclass(frozen=True)
@@ -153,11 +157,14 @@ def analyze_task(
     finished: FinishedRuns | None = None,
     runner: Runner | None = None,
     numbering: tuple[int, int] | None = None,
+    every_layer: bool = False,
 ) -> TaskAnalysis:
     """Every run of the three comparisons for ``task`` (``splits``: train, and dev/test); a run
     whose outcome ``finished`` holds is not trained again. ``runner`` trains the others (default:
-    one after another in this process, on ``device``). ``numbering`` (runs before this task's,
-    runs in all) numbers the progress lines within a whole analysis of several tasks."""
+    one after another in this process, on ``device``), the layers alone after the rest, and only
+    where :func:`layers_not_run` finds no reason to leave them (``every_layer``: always).
+    ``numbering`` (runs before this task's, runs in all) numbers the progress lines within a whole
+    analysis of several tasks."""
     train = splits["train"]
     if train.activations is None:
         raise ValueError("the analysis needs the cached activations of the training split")
@@ -165,27 +172,46 @@ def analyze_task(
     check_fractions(list(train.dataset.examples), fractions, task.name)
     split = "test" if "test" in splits else "dev"
     analysis = TaskAnalysis(task.name, f"{split}_{main_metric(task)}")
-    plan = plan_runs(task, train, fractions, seeds, num_layers)
-    outcomes = _Outcomes(task.name, split, plan, progress, finished, numbering or (0, len(plan)))
-    outcomes.train(runner or serial_runner(splits, device))
+    plan, layer_runs = plan_runs(task, train, fractions, seeds, num_layers)
+    numbering = numbering or (0, len(plan) + len(layer_runs))
+    outcomes = _Outcomes(task.name, split, progress, finished, numbering)
+    runner = runner or serial_runner(splits, device)
+    outcomes.train(plan, runner)
     score = outcomes.score
     for fraction in sorted(fractions):
         analysis.efficiency[fraction] = {
             name: Scores(tuple(score((_part(fraction, name), seed)) for seed in seeds))
             for name in ("elmo", "baseline")
         }
+    analysis.layers_not_run = None if every_layer else layers_not_run(analysis.efficiency)
+    if analysis.layers_not_run is None:
+        outcomes.train(layer_runs, runner)
+    else:
+        outcomes.skip(layer_runs, analysis.layers_not_run)
     shared = _part(1.0, "elmo") if 1.0 in fractions else ALL_OF_TRAIN
     full = {seed: outcomes.get((shared, seed)) for seed in seeds}
     analysis.layers[MIX] = analysis.placement[INPUT] = Scores(
         tuple(outcomes.score_of(full[seed]) for seed in seeds)
     )
     analysis.mix_weights = _mean_weights([full[seed].mix_weights or [] for seed in seeds])
-    for layer in range(num_layers):
+    for layer in range(num_layers if analysis.layers_not_run is None else 0):
         alone = _alone(layer)
         analysis.layers[str(layer)] = Scores(tuple(score((alone, seed)) for seed in seeds))
     both = Scores(tuple(score((AT_INPUT_AND_OUTPUT, seed)) for seed in seeds))
     analysis.placement[INPUT_OUTPUT] = both
     return analysis
+
+
+def layers_not_run(efficiency: Mapping[float, Mapping[str, Scores]]) -> str | None:
+    """Why the layers alone need not train: the mix of all layers on all of train gained, either
+    way, no more than the seeds' spread. None (train them) where it did, or where no score of
+    all of train or no spread judges it (1 not among the fractions, one seed)."""
+    if 1.0 not in efficiency:
+        return None
+    elmo, baseline = efficiency[1.0]["elmo"], efficiency[1.0]["baseline"]
+    if not within_spread(elmo, baseline):
+        return None
+    return f"the mix on all of train: {difference(elmo, baseline)}"
 
 
 def plan_runs(
@@ -194,10 +220,11 @@ def plan_runs(
     fractions: Sequence[float],
     seeds: Sequence[int],
     num_layers: int,
-) -> list[PlannedRun]:
+) -> tuple[list[PlannedRun], list[PlannedRun]]:
     """The runs of the three comparisons: each fraction's ELMo and baseline runs per seed, the
-    shared full-data ELMo run where 1.0 is not a fraction, each layer alone, ELMo at input and
-    output (one after another they are reported in this order; side by side, as they finish)."""
+    shared full-data ELMo run where 1.0 is not a fraction, ELMo at input and output; then, apart,
+    each layer alone (one after another they are reported in this order; side by side, as they
+    finish)."""
     head = task.head.model_copy(update={"elmo_at_output": False, "elmo_layers": None})
     # The labels of the whole training split: a fraction may lack a rare tag that dev or test has.
     labels = task_labels(task, train.dataset)
@@ -212,12 +239,13 @@ def plan_runs(
                 runs.append(PlannedRun(budget, part, use_elmo, seed, _part(fraction, name)))
     if 1.0 not in fractions:  # the shared full-data run is made here
         runs += [PlannedRun(base, None, True, seed, ALL_OF_TRAIN) for seed in seeds]
-    for layer in range(num_layers):
-        alone = _with_head(base, elmo_layers=[layer])
-        runs += [PlannedRun(alone, None, True, seed, _alone(layer)) for seed in seeds]
     both = _with_head(base, elmo_at_output=True)
     runs += [PlannedRun(both, None, True, seed, AT_INPUT_AND_OUTPUT) for seed in seeds]
-    return runs
+    layers = []
+    for layer in range(num_layers):
+        alone = _with_head(base, elmo_layers=[layer])
+        layers += [PlannedRun(alone, None, True, seed, _alone(layer)) for seed in seeds]
+    return runs, layers
 
 
 def _part(fraction: float, name: str) -> str:
@@ -231,37 +259,43 @@ def _alone(layer: int) -> str:
 
 class _Outcomes:
     """The outcome of every planned run: those ``finished`` holds, then the rest as ``runner``
-    trains them, each kept in ``finished`` and reported to ``progress`` as it comes."""
+    trains them, each kept in ``finished`` and reported to ``progress`` as it comes (a run not
+    trained at all, with why)."""
 
     def __init__(
         self,
         task: str,
         split: str,
-        plan: Sequence[PlannedRun],
         progress: Progress | None,
         finished: FinishedRuns | None,
         numbering: tuple[int, int],
     ) -> None:
-        self.task, self.split, self.plan = task, split, plan
+        self.task, self.split = task, split
         self.progress, self.finished = progress, finished
         self.before, self.total = numbering
         self.by_run: dict[tuple[str, int], RunOutcome] = {}
-        self.done = 0
+        self.done, self.trained, self.started = 0, 0, time.monotonic()
 
-    def train(self, runner: Runner) -> None:
+    def train(self, plan: Sequence[PlannedRun], runner: Runner) -> None:
         waiting = []
-        for run in self.plan:
+        for run in plan:
             outcome = self.finished.get(run.key) if self.finished is not None else None
             if outcome is None:
                 waiting.append(run)
             else:
                 self._record(run, outcome, earlier=True)
-        self.started, self.trained = time.monotonic(), 0
+        if self.trained == 0:  # the rate counts from the first run trained here
+            self.started = time.monotonic()
         for index, outcome in runner(waiting):
             self.trained += 1
             if self.finished is not None:
                 self.finished.put(waiting[index].key, outcome)
             self._record(waiting[index], outcome, earlier=False)
+
+    def skip(self, plan: Sequence[PlannedRun], why: str) -> None:
+        for run in plan:
+            self.done += 1
+            self._report(run, f"not run: {why}")
 
     def get(self, run: tuple[str, int]) -> RunOutcome:
         return self.by_run[run]
@@ -276,16 +310,19 @@ class _Outcomes:
     def _record(self, run: PlannedRun, outcome: RunOutcome, *, earlier: bool) -> None:
         self.by_run[(run.what, run.seed)] = outcome
         self.done += 1
+        score = f"{self.split} {outcome.metric} {self.score_of(outcome):.4f}"
+        self._report(run, score + (" (finished earlier)" if earlier else self._eta()))
+
+    def _report(self, run: PlannedRun, what: str) -> None:
         if self.progress is not None:
             self.progress(
                 f"{self.task}: run {self.before + self.done}/{self.total}, {run.what}, "
-                f"seed {run.seed}: "
-                f"{self.split} {outcome.metric} {self.score_of(outcome):.4f}"
-                + (" (finished earlier)" if earlier else self._eta())
+                f"seed {run.seed}: {what}"
             )
 
     def _eta(self) -> str:
-        """The time the analysis' runs still to come take at this task's rate so far."""
+        """The time the analysis' runs still to come take at this task's rate so far (the layers
+        alone counted, though they may not train)."""
         left = self.total - self.before - self.done
         seconds = (time.monotonic() - self.started) / self.trained * left
         return f", ETA {datetime.timedelta(seconds=round(seconds))}" if left else ""
@@ -321,6 +358,7 @@ def _mean_weights(per_seed: Sequence[Sequence[float]]) -> list[float]:
 
 
 def num_runs(fractions: Sequence[float], seeds: Sequence[int], num_layers: int) -> int:
-    """How many task models :func:`analyze_task` trains."""
+    """How many task models :func:`analyze_task` plans: it trains them all but, where
+    :func:`layers_not_run` says so, the layers alone."""
     shared = 0 if 1.0 in fractions else 1
     return len(seeds) * (2 * len(fractions) + shared + num_layers + 1)

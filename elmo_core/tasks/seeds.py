@@ -49,5 +49,14 @@ def difference(elmo: Scores, baseline: Scores) -> str:
     sd = gain_sd(elmo, baseline)
     if sd == 0:
         return f"gain {gain:+.4f}, every seed scoring the same"
-    where = "beyond" if abs(gain) > sd else "within"
+    where = "within" if within_spread(elmo, baseline) else "beyond"
     return f"gain {gain:+.4f}, {where} the gain's standard deviation ({sd:.4f})"
+
+
+def within_spread(elmo: Scores, baseline: Scores) -> bool:
+    """Whether the gain, either way, is no larger than its standard deviation :func:`gain_sd`
+    (where every seed scores the same: whether there is no gain); False with one seed, where
+    there is no standard deviation to judge by."""
+    if min(len(elmo.values), len(baseline.values)) < 2:
+        return False
+    return abs(elmo.mean - baseline.mean) <= gain_sd(elmo, baseline)

@@ -115,8 +115,7 @@ def train_task(
         torch.manual_seed(seed)
         model, splits = build_task_model(task, train, dev, test, use_elmo)
         model.to(device)
-        history, best_epoch = _fit(task, model, splits, seed, epoch_callback, device)
-    dev_metrics = evaluate_task(model, splits["dev"], task, device) if dev is not None else {}
+        history, best_epoch, dev_metrics = _fit(task, model, splits, seed, epoch_callback, device)
     test_metrics = evaluate_task(model, splits["test"], task, device) if test is not None else {}
     result = TaskResult(
         task.name,
@@ -172,8 +171,9 @@ def _fit(
     seed: int,
     epoch_callback: EpochCallback | None,
     device: torch.device,
-) -> tuple[list[dict[str, float]], int]:
-    """Epochs of Adam with early stopping on the dev score; leaves the best weights in ``model``.
+) -> tuple[list[dict[str, float]], int, dict[str, float]]:
+    """Epochs of Adam with early stopping on the dev score; leaves the best weights in ``model``
+    and returns the history, the best epoch and its dev scores (none without dev).
 
     Dev is scored at the end of an epoch once ``eval_every`` updates have run since the last
     score (every epoch by default), and at the last epoch: a small training set's many short
@@ -187,6 +187,7 @@ def _fit(
     metric = main_metric(task)
     history: list[dict[str, float]] = []
     best_score, best_epoch, best_state = -math.inf, 0, copy.deepcopy(model.state_dict())
+    best_dev: dict[str, float] = {}
     best_scoring, warm_scoring = 0, 0  # which scoring was best; which completed min_updates
     updates_per_epoch = math.ceil(splits["train"].num_examples / settings.batch_size)
     interval = settings.eval_every or 1
@@ -200,9 +201,8 @@ def _fit(
         scored_at = updates
         metrics = {"train_loss": float(np.mean(losses))}
         losses = []
-        if "dev" in splits:
-            dev_scores = evaluate_task(model, splits["dev"], task, device)
-            metrics |= {f"dev_{name}": value for name, value in dev_scores.items()}
+        dev_scores = evaluate_task(model, splits["dev"], task, device) if "dev" in splits else {}
+        metrics |= {f"dev_{name}": value for name, value in dev_scores.items()}
         metrics |= _mix_metrics(model)
         history.append({"epoch": float(epoch), "updates": float(updates), **metrics})
         if epoch_callback is not None:
@@ -213,7 +213,7 @@ def _fit(
         score = metrics.get(f"dev_{metric}", float(epoch))  # no dev: the last epoch is best
         if score > best_score:
             best_score, best_epoch, best_state = score, epoch, copy.deepcopy(model.state_dict())
-            best_scoring = scoring
+            best_scoring, best_dev = scoring, dev_scores
         elif (
             settings.patience is not None
             and warm_scoring
@@ -221,7 +221,7 @@ def _fit(
         ):
             break
     model.load_state_dict(best_state)
-    return history, best_epoch
+    return history, best_epoch, best_dev
 
 
 def epoch_batches(

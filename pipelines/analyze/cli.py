@@ -27,6 +27,12 @@ def analyze_command(
     seeds: Annotated[
         str | None, typer.Option(help="seeds, comma-separated (default 0,1,2)")
     ] = None,
+    every_layer: Annotated[
+        bool,
+        typer.Option(
+            help="train each layer alone even where the mix gains nothing on all of train"
+        ),
+    ] = False,
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="key=value override for every task")
     ] = None,
@@ -60,6 +66,7 @@ def analyze_command(
             else comma_separated(fractions, float, "fractions")
         ),
         seeds=DEFAULT_SEEDS if seeds is None else comma_separated(seeds, int, "seeds"),
+        every_layer=every_layer,
         parent_run_id=parent_run_id,
     )
     if result.reused:

@@ -70,8 +70,11 @@ def layers_figure(results: Sequence[TaskAnalysis], probes: Sequence[Row]) -> Fig
         names = [k for k in result.layers if k != MIX] + [MIX]
         score_dots(axis, [_layer_name(k) for k in names], [result.layers[k] for k in names])
         weights = " / ".join(f"{w:.2f}" for w in result.mix_weights)
+        shown = "each layer alone and the mix"
+        if result.layers_not_run is not None:  # the mix gained nothing, so no layer alone ran
+            shown = "the mix, no layer alone"
         axis.set(
-            title=f"{result.task}: each layer alone and the mix\nmix weights {weights}",
+            title=f"{result.task}: {shown}\nmix weights {weights}",
             ylabel=metric_label(result.metric),
             xlabel=f"layer ({sd_note(len(result.layers[MIX].values))})",
         )

@@ -101,11 +101,13 @@ def analyze(
     senses: tuple[Path, Path] | None = None,
     fractions: Sequence[float] = DEFAULT_FRACTIONS,
     seeds: Sequence[int] = DEFAULT_SEEDS,
+    every_layer: bool = False,
     parent_run_id: str | None = None,
     tags: Mapping[str, str] | None = None,
     console: bool = True,
 ) -> AnalyzeResult:
     """Every analysis of ``bilm`` on ``tasks`` (and ``senses``: train and test files);
+    ``every_layer``: each layer alone trains even where the mix gains nothing on all of train;
     ``console``: a progress bar (a flow, which logs the run's progress, turns it off)."""
     datasets, sense_splits = check_inputs(tasks, senses, fractions, seeds)
     reference = resolve_bilm(bilm, bilm_options, options_key="bilm_options")
@@ -114,7 +116,7 @@ def analyze(
     cache_dir = elmo_home() / "cache" / "activations"
     with tempfile.TemporaryDirectory(prefix="elmo-analyze-") as scratch:
         source = load_bilm(reference, Path(scratch) / "bilm-source").bilm.to(device)
-        key = analysis_key(source, tasks, senses, fractions, seeds)
+        key = analysis_key(source, tasks, senses, fractions, seeds, every_layer)
         finished = _finished(key)
         if finished is not None:
             return finished
@@ -131,6 +133,7 @@ def analyze(
                     "tasks": ",".join(task.name for task in tasks),
                     "fractions": ",".join(f"{f:g}" for f in fractions),
                     "seeds": ",".join(str(s) for s in seeds),
+                    "every_layer": every_layer,
                     "device": device,
                 }
             )
@@ -143,6 +146,7 @@ def analyze(
                 device,
                 fractions,
                 seeds,
+                every_layer,
                 console,
                 runs,
             )
@@ -160,9 +164,11 @@ def analysis_key(
     senses: tuple[Path, Path] | None,
     fractions: Sequence[float],
     seeds: Sequence[int],
+    every_layer: bool,
 ) -> str:
     """What an analysis depends on: the biLM's weights, each task's config and data, the sense
-    files, the fractions, the seeds and the code that analyzes."""
+    files, the fractions, the seeds, whether every layer trains alone and the code that
+    analyzes."""
     code = source_files(elmo_core, pipelines.analyze, pipelines.common)
     return reuse_key(
         {
@@ -171,6 +177,7 @@ def analysis_key(
             "senses": [sha256_file(path) for path in senses] if senses is not None else None,
             "fractions": sorted(fractions),
             "seeds": list(seeds),
+            "every_layer": every_layer,
             "code": code_version(code),
         }
     )
@@ -213,6 +220,7 @@ def _run_analyses(
     device: str,
     fractions: Sequence[float],
     seeds: Sequence[int],
+    every_layer: bool,
     console: bool,
     finished: FinishedRuns,
 ) -> tuple[list[TaskAnalysis], list[Row]]:
@@ -242,6 +250,7 @@ def _run_analyses(
                 finished=finished,
                 runner=ray_runner(splits),
                 numbering=(sum(counts[:index]), total),
+                every_layer=every_layer,
             )
             log_figure(efficiency_figure(result), f"efficiency_{task.name}.png")
             results.append(result)

@@ -65,6 +65,7 @@ def task_rows(result: TaskAnalysis) -> list[Row]:
         for name in ("elmo", "baseline")
     ]
     layers = {f"layer {k}": Cell.of(v) for k, v in result.layers.items() if k != MIX}
+    # where no layer alone trained, the row (named the same, for comparisons) holds the mix
     rows.append(Row(f"{prefix}, per layer", layers | {"mix": Cell.of(result.layers[MIX])}))
     weights = {f"layer {j}": Cell(w) for j, w in enumerate(result.mix_weights)}
     seeds = len(result.layers[MIX].values)
@@ -102,7 +103,10 @@ def headline(results: Sequence[TaskAnalysis], probes: Sequence[Row]) -> list[str
         )
         elmo, baseline = efficiency[fraction]["elmo"], efficiency[fraction]["baseline"]
         scores = {f"layer {name}": s for name, s in result.layers.items() if name != MIX}
-        alone = _winner(scores, scores_text(scores))
+        if result.layers_not_run is None:
+            alone = _winner(scores, scores_text(scores))
+        else:
+            alone = f"not run ({result.layers_not_run})"
         lines.append(
             f"{result.task}: with {fraction:.0%} of its training data, {result.metric} {elmo} "
             f"with ELMo, {baseline} without ({difference(elmo, baseline)}); "
@@ -127,7 +131,8 @@ def headline_metrics(results: Sequence[TaskAnalysis], probes: Sequence[Row]) -> 
             scores["elmo"].mean - scores["baseline"].mean for scores in result.efficiency.values()
         )
         layers = [scores.mean for name, scores in result.layers.items() if name != MIX]
-        metrics[f"{result.task}/{result.metric}_of_best_single_layer"] = max(layers)
+        if layers:
+            metrics[f"{result.task}/{result.metric}_of_best_single_layer"] = max(layers)
     for row in probes:
         layers = [cell.mean for name, cell in row.cells.items() if name.startswith("layer ")]
         metrics[f"{_slug(row.analysis)}_of_best_layer"] = max(layers)

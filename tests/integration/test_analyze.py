@@ -49,8 +49,9 @@ def _write_tagging(root: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def analyzed(isolated_home, tmp_path_factory):  # type: ignore[no-untyped-def]
-    """One analysis of a tiny biLM on a tagging task and the shipped sense set, then a second
-    of another biLM, for the comparison."""
+    """One analysis of a tiny biLM on a tagging task and the shipped sense set, each layer alone
+    trained (a tiny biLM's mix may gain nothing), then a second of another biLM, for the
+    comparison."""
     root = tmp_path_factory.mktemp("analyze")
     with isolated_home(root):
         task = load_task_config(_write_tagging(root))
@@ -61,7 +62,12 @@ def analyzed(isolated_home, tmp_path_factory):  # type: ignore[no-untyped-def]
         senses = (SENSES / "senses.train.tsv", SENSES / "senses.test.tsv")
         runs = [
             analyze_stage.analyze(
-                [task], str(bilm), senses=senses, fractions=FRACTIONS, seeds=SEEDS
+                [task],
+                str(bilm),
+                senses=senses,
+                fractions=FRACTIONS,
+                seeds=SEEDS,
+                every_layer=bilm == first_bilm,
             )
             for bilm in (first_bilm, second_bilm)
         ]
@@ -150,7 +156,12 @@ def test_the_same_analysis_again_reuses_its_run_and_other_settings_run_anew(
     first = analyzed.runs[0]
     senses = (SENSES / "senses.train.tsv", SENSES / "senses.test.tsv")
     again = analyze_stage.analyze(
-        [analyzed.task], str(analyzed.bilm), senses=senses, fractions=FRACTIONS[::-1], seeds=SEEDS
+        [analyzed.task],
+        str(analyzed.bilm),
+        senses=senses,
+        fractions=FRACTIONS[::-1],
+        seeds=SEEDS,
+        every_layer=True,
     )
     assert again.reused and not first.reused
     assert (again.run_id, again.rows, again.headline) == (first.run_id, first.rows, first.headline)
@@ -158,7 +169,8 @@ def test_the_same_analysis_again_reuses_its_run_and_other_settings_run_anew(
     assert not list((analyzed.root / "home" / "cache" / "analysis-runs").glob("*"))
     command = ["--task", str(analyzed.root / "tags.yaml"), "--bilm", str(analyzed.bilm)]
     command += ["--senses-train", str(senses[0]), "--senses-test", str(senses[1])]
-    assert analyze_cli.main([*command, "--fractions", "0.5,1", "--seeds", "0,1"]) == 0
+    command += ["--fractions", "0.5,1", "--seeds", "0,1", "--every-layer"]
+    assert analyze_cli.main(command) == 0
     printed = capsys.readouterr().out
     assert printed.startswith(f"reused analyze run {first.run_id}: ")
     assert first.headline[0] in printed

@@ -252,3 +252,14 @@ def test_a_log_axis_over_less_than_a_decade_still_has_numbers() -> None:
     labels = [label.get_text() for label in axis.get_yticklabels() if label.get_text()]
     assert len(labels) >= 2
     pyplot().close(figure)
+
+
+def test_a_task_whose_layers_alone_did_not_train_shows_the_mix_alone_and_says_so() -> None:
+    analysis = _analysis()
+    analysis.layers = {MIX: analysis.layers[MIX]}
+    analysis.layers_not_run = "the mix on all of train: gain +0.0050, within (0.0158)"
+    figure = layers_figure([analysis], [])
+    (task,) = [axis for axis in figure.axes if axis.get_title()]
+    assert [tick.get_text() for tick in task.get_xticklabels()] == ["mix"]
+    assert task.get_title().startswith("docstrings: the mix, no layer alone\n")
+    pyplot().close(figure)

@@ -15,10 +15,12 @@ from elmo_core.analysis.task_runs import (
     MIX,
     FinishedRuns,
     analyze_task,
+    layers_not_run,
     same_updates,
 )
 from elmo_core.tasks.activation_cache import CachedActivations
 from elmo_core.tasks.dataset import TaggingExample, TaskDataset
+from elmo_core.tasks.seeds import Scores
 from elmo_core.tasks.task_config import TaskConfig
 from elmo_core.tasks.trainer import TaskResult, TaskSplit
 
@@ -66,8 +68,11 @@ def _toy() -> tuple[TaskConfig, dict[str, TaskSplit]]:
     return task, splits
 
 
-def test_every_comparison_runs_over_the_seeds_and_the_full_data_run_is_shared() -> None:
-    task, splits = _toy()
+def test_every_comparison_runs_over_the_seeds_and_the_full_data_run_is_shared(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    task, splits = _toy()  # a toy whose mix gains nothing: the layers alone made to train
+    monkeypatch.setattr(task_runs, "layers_not_run", lambda efficiency: None)
     lines: list[str] = []
     result = analyze_task(task, splits, fractions=(0.5, 1.0), seeds=(0, 1), progress=lines.append)
     assert result.metric == "dev_accuracy"
@@ -77,9 +82,58 @@ def test_every_comparison_runs_over_the_seeds_and_the_full_data_run_is_shared() 
     assert result.layers[MIX] == result.efficiency[1.0]["elmo"] == result.placement[INPUT]
     assert set(result.placement) == {INPUT, INPUT_OUTPUT}
     assert sum(result.mix_weights) == pytest.approx(1.0) and len(result.mix_weights) == 3
-    # 2 seeds × (2 fractions × 2 models + 3 layers alone + input and output)
-    assert len(lines) == 2 * (4 + 3 + 1) and lines[-1].startswith("toy: run 16/16")
+    # 2 seeds × (2 fractions × 2 models + input and output + 3 layers alone, these last)
+    assert len(lines) == 2 * (4 + 1 + 3) and lines[-1].startswith("toy: run 16/16")
     assert lines[0].startswith("toy: run 1/16, 50% of train, elmo, seed 0: dev accuracy ")
+    assert [" layer " in line for line in lines] == [False] * 10 + [True] * 6
+
+
+def test_the_layers_alone_do_not_train_where_the_mix_gains_nothing_on_all_of_train(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    task, splits = _toy()
+    seen: list[dict[float, dict[str, Scores]]] = []
+
+    def nothing(efficiency: dict[float, dict[str, Scores]]) -> str:
+        seen.append(efficiency)
+        return "the mix on all of train: gain +0.0010, within (0.0100)"
+
+    monkeypatch.setattr(task_runs, "layers_not_run", nothing)
+    lines: list[str] = []
+    result = analyze_task(task, splits, fractions=(0.5, 1.0), seeds=(0, 1), progress=lines.append)
+    assert seen == [result.efficiency]  # decided on the trained efficiency runs
+    assert list(result.layers) == [MIX] and result.layers_not_run == nothing({})
+    assert len(lines) == 16 and lines[-1].startswith("toy: run 16/16, layer 2 alone, seed 1: ")
+    assert lines[-1].endswith("not run: the mix on all of train: gain +0.0010, within (0.0100)")
+    assert sum(" not run: " in line for line in lines) == 6
+
+
+def _scores(*values: float) -> Scores:
+    return Scores(values)
+
+
+@pytest.mark.parametrize(
+    ("elmo", "baseline", "skipped"),
+    [
+        ((0.80, 0.82, 0.81), (0.80, 0.79, 0.81), True),  # +0.01 within its sd (0.014)
+        ((0.80, 0.79, 0.81), (0.80, 0.82, 0.81), True),  # a loss within its sd
+        ((0.90, 0.91, 0.92), (0.80, 0.81, 0.82), False),  # +0.10, far beyond
+        ((0.70, 0.71, 0.72), (0.80, 0.81, 0.82), False),  # a loss beyond: which layer hurts?
+        ((0.90,), (0.80,), False),  # one seed: no spread to judge by
+        ((1.0, 1.0), (1.0, 1.0), True),  # saturated: every seed the same, no gain
+        ((1.0, 1.0), (0.9, 0.9), False),  # every seed the same, a gain
+    ],
+)
+def test_the_layers_alone_are_left_only_where_the_gain_on_all_of_train_is_within_its_sd(
+    elmo: tuple[float, ...], baseline: tuple[float, ...], skipped: bool
+) -> None:
+    efficiency = {0.1: {"elmo": _scores(0.5, 0.6), "baseline": _scores(0.1, 0.2)}}
+    efficiency[1.0] = {"elmo": _scores(*elmo), "baseline": _scores(*baseline)}
+    why = layers_not_run(efficiency)
+    assert (why is not None) == skipped
+    if why is not None:
+        assert why.startswith("the mix on all of train: gain ")
+    assert layers_not_run({0.1: efficiency[0.1]}) is None  # no score of all of train
 
 
 def test_a_task_numbers_its_runs_within_the_whole_analysis() -> None:
@@ -106,7 +160,7 @@ def test_an_analysis_stopped_midway_resumes_with_the_runs_it_finished(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     task, splits = _toy()
-    fractions, seeds = (0.5, 1.0), (0,)  # 8 runs
+    fractions, seeds = (0.5, 1.0), (0,)  # 8 runs; one seed, so the layers alone train too
     straight = analyze_task(task, splits, fractions=fractions, seeds=seeds)
     trained: list[str] = []
     train_task = task_runs.train_task

@@ -21,7 +21,9 @@ from elmo_core.tasks.trainer import (
     ELMO,
     TaskResult,
     TaskSplit,
+    build_task_model,
     epoch_batches,
+    evaluate_task,
     main_metric,
     predict,
     train_task,
@@ -30,6 +32,7 @@ from tests.unit.elmo_core.tasks.conftest import _tagging
 
 Splits = dict[str, dict[str, TaskSplit]]
 TaskFactory = Callable[..., TaskConfig]
+SPLITS = ("train", "dev", "test")
 
 
 def _train(splits: dict[str, TaskSplit], task: TaskConfig, use_elmo: bool, **kw) -> TaskResult:  # type: ignore[no-untyped-def]
@@ -48,6 +51,10 @@ def test_tagging_elmo_and_baseline_both_train_and_report(
     for result in (elmo, baseline):
         assert result.metric == "f1" and 1 <= result.best_epoch <= len(result.history)
         assert {"f1", "precision", "recall", "accuracy"} <= result.dev_metrics.keys()
+        splits = task_splits["tagging"]
+        _, encoded = build_task_model(task, *(splits[n] for n in SPLITS), result.use_elmo)
+        kept = evaluate_task(result.model, encoded["dev"], task, torch.device("cpu"))
+        assert result.dev_metrics == kept  # the kept model's, though not scored again
         assert 0.0 <= result.test_metrics["f1"] <= 1.0
         assert result.history[0]["train_loss"] > result.history[-1]["train_loss"]
     assert elmo.representation == ELMO and baseline.representation == BASELINE

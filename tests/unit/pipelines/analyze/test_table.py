@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from elmo_core.analysis.task_runs import MIX, TaskAnalysis
+from elmo_core.analysis.task_runs import INPUT, INPUT_OUTPUT, MIX, TaskAnalysis
 from elmo_core.tasks.seeds import Scores
-from pipelines.analyze.table import Cell, Row, format_rows, headline, headline_metrics
+from pipelines.analyze.table import Cell, Row, format_rows, headline, headline_metrics, task_rows
 
 
 def test_the_headline_names_the_fraction_of_the_largest_gain_and_the_best_layers() -> None:
@@ -81,3 +81,21 @@ def test_a_probe_near_its_baseline_names_no_winner_and_shows_its_training_score(
         "(best 0.856 (train 0.870); majority 0.825): the probe barely learns"
     )
     assert "layer 1 0.856 (train 0.870)" in format_rows([probe])
+
+
+def test_a_task_whose_layers_alone_did_not_train_says_why_and_claims_no_best_layer() -> None:
+    analysis = TaskAnalysis("subj", "test_accuracy")
+    analysis.efficiency = {1.0: {"elmo": Scores((0.90, 0.92)), "baseline": Scores((0.91, 0.90))}}
+    analysis.layers = {MIX: Scores((0.90, 0.92))}
+    analysis.layers_not_run = "the mix on all of train: gain +0.0050, within (0.0158)"
+    analysis.placement = {INPUT: Scores((0.90, 0.92)), INPUT_OUTPUT: Scores((0.91, 0.91))}
+    analysis.mix_weights = [0.2, 0.3, 0.5]
+
+    line, _ = headline([analysis], [])
+
+    assert line.endswith(
+        "each layer alone: not run (the mix on all of train: gain +0.0050, within (0.0158))"
+    )
+    assert list(headline_metrics([analysis], [])) == ["subj/gain_in_test_accuracy_at_best_fraction"]
+    per_layer = next(row for row in task_rows(analysis) if "per layer" in row.analysis)
+    assert list(per_layer.cells) == ["mix"]
