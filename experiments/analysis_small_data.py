@@ -32,14 +32,15 @@ from pipelines.analyze.table import Row
 from pipelines.common.task_data import read_splits
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-# --heads: this experiment's small heads, or a task config's defaults (what `elmo analyze` runs)
+# --heads: this experiment's small heads; a task config's defaults, what `elmo analyze` runs
+# (64-wide heads, the analysis's width where a config sets none); or those at the task width, 200
 HEADS = {
     "small": (
         {"hidden_dim": 64, "dropout": 0.3},
         {"epochs": 10, "batch_size": 32, "lr": 0.003, "patience": 3, "min_updates": 100},
     ),
     "defaults": ({}, {}),
-    "defaults-64": ({"hidden_dim": 64}, {}),  # the defaults but for a 64-wide head
+    "defaults-200": ({"hidden_dim": 200}, {}),
 }
 Heads = tuple[dict[str, object], dict[str, object]]
 

@@ -41,7 +41,11 @@ def analyze_command(
         tuple[str, str] | None, typer.Option("--compare", help="two analyze run ids")
     ] = None,
 ) -> None:
-    """The paper's §5 for a biLM: sample efficiency, per layer, placement, sense and POS probes."""
+    """The paper's §5 for a biLM: sample efficiency, per layer, placement, sense and POS probes.
+
+    Task heads are 64 wide where a task config sets no head.hidden_dim: the analysis asks which
+    layer and how much data, which a narrower head answers as the task's 200-wide one does.
+    """
     from elmo_core.analysis.task_runs import DEFAULT_FRACTIONS
     from elmo_core.tasks import load_task_config
     from elmo_core.tasks.seeds import DEFAULT_SEEDS

@@ -14,7 +14,7 @@ from typing import TypeVar
 from elmo_core.analysis.probe import ProbeResult
 from elmo_core.analysis.senses import SenseProbeResult
 from elmo_core.analysis.task_runs import INPUT, INPUT_OUTPUT, MIX, TaskAnalysis
-from elmo_core.tasks.seeds import Scores, difference
+from elmo_core.tasks.seeds import Scores, difference, within_spread
 
 TABLE_FILE = "analysis.json"
 Score = TypeVar("Score", Scores, "Cell")
@@ -104,7 +104,7 @@ def headline(results: Sequence[TaskAnalysis], probes: Sequence[Row]) -> list[str
         elmo, baseline = efficiency[fraction]["elmo"], efficiency[fraction]["baseline"]
         scores = {f"layer {name}": s for name, s in result.layers.items() if name != MIX}
         if result.layers_not_run is None:
-            alone = _winner(scores, scores_text(scores))
+            alone = _best_alone(scores)
         else:
             alone = f"not run ({result.layers_not_run})"
         lines.append(
@@ -164,6 +164,19 @@ def _probe_verdict(row: Row) -> str:
             f"(best {row.text(best)}; {others}): the probe barely learns"
         )
     return _winner(layers, row.text, others)
+
+
+def _best_alone(scores: Mapping[str, Scores]) -> str:
+    """:func:`_winner` of the layers alone, unless another layer scores within the seeds' spread of
+    the best (the standard deviation of their difference): then none is beyond the others, and the
+    line says which are close."""
+    winner = _winner(scores, scores_text(scores))
+    top = max(scores, key=lambda name: scores[name].mean)
+    close = [name for name in scores if name != top and within_spread(scores[top], scores[name])]
+    if not close or winner.startswith("saturated"):
+        return winner
+    near = ", ".join(f"{name} {scores[name]}" for name in close)
+    return f"none beyond the seeds' spread: {top} {scores[top]}, within it {near}"
 
 
 def _winner(scores: Mapping[str, Score], shown: Callable[[str], str], others: str = "") -> str:

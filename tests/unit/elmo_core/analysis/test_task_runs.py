@@ -10,12 +10,14 @@ import pytest
 
 from elmo_core.analysis import task_runs
 from elmo_core.analysis.task_runs import (
+    HIDDEN_DIM,
     INPUT,
     INPUT_OUTPUT,
     MIX,
     FinishedRuns,
     analyze_task,
     layers_not_run,
+    plan_runs,
     same_updates,
 )
 from elmo_core.tasks.activation_cache import CachedActivations
@@ -194,3 +196,11 @@ def test_an_analysis_stopped_midway_resumes_with_the_runs_it_finished(
     assert [line.endswith(" (finished earlier)") for line in lines] == [True] * 3 + [False] * 5
     assert resumed == straight
     assert not list(finished.directory.glob(".*"))  # no half-written outcome
+
+
+def test_heads_are_the_analysis_width_unless_the_task_config_sets_one() -> None:
+    task, splits = _toy()  # its config sets hidden_dim 4
+    unset = task.model_copy(update={"head": task.head.model_validate({"dropout": 0.0})})
+    for config, width in ((task, 4), (unset, HIDDEN_DIM)):
+        runs, layers = plan_runs(config, splits["train"], (0.5, 1.0), (0,), NUM_LAYERS)
+        assert {run.task.head.hidden_dim for run in runs + layers} == {width}

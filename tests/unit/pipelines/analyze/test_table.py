@@ -99,3 +99,19 @@ def test_a_task_whose_layers_alone_did_not_train_says_why_and_claims_no_best_lay
     assert list(headline_metrics([analysis], [])) == ["subj/gain_in_test_accuracy_at_best_fraction"]
     per_layer = next(row for row in task_rows(analysis) if "per layer" in row.analysis)
     assert list(per_layer.cells) == ["mix"]
+
+
+def test_layers_alone_within_the_seeds_spread_of_the_best_are_no_winner() -> None:
+    analysis = TaskAnalysis("subj", "test_accuracy")
+    analysis.efficiency = {1.0: {"elmo": Scores((0.86, 0.88)), "baseline": Scores((0.84, 0.85))}}
+    analysis.layers = {
+        MIX: Scores((0.86, 0.88)),
+        "0": Scores((0.855, 0.863)),  # 0.859: within the spread of layer 2's 0.860
+        "1": Scores((0.80, 0.81)),  # far below
+        "2": Scores((0.850, 0.870)),
+    }
+    line, _ = headline([analysis], [])
+    assert line.endswith(
+        "each layer alone: none beyond the seeds' spread: layer 2 0.8600 ± 0.0141, "
+        "within it layer 0 0.8590 ± 0.0057"
+    )
