@@ -9,12 +9,17 @@ emulation runs everything on one core, with ATen and oneDNN held to AVX2 and MKL
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Mapping, Sequence
 
 SLOW_ENV: Mapping[str, str] = {
     "ATEN_CPU_CAPABILITY": "avx2",
     "ONEDNN_MAX_CPU_ISA": "AVX2",
     "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
+    # its own compiled kernels: torch.compile's cache does not key on the capability, and loads
+    # this machine's AVX-512 kernels as AVX2 ones, which compute garbage
+    "TORCHINDUCTOR_CACHE_DIR": os.path.join(tempfile.gettempdir(), "torchinductor-slow"),
 }
 SLOW_PREFIX: Sequence[str] = ("taskset", "-c", "0")  # one core for every process
 
