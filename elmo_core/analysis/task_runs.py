@@ -228,10 +228,9 @@ def plan_runs(
     """The runs of the three comparisons: each fraction's ELMo and baseline runs per seed, the
     shared full-data ELMo run where 1.0 is not a fraction, ELMo at input and output; then, apart,
     each layer alone (one after another they are reported in this order; side by side, as they
-    finish). Heads are :data:`HIDDEN_DIM` wide unless the task config sets their width."""
-    head = task.head.model_copy(update={"elmo_at_output": False, "elmo_layers": None})
-    if "hidden_dim" not in task.head.model_fields_set:
-        head = head.model_copy(update={"hidden_dim": HIDDEN_DIM})
+    finish), their heads :func:`head_width` wide."""
+    update = {"elmo_at_output": False, "elmo_layers": None, "hidden_dim": head_width(task)}
+    head = task.head.model_copy(update=update)
     # The labels of the whole training split: a fraction may lack a rare tag that dev or test has.
     labels = task_labels(task, train.dataset)
     base = task.model_copy(update={"head": head, "labels": labels})
@@ -252,6 +251,12 @@ def plan_runs(
         alone = _with_head(base, elmo_layers=[layer])
         layers += [PlannedRun(alone, None, True, seed, _alone(layer)) for seed in seeds]
     return runs, layers
+
+
+def head_width(task: TaskConfig) -> int:
+    """The width of ``task``'s heads in the analysis: its config's, where it sets one, else
+    :data:`HIDDEN_DIM`."""
+    return task.head.hidden_dim if "hidden_dim" in task.head.model_fields_set else HIDDEN_DIM
 
 
 def _part(fraction: float, name: str) -> str:

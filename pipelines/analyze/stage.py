@@ -35,6 +35,7 @@ from elmo_core.analysis.task_runs import (
     FinishedRuns,
     TaskAnalysis,
     analyze_task,
+    head_width,
     num_runs,
 )
 from elmo_core.errors import ConfigError
@@ -134,6 +135,7 @@ def analyze(
                     "fractions": ",".join(f"{f:g}" for f in fractions),
                     "seeds": ",".join(str(s) for s in seeds),
                     "every_layer": every_layer,
+                    "head_dims": ",".join(f"{t.name}={head_width(t)}" for t in tasks),
                     "device": device,
                 }
             )

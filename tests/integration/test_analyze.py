@@ -82,6 +82,7 @@ def test_one_finished_run_holds_the_table_figures_and_a_metric_per_cell(analyzed
     run = analyzed.client.get_run(result.run_id)
     assert run.info.status == "FINISHED" and run.data.tags[stage_runs.STAGE_TAG] == "analyze"
     assert run.info.run_name == "analyze-bilm-a"  # <stage>-<the biLM it analyzed>
+    assert run.data.params["head_dims"] == "tagger=8"  # its config's width, not the analysis's 64
     artifacts = {a.path for a in analyzed.client.list_artifacts(result.run_id)}
     assert {"analysis.md", "analysis.json", "efficiency_tagger.png", "layers.png"} <= artifacts
     names = [row.analysis for row in result.rows]
