@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from elmo_core.model.bilm import BiLM
 from elmo_core.model.serialization import write_bilm_dir
 from elmo_core.presets import tiny
 from elmo_core.tasks.task_config import TaskConfig
-from elmo_core.tasks.task_model import TaskModel, build_word_vocab
+from elmo_core.tasks.task_model import TaskModel, build_word_vocab, live_inputs
 from elmo_core.tasks.trainer import predict
 from elmo_core.text.tokenize import WhitespaceTokenizer
 from pipelines.serving import task_pyfunc
@@ -218,3 +219,31 @@ def test_signature_names_the_inputs_and_outputs_of_each_task_type(
     assert signature.inputs.input_names() == expected
     assert not any(spec.required for spec in signature.inputs.inputs)
     assert [(spec.name, spec.default) for spec in signature.params.params] == [("batch_size", 64)]
+
+
+PINNED = Path(__file__).parent / "data" / "pinned_task_models"
+PINNED_SENTENCES = [*SENTENCES, ["The", "dogs", "sat", "."]]
+
+
+@pytest.mark.parametrize("task_type", ["tagging", "classification", "pair"])
+def test_a_model_saved_before_the_task_types_moved_loads_and_predicts_the_same(
+    task_type: str,
+) -> None:
+    """``data/pinned_task_models``: a tiny ELMo model of each type (random weights, biLM
+    included), saved with its scores and predictions by the tree of 2026-11-29 in which each
+    type's code was still spread over six files. Its files, read now, give the same answers."""
+    expected = json.loads((PINNED / "predictions.json").read_text())[task_type]
+    model, tokenizer = task_pyfunc.load_task_model(PINNED / task_type)
+    bilm = BiLM(tiny(), 100)
+    bilm.load_state_dict(torch.load(PINNED / "bilm" / "model.pt", weights_only=True))
+    bilm.eval()
+    rows: list[Any] = PINNED_SENTENCES
+    sides = [PINNED_SENTENCES]
+    if task_type == "pair":
+        rows = list(zip(PINNED_SENTENCES, PINNED_SENTENCES[1:] + PINNED_SENTENCES[:1]))
+        sides = [[a for a, _ in rows], [b for _, b in rows]]
+    with torch.no_grad():
+        scores = model([live_inputs(model, side, bilm) for side in sides])
+    assert tokenizer == {"name": "whitespace"}
+    torch.testing.assert_close(scores, torch.tensor(expected["scores"]), rtol=1e-5, atol=1e-5)
+    assert predict(model, rows, bilm) == expected["predictions"]
