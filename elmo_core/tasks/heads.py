@@ -1,22 +1,21 @@
-"""Task heads: what sits on a task's token vectors ``[word embedding; ELMo]`` (Peters et al. 2018).
-
-A BiLSTM encoder (with ``elmo_at_output`` a second ELMo vector joins its output, §3.3), then a
-tagging, classification or pair head (ESIM, Chen et al. 2017, the paper's SNLI baseline).
-Shapes: B rows, T tokens (Ta, Tb the two sides of a pair), I input width, E encoder output width
-(2·hidden, plus D with ELMo at the output), H hidden, K labels.
+"""What every task head shares: the BiLSTM encoder over a task's token vectors ``[word
+embedding; ELMo]`` (with ``elmo_at_output`` a second ELMo vector joins its output, Peters et al.
+2018, §3.3), pooling, and the base class; each task type's own head lives with its type
+(:mod:`elmo_core.tasks.types`).
+Shapes: B rows, T tokens, I input width, E encoder output width (2·hidden, plus D with ELMo at the
+output), H hidden, K labels.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from elmo_core.tasks.crf import CRF
-from elmo_core.tasks.task_config import HeadConfig, TaskType
+if TYPE_CHECKING:
+    from elmo_core.tasks.task_config import HeadConfig
 
 
 class HeadInput(NamedTuple):
@@ -139,124 +138,3 @@ class TaskHead(nn.Module):
     def decode(self, scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The predicted label ids → (B,)."""
         return scores.argmax(dim=-1)
-
-
-class TaggingHead(TaskHead):
-    """BiLSTM tagger: per-token scores, softmax or CRF output layer."""
-
-    def __init__(
-        self, input_dim: int, num_labels: int, config: HeadConfig, output_elmo_dim: int = 0
-    ) -> None:
-        super().__init__(input_dim, num_labels, config, output_elmo_dim)
-        self.output = nn.Linear(self.encoded_dim, num_labels)
-        self.crf = CRF(num_labels) if config.crf else None
-
-    def forward(self, sides: Sequence[HeadInput]) -> torch.Tensor:
-        """One side → per-token tag scores ``(B, T, K)``."""
-        (side,) = sides
-        return self.output(self.dropout(self.encode(side)))  # (B, T, K)
-
-    def loss(self, scores: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """CRF: mean negative log-likelihood per sentence; else mean cross-entropy per token."""
-        if self.crf is not None:
-            return -self.crf.log_likelihood(scores, targets, mask).mean()
-        return nn.functional.cross_entropy(scores[mask], targets[mask])
-
-    def decode(self, scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Viterbi path (CRF) or per-token argmax → ``(B, T)``, 0 at padding."""
-        if self.crf is not None:
-            return self.crf.viterbi_decode(scores, mask)
-        return scores.argmax(dim=-1) * mask.long()
-
-
-class ClassificationHead(TaskHead):
-    """BiLSTM, max or mean pooling over time, linear layer."""
-
-    def __init__(
-        self, input_dim: int, num_labels: int, config: HeadConfig, output_elmo_dim: int = 0
-    ) -> None:
-        super().__init__(input_dim, num_labels, config, output_elmo_dim)
-        self.output = nn.Linear(self.encoded_dim, num_labels)
-
-    def forward(self, sides: Sequence[HeadInput]) -> torch.Tensor:
-        """One side → label scores ``(B, K)``."""
-        (side,) = sides
-        pooled = pool(self.encode(side), side.mask, self.config.pooling)  # (B, E)
-        return self.output(self.dropout(pooled))  # (B, K)
-
-
-class PairHead(TaskHead):
-    """Premise/hypothesis classifier: ESIM, or the simpler pooled matching (``pair_head``)."""
-
-    def __init__(
-        self, input_dim: int, num_labels: int, config: HeadConfig, output_elmo_dim: int = 0
-    ) -> None:
-        super().__init__(input_dim, num_labels, config, output_elmo_dim)
-        hidden = config.hidden_dim
-        self.esim = config.pair_head == "esim"
-        if self.esim:
-            self.projection = nn.Sequential(nn.Linear(4 * self.encoded_dim, hidden), nn.ReLU())
-            self.composer = SequenceEncoder(hidden, hidden, 1, 0.0)
-            features = 4 * self.composer.output_dim  # max and mean of both sides
-        else:
-            features = 4 * self.encoded_dim  # [u; v; |u − v|; u ⊙ v]
-        self.classifier = nn.Sequential(
-            nn.Dropout(config.dropout),
-            nn.Linear(features, hidden),
-            nn.Tanh(),
-            nn.Dropout(config.dropout),
-            nn.Linear(hidden, num_labels),
-        )
-
-    def forward(self, sides: Sequence[HeadInput]) -> torch.Tensor:
-        """Premise and hypothesis → label scores ``(B, K)``."""
-        premise, hypothesis = sides
-        a = self.encode(premise)  # (B, Ta, E)
-        b = self.encode(hypothesis)  # (B, Tb, E)
-        if not self.esim:
-            u = pool(a, premise.mask, self.config.pooling)  # (B, E)
-            v = pool(b, hypothesis.mask, self.config.pooling)  # (B, E)
-            return self.classifier(torch.cat([u, v, (u - v).abs(), u * v], dim=-1))
-        similarity = a @ b.transpose(1, 2)  # (B, Ta, Tb)
-        a_aligned = _masked_softmax(similarity, hypothesis.mask.unsqueeze(1)) @ b  # (B, Ta, E)
-        b_aligned = (
-            _masked_softmax(similarity.transpose(1, 2), premise.mask.unsqueeze(1)) @ a
-        )  # (B, Tb, E)
-        a_composed = self._compose(a, a_aligned, premise.mask)  # (B, Ta, 2H)
-        b_composed = self._compose(b, b_aligned, hypothesis.mask)  # (B, Tb, 2H)
-        pooled = [
-            pool(composed, mask, how)
-            for composed, mask in ((a_composed, premise.mask), (b_composed, hypothesis.mask))
-            for how in ("mean", "max")
-        ]  # 4 × (B, 2H)
-        return self.classifier(torch.cat(pooled, dim=-1))  # (B, K)
-
-    def _compose(
-        self, encoded: torch.Tensor, aligned: torch.Tensor, mask: torch.Tensor
-    ) -> torch.Tensor:
-        """ESIM's enhancement ``[x; x̃; x − x̃; x ⊙ x̃]``, projection and composition BiLSTM."""
-        enhanced = torch.cat(
-            [encoded, aligned, encoded - aligned, encoded * aligned], dim=-1
-        )  # (B, T, 4E)
-        projected = self.dropout(self.projection(enhanced))  # (B, T, H)
-        return self.composer(projected, mask)  # (B, T, 2H)
-
-
-def _masked_softmax(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Softmax over the last axis restricted to ``mask``; all-masked rows give zeros."""
-    filled = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    return torch.softmax(filled, dim=-1) * mask.to(scores.dtype)
-
-
-HEADS: dict[TaskType, type[TaskHead]] = {
-    "tagging": TaggingHead,
-    "classification": ClassificationHead,
-    "pair": PairHead,
-}
-
-
-def build_head(
-    task_type: TaskType, input_dim: int, num_labels: int, config: HeadConfig, output_elmo_dim: int
-) -> TaskHead:
-    """The head a task of ``task_type`` uses, over ``input_dim``-wide token vectors."""
-    return HEADS[task_type](input_dim, num_labels, config, output_elmo_dim)

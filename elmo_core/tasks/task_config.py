@@ -14,20 +14,9 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from elmo_core.config import StrictModel, parse_override, resolve_config
 
-TaskType = Literal["tagging", "classification", "pair"]
 Batches = Literal["bucketed", "random"]  # how an epoch groups its examples
-TaskFormat = Literal["conll2003", "conllu", "sst", "label_text", "tsv", "snli"]
 Split = Literal["train", "dev", "test"]
 SPLITS: tuple[Split, ...] = ("train", "dev", "test")
-
-FORMAT_TYPES: dict[str, TaskType] = {
-    "conll2003": "tagging",
-    "conllu": "tagging",
-    "sst": "classification",
-    "label_text": "classification",
-    "tsv": "classification",
-    "snli": "pair",
-}
 
 
 class ReaderConfig(StrictModel):
@@ -104,8 +93,8 @@ class TaskConfig(StrictModel):
     name: str = Field(
         pattern=r"^[a-z0-9][a-z0-9_.-]*$", description="names MLflow model elmo-<name>"
     )
-    type: TaskType
-    format: TaskFormat
+    type: str = Field(description="a registered task type (elmo_core.tasks.types)")
+    format: str = Field(description="a format the type reads")
     train: Path
     dev: Path | None = None
     test: Path | None = None
@@ -116,13 +105,22 @@ class TaskConfig(StrictModel):
     head: HeadConfig = Field(default_factory=HeadConfig)
     training: TaskTrainingConfig = Field(default_factory=TaskTrainingConfig)
 
+    @field_validator("type")
+    @classmethod
+    def _type_registered(cls, value: str) -> str:
+        from elmo_core.tasks.types import task_type  # the types import this module
+
+        task_type(value)  # ValueError listing the registered types
+        return value
+
     @field_validator("format")
     @classmethod
-    def _format_fits_type(cls, value: TaskFormat, info: ValidationInfo) -> TaskFormat:
-        expected = FORMAT_TYPES[value]
+    def _format_fits_type(cls, value: str, info: ValidationInfo) -> str:
+        from elmo_core.tasks.types import TASK_TYPES
+
         declared = info.data.get("type")
-        if declared is not None and declared != expected:
-            raise ValueError(f"format '{value}' is a {expected} format, not {declared}")
+        if declared in TASK_TYPES:
+            TASK_TYPES[declared].format(value)  # ValueError naming the formats it reads
         return value
 
     @field_validator("labels")
@@ -134,8 +132,9 @@ class TaskConfig(StrictModel):
 
     @model_validator(mode="after")
     def _head_fits_type(self) -> TaskConfig:
-        if self.head.crf and self.type != "tagging":
-            raise ValueError("head.crf applies to tagging tasks only")
+        from elmo_core.tasks.types import task_type
+
+        task_type(self.type).check(self)  # ValueError naming the option
         return self
 
     def split_path(self, split: Split) -> Path | None:

@@ -21,8 +21,9 @@ from elmo_core.errors import ConfigError
 from elmo_core.model.scalar_mix import ScalarMix
 from elmo_core.tasks.activation_cache import CachedActivations, live_activations, pad_ragged
 from elmo_core.tasks.dataset import ClassificationExample, PairExample, TaggingExample
-from elmo_core.tasks.heads import HeadInput, build_head
+from elmo_core.tasks.heads import HeadInput
 from elmo_core.tasks.task_config import TaskConfig
+from elmo_core.tasks.types import task_type
 
 PADDING_TOKEN = "@@PADDING@@"  # id 0
 OOV_TOKEN = "@@UNKNOWN@@"  # id 1
@@ -187,7 +188,7 @@ class TaskModel(nn.Module):
         self.elmo_dropout = nn.Dropout(task.head.dropout)  # after the mix, as in the paper
         input_dim = word_dim + (layer_dim if use_elmo else 0)
         output_dim = layer_dim if "output" in self.mixes else 0
-        self.head = build_head(task.type, input_dim, len(self.labels), task.head, output_dim)
+        self.head = task_type(task.type).head(input_dim, len(self.labels), task.head, output_dim)
 
     def forward(self, sides: Sequence[TaskInputs]) -> torch.Tensor:
         """Per-token tag scores ``(B, T, K)`` (tagging) or label scores ``(B, K)``."""

@@ -20,7 +20,6 @@ from torch import nn
 
 from elmo_core.tasks.activation_cache import CachedActivations, flat_positions
 from elmo_core.tasks.dataset import PairExample
-from elmo_core.tasks.metrics import TagSpans, span_f1_ids
 from elmo_core.tasks.readers import AnyDataset, check_labels, task_labels
 from elmo_core.tasks.task_config import Batches, TaskConfig
 from elmo_core.tasks.task_model import (
@@ -34,6 +33,8 @@ from elmo_core.tasks.task_model import (
     example_sentences,
     live_inputs,
 )
+from elmo_core.tasks.types import task_type
+from elmo_core.tasks.types.base import Prediction
 
 BASELINE = (
     "same head over task-trained word embeddings (training vocabulary, words seen once → OOV), "
@@ -42,7 +43,6 @@ BASELINE = (
 ELMO = "task-trained word embeddings concatenated with a scalar mix of the frozen biLM's layers"
 EVAL_BATCH_TOKENS = 8192  # positions per evaluation batch (length-sorted, so little padding)
 EpochCallback = Callable[[int, dict[str, float]], None]
-Prediction = list[str] | str
 
 
 @dataclass(frozen=True)
@@ -88,10 +88,9 @@ class TaskResult:
 
 
 def main_metric(task: TaskConfig) -> str:
-    """``f1`` for tagging with IOB tags (CoNLL-2003 read as iob1/iob2), else ``accuracy``."""
-    if task.type == "tagging" and task.format == "conll2003" and task.reader.tag_scheme != "none":
-        return "f1"
-    return "accuracy"
+    """The score ``task``'s early stopping follows, as its type says (span ``f1`` for entity
+    tags, else ``accuracy``)."""
+    return task_type(task.type).main_metric(task)
 
 
 def train_task(
@@ -264,22 +263,15 @@ def train_epoch(
 def evaluate_task(
     model: TaskModel, split: EncodedSplit, task: TaskConfig, device: torch.device
 ) -> dict[str, float]:
-    """Scores of ``model`` on an encoded split: span P/R/F1 (per type too) and/or accuracy.
+    """Scores of ``model`` on an encoded split, as its type scores: accuracy, and span P/R/F1
+    (per type too) for entity tags.
 
     Examples go in length order, ``EVAL_BATCH_TOKENS`` positions a batch, so batches are large
     and hold little padding; the predictions are compared with the split's label ids as arrays.
     """
     predicted = predict_ids(model, split, device)  # (N,) per token or (B,) per example
-    gold = split.targets
-    if not len(gold):
-        raise ValueError("accuracy of no items is undefined")
-    scores = {"accuracy": float(np.mean(predicted == gold))}
-    scheme = task.reader.tag_scheme
-    if main_metric(task) == "f1" and scheme != "none":
-        tagging = TagSpans(model.labels)
-        sentences = split.offsets[: split.num_examples + 1]
-        return span_f1_ids(gold, predicted, sentences, tagging).to_metrics() | scores
-    return scores
+    sentences = split.offsets[: split.num_examples + 1]
+    return task_type(task.type).scores(task, model.labels, split.targets, predicted, sentences)
 
 
 def predict_ids(model: TaskModel, split: EncodedSplit, device: torch.device) -> np.ndarray:
@@ -324,7 +316,7 @@ def _sides(
     model: TaskModel, chunk: Sequence[list[str]] | Sequence[tuple[list[str], list[str]]]
 ) -> list[list[list[str]]]:
     """The token lists of each side: pairs split into premises and hypotheses."""
-    if model.task.type != "pair":
+    if not task_type(model.task.type).sides:
         return [[list(cast(list[str], tokens)) for tokens in chunk]]
     pairs = cast(Sequence[tuple[list[str], list[str]]], chunk)
     return [[list(a) for a, _ in pairs], [list(b) for _, b in pairs]]

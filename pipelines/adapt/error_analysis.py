@@ -13,14 +13,14 @@ import mlflow
 import numpy as np
 import torch
 
-from elmo_core.tasks.dataset import PairExample, TaggingExample
-from elmo_core.tasks.metrics import SpanScores, confusion_matrix, label_scores, span_f1
+from elmo_core.tasks.dataset import PairExample
 from elmo_core.tasks.readers import AnyDataset
 from elmo_core.tasks.task_config import TaskConfig
 from elmo_core.tasks.task_model import Example, TaskModel
-from elmo_core.tasks.trainer import Prediction, main_metric, predict
+from elmo_core.tasks.trainer import Prediction, predict
+from elmo_core.tasks.types import task_type
+from elmo_core.tasks.types.base import Table, TaskType
 from pipelines.adapt.figures import confusion_figure
-from pipelines.adapt.task_records import input_columns
 from pipelines.tracking.figures import log_figure
 
 PER_TYPE_TABLE = "per_type_scores.json"
@@ -28,8 +28,6 @@ CONFUSION_TABLE = "confusion_matrix.json"
 CONFUSION_FIGURE = "confusion_matrix.png"
 SAMPLES_TABLE = "sample_predictions.json"
 NUM_SAMPLES = 10
-COUNTS = ("num_gold", "num_predicted", "num_correct")
-Table = dict[str, list[object]]
 
 
 @dataclass(frozen=True)
@@ -55,42 +53,22 @@ def predict_split(
     pairs = [(e.premise, e.hypothesis) for e in examples if isinstance(e, PairExample)]
     singles = [e.tokens for e in examples if not isinstance(e, PairExample)]
     predicted = predict(model, pairs, bilm) if pairs else predict(model, singles, bilm)
-    gold: list[Prediction] = [
-        list(example.tags) if isinstance(example, TaggingExample) else example.label
-        for example in examples
-    ]
+    kind = task_type(model.task.type)
+    gold: list[Prediction] = [kind.gold(example) for example in examples]
     return SplitPredictions(split, examples, gold, predicted)
 
 
 def log_error_analysis(task: TaskConfig, labels: Sequence[str], found: SplitPredictions) -> None:
-    """Log the tables (and figure) the module docstring lists for the task's type."""
-    if task.type == "tagging":
-        mlflow.log_table(per_type_table(task, labels, found), PER_TYPE_TABLE)
-    else:
-        matrix = confusion_matrix(found.gold, found.predicted, labels)
-        mlflow.log_table(confusion_table(matrix, labels), CONFUSION_TABLE)
+    """Log the tables (and figure) the task's type gives, and the sample predictions."""
+    kind = task_type(task.type)
+    tables = kind.error_tables(task, labels, found.gold, found.predicted)
+    if tables.per_type is not None:
+        mlflow.log_table(tables.per_type, PER_TYPE_TABLE)
+    if tables.confusion is not None:
+        mlflow.log_table(confusion_table(tables.confusion, labels), CONFUSION_TABLE)
         title = f"{task.name}: {found.split} confusion matrix (ELMo)"
-        log_figure(confusion_figure(matrix, labels, title), CONFUSION_FIGURE)
-    mlflow.log_table(sample_table(found), SAMPLES_TABLE)
-
-
-def per_type_table(task: TaskConfig, labels: Sequence[str], found: SplitPredictions) -> Table:
-    """Precision, recall, F1 and counts per entity type (IOB tags) or per tag, then ``(all)``."""
-    scheme = task.reader.tag_scheme
-    if main_metric(task) == "f1" and scheme != "none":
-        spans = span_f1(_tag_lists(found.gold), _tag_lists(found.predicted), scheme)
-        per_type: Mapping[str, SpanScores] = spans.per_type
-        total: SpanScores = spans
-    else:
-        per_type = label_scores(confusion_matrix(found.gold, found.predicted, labels), labels)
-        total = SpanScores.from_counts(
-            *(sum(getattr(s, count) for s in per_type.values()) for count in COUNTS)
-        )
-    rows = [*sorted(per_type.items()), ("(all)", total)]
-    table: Table = {"type": [name for name, _ in rows]}
-    for column in ("precision", "recall", "f1", *COUNTS):
-        table[column.removeprefix("num_")] = [getattr(scores, column) for _, scores in rows]
-    return table
+        log_figure(confusion_figure(tables.confusion, labels, title), CONFUSION_FIGURE)
+    mlflow.log_table(sample_table(found, kind), SAMPLES_TABLE)
 
 
 def confusion_table(matrix: np.ndarray, labels: Sequence[str]) -> Table:
@@ -101,7 +79,7 @@ def confusion_table(matrix: np.ndarray, labels: Sequence[str]) -> Table:
     return table
 
 
-def sample_table(found: SplitPredictions, size: int = NUM_SAMPLES) -> Table:
+def sample_table(found: SplitPredictions, kind: TaskType, size: int = NUM_SAMPLES) -> Table:
     """``size`` examples in the model's input columns with gold and predicted labels (tags
     joined by spaces) and whether they match: half of them errors and half right where the split
     has enough of each, the errors first, each group in file order."""
@@ -111,7 +89,7 @@ def sample_table(found: SplitPredictions, size: int = NUM_SAMPLES) -> Table:
     order = errors + right[: size - len(errors)]
     rows = [
         {
-            **input_columns(found.examples[i]),
+            **kind.text_columns(found.examples[i]),
             "gold": _text(found.gold[i]),
             "predicted": _text(found.predicted[i]),
             "correct": found.gold[i] == found.predicted[i],
@@ -119,10 +97,6 @@ def sample_table(found: SplitPredictions, size: int = NUM_SAMPLES) -> Table:
         for i in order[:size]
     ]
     return {column: [row[column] for row in rows] for column in (rows[0] if rows else {})}
-
-
-def _tag_lists(labels: Sequence[Prediction]) -> list[list[str]]:
-    return [list(tags) for tags in labels]
 
 
 def _text(label: Prediction) -> str:

@@ -30,6 +30,7 @@ from elmo_core.tasks.readers import AnyDataset
 from elmo_core.tasks.seeds import DEFAULT_SEEDS, Scores
 from elmo_core.tasks.task_config import TaskConfig
 from elmo_core.tasks.trainer import BASELINE, TaskResult, TaskSplit, main_metric, train_task
+from elmo_core.tasks.types import task_type
 from pipelines.adapt.error_analysis import evaluation_split, log_error_analysis, predict_split
 from pipelines.adapt.figures import mix_figure
 from pipelines.adapt.task_records import (
@@ -39,7 +40,6 @@ from pipelines.adapt.task_records import (
     epoch_logger,
     gains,
     headline_score,
-    input_columns,
     log_outcome,
     log_task_data,
     log_task_model,
@@ -206,7 +206,7 @@ def run_adapt_job(job: AdaptJob) -> AdaptResult:
                 )
                 for index, seed in enumerate(job.seeds, 1)
             ]
-            example = input_columns(datasets["train"].examples[0])
+            example = task_type(task.type).text_columns(datasets["train"].examples[0])
             sizes = {split: len(dataset.examples) for split, dataset in datasets.items()}
             model = log_task_model(runs, sizes, source, job.bilm, Path(scratch), example)
             log_outcome(runs, seconds, model.model_id)

@@ -15,11 +15,10 @@ import mlflow
 from mlflow.models.model import ModelInfo
 
 from elmo_core.location import sha256_file
-from elmo_core.tasks.dataset import PairExample
 from elmo_core.tasks.seeds import Scores, difference
 from elmo_core.tasks.task_config import SPLITS, TaskConfig
-from elmo_core.tasks.task_model import Example
 from elmo_core.tasks.trainer import TaskResult, main_metric
+from elmo_core.tasks.types import TASK_TYPES, task_type
 from pipelines.registry.model_card import ModelCard, example_frame, publish_card
 from pipelines.registry.register import model_requirements
 from pipelines.registry.tags import (
@@ -39,34 +38,9 @@ from pipelines.tracking.stage_runs import flatten_params, location_link
 
 SCORES_FILE = "scores.json"
 SEEDS_TABLE = "seed_scores.json"  # each seed's headline score, with ELMo and without
-# The fields of ReaderConfig that each format reads, and of HeadConfig that each task type builds
-# on (besides the encoder's hidden_dim, num_layers, dropout and elmo_at_output, which all use).
-READER_FIELDS: dict[str, tuple[str, ...]] = {
-    "conll2003": ("tag_scheme",),
-    "conllu": ("conllu_column",),
-    "sst": ("sst_phrases",),
-    "label_text": (),
-    "tsv": ("tsv_label_column", "tsv_header"),
-    "snli": ("snli_tokenization",),
-}
-HEAD_FIELDS: dict[str, tuple[str, ...]] = {
-    "tagging": ("crf",),
-    "classification": ("pooling",),
-    "pair": ("pair_head", "pooling"),
-}
 DATA_CONTEXTS = {"train": "training", "dev": "validation", "test": "testing"}
 MAX_LABELS_SHOWN = 12
 MODELS = ("elmo", "baseline")  # the two models each seed trains
-WHAT_IT_DOES = {
-    "tagging": "A tag for every token",
-    "classification": "A label for every sentence",
-    "pair": "A label for every premise–hypothesis pair",
-}
-OUTPUTS = {
-    "tagging": f"`{task_pyfunc.TOKENS}` (the tokens read), `{task_pyfunc.TAGS}` (one per token)",
-    "classification": f"`{task_pyfunc.TOKENS}` (the tokens read), `{task_pyfunc.LABEL}`",
-    "pair": f"`{task_pyfunc.LABEL}`",
-}
 
 
 @dataclass(frozen=True)
@@ -138,11 +112,10 @@ def seed_table(runs: Sequence[SeedRun]) -> dict[str, list[float | int]]:
 def task_params(task: TaskConfig) -> dict[str, str]:
     """The task config as params, without the reader and head options its kind never reads."""
     config = task.model_dump(mode="json")
-    config["reader"] = {key: config["reader"][key] for key in READER_FIELDS[task.format]}
-    type_specific = {field for fields in HEAD_FIELDS.values() for field in fields}
-    unused = type_specific - set(HEAD_FIELDS[task.type])
-    if task.type == "pair" and task.head.pair_head == "esim":
-        unused.add("pooling")  # ESIM pools both ways itself; only "match" reads it
+    kind = task_type(task.type)
+    config["reader"] = {key: config["reader"][key] for key in kind.format(task.format).options}
+    type_specific = {option for other in TASK_TYPES.values() for option in other.head_options}
+    unused = type_specific - set(kind.options_read(task))
     config["head"] = {key: value for key, value in config["head"].items() if key not in unused}
     return flatten_params(config, whole_in="config.json")
 
@@ -350,25 +323,20 @@ def task_card(
     task: TaskConfig, labels: list[str], bilm: str, version: int, example: Mapping[str, str]
 ) -> ModelCard:
     """What ``elmo-<task>`` is and how to label text with it (its newest version)."""
+    kind = task_type(task.type)
     shown = ", ".join(f"`{label}`" for label in labels[:MAX_LABELS_SHOWN])
     more = f" and {len(labels) - MAX_LABELS_SHOWN} more" if len(labels) > MAX_LABELS_SHOWN else ""
     return ModelCard(
         name=f"elmo-{task.name}",
         summary=(
-            f"{WHAT_IT_DOES[task.type]} for the `{task.name}` task ({task.format} data), by a "
+            f"{kind.summary} for the `{task.name}` task ({task.format} data), by a "
             f"head trained over the frozen ELMo biLM `{bilm}`; labels {shown}{more}"
         ),
         uri=f"models:/elmo-{task.name}/{version}",
         example=example,
-        outputs=OUTPUTS[task.type],
+        outputs=", ".join(
+            f"`{column.name}` ({column.doc})" if column.doc else f"`{column.name}`"
+            for column in kind.outputs()
+        ),
         tags={KIND_TAG: "task", TASK_TAG: task.name},
     )
-
-
-def input_columns(example: Example) -> dict[str, str]:
-    """One example as the model's text input columns: ``sentence``, or ``premise`` and
-    ``hypothesis`` (tokens joined by spaces; the model tokenizes text again)."""
-    if isinstance(example, PairExample):
-        premise, hypothesis = task_pyfunc.PAIR_SIDES
-        return {premise: " ".join(example.premise), hypothesis: " ".join(example.hypothesis)}
-    return {task_pyfunc.SENTENCE: " ".join(example.tokens)}

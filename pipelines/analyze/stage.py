@@ -45,6 +45,7 @@ from elmo_core.tasks.readers import AnyDataset, task_labels
 from elmo_core.tasks.seeds import DEFAULT_SEEDS
 from elmo_core.tasks.task_config import TaskConfig
 from elmo_core.tasks.trainer import TaskSplit
+from elmo_core.tasks.types import task_type
 from pipelines.analyze.figures import efficiency_figure, layers_figure
 from pipelines.analyze.runner import ray_runner
 from pipelines.analyze.table import (
@@ -256,7 +257,7 @@ def _run_analyses(
             )
             log_figure(efficiency_figure(result), f"efficiency_{task.name}.png")
             results.append(result)
-            if task.type == "tagging":
+            if task_type(task.type).probe:
                 probes.append(_probe(task, splits, seeds[0], device))
     if sense_splits is not None:
         probes.append(_senses(bilm, sense_splits, cache_dir))

@@ -20,9 +20,11 @@ from mlflow.types.schema import Array, ColSpec, ParamSchema, Schema, TensorSpec
 
 from elmo_core.errors import WeightsError
 from elmo_core.model.bilm import BiLM
-from elmo_core.tasks.task_config import TaskConfig, TaskType
+from elmo_core.tasks.task_config import TaskConfig
 from elmo_core.tasks.task_model import TaskModel
 from elmo_core.tasks.trainer import Prediction, predict
+from elmo_core.tasks.types import task_type
+from elmo_core.tasks.types.base import SENTENCE, TOKENS, Column
 from elmo_core.text.tokenize import MosesTokenizer, Tokenizer
 from pipelines.serving.bilm_loader import BILM_ARTIFACT, load_bilm, resolve_bilm
 from pipelines.serving.pyfunc_request import (
@@ -38,8 +40,6 @@ from pipelines.serving.pyfunc_request import (
 TASK_ARTIFACT = "task_model"
 WEIGHTS_FILE = "model.pt"
 DESCRIPTION_FILE = "task_model.json"
-SENTENCE, TOKENS, LABEL, TAGS = "sentence", "tokens", "label", "tags"
-PAIR_SIDES = ("premise", "hypothesis")
 
 Rows = list[list[str]] | list[tuple[list[str], list[str]]]
 
@@ -87,29 +87,20 @@ def load_task_model(directory: str | Path) -> tuple[TaskModel, dict[str, Any] | 
     return model.eval(), description["tokenizer"]
 
 
-def model_signature(task_type: TaskType) -> ModelSignature:
-    """Optional text or token columns in (pair tasks: one of each per side); predictions out;
+def model_signature(type_name: str) -> ModelSignature:
+    """The type's columns: optional text or tokens in (one of each per side), predictions out;
     ``batch_size`` as the one param."""
-    inputs: list[ColSpec | TensorSpec]
-    outputs: list[ColSpec | TensorSpec]
-    if task_type == "pair":
-        inputs = [ColSpec("string", side, required=False) for side in PAIR_SIDES]
-        inputs += [
-            ColSpec(Array("string"), f"{side}_{TOKENS}", required=False) for side in PAIR_SIDES
-        ]
-        outputs = [ColSpec("string", LABEL)]
-    else:
-        inputs = [
-            ColSpec("string", SENTENCE, required=False),
-            ColSpec(Array("string"), TOKENS, required=False),
-        ]
-        prediction = (
-            ColSpec(Array("string"), TAGS) if task_type == "tagging" else ColSpec("string", LABEL)
-        )
-        outputs = [ColSpec(Array("string"), TOKENS), prediction]
+    kind = task_type(type_name)
+    inputs: list[ColSpec | TensorSpec] = [_spec(c, required=False) for c in kind.inputs()]
+    outputs: list[ColSpec | TensorSpec] = [_spec(column) for column in kind.outputs()]
     return ModelSignature(
         inputs=Schema(inputs), outputs=Schema(outputs), params=ParamSchema([BATCH_SIZE_SPEC])
     )
+
+
+def _spec(column: Column, required: bool = True) -> ColSpec:
+    kind = Array("string") if column.kind == "strings" else "string"
+    return ColSpec(kind, column.name, required=required)
 
 
 class TaskPredictor(PythonModel):
@@ -151,21 +142,13 @@ class TaskPredictor(PythonModel):
 
         A bad input or param is an MlflowException (INVALID_PARAMETER_VALUE) saying what is wrong.
         """
-        task_type = self.model.task.type
+        kind = task_type(self.model.task.type)
         with mlflow_errors():
             batch_size = batch_size_param(checked_params(params, [BATCH_SIZE_SPEC.name]))
-            if task_type == "pair":
-                premises, hypotheses = (self._column(model_input, side) for side in PAIR_SIDES)
-                pairs = list(zip(premises, hypotheses, strict=True))
-                labels = self._predict(pairs, [all(pair) for pair in pairs], batch_size)
-                columns: dict[str, list[Any]] = {LABEL: labels}
-            else:
-                sentences = self._column(model_input, None)
-                predictions = self._predict(sentences, [bool(s) for s in sentences], batch_size)
-                columns = {
-                    TOKENS: sentences,
-                    TAGS if task_type == "tagging" else LABEL: predictions,
-                }
+            sides = [self._column(model_input, side) for side in kind.sides or (None,)]
+            rows = cast(Rows, sides[0] if len(sides) == 1 else list(zip(*sides, strict=True)))
+            complete = [all(side[i] for side in sides) for i in range(len(sides[0]))]
+            columns = kind.output_rows(sides[0], self._predict(rows, complete, batch_size))
         # object columns: pandas would store the None label of a string column as NaN
         return pd.DataFrame(columns, dtype=object)
 
@@ -176,8 +159,8 @@ class TaskPredictor(PythonModel):
         an empty sentence has nothing to label (and the model cannot pack a batch of them)."""
         kept = cast(Rows, [row for row, full in zip(rows, has_tokens, strict=True) if full])
         predicted = iter(predict(self.model, kept, self._bilm, batch_size))
-        tagging = self.model.task.type == "tagging"
-        return [next(predicted) if full else ([] if tagging else None) for full in has_tokens]
+        none = task_type(self.model.task.type).no_prediction()
+        return [next(predicted) if full else none for full in has_tokens]
 
     def _column(self, frame: pd.DataFrame, side: str | None) -> list[list[str]]:
         """Token lists of one input: its tokens column if complete, else its text tokenized."""

@@ -5,17 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from elmo_core.tasks.heads import (
-    ClassificationHead,
-    HeadInput,
-    PairHead,
-    SequenceEncoder,
-    TaggingHead,
-    _masked_softmax,
-    build_head,
-    pool,
-)
+from elmo_core.tasks.heads import HeadInput, SequenceEncoder, pool
 from elmo_core.tasks.task_config import HeadConfig
+from elmo_core.tasks.types import TASK_TYPES
 
 INPUT_DIM = 5
 NUM_LABELS = 3
@@ -74,71 +66,13 @@ def test_the_cpu_path_gives_the_packed_outputs_and_gradients(num_layers: int) ->
         torch.testing.assert_close(padded, packed)
 
 
-@pytest.mark.parametrize(
-    ("head_class", "options"),
-    [
-        (TaggingHead, {}),
-        (TaggingHead, {"crf": True}),
-        (ClassificationHead, {"pooling": "max"}),
-        (ClassificationHead, {"pooling": "mean"}),
-        (PairHead, {"pair_head": "esim"}),
-        (PairHead, {"pair_head": "match"}),
-    ],
-)
-def test_scores_do_not_depend_on_padding(head_class: type, options: dict) -> None:
-    torch.manual_seed(0)
-    head = head_class(INPUT_DIM, NUM_LABELS, HeadConfig(hidden_dim=4, **options)).eval()
-    num_sides = 2 if head_class is PairHead else 1
-    sides = [_side([4, 2, 3], seed=s) for s in range(num_sides)]
-    scores = head(sides)
-    repadded = head([_repadded(side, 7) for side in sides])
-    if head_class is TaggingHead:
-        assert scores.shape == (3, 4, NUM_LABELS)
-        torch.testing.assert_close(repadded[:, :4], scores)
-    else:
-        assert scores.shape == (3, NUM_LABELS)
-        torch.testing.assert_close(repadded, scores)
-
-
-def test_tagging_loss_and_decode_follow_the_mask() -> None:
-    torch.manual_seed(0)
-    for crf in (False, True):
-        head = TaggingHead(INPUT_DIM, NUM_LABELS, HeadConfig(hidden_dim=4, crf=crf))
-        side = _side([3, 1])
-        scores = head([side])
-        targets = torch.tensor([[0, 1, 2], [2, 0, 0]])
-        noisy_targets = torch.where(side.mask, targets, torch.ones_like(targets))
-        loss = head.loss(scores, targets, side.mask)
-        assert loss.item() == pytest.approx(head.loss(scores, noisy_targets, side.mask).item())
-        decoded = head.decode(scores, side.mask)
-        assert decoded.shape == (2, 3) and decoded[~side.mask].eq(0).all()
-        loss.backward()
-        assert all(p.grad is not None for p in head.parameters())
-
-
 def test_elmo_at_output_is_concatenated_to_the_encoder_output() -> None:
     torch.manual_seed(0)
     config = HeadConfig(hidden_dim=4, elmo_at_output=True, dropout=0.0)
-    head = build_head("classification", INPUT_DIM, NUM_LABELS, config, output_elmo_dim=6)
+    head = TASK_TYPES["classification"].head(INPUT_DIM, NUM_LABELS, config, output_elmo_dim=6)
     assert head.encoded_dim == 8 + 6
     side = _side([3, 2])
     elmo = torch.randn(2, 3, 6)
     first = head([side._replace(output_elmo=elmo)])
     second = head([side._replace(output_elmo=elmo + 1.0)])
     assert not torch.allclose(first, second)
-
-
-def test_esim_alignment_attends_only_to_real_tokens() -> None:
-    scores = torch.randn(2, 3, 4)
-    mask = torch.tensor([[True, True, False, False], [True, True, True, True]]).unsqueeze(1)
-    weights = _masked_softmax(scores, mask)
-    assert weights[0, :, 2:].abs().sum() == 0
-    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 3))
-    assert _masked_softmax(scores, torch.zeros_like(mask)).abs().sum() == 0
-
-
-def test_build_head_picks_the_task_type() -> None:
-    config = HeadConfig(hidden_dim=4)
-    assert isinstance(build_head("tagging", INPUT_DIM, 2, config, 0), TaggingHead)
-    assert isinstance(build_head("classification", INPUT_DIM, 2, config, 0), ClassificationHead)
-    assert isinstance(build_head("pair", INPUT_DIM, 2, config, 0), PairHead)

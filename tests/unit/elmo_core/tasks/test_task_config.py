@@ -69,9 +69,11 @@ def test_closed_choices_are_checked(tmp_path):
 
 def test_format_must_match_type_and_crf_is_for_tagging():
     base = {"name": "sst5", "train": "t.txt"}
-    with pytest.raises(ValueError, match="format 'sst' is a classification format, not tagging"):
+    with pytest.raises(
+        ValueError, match=r"format 'sst' is not one a tagging task reads \(conll2003, conllu\)"
+    ):
         TaskConfig.model_validate({**base, "type": "tagging", "format": "sst"})
-    with pytest.raises(ValueError, match="crf applies to tagging"):
+    with pytest.raises(ValueError, match="head.crf does not apply to a classification task"):
         TaskConfig.model_validate(
             {**base, "type": "classification", "format": "sst", "head": {"crf": True}}
         )
@@ -90,5 +92,5 @@ def test_name_is_usable_as_a_model_name():
 
 def test_format_type_mismatch_names_the_format_key(tmp_path):
     path = write(tmp_path, NER_YAML.replace("format: conll2003", "format: snli"))
-    with pytest.raises(ConfigError, match=r"key 'format'.*a pair format, not tagging"):
+    with pytest.raises(ConfigError, match=r"key 'format'.*format 'snli' is not one a tagging task"):
         load_task_config(path)

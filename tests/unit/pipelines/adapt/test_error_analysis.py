@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from elmo_core.tasks.dataset import ClassificationExample
+from elmo_core.tasks.types import TASK_TYPES
 from pipelines.adapt.error_analysis import SplitPredictions, sample_table
 
 
@@ -27,7 +28,7 @@ def _found(outcomes: str) -> SplitPredictions:
 def test_the_sample_holds_errors_and_right_predictions_errors_first(
     outcomes: str, expected: list[bool]
 ) -> None:
-    table = sample_table(_found(outcomes))
+    table = sample_table(_found(outcomes), TASK_TYPES["classification"])
     assert table["correct"] == expected
     picked = [int(sentence.removeprefix("sentence")) for sentence in table["sentence"]]
     errors = [i for i in picked if outcomes[i] == "w"]

@@ -240,7 +240,9 @@ def test_a_model_saved_before_the_task_types_moved_loads_and_predicts_the_same(
     rows: list[Any] = PINNED_SENTENCES
     sides = [PINNED_SENTENCES]
     if task_type == "pair":
-        rows = list(zip(PINNED_SENTENCES, PINNED_SENTENCES[1:] + PINNED_SENTENCES[:1]))
+        rows = list(
+            zip(PINNED_SENTENCES, [*PINNED_SENTENCES[1:], PINNED_SENTENCES[0]], strict=True)
+        )
         sides = [[a for a, _ in rows], [b for _, b in rows]]
     with torch.no_grad():
         scores = model([live_inputs(model, side, bilm) for side in sides])
