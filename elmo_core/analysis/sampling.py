@@ -13,7 +13,6 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from elmo_core.errors import ConfigError, DataError
-from elmo_core.tasks.dataset import TaggingExample
 from elmo_core.tasks.task_model import Example
 
 _ROUNDING_SLACK = 1e-9  # 0.29 × 100 is 28.999999999999996 in floating point: count it as 29
@@ -53,12 +52,12 @@ def smallest_fraction(count: int) -> float:
 
 
 def _groups(examples: Sequence[Example], task_name: str) -> dict[str | None, list[int]]:
-    """Example indices by label; tagging: all sentences under the single key ``None``."""
+    """Example indices by label; sentences labelled per token all under the single key ``None``."""
     if not examples:
         raise DataError(f"task '{task_name}': no training examples to subsample")
     groups: dict[str | None, list[int]] = {}
     for index, example in enumerate(examples):
-        key = None if isinstance(example, TaggingExample) else example.label
+        key = None if example.per_token else example.labels()[0]
         groups.setdefault(key, []).append(index)
     if None in groups and len(groups) > 1:
         raise ValueError(f"task '{task_name}': tagged sentences mixed with labelled examples")

@@ -7,10 +7,10 @@ line, while items the format marks as unusable are skipped and counted in
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import ClassVar, Generic, TypeVar
 
 from elmo_core.errors import DataError
 
@@ -21,6 +21,31 @@ class TaggingExample:
 
     tokens: list[str]
     tags: list[str]
+    per_token: ClassVar[bool] = True  # a target for every token, not one for the example
+
+    def labels(self) -> list[str]:
+        return self.tags
+
+    def target_ids(self, label_ids: Mapping[str, int]) -> list[int]:
+        return [label_ids[tag] for tag in self.tags]
+
+
+@dataclass(frozen=True)
+class ParseExample:
+    """One sentence's dependency tree: each word's head (0: the root, else a word from 1) and the
+    relation to it. A word's target id is ``head · R + relation id`` (R relations)."""
+
+    tokens: list[str]
+    heads: list[int]
+    relations: list[str]
+    per_token: ClassVar[bool] = True
+
+    def labels(self) -> list[str]:
+        return self.relations
+
+    def target_ids(self, label_ids: Mapping[str, int]) -> list[int]:
+        size = len(label_ids)
+        return [h * size + label_ids[r] for h, r in zip(self.heads, self.relations, strict=True)]
 
 
 @dataclass(frozen=True)
@@ -29,6 +54,13 @@ class ClassificationExample:
 
     tokens: list[str]
     label: str
+    per_token: ClassVar[bool] = False
+
+    def labels(self) -> list[str]:
+        return [self.label]
+
+    def target_ids(self, label_ids: Mapping[str, int]) -> list[int]:
+        return [label_ids[self.label]]
 
 
 @dataclass(frozen=True)
@@ -38,9 +70,16 @@ class PairExample:
     premise: list[str]
     hypothesis: list[str]
     label: str
+    per_token: ClassVar[bool] = False
+
+    def labels(self) -> list[str]:
+        return [self.label]
+
+    def target_ids(self, label_ids: Mapping[str, int]) -> list[int]:
+        return [label_ids[self.label]]
 
 
-ExampleT = TypeVar("ExampleT", TaggingExample, ClassificationExample, PairExample)
+ExampleT = TypeVar("ExampleT", TaggingExample, ParseExample, ClassificationExample, PairExample)
 
 
 @dataclass
@@ -61,14 +100,8 @@ class TaskDataset(Generic[ExampleT]):
         return self.examples[index]
 
     def labels(self) -> list[str]:
-        """The sorted set of labels (tags, for tagging) that occur in this dataset."""
-        found: set[str] = set()
-        for example in self.examples:
-            if isinstance(example, TaggingExample):
-                found.update(example.tags)
-            else:
-                found.add(example.label)
-        return sorted(found)
+        """The sorted set of labels (tags, relations) that occur in this dataset."""
+        return sorted({label for example in self.examples for label in example.labels()})
 
 
 def iter_lines(path: str | Path) -> Iterator[tuple[int, str]]:

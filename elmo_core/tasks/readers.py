@@ -6,6 +6,7 @@ from elmo_core.errors import ConfigError, DataError
 from elmo_core.tasks.dataset import (
     ClassificationExample,
     PairExample,
+    ParseExample,
     TaggingExample,
     TaskDataset,
 )
@@ -13,7 +14,10 @@ from elmo_core.tasks.task_config import Split, TaskConfig
 from elmo_core.tasks.types import task_type
 
 AnyDataset = (
-    TaskDataset[TaggingExample] | TaskDataset[ClassificationExample] | TaskDataset[PairExample]
+    TaskDataset[TaggingExample]
+    | TaskDataset[ParseExample]
+    | TaskDataset[ClassificationExample]
+    | TaskDataset[PairExample]
 )
 
 
@@ -27,12 +31,16 @@ def read_task_split(task: TaskConfig, split: Split) -> AnyDataset:
 
 
 def task_labels(task: TaskConfig, train: AnyDataset | None = None) -> list[str]:
-    """The task's label (or tag) list: ``task.labels`` if given, else the sorted labels of train.
+    """The task's label (or tag) list: ``task.labels`` if given, else those its type fixes (UD's
+    relations), else the sorted labels of train.
 
     Pass the already-read ``train`` dataset to avoid reading it twice.
     """
     if task.labels is not None:
         return list(task.labels)
+    known = task_type(task.type).known_labels(task)
+    if known is not None:
+        return known
     dataset = train if train is not None else read_task_split(task, "train")
     return dataset.labels()
 

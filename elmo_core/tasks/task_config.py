@@ -26,6 +26,16 @@ class ReaderConfig(StrictModel):
         "iob1", description="conll2003: tag encoding (the released English files are iob1)"
     )
     conllu_column: Literal["upos", "xpos"] = Field("upos", description="conllu: tag column")
+    conllu_relations: Literal["universal", "full"] = Field(
+        "universal",
+        description="conllu trees: relations without their subtypes (nmod:poss → nmod), as "
+        "CoNLL 2018's LAS compares them, or as written",
+    )
+    punctuation: Literal["counted", "excluded"] = Field(
+        "counted",
+        description="conllu trees: whether UAS and LAS count the words attached as punct "
+        "(CoNLL 2018 counts every word)",
+    )
     sst_phrases: bool = Field(False, description="sst: every subtree is a training example")
     tsv_label_column: Literal["first", "last"] = Field(
         "first", description="tsv: 'label\\tsentence' (first) or 'sentence\\tlabel' (last)"

@@ -20,7 +20,12 @@ from torch import nn
 from elmo_core.errors import ConfigError
 from elmo_core.model.scalar_mix import ScalarMix
 from elmo_core.tasks.activation_cache import CachedActivations, live_activations, pad_ragged
-from elmo_core.tasks.dataset import ClassificationExample, PairExample, TaggingExample
+from elmo_core.tasks.dataset import (
+    ClassificationExample,
+    PairExample,
+    ParseExample,
+    TaggingExample,
+)
 from elmo_core.tasks.heads import HeadInput
 from elmo_core.tasks.task_config import TaskConfig
 from elmo_core.tasks.types import task_type
@@ -30,7 +35,7 @@ OOV_TOKEN = "@@UNKNOWN@@"  # id 1
 DEFAULT_WORD_DIM = 100
 MIX_L2 = 0.001  # λ on the mix weights (paper §3.2)
 MixPosition = Literal["input", "output"]
-Example = TaggingExample | ClassificationExample | PairExample
+Example = TaggingExample | ParseExample | ClassificationExample | PairExample
 
 
 def build_word_vocab(sentences: Iterable[Sequence[str]], min_count: int = 2) -> dict[str, int]:
@@ -62,14 +67,15 @@ class TaskInputs(NamedTuple):
 
 @dataclass(frozen=True)
 class EncodedSplit:
-    """A split as flat arrays: word ids per token, targets per token (tagging) or per example."""
+    """A split as flat arrays: word ids per token, targets per token (tags, heads with their
+    relations) or per example."""
 
     word_ids: np.ndarray  # (N,) int64, sentence s at offsets[s]:offsets[s + 1]
     offsets: np.ndarray  # (S + 1,) with S = num_sides · num_examples
-    targets: np.ndarray  # (N,) tag ids for tagging, else (num_examples,) label ids
+    targets: np.ndarray  # (N,) per token, else (num_examples,) label ids
     num_examples: int
     num_sides: int
-    tagging: bool
+    per_token: bool
     activations: CachedActivations | None = None
 
     def lengths(self) -> np.ndarray:
@@ -102,7 +108,7 @@ class EncodedSplit:
             if self.activations is not None:
                 layers, _ = self.activations.batch(sentences)  # (L, B, T, D)
             sides.append(TaskInputs(torch.from_numpy(word_ids), torch.from_numpy(mask), layers))
-        if not self.tagging:
+        if not self.per_token:
             return sides, torch.from_numpy(self.targets[indices])  # (B,)
         tags, _ = pad_ragged(self.targets, self.offsets, indices)  # (B, T)
         return sides, torch.from_numpy(tags)
@@ -120,17 +126,15 @@ def encode_split(
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     oov = vocab[OOV_TOKEN]
     word_ids = np.array([vocab.get(t, oov) for s in sentences for t in s], dtype=np.int64)
-    tagging = bool(examples) and isinstance(examples[0], TaggingExample)
-    if tagging:
-        tags = [tag for ex in examples if isinstance(ex, TaggingExample) for tag in ex.tags]
-        targets = np.array([label_ids[tag] for tag in tags], dtype=np.int64)
-    else:
-        labels = [ex.label for ex in examples if not isinstance(ex, TaggingExample)]
-        targets = np.array([label_ids[label] for label in labels], dtype=np.int64)
+    per_token = bool(examples) and examples[0].per_token
+    ids = [target for example in examples for target in example.target_ids(label_ids)]
+    targets = np.array(ids, dtype=np.int64)
     if activations is not None and not np.array_equal(activations.offsets, offsets):
         raise ValueError("the cached activations were built for other sentences")
     num_sides = 2 if examples and isinstance(examples[0], PairExample) else 1
-    return EncodedSplit(word_ids, offsets, targets, len(examples), num_sides, tagging, activations)
+    return EncodedSplit(
+        word_ids, offsets, targets, len(examples), num_sides, per_token, activations
+    )
 
 
 def live_inputs(

@@ -283,7 +283,7 @@ def predict_ids(model: TaskModel, split: EncodedSplit, device: torch.device) -> 
         sides = [_to(side, device) for side in sides]
         with torch.no_grad():
             decoded = model.decode(model(sides), sides).cpu()  # (B, T) or (B,)
-        if not split.tagging:
+        if not split.per_token:
             predicted[rows] = decoded.numpy()
             continue
         starts, lengths = split.offsets[rows], split.offsets[rows + 1] - split.offsets[rows]
@@ -336,9 +336,9 @@ def _label_strings(
     if mask is None:
         return [model.labels[i] for i in ids.tolist()]
     lengths = mask.sum(dim=1).tolist()
-    return [
-        [model.labels[i] for i in row[:n]] for row, n in zip(ids.tolist(), lengths, strict=True)
-    ]
+    kind = task_type(model.task.type)
+    rows = zip(ids.tolist(), lengths, strict=True)
+    return [kind.token_labels(row[:n], model.labels) for row, n in rows]
 
 
 def _mix_metrics(model: TaskModel) -> dict[str, float]:

@@ -68,6 +68,8 @@ def log_error_analysis(task: TaskConfig, labels: Sequence[str], found: SplitPred
         mlflow.log_table(confusion_table(tables.confusion, labels), CONFUSION_TABLE)
         title = f"{task.name}: {found.split} confusion matrix (ELMo)"
         log_figure(confusion_figure(tables.confusion, labels, title), CONFUSION_FIGURE)
+    for name, table in tables.more.items():
+        mlflow.log_table(table, name)
     mlflow.log_table(sample_table(found, kind), SAMPLES_TABLE)
 
 

@@ -99,8 +99,12 @@ def model_signature(type_name: str) -> ModelSignature:
 
 
 def _spec(column: Column, required: bool = True) -> ColSpec:
-    kind = Array("string") if column.kind == "strings" else "string"
-    return ColSpec(kind, column.name, required=required)
+    kinds: dict[str, Array | str] = {
+        "string": "string",
+        "strings": Array("string"),
+        "integers": Array("long"),
+    }
+    return ColSpec(kinds[column.kind], column.name, required=required)
 
 
 class TaskPredictor(PythonModel):

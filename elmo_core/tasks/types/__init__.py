@@ -5,6 +5,7 @@ from __future__ import annotations
 from elmo_core.tasks.types.base import TaskType
 from elmo_core.tasks.types.classification import Classification
 from elmo_core.tasks.types.pair import Pair
+from elmo_core.tasks.types.parsing import Parsing
 from elmo_core.tasks.types.tagging import Tagging
 
 TASK_TYPES: dict[str, TaskType] = {
@@ -13,6 +14,7 @@ TASK_TYPES: dict[str, TaskType] = {
         Tagging(),
         Classification(),
         Pair(),
+        Parsing(),
     )
 }
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -41,10 +41,11 @@ class Format:
 
 @dataclass(frozen=True)
 class Column:
-    """One column of the served model's input or output: a string or a list of strings."""
+    """One column of the served model's input or output: a string, or a list of strings or of
+    integers."""
 
     name: str
-    kind: Literal["string", "strings"]
+    kind: Literal["string", "strings", "integers"]
     doc: str = ""
 
 
@@ -55,6 +56,7 @@ class ErrorTables:
 
     per_type: Table | None = None
     confusion: np.ndarray | None = None
+    more: Mapping[str, Table] = field(default_factory=dict)  # by file name: a type's own
 
 
 class TaskType(ABC):
@@ -86,6 +88,11 @@ class TaskType(ABC):
     def read(self, task: TaskConfig, path: Path, split: Split) -> TaskDataset[Any]:
         return self.format(task.format).read(path, task.reader, split)
 
+    def known_labels(self, task: TaskConfig) -> list[str] | None:
+        """The label set of every task of this type read so, where a standard fixes it (None:
+        the task's ``labels``, else the sorted labels of its training split)."""
+        return None
+
     def options_read(self, task: TaskConfig) -> tuple[str, ...]:
         """The ``head`` options this task's head reads (its params list no others)."""
         return self.head_options
@@ -115,6 +122,10 @@ class TaskType(ABC):
         if not len(gold):
             raise ValueError("accuracy of no items is undefined")
         return {"accuracy": float(np.mean(predicted == gold))}
+
+    def token_labels(self, ids: Sequence[int], labels: Sequence[str]) -> list[str]:
+        """Predicted ids of one sentence's tokens as strings (types labelled per token)."""
+        return [labels[i] for i in ids]
 
     # --- examples
 

@@ -3,7 +3,8 @@
 * tagging: ``jordan`` is ``B-PER`` after ``mr`` and ``B-LOC`` after ``in`` (the word alone is
   ambiguous);
 * classification: ``pos`` when ``good`` is not preceded by ``not``;
-* pair: ``same`` when premise and hypothesis start with the same word.
+* pair: ``same`` when premise and hypothesis start with the same word;
+* parsing: each word hangs on the next, the last on the root; ``the`` and ``a`` as ``det``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from elmo_core.tasks.activation_cache import ActivationCache
 from elmo_core.tasks.dataset import (
     ClassificationExample,
     PairExample,
+    ParseExample,
     TaggingExample,
     TaskDataset,
 )
@@ -66,12 +68,25 @@ def _pair(rng: random.Random) -> PairExample:
     return PairExample(premise, hypothesis, "same" if same else "diff")
 
 
+def _parse(rng: random.Random) -> ParseExample:
+    tokens = [rng.choice(FILLER) for _ in range(rng.randint(1, 7))]
+    heads = [*range(2, len(tokens) + 1), 0]
+    relations = ["det" if word in ("the", "a") else "dep" for word in tokens[:-1]] + ["root"]
+    return ParseExample(tokens, heads, relations)
+
+
 MAKERS: dict[str, Callable[[random.Random], Any]] = {
     "tagging": _tagging,
     "classification": _classification,
     "pair": _pair,
+    "parsing": _parse,
 }
-FORMATS = {"tagging": "conll2003", "classification": "label_text", "pair": "snli"}
+FORMATS = {
+    "tagging": "conll2003",
+    "classification": "label_text",
+    "pair": "snli",
+    "parsing": "conllu",
+}
 
 
 @pytest.fixture(scope="session")
