@@ -451,3 +451,35 @@ def test_a_job_whose_registered_version_was_deleted_runs_again(adapted) -> None:
     assert reused.reused and reused.run_id == first.run_id
     assert not again.reused and again.run_id != first.run_id
     assert again.model_version > first.model_version
+
+
+def test_a_parsing_task_is_adapted_registered_and_parses_in_a_fresh_process(
+    adapted, fresh_python
+) -> None:
+    """The fourth type end to end: CoNLL-U trees in, a registered parser whose answers are trees
+    (one word on the root), with its error tables in the run."""
+    words = [("Anna", 2, "nsubj"), ("went", 0, "root"), ("home", 2, "obj"), (".", 2, "punct")]
+    sentence = "".join(
+        f"{i}\t{w}\t_\t_\t_\t_\t{h}\t{r}\t_\t_\n" for i, (w, h, r) in enumerate(words, 1)
+    )
+    (adapted.root / "trees.conllu").write_text((sentence + "\n") * 12)
+    (adapted.root / "parser.yaml").write_text(
+        "name: parser\ntype: parsing\nformat: conllu\ntrain: trees.conllu\ndev: trees.conllu\n"
+        f"test: trees.conllu\nhead: {{hidden_dim: 8}}\ntraining: {TRAINING}\n"
+    )
+    (result,) = adapt_stage.adapt(
+        [load_task_config(adapted.root / "parser.yaml")], str(adapted.model_dir), seeds=[0]
+    )
+    artifacts = {a.path for a in adapted.client.list_artifacts(result.run_id)}
+    assert {"attachment_by_distance.json", "relations_confused.json"} <= artifacts
+    script = (
+        "import json, mlflow, pandas as pd\n"
+        "parser = mlflow.pyfunc.load_model('models:/elmo-parser/1')\n"
+        "out = parser.predict(pd.DataFrame({'sentence': ['Bob went home .', '']}))\n"
+        "print(json.dumps(out.to_dict('list'), default=list))\n"
+    )
+    printed = fresh_python(script, adapted.uri, adapted.root.parent)
+    assert printed["tokens"] == [["Bob", "went", "home", "."], []]
+    heads, relations = printed["heads"][0], printed["relations"][0]
+    assert sorted(heads).count(0) == 1 and all(0 <= h <= 4 for h in heads)
+    assert len(relations) == 4 and printed["heads"][1] == printed["relations"][1] == []

@@ -106,7 +106,7 @@ class TaskType(ABC):
         """The head over ``input_dim``-wide token vectors."""
 
     def main_metric(self, task: TaskConfig) -> str:
-        """The score early stopping follows and the registry's champion policy compares."""
+        """The score early stopping follows, and the registered version's headline and tags."""
         return "accuracy"
 
     def scores(

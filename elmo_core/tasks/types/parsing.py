@@ -42,10 +42,44 @@ PUNCTUATION = "punct"  # UD's relation of every punctuation mark
 DISTANCES = ((1, 1), (2, 2), (3, 6), (7, 10**9))  # attachment distance buckets, in words
 NUM_CONFUSIONS = 15
 UNIVERSAL_RELATIONS = (  # Universal Dependencies v2's 37
-    "acl advcl advmod amod appos aux case cc ccomp clf compound conj cop csubj dep det "
-    "discourse dislocated expl fixed flat goeswith iobj list mark nmod nsubj nummod obj obl "
-    "orphan parataxis punct reparandum root vocative xcomp"
-).split()
+    "acl",
+    "advcl",
+    "advmod",
+    "amod",
+    "appos",
+    "aux",
+    "case",
+    "cc",
+    "ccomp",
+    "clf",
+    "compound",
+    "conj",
+    "cop",
+    "csubj",
+    "dep",
+    "det",
+    "discourse",
+    "dislocated",
+    "expl",
+    "fixed",
+    "flat",
+    "goeswith",
+    "iobj",
+    "list",
+    "mark",
+    "nmod",
+    "nsubj",
+    "nummod",
+    "obj",
+    "obl",
+    "orphan",
+    "parataxis",
+    "punct",
+    "reparandum",
+    "root",
+    "vocative",
+    "xcomp",
+)
 
 
 class BiaffineHead(TaskHead):
