@@ -1,4 +1,4 @@
-"""Where a CPU step goes in the char CNN, and two speed-ups for it (issue 23).
+"""Where a CPU step goes in the char CNN, and two speed-ups for it (the CPU speed work).
 
     python -m benchmarks.bench_char_cnn              # small and ptb-small, 1 and 2 threads
     python -m benchmarks.bench_char_cnn --presets small --threads 1 --repeats 3

@@ -4,7 +4,7 @@
     python -m benchmarks.bench_cpu_step --presets ptb-small --rows 32 --threads 1 --steps 9
     python -m benchmarks.bench_cpu_step --smoke      # tiny sizes (tested in CI)
 
-Issue 23, "CPU training step": :class:`elmo_core.training.step.TrainingStep` on synthetic Zipf
+The CPU training step: :class:`elmo_core.training.step.TrainingStep` on synthetic Zipf
 windows, called as a worker calls it, for ``reference``, ``fused`` and ``fused-batched``, the
 variants timed in turn. Last line: one JSON object; ``ratio`` = the geometric mean of fused over
 reference positions/s. Method and results: benchmarks/results/bench_cpu_step-2026-11-25.md.

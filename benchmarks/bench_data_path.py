@@ -6,9 +6,9 @@
 Reads PTB (or the bundled ``python-docs`` corpus) through
 :class:`elmo_core.training.batches.StepBatches` exactly as a worker does, at the GPU recipe's
 128 × 20: built in the training loop itself (the baseline, 0 loader processes) against built ahead
-in 1 or 2 loader processes. Issue 13 wants ≥ 2× the GPU's training rate from at most 4 cores per
-GPU. Last line: one JSON object; ``ratio`` = the training process's CPU per step in the loop over
-that with 2 loader processes. Method and results: benchmarks/results/bench_data_path-2026-11-25.md.
+in 1 or 2 loader processes. The goal: loaders that build ≥ 2× a GPU's training rate from at most
+4 cores per GPU. Last line: one JSON object; ``ratio`` = the training process's CPU per step in
+the loop over that with 2 loader processes. Method and results: benchmarks/results/bench_data_path-2026-11-25.md.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from elmo_core.training.batches import CandidateSpec, StepBatches, StreamSpec
 
 REPO = Path(__file__).resolve().parents[1]
 
-GOAL_TRAINING_RATE = 250_000  # positions/s on one H100 (issue 13)
+GOAL_TRAINING_RATE = 250_000  # positions/s on one H100: the GPU training goal
 ORIGINAL_DRAW = CandidateSpec(vocab_size=793_471, num_samples=model_preset("original").num_samples)
 
 

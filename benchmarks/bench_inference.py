@@ -4,7 +4,7 @@
     python -m benchmarks.bench_inference --settings original:32:2 --loaded ""
     python -m benchmarks.bench_inference --smoke       # tiny, made-up sentences (tested in CI)
 
-Issue 23, "CPU inference": the path ``elmo embed`` takes, on PTB's test sentences, for
+CPU inference: the path ``elmo embed`` takes, on PTB's test sentences, for
 ``baseline`` (``bench_bilm.StraightforwardBiLM``, structured as AllenNLP's ``_ElmoBiLm``),
 ``reference`` and ``fused``, checked to agree, then timed in turn. Last line: one JSON object;
 ``ratio`` = baseline / fused seconds at ``--goal`` (no load), where the issue asks for ≥ 5.

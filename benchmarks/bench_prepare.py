@@ -377,8 +377,8 @@ def report(
     num_types: dict[str, int],
     reference: float,
 ) -> None:
-    """The goals (issue 14's ratio, issue 2's memory and scaling) as PASS/MISS lines, context
-    lines, then the JSON last line."""
+    """The goals (prepare's speed against a naive script, its memory and its scaling) as
+    PASS/MISS lines, context lines, then the JSON last line."""
     tokens, naive, w1 = rows[0][1], rows[0][2], rows[1][2]
     runs = {n: row[2] for n, row in zip(args.workers, rows[1:], strict=False)}
     by_workers = {n: run.seconds for n, run in runs.items()}

@@ -3,7 +3,7 @@
     python -m benchmarks.bench_softmax_memory [--positions 20480] [--chunk-sizes 512,2048]
 
 At ``original``'s shape on the CPU, each computation in a fresh process: the baseline
-(``whole``, the sampled loss as computed before issue 23, written out below) builds the whole
+(``whole``, the sampled loss as computed before it was chunked, written out below) builds the whole
 ``(N, 1+K)`` logits; :meth:`elmo_core.model.softmax.SampledSoftmax.sampled_loss` takes ``C``
 positions at a time. Last line: one JSON object; ``ratio`` = the baseline's peak over the chunked
 one's at the default chunk size. Method and results: benchmarks/results/bench_softmax_memory-*.md.
@@ -42,7 +42,7 @@ def whole_logits_loss(
     candidate_counts: torch.Tensor,
     rows: SoftmaxRows,
 ) -> torch.Tensor:
-    """The baseline: ``sampled_loss`` before issue 23, the ``(N, 1+K)`` logits at once."""
+    """The baseline: ``sampled_loss`` before it was chunked, the ``(N, 1+K)`` logits at once."""
     hidden = hidden.to(softmax.weight.dtype)
     ids = torch.cat([targets, candidates])  # (N+K,)
     weights, biases = rows.select(ids)  # (N+K, P), (N+K,)

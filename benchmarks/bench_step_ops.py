@@ -1,4 +1,4 @@
-"""Launches per training step: the ops one whole biLM training step dispatches (issue 23).
+"""Launches per training step: the ops one whole biLM training step dispatches.
 
     python -m benchmarks.bench_step_ops                      # original, 128 and 1024 rows × 20
     python -m benchmarks.bench_step_ops --rows 128 --launch-us 5 --efficiency 0.5
@@ -40,8 +40,8 @@ VARIANTS = {  # name: (lstm_impl, batch_directions)
     "fused_batched": ("fused", True),
     "fused_apart": ("fused", False),
 }
-GOAL_LAUNCHES = 600  # per step (issue 23)
-GOAL_POSITIONS_PER_S = 250_000  # one H100 (issue 13)
+GOAL_LAUNCHES = 600  # per step: the launch budget of the fused step
+GOAL_POSITIONS_PER_S = 250_000  # one H100: the GPU training goal
 UNCOUNTED_NAMESPACES = ("profiler",)  # record_function markers: no kernel
 PHASES = ("forward", "backward", "clip", "optimizer")  # of a step, in order
 

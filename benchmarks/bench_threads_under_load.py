@@ -4,7 +4,7 @@
     python -m benchmarks.bench_threads_under_load --load torch --hogs 2  # beside torch jobs
     python -m benchmarks.bench_threads_under_load --smoke      # tiny sizes (tested in CI)
 
-Issue 23, "Threads under load": on a loaded 2-core machine two torch threads ran the step far
+Threads under load: on a loaded 2-core machine two torch threads ran the step far
 slower than one. Times 1 thread, 2, 2 with ``OMP_WAIT_POLICY=PASSIVE`` and 2 cut by
 :func:`elmo_core.threads.threads_under_load` (the fix), beside ``--hogs`` competing processes and
 without them. Last line: one JSON object (``ratio_2threads_vs_1thread`` < 1: two threads slower).

@@ -1,4 +1,4 @@
-"""The zero-state trap (issue 32): what a run's checkpoints do from zero, and what the warm start
+"""The zero-state trap: what a run's checkpoints do from zero, and what the warm start
 changes downstream.
 
     python -m experiments.zero_state_trap perplexity --data DATASET --run RUN_DIR [RUN_DIR ...]

@@ -25,10 +25,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pytest
 import torch
 
 from elmo_core.config import PrepareConfig
+from elmo_core.tasks.activation_cache import CachedActivations
+from elmo_core.tasks.dataset import TaggingExample, TaskDataset
+from elmo_core.tasks.task_config import TaskConfig
+from elmo_core.tasks.trainer import TaskSplit
 from pipelines.prepare.corpus_sources import CorpusFiles
 from pipelines.prepare.stage import prepare_files
 
@@ -163,3 +168,52 @@ def store(
     root = tmp_path_factory.mktemp("store")
     with _isolated_home(root, empty_tracking_db, chdir=False):
         yield MlflowClient(stage_runs.use_tracking())
+
+
+def _toy_split(examples: list[TaggingExample], seed: int) -> TaskSplit:
+    """The examples with random activations of 3 layers, layer 1 holding the tag (a NOUN
+    dimension)."""
+    lengths = np.array([len(e.tokens) for e in examples])
+    rng = np.random.default_rng(seed)
+    activations = rng.normal(size=(int(lengths.sum()), 3, 4)).astype(np.float32)
+    tags = np.array([tag == "NOUN" for e in examples for tag in e.tags], dtype=np.float32)
+    activations[:, 1, 0] += 3.0 * tags
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    cache = CachedActivations(Path("unused"), "test", activations, offsets)
+    return TaskSplit(TaskDataset(Path(f"split-{seed}"), examples), cache)
+
+
+def _toy_examples(count: int, rare_at: int | None) -> list[TaggingExample]:
+    words = ["the", "cat", "sat", "dog", "ran"]
+    examples = [
+        TaggingExample(words[:3], ["DET", "NOUN", "VERB"])
+        if i % 2
+        else TaggingExample([words[0], words[3], words[4]], ["DET", "NOUN", "VERB"])
+        for i in range(count)
+    ]
+    if rare_at is not None:  # one sentence with a tag nowhere else
+        examples[rare_at] = TaggingExample(["wow", "cat"], ["INTJ", "NOUN"])
+    return examples
+
+
+def _toy_analysis() -> tuple[TaskConfig, dict[str, TaskSplit]]:
+    task = TaskConfig(
+        name="toy",
+        type="tagging",
+        format="conllu",
+        train=Path("unused"),
+        head={"hidden_dim": 4, "dropout": 0.0},  # type: ignore[arg-type]
+        training={"epochs": 2, "batch_size": 4, "lr": 0.05, "patience": None},  # type: ignore[arg-type]
+    )
+    splits = {
+        "train": _toy_split(_toy_examples(8, rare_at=7), 0),
+        "dev": _toy_split(_toy_examples(4, rare_at=0), 1),  # INTJ in dev: fractions keep tags
+    }
+    return task, splits
+
+
+@pytest.fixture
+def toy_analysis() -> Callable[[], tuple[TaskConfig, dict[str, TaskSplit]]]:
+    """A tagging task the analysis trains in seconds: a fresh config and splits each call, with
+    made-up activations (analyze_task's unit tests, and its runner on Ray)."""
+    return _toy_analysis

@@ -1,4 +1,4 @@
-"""The first-contact run's device time, PREDICTED per stage before a GPU sees it (issue 33).
+"""The first-contact run's device time, PREDICTED per stage before a GPU sees it.
 
 The first-contact call must fit 420 s so that one short rerun still fits a task's 15 device-minutes.
 This predicts each stage's time from what it measures here (with the device's torch, at the
@@ -66,8 +66,8 @@ TRITON_LAUNCHER_S = 1.5  # per kernel and dtype: the C launcher Triton builds on
 STEP_DTYPES = ("fp32", "bf16")  # the kernels' GEMM dtypes the correctness and speed steps run
 GRAPHED_COMPILE_S = 15.0  # graphed's compile and CUDA-graph capture, per shape: a guess to refit
 CAPTURE_S = 5.0  # the whole step's capture (its warm-up steps are counted), per shape: a guess
-# The refit: the last call's stage times (H200, the tree of 38fafaa; issue 54) against what this
-# model predicted for them then (the rehearsal on 2 vCPUs). The model prices the work it can count;
+# The refit: the last call's stage times (the lent H200's first contact, the tree of 38fafaa)
+# against what this model predicted for them then (the rehearsal on 2 vCPUs). The model prices the work it can count;
 # what it missed (lazy loading, compiles, the profiler's own time) is added to each stage as a fixed
 # sum, not scaled with the model's figure. Where the model overprices a stage (the speed stage's
 # guessed compile and capture times), that sum is negative.

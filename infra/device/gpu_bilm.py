@@ -443,7 +443,10 @@ def main(argv: list[str] | None = None) -> int:
         "batch_directions": args.batch_directions,
         "capture_step": recipe.capture_step,
         "shape_buckets": recipe.shape_buckets,
+        # the rows the char CNN encodes a step: the distinct types, padded to a bucket with it
+        "token_types": int(types.char_ids.shape[0]),
         "batch": args.batch,
+        "window": args.window,
         "bf16": bf16,
     }
 
@@ -472,6 +475,7 @@ def main(argv: list[str] | None = None) -> int:
         sweep_training_step = TrainingStep.build(model, sweep_recipe, exchange)
         sweep_step = worker_step(sweep_training_step, sweep_windows, sweep_types, sweep_targets)
         report(f"ours@{rows}", timed(f"ours@{rows}", sweep_step), rows)
+        summary[f"ours@{rows}_token_types"] = int(sweep_types.char_ids.shape[0])
         summary |= replayed(f"ours@{rows}", sweep_training_step)
     if (args.profile and args.only is None) or args.only == "profile":
         profile = where_the_time_goes(ours, args.steps, args.warmup)

@@ -24,7 +24,8 @@ from elmo_core.training.gradient_exchange import dense_gradient_bytes, softmax_r
 
 VOCAB, WINDOW = 793_471, 20  # the 1B Word Benchmark's vocabulary; gpu_bilm's window
 # A graphed step of `original` (what each of several workers runs), positions/s at 128 and 1,024
-# rows: on an H100 (issue 46, tree 6f3199c), and on an H200 (issue 54, the median of 3 runs).
+# rows: on an H100 (the lent H100's first measurement of the graphed step, tree 6f3199c), and on
+# an H200 (the lent H200's, the median of 3 runs); `--positions-per-s` gives others.
 MEASURED_POSITIONS_PER_S = {
     "h100": {128: 156_000, 1024: 358_000},
     "h200": {128: 139_100, 1024: 406_400},
@@ -183,14 +184,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--gpu", default="h100", choices=sorted(MEASURED_POSITIONS_PER_S), help="whose step times"
     )
+    parser.add_argument(
+        "--positions-per-s",
+        default="",
+        help="measured step rates, ROWS=RATE,... (e.g. 128=160000): they replace --gpu's",
+    )
     args = parser.parse_args(argv)
+    rates = dict(MEASURED_POSITIONS_PER_S[args.gpu])
+    try:
+        given = [part.split("=") for part in args.positions_per_s.split(",") if part]
+        rates |= {int(rows): float(rate) for rows, rate in given}
+        wanted = [int(value) for value in args.rows.split(",")]
+    except ValueError:
+        parser.error("--rows takes integers, --positions-per-s ROWS=RATE pairs")
+    for rows in wanted:
+        if rows not in rates or rows not in ROWS_TOUCHED:
+            known = sorted(set(rates) & set(ROWS_TOUCHED))
+            parser.error(
+                f"--rows {rows}: the model has a measured step rate and rows touched for "
+                f"{', '.join(map(str, known))} rows only (rates: --positions-per-s; rows touched: "
+                "benchmarks/bench_softmax_rows.py)"
+            )
     dense = dense_bytes(args.preset)
     clusters = {"8 GPUs, NVLink": Cluster(8, 1), "2 x 8 GPUs, 400 Gb/s": Cluster(8, 2)}
     print(f"PREDICTED data-parallel scaling of {args.preset} on {args.gpu} (a model; see --help)")
     print(f"dense gradients all-reduced per step: {dense / 2**20:.1f} MiB")
     summary: dict[str, object] = {"preset": args.preset, "gpu": args.gpu, "dense_bytes": dense}
-    for rows in (int(value) for value in args.rows.split(",")):
-        step_s = rows * WINDOW / MEASURED_POSITIONS_PER_S[args.gpu][rows]
+    for rows in wanted:
+        step_s = rows * WINDOW / rates[rows]
         padded = sparse_bytes(args.preset, rows)
         print(
             f"{rows} rows: step {step_s * 1e3:.1f} ms; {padded / 2**20:.1f} MiB of padded rows a "

@@ -6,15 +6,16 @@ import pytest
 
 from elmo_core.analysis.task_runs import analyze_task, serial_runner
 from pipelines.analyze.runner import ray_runner
-from tests.unit.elmo_core.analysis.test_task_runs import _toy
 
 pytestmark = pytest.mark.integration
 
 
-def test_runs_side_by_side_on_ray_give_the_scores_of_runs_one_by_one(ray_session) -> None:
+def test_runs_side_by_side_on_ray_give_the_scores_of_runs_one_by_one(
+    ray_session, toy_analysis
+) -> None:
     """Each run's outcome in the order it finished, every planned run once, and the same scores
     as the runs trained in this process (up to float rounding of another thread count)."""
-    task, splits = _toy()
+    task, splits = toy_analysis()
     fractions, seeds = (0.5, 1.0), (0, 1)
     lines: list[str] = []
     on_ray = analyze_task(

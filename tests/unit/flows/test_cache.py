@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import elmo_core
-from flows.cache import code_files, code_version, dataset_exists, prepare_cache_key
+from flows.cache import code_files, dataset_exists, prepare_cache_key
 from flows.params import DataParams
 
 
@@ -34,10 +34,6 @@ def test_a_new_code_version_gives_a_new_key() -> None:
 
     assert prepare_cache_key(data, "before") != prepare_cache_key(data, "after")
     assert prepare_cache_key(data, "before") == prepare_cache_key(data, "before")
-
-
-def test_the_installed_code_version_is_stable_between_calls() -> None:
-    assert code_version(code_files()) == code_version(code_files())
 
 
 def test_the_key_follows_corpus_config_and_output() -> None:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from elmo_core.analysis import task_runs
@@ -20,60 +20,18 @@ from elmo_core.analysis.task_runs import (
     plan_runs,
     same_updates,
 )
-from elmo_core.tasks.activation_cache import CachedActivations
-from elmo_core.tasks.dataset import TaggingExample, TaskDataset
 from elmo_core.tasks.seeds import Scores
 from elmo_core.tasks.task_config import TaskConfig
 from elmo_core.tasks.trainer import TaskResult, TaskSplit
 
-NUM_LAYERS, DIM = 3, 4
-
-
-def _split(examples: list[TaggingExample], seed: int) -> TaskSplit:
-    """The examples with random activations, layer 1 holding the tag (a NOUN dimension)."""
-    lengths = np.array([len(e.tokens) for e in examples])
-    rng = np.random.default_rng(seed)
-    activations = rng.normal(size=(int(lengths.sum()), NUM_LAYERS, DIM)).astype(np.float32)
-    tags = np.array([tag == "NOUN" for e in examples for tag in e.tags], dtype=np.float32)
-    activations[:, 1, 0] += 3.0 * tags
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    cache = CachedActivations(Path("unused"), "test", activations, offsets)
-    return TaskSplit(TaskDataset(Path(f"split-{seed}"), examples), cache)
-
-
-def _examples(count: int, rare_at: int | None) -> list[TaggingExample]:
-    words = ["the", "cat", "sat", "dog", "ran"]
-    examples = [
-        TaggingExample(words[:3], ["DET", "NOUN", "VERB"])
-        if i % 2
-        else TaggingExample([words[0], words[3], words[4]], ["DET", "NOUN", "VERB"])
-        for i in range(count)
-    ]
-    if rare_at is not None:  # one sentence with a tag nowhere else
-        examples[rare_at] = TaggingExample(["wow", "cat"], ["INTJ", "NOUN"])
-    return examples
-
-
-def _toy() -> tuple[TaskConfig, dict[str, TaskSplit]]:
-    task = TaskConfig(
-        name="toy",
-        type="tagging",
-        format="conllu",
-        train=Path("unused"),
-        head={"hidden_dim": 4, "dropout": 0.0},  # type: ignore[arg-type]
-        training={"epochs": 2, "batch_size": 4, "lr": 0.05, "patience": None},  # type: ignore[arg-type]
-    )
-    splits = {
-        "train": _split(_examples(8, rare_at=7), 0),
-        "dev": _split(_examples(4, rare_at=0), 1),  # INTJ in dev: fractions must keep the tag set
-    }
-    return task, splits
+ToyAnalysis = Callable[[], tuple[TaskConfig, dict[str, TaskSplit]]]  # the toy_analysis fixture
 
 
 def test_every_comparison_runs_over_the_seeds_and_the_full_data_run_is_shared(
     monkeypatch: pytest.MonkeyPatch,
+    toy_analysis: ToyAnalysis,
 ) -> None:
-    task, splits = _toy()  # a toy whose mix gains nothing: the layers alone made to train
+    task, splits = toy_analysis()  # a toy whose mix gains nothing: the layers alone made to train
     monkeypatch.setattr(task_runs, "layers_not_run", lambda efficiency: None)
     lines: list[str] = []
     result = analyze_task(task, splits, fractions=(0.5, 1.0), seeds=(0, 1), progress=lines.append)
@@ -92,8 +50,9 @@ def test_every_comparison_runs_over_the_seeds_and_the_full_data_run_is_shared(
 
 def test_the_layers_alone_do_not_train_where_the_mix_gains_nothing_on_all_of_train(
     monkeypatch: pytest.MonkeyPatch,
+    toy_analysis: ToyAnalysis,
 ) -> None:
-    task, splits = _toy()
+    task, splits = toy_analysis()
     seen: list[dict[float, dict[str, Scores]]] = []
 
     def nothing(efficiency: dict[float, dict[str, Scores]]) -> str:
@@ -138,9 +97,9 @@ def test_the_layers_alone_are_left_only_where_the_gain_on_all_of_train_is_within
     assert layers_not_run({0.1: efficiency[0.1]}) is None  # no score of all of train
 
 
-def test_a_task_numbers_its_runs_within_the_whole_analysis() -> None:
+def test_a_task_numbers_its_runs_within_the_whole_analysis(toy_analysis: ToyAnalysis) -> None:
     """The second of three tasks of 16 runs each: its runs are 17 to 32 of 48."""
-    task, splits = _toy()
+    task, splits = toy_analysis()
     lines: list[str] = []
     analyze_task(
         task, splits, fractions=(0.5, 1.0), seeds=(0, 1), progress=lines.append,
@@ -159,9 +118,11 @@ def test_a_fraction_trains_for_as_many_updates_as_the_whole_split_and_scores_dev
 
 
 def test_an_analysis_stopped_midway_resumes_with_the_runs_it_finished(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    toy_analysis: ToyAnalysis,
 ) -> None:
-    task, splits = _toy()
+    task, splits = toy_analysis()
     fractions, seeds = (0.5, 1.0), (0,)  # 8 runs; one seed, so the layers alone train too
     straight = analyze_task(task, splits, fractions=fractions, seeds=seeds)
     trained: list[str] = []
@@ -198,9 +159,12 @@ def test_an_analysis_stopped_midway_resumes_with_the_runs_it_finished(
     assert not list(finished.directory.glob(".*"))  # no half-written outcome
 
 
-def test_heads_are_the_analysis_width_unless_the_task_config_sets_one() -> None:
-    task, splits = _toy()  # its config sets hidden_dim 4
+def test_heads_are_the_analysis_width_unless_the_task_config_sets_one(
+    toy_analysis: ToyAnalysis,
+) -> None:
+    task, splits = toy_analysis()  # its config sets hidden_dim 4
     unset = task.model_copy(update={"head": task.head.model_validate({"dropout": 0.0})})
     for config, width in ((task, 4), (unset, HIDDEN_DIM)):
-        runs, layers = plan_runs(config, splits["train"], (0.5, 1.0), (0,), NUM_LAYERS)
+        layers_in = splits["train"].activations.num_layers  # type: ignore[union-attr]
+        runs, layers = plan_runs(config, splits["train"], (0.5, 1.0), (0,), layers_in)
         assert {run.task.head.hidden_dim for run in runs + layers} == {width}

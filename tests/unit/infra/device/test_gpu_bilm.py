@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from elmo_core.presets import model_preset
+from elmo_core.training.batches import TYPES_PER_OCTAVE, bucket
 
 REPO = Path(__file__).resolve().parents[4]
 
@@ -73,11 +74,16 @@ def test_on_the_meta_device_both_steps_keep_every_tensor_on_the_models_device(gp
 
 def test_capture_step_pads_the_workload_to_buckets_and_runs_it_eagerly_off_cuda(gpu_bilm, capsys):
     """The shapes a captured step replays, rehearsed on the meta device (no graphs there)."""
-    arguments = ["--smoke", "--device", "meta", "--batch-directions", "--capture-step"]
-    assert gpu_bilm.main([*arguments, "--sweep", "8"]) == 0
+    arguments = ["--smoke", "--device", "meta", "--batch-directions", "--sweep", "9"]
+    assert gpu_bilm.main(arguments) == 0  # unbucketed: the step's distinct types alone
+    distinct = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["ours@9_token_types"]
+    assert gpu_bilm.main([*arguments, "--capture-step"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert summary["shape_buckets"] is True and summary["capture_step"] is False
-    _assert_rates_agree(summary, ["ours", "straightforward", "ours@8"])
+    assert summary["capture_step"] is False  # no graphs on the meta device: eager steps
+    positions = 2 * 9 * summary["window"]  # both streams' windows of 9 rows
+    padded = summary["ours@9_token_types"]  # 9 rows draw 33 types, not a bucket size
+    assert padded == bucket(distinct, positions, TYPES_PER_OCTAVE) > distinct
+    _assert_rates_agree(summary, ["ours", "straightforward", "ours@9"])
 
 
 def test_a_host_tensor_in_the_baseline_fails_on_the_meta_device(gpu_bilm, monkeypatch):

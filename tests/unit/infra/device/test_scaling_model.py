@@ -69,3 +69,14 @@ def test_the_built_design_meets_the_goal_in_the_model_and_the_gather_did_not() -
         after = scaling_model.efficiency(step_s, dense_s, costs["union all-reduce, after"])[1]
         before = scaling_model.efficiency(step_s, dense_s, costs["gather (before)"])[1]
         assert before < goal <= after  # even with its rows sent after the backward
+
+
+def test_a_size_without_measured_inputs_is_refused_and_a_given_rate_is_used(capsys) -> None:
+    with pytest.raises(SystemExit):
+        scaling_model.main(["--rows", "256"])
+    assert "--rows 256: the model has a measured step rate and rows touched for 128, 1024" in (
+        capsys.readouterr().err
+    )
+    assert scaling_model.main(["--rows", "128", "--positions-per-s", "128=256000"]) == 0
+    printed = capsys.readouterr().out
+    assert "128 rows: step 10.0 ms" in printed  # 128 × 20 positions at 256k/s
