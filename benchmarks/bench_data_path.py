@@ -8,7 +8,8 @@ Reads PTB (or the bundled ``python-docs`` corpus) through
 128 × 20: built in the training loop itself (the baseline, 0 loader processes) against built ahead
 in 1 or 2 loader processes. The goal: loaders that build ≥ 2× a GPU's training rate from at most
 4 cores per GPU. Last line: one JSON object; ``ratio`` = the training process's CPU per step in
-the loop over that with 2 loader processes. Method and results: benchmarks/results/bench_data_path-2026-11-25.md.
+the loop over that with 2 loader processes. Method and results:
+benchmarks/results/bench_data_path-2026-11-25.md.
 """
 
 from __future__ import annotations

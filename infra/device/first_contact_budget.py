@@ -67,9 +67,9 @@ STEP_DTYPES = ("fp32", "bf16")  # the kernels' GEMM dtypes the correctness and s
 GRAPHED_COMPILE_S = 15.0  # graphed's compile and CUDA-graph capture, per shape: a guess to refit
 CAPTURE_S = 5.0  # the whole step's capture (its warm-up steps are counted), per shape: a guess
 # The refit: the last call's stage times (the lent H200's first contact, the tree of 38fafaa)
-# against what this model predicted for them then (the rehearsal on 2 vCPUs). The model prices the work it can count;
-# what it missed (lazy loading, compiles, the profiler's own time) is added to each stage as a fixed
-# sum, not scaled with the model's figure. Where the model overprices a stage (the speed stage's
+# against what this model predicted for them then (the rehearsal on 2 vCPUs). The model prices
+# the work it can count; what it missed (lazy loading, compiles, the profiler's own time) is added
+# to each stage as a fixed sum, not scaled with the model's figure. Where the model overprices a stage (the speed stage's
 # guessed compile and capture times), that sum is negative.
 MEASURED_S = {
     "environment": 6.5,
