@@ -69,8 +69,8 @@ CAPTURE_S = 5.0  # the whole step's capture (its warm-up steps are counted), per
 # The refit: the last call's stage times (the lent H200's first contact, the tree of 38fafaa)
 # against what this model predicted for them then (the rehearsal on 2 vCPUs). The model prices
 # the work it can count; what it missed (lazy loading, compiles, the profiler's own time) is added
-# to each stage as a fixed sum, not scaled with the model's figure. Where the model overprices a stage (the speed stage's
-# guessed compile and capture times), that sum is negative.
+# to each stage as a fixed sum, not scaled with the model's figure. Where the model overprices a
+# stage (the speed stage's guessed compile and capture times), that sum is negative.
 MEASURED_S = {
     "environment": 6.5,
     "correctness": 94.5,
