@@ -5,6 +5,7 @@ and the rule that no code outside the types tests a type's name."""
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +15,10 @@ import torch
 from elmo_core.errors import ConfigError
 from elmo_core.tasks.heads import HeadInput
 from elmo_core.tasks.readers import read_task_split, task_labels
-from elmo_core.tasks.task_config import HeadConfig, load_task_config
+from elmo_core.tasks.task_config import HeadConfig, TaskConfig, load_task_config
 from elmo_core.tasks.trainer import TaskSplit, main_metric, predict, train_task
 from elmo_core.tasks.types import TASK_TYPES, task_type
 from pipelines.serving.task_pyfunc import model_signature
-from tests.unit.elmo_core.tasks.conftest import MAKERS, make_task
 
 REPO = Path(__file__).resolve().parents[5]
 SAMPLES = {  # type: (format, file text) of two examples
@@ -44,8 +44,10 @@ HEAD_OPTIONS: dict[str, list[dict[str, Any]]] = {
 VARIANTS = [(name, options) for name in TASK_TYPES for options in HEAD_OPTIONS.get(name, [{}])]
 
 
-def test_every_registered_type_has_a_sample_head_options_and_synthetic_examples() -> None:
-    assert set(SAMPLES) == set(HEAD_OPTIONS) == set(MAKERS) == set(TASK_TYPES)
+def test_every_registered_type_has_a_sample_head_options_and_synthetic_examples(
+    task_splits: dict[str, dict[str, TaskSplit]],
+) -> None:
+    assert set(SAMPLES) == set(HEAD_OPTIONS) == set(task_splits) == set(TASK_TYPES)
 
 
 def test_an_unknown_type_is_refused_with_the_registered_types(tmp_path: Path) -> None:
@@ -90,10 +92,13 @@ def test_scores_do_not_depend_on_padding(name: str, options: dict[str, Any]) -> 
 
 @pytest.mark.parametrize("name", list(TASK_TYPES))
 def test_a_type_trains_scores_predicts_serves_and_analyses_its_errors(
-    name: str, task_splits: dict[str, dict[str, TaskSplit]], tiny_bilm: torch.nn.Module
+    name: str,
+    task_splits: dict[str, dict[str, TaskSplit]],
+    tiny_bilm: torch.nn.Module,
+    task_factory: Callable[..., TaskConfig],
 ) -> None:
     kind = task_type(name)
-    task = make_task(name, training={"epochs": 1})
+    task = task_factory(name, training={"epochs": 1})
     splits = task_splits[name]
     result = train_task(task, splits["train"], splits["dev"], splits["test"], use_elmo=True)
     assert main_metric(task) in result.test_metrics and result.metric == main_metric(task)
