@@ -1,7 +1,7 @@
 """The whole training step as one CUDA graph per shape: ``train.capture_step``.
 
-At 128 rows a step's GPU work is a third of its time; the rest is the host launching some 500
-kernels one by one (benchmarks/results/gpu_graphed-2026-11-27.md). Captured, a step is a few
+At small batches a step waits on the host, which launches its hundreds of kernels one by one
+(figures: benchmarks/results/gpu_graphed-2026-11-27.md). Captured, a step is a few
 copies into the graph's inputs and one replay. The loader's shape buckets keep the shapes to a
 few; each new one runs eagerly :data:`WARMUP_STEPS` times (lazy state, compiles, Triton's
 launchers), is captured at the next, and replayed from then on. Every graph shares one memory

@@ -40,9 +40,10 @@ CHOICES: dict[Device, Choice] = {
     # measured: benchmarks/results/bench_inference-2026-11-26.md, bench_cpu_step-2026-11-25.md
     # (batched directions gain nothing on a CPU), lstm_dispatch-2026-11-27.md (cudnn)
     "cpu": Choice("fused", batch_directions=False, unclipped="fused"),
-    # measured on an H200: graphed 1.8x fused at 128 rows, where the step waits for the host,
-    # and equal at 1,024 (gpu_graphed-2026-11-27.md); fused batched 1.7x the reference loop at
-    # 128 rows (gpu_bf16_backward-2026-11-27.md); cuDNN, predicted: one kernel a layer
+    # measured on an H200: graphed ahead of fused at 128 rows, where the step waits for the
+    # host, and even at 1,024 (gpu_graphed-2026-11-27.md); fused with batched directions ahead
+    # of the reference loop (gpu_bf16_backward-2026-11-27.md); cuDNN, predicted: one kernel a
+    # layer
     "cuda": Choice("graphed", batch_directions=True, unclipped="cudnn"),
 }
 
