@@ -41,6 +41,7 @@ from elmo_core.config import ModelConfig, TrainConfig
 from elmo_core.model import softmax as softmax_module
 from elmo_core.model.bilm import BiLM
 from elmo_core.model.char_cnn import TokenTypes
+from elmo_core.model.lstm import VARIANTS
 from elmo_core.model.sampler import SampledCandidates
 from elmo_core.model.softmax import SampledSoftmax
 from elmo_core.presets import model_preset
@@ -335,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--lstm-impl",
         default="reference",
-        choices=["reference", "cudnn", "compiled", "graphed", "fused"],
+        choices=VARIANTS,
     )
     parser.add_argument(
         "--batch-directions", action="store_true", help="both LSTM stacks as one batched stack"
