@@ -48,11 +48,9 @@ class ParseExample:
         return [h * size + label_ids[r] for h, r in zip(self.heads, self.relations, strict=True)]
 
 
-@dataclass(frozen=True)
-class ClassificationExample:
-    """One sentence (or SST phrase) and its label."""
+class _OneLabel:
+    """An example with one label, its target."""
 
-    tokens: list[str]
     label: str
     per_token: ClassVar[bool] = False
 
@@ -64,19 +62,20 @@ class ClassificationExample:
 
 
 @dataclass(frozen=True)
-class PairExample:
+class ClassificationExample(_OneLabel):
+    """One sentence (or SST phrase) and its label."""
+
+    tokens: list[str]
+    label: str
+
+
+@dataclass(frozen=True)
+class PairExample(_OneLabel):
     """A sentence pair (SNLI premise and hypothesis) and its label."""
 
     premise: list[str]
     hypothesis: list[str]
     label: str
-    per_token: ClassVar[bool] = False
-
-    def labels(self) -> list[str]:
-        return [self.label]
-
-    def target_ids(self, label_ids: Mapping[str, int]) -> list[int]:
-        return [label_ids[self.label]]
 
 
 ExampleT = TypeVar("ExampleT", TaggingExample, ParseExample, ClassificationExample, PairExample)

@@ -179,11 +179,7 @@ def per_label_table(per_type: Mapping[str, SpanScores]) -> Table:
     total = SpanScores.from_counts(
         *(sum(getattr(s, count) for s in per_type.values()) for count in COUNTS)
     )
-    return scores_table({**dict(sorted(per_type.items())), "(all)": total})
-
-
-def scores_table(rows: Mapping[str, SpanScores]) -> Table:
-    """A row per name: precision, recall, F1 and the counts."""
+    rows = {**dict(sorted(per_type.items())), "(all)": total}
     table: Table = {"type": list(rows)}
     for column in ("precision", "recall", "f1", *COUNTS):
         table[column.removeprefix("num_")] = [getattr(scores, column) for scores in rows.values()]
