@@ -64,6 +64,11 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated training fractions of the analysis (default: 0.1,1; "
         "0.1,0.25,0.5,1 draws the whole curve)",
     )
+    parser.add_argument(
+        "--tasks",
+        help="comma-separated task files to adapt and analyze (default: the three bundled, "
+        "examples/tasks/{docstrings,ner,questions}.yaml)",
+    )
     args = parser.parse_args(argv)
     quiet_environment()  # before mlflow and ray are imported
     for name, value in embedded_settings(elmo_home(), os.environ).items():
@@ -80,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         parameters["seeds"] = [int(seed) for seed in args.seeds.split(",")]
     if args.fractions is not None:
         parameters["fractions"] = [float(part) for part in args.fractions.split(",")]
+    if args.tasks is not None:
+        parameters["tasks"] = [str(Path(task).resolve()) for task in args.tasks.split(",")]
     state = pretrain(PretrainParams.model_validate(parameters), return_state=True)
     summary = state.result()
     champion = " (@champion)" if summary.champion else ""

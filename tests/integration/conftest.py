@@ -181,7 +181,8 @@ class LocalStack:
 def local_stack(stack_module: ModuleType) -> Callable[..., AbstractContextManager[LocalStack]]:
     """``with local_stack(home, **settings) as stack:`` the stack, not yet started, on free ports
     with ELMO_HOME = ``home``, ``settings`` and no outside PREFECT_/MLFLOW_/RAY_ variable; at the
-    end it is stopped (which must succeed) and its Ray temp folder removed."""
+    end it is stopped, which must succeed and leave no process of any service's session and a
+    stack that ``status`` finds down, and its Ray temp folder is removed."""
 
     @contextmanager
     def stack(home: Path, **settings: str) -> Iterator[LocalStack]:
@@ -193,9 +194,14 @@ def local_stack(stack_module: ModuleType) -> Callable[..., AbstractContextManage
         try:
             yield local
         finally:
+            pids = home / "stack" / "pids"
+            sessions = {path.stem: int(path.read_text()) for path in pids.glob("*.pid")}
             stopped = local.run("stop", timeout=120)
             shutil.rmtree(stack_module.ray_temp_dir(home), ignore_errors=True)
             assert stopped.returncode == 0, stopped.stderr
+            left = {name: stack_module.session_processes(s) for name, s in sessions.items()}
+            assert left == {name: [] for name in sessions}
+            assert local.run("status").returncode == 1
 
     return stack
 

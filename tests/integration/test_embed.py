@@ -41,8 +41,10 @@ def workspace(tmp_path_factory) -> Path:
     return root
 
 
+# Two embedding actors for the first run (the work dealt between them), one for the others: each
+# actor is a process that loads torch and the biLM.
 def _embed(workspace: Path, out: str, **options) -> EmbedResult:
-    options = {"tokenized": True, "sentences_per_shard": 4, "concurrency": 2, **options}
+    options = {"tokenized": True, "sentences_per_shard": 4, "concurrency": 1, **options}
     return embed(
         str(workspace / "bilm"), str(workspace / "in.txt"), str(workspace / out), **options
     )
@@ -67,7 +69,7 @@ def _alone(workspace: Path, tokens: list[str]) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def first_run(store, ray_session, workspace) -> EmbedResult:
-    return _embed(workspace, "all-1", batch_size=1)
+    return _embed(workspace, "all-1", batch_size=1, concurrency=2)
 
 
 def test_vectors_equal_the_biLM_called_directly_whatever_the_batch_size(
@@ -135,7 +137,8 @@ def test_a_rerun_writes_only_the_shard_a_killed_run_left_missing(
     kept = {p.name: p.stat().st_mtime_ns for p in out.glob("part-*.parquet")}
     args = ["--bilm", str(workspace / "bilm"), "--input", str(workspace / "in.txt")]
 
-    status = main([*args, "--out", str(out), "--tokenized", "--sentences-per-shard", "4"])
+    options = ["--tokenized", "--sentences-per-shard", "4", "--concurrency", "1"]
+    status = main([*args, "--out", str(out), *options])
 
     assert status == 0
     assert "embedded 4 of 9 sentences" in capsys.readouterr().out
@@ -167,6 +170,7 @@ def test_raw_text_is_tokenized_as_the_datasets_manifest_says(
         manifest=dataset,
         output="top",
         dtype="float16",
+        concurrency=1,
     )
 
     rows = _shards(Path(result.out), "top")
@@ -199,4 +203,10 @@ def test_weights_that_do_not_load_in_the_actors_fail_with_the_loaders_error(
     (broken / CONFIG_FILE).write_text(json.dumps(description))
 
     with pytest.raises(WeightsError, match="weights do not match model_config.json"):
-        embed(str(broken), str(workspace / "in.txt"), str(workspace / "out-broken"), tokenized=True)
+        embed(
+            str(broken),
+            str(workspace / "in.txt"),
+            str(workspace / "out-broken"),
+            tokenized=True,
+            concurrency=1,
+        )

@@ -1,17 +1,22 @@
 """The front door, end to end: local stack → `prefect deploy` → `prefect deployment run
 pretrain/smoke --watch` → registered models that embed text in a fresh process.
 
-Everything runs as a user would run it: the stack script on free ports with ELMO_HOME under
-tmp_path, the Prefect CLI as subprocesses with the stack's exports, the stack's process worker
-running the flow, training submitted as a Ray Job to the stack's token-auth Ray head, MLflow
-served over HTTP. Afterwards the stack is stopped.
+Everything runs as a user would run it: the stack script (infra/local/stack.py) on free ports with
+ELMO_HOME under tmp_path, each of its services checked with one real request, the Prefect CLI as
+subprocesses with the stack's exports, the stack's process worker running the flow, training
+submitted as a Ray Job to the stack's token-auth Ray head, MLflow served over HTTP. Afterwards the
+stack is stopped, and no process of its sessions may remain (the ``local_stack`` fixture checks).
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import time
-from collections.abc import Iterator
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -48,6 +53,28 @@ def stack(tmp_path_factory: pytest.TempPathFactory, local_stack) -> Iterator[dic
     home = tmp_path_factory.mktemp("e2e") / "elmo"
     with user_shell(local_stack, home, ELMO_RAY_NUM_CPUS="2", ELMO_STACK_TIMEOUT_S="240") as env:
         yield env
+
+
+def test_the_stack_serves_each_service_and_a_second_start_finds_them_running(
+    stack: dict[str, str], stack_cli: Callable[..., Any], tmp_path: Path
+) -> None:
+    assert stack["RAY_AUTH_MODE"] == "token"
+    client = MlflowClient(stack["MLFLOW_TRACKING_URI"])
+    experiment = client.create_experiment("stack-check")
+    run = client.create_run(experiment)
+    (tmp_path / "note.txt").write_text("served")
+    client.log_artifact(run.info.run_id, str(tmp_path / "note.txt"))
+    stored = list((Path(stack["ELMO_HOME"]) / "mlartifacts").rglob("note.txt"))
+    assert [path.read_text() for path in stored] == ["served"]  # the server's artifact store
+    pool_url = f"{stack['PREFECT_API_URL']}/work_pools/elmo-process"
+    with urllib.request.urlopen(pool_url, timeout=10) as response:
+        pool = json.load(response)
+    assert pool["type"] == "process" and pool["status"] == "READY"  # a worker polls it
+
+    again = stack_cli(stack, "start")
+    assert again.returncode == 0 and again.stderr.count("already running") == 4
+    pids = sorted(path.stem for path in (Path(stack["ELMO_HOME"]) / "stack" / "pids").iterdir())
+    assert pids == ["mlflow", "prefect", "ray", "worker"]
 
 
 def test_smoke_deployment_runs_the_pipeline_and_registers_models_that_embed(
