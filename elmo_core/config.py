@@ -33,6 +33,16 @@ from elmo_core.errors import ConfigError
 RELEASED_FILTERS = [(1, 32), (2, 32), (3, 64), (4, 128), (5, 256), (6, 512), (7, 1024)]
 
 
+class NestedError(ValueError):
+    """A validator's error in a part of its field that the field's type does not declare (a
+    task's ``reader`` options, whose model its format picks): ``loc`` is the path below the
+    field, so the error names the whole key."""
+
+    def __init__(self, message: str, loc: Sequence[str | int]) -> None:
+        super().__init__(message)
+        self.loc = tuple(loc)
+
+
 class StrictModel(BaseModel):
     """Base of every config section: unknown keys are errors, not silently ignored."""
 
@@ -297,9 +307,13 @@ def resolve_config(
         return schema.model_validate(merged)
     except ValidationError as err:
         first = err.errors()[0]
-        key = ".".join(str(part) for part in first["loc"]) or "<root>"
+        loc, message = first["loc"], first["msg"]
+        nested = first.get("ctx", {}).get("error")
+        if isinstance(nested, NestedError):
+            loc, message = (*loc, *nested.loc), str(nested)
+        key = ".".join(str(part) for part in loc) or "<root>"
         source = _origin_of(key, origin)
-        raise ConfigError(first["msg"], key=key, source=source) from None
+        raise ConfigError(message, key=key, source=source) from None
 
 
 def override_keys(schema: type[BaseModel], prefix: str = "") -> list[str]:

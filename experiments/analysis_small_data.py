@@ -59,7 +59,7 @@ def ud_ewt(work: Path, max_train: int | None, heads: Heads) -> TaskConfig:
             "train": str(train),
             "dev": str(source / "en_ewt-ud-dev.conllu"),
             "test": str(source / "en_ewt-ud-test.conllu"),
-            "reader": {"conllu_column": "upos", "tag_scheme": "none"},
+            "reader": {"conllu_column": "upos"},
             "head": heads[0],
             "training": heads[1],
         }

@@ -18,9 +18,8 @@ from torch import nn
 
 from elmo_core.errors import DataError
 from elmo_core.tasks.activation_cache import CachedActivations
-from elmo_core.tasks.dataset import TaggingExample, TaskDataset
+from elmo_core.tasks.dataset import Example, TaggingExample, TaskDataset
 from elmo_core.tasks.readers import AnyDataset
-from elmo_core.tasks.task_model import Example
 
 DEFAULT_EPOCHS = 5  # at least
 MIN_UPDATES = 500  # a small tagged set gets more epochs: a probe must converge to be compared

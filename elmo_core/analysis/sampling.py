@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from elmo_core.errors import ConfigError, DataError
-from elmo_core.tasks.task_model import Example
+from elmo_core.tasks.dataset import Example
 
 _ROUNDING_SLACK = 1e-9  # 0.29 × 100 is 28.999999999999996 in floating point: count it as 29
 

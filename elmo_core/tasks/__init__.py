@@ -11,7 +11,6 @@ from elmo_core.tasks.snli import read_snli
 from elmo_core.tasks.sst import read_sst
 from elmo_core.tasks.task_config import (
     HeadConfig,
-    ReaderConfig,
     TaskConfig,
     TaskTrainingConfig,
     load_task_config,
@@ -26,7 +25,6 @@ __all__ = [
     "ClassificationExample",
     "HeadConfig",
     "PairExample",
-    "ReaderConfig",
     "SpanF1Result",
     "SpanScores",
     "TaggingExample",

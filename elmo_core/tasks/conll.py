@@ -1,4 +1,5 @@
-"""CoNLL readers: CoNLL-2003 named entities, CoNLL-U part-of-speech tags and dependency trees.
+"""CoNLL readers: CoNLL-2003 named entities, CoNLL-U part-of-speech tags and the words of
+CoNLL-U sentences (which the parsing type reads trees from).
 
 Tags are kept as written, IOB1 or IOB2, and only their shape is checked:
 :func:`~elmo_core.tasks.metrics.tags_to_spans` reads both.
@@ -12,17 +13,10 @@ from pathlib import Path
 from typing import Literal
 
 from elmo_core.errors import DataError
-from elmo_core.tasks.dataset import (
-    ParseExample,
-    TaggingExample,
-    TaskDataset,
-    finish_dataset,
-    iter_lines,
-)
+from elmo_core.tasks.dataset import TaggingExample, TaskDataset, finish_dataset, iter_lines
 
 TagScheme = Literal["iob1", "iob2", "none"]
 ConlluColumn = Literal["upos", "xpos"]
-RelationLabels = Literal["universal", "full"]
 
 _IOB_TAG = re.compile(r"^(O|[BI]-\S+)$")
 _CONLLU_COLUMNS = 10
@@ -91,9 +85,11 @@ def read_conllu(path: str | Path, *, column: ConlluColumn = "upos") -> TaskDatas
     """
     skipped = {"multiword_token": 0, "empty_node": 0}
     examples = []
-    for words in _conllu_sentences(path, skipped):
+    for words in conllu_sentences(path, skipped):
         for number, fields in words:
-            _require(fields[_CONLLU_TAG_INDEX[column]], column.upper(), fields[0], path, number)
+            require_field(
+                fields[_CONLLU_TAG_INDEX[column]], column.upper(), fields[0], path, number
+            )
         examples.append(
             TaggingExample(
                 tokens=[fields[1] for _, fields in words],
@@ -103,42 +99,7 @@ def read_conllu(path: str | Path, *, column: ConlluColumn = "upos") -> TaskDatas
     return finish_dataset(path, examples, skipped)
 
 
-def read_conllu_trees(
-    path: str | Path, *, relations: RelationLabels = "universal"
-) -> TaskDataset[ParseExample]:
-    """Read a CoNLL-U file's basic dependency trees: each word's HEAD (column 7, 0 for the root)
-    and DEPREL (column 8), its subtype dropped (``nmod:poss`` → ``nmod``) with ``universal``, as
-    CoNLL 2018's LAS compares them.
-
-    Words are read as :func:`read_conllu` reads them. A head that is no integer or names no word
-    of its sentence, a missing relation, a sentence without exactly one word on the root or with a
-    cycle is a :class:`DataError` naming the file and line.
-    """
-    skipped = {"multiword_token": 0, "empty_node": 0}
-    examples = []
-    for words in _conllu_sentences(path, skipped):
-        heads, labels = [], []
-        for number, fields in words:
-            head, relation = fields[6], fields[7]
-            if not head.isdigit():
-                raise DataError(
-                    f"word {fields[0]}: head '{head}' is not an integer", path=path, line=number
-                )
-            if int(head) > len(words):
-                raise DataError(
-                    f"word {fields[0]}: head {head} is outside its sentence of {len(words)} words",
-                    path=path,
-                    line=number,
-                )
-            _require(relation, "DEPREL", fields[0], path, number)
-            heads.append(int(head))
-            labels.append(relation.split(":")[0] if relations == "universal" else relation)
-        _check_tree(heads, path, words[0][0])
-        examples.append(ParseExample([fields[1] for _, fields in words], heads, labels))
-    return finish_dataset(path, examples, skipped)
-
-
-def _conllu_sentences(
+def conllu_sentences(
     path: str | Path, skipped: dict[str, int]
 ) -> Iterator[list[tuple[int, list[str]]]]:
     """Each sentence's words as (line number, its 10 fields), multiword tokens and empty nodes
@@ -168,32 +129,12 @@ def _conllu_sentences(
             continue
         if not word_id.isdigit():
             raise DataError(f"word id '{word_id}' is not an integer", path=path, line=number)
-        _require(fields[1], "FORM", word_id, path, number)
+        require_field(fields[1], "FORM", word_id, path, number)
         words.append((number, fields))
     if words:
         yield words
 
 
-def _require(value: str, column: str, word_id: str, path: str | Path, line: int) -> None:
+def require_field(value: str, column: str, word_id: str, path: str | Path, line: int) -> None:
     if value in ("", "_"):
         raise DataError(f"word {word_id} has no {column}", path=path, line=line)
-
-
-def _check_tree(heads: list[int], path: str | Path, line: int) -> None:
-    """One word on the root and every word reaching it: a tree (``line``: its first word's)."""
-    roots = [i + 1 for i, head in enumerate(heads) if head == 0]
-    if len(roots) != 1:
-        raise DataError(
-            f"the sentence has {len(roots)} words on the root (words {roots}); a tree has one",
-            path=path,
-            line=line,
-        )
-    for word in range(1, len(heads) + 1):
-        seen = set()
-        while word != 0:
-            if word in seen:
-                raise DataError(
-                    f"the sentence's heads form a cycle through word {word}", path=path, line=line
-                )
-            seen.add(word)
-            word = heads[word - 1]

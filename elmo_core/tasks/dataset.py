@@ -10,9 +10,22 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Generic, TypeVar
+from typing import ClassVar, Generic, Protocol, TypeVar
 
 from elmo_core.errors import DataError
+
+
+class Example(Protocol):
+    """What training asks of every type's example: its sentences (one per side: two for a
+    pair), the labels it holds and its target ids. A type's reader returns its own kind."""
+
+    per_token: ClassVar[bool]  # a target for every token, not one for the example
+
+    def sides(self) -> list[list[str]]: ...
+
+    def labels(self) -> list[str]: ...
+
+    def target_ids(self, label_ids: Mapping[str, int]) -> list[int]: ...
 
 
 @dataclass(frozen=True)
@@ -21,31 +34,16 @@ class TaggingExample:
 
     tokens: list[str]
     tags: list[str]
-    per_token: ClassVar[bool] = True  # a target for every token, not one for the example
+    per_token: ClassVar[bool] = True
+
+    def sides(self) -> list[list[str]]:
+        return [self.tokens]
 
     def labels(self) -> list[str]:
         return self.tags
 
     def target_ids(self, label_ids: Mapping[str, int]) -> list[int]:
         return [label_ids[tag] for tag in self.tags]
-
-
-@dataclass(frozen=True)
-class ParseExample:
-    """One sentence's dependency tree: each word's head (0: the root, else a word from 1) and the
-    relation to it. A word's target id is ``head · R + relation id`` (R relations)."""
-
-    tokens: list[str]
-    heads: list[int]
-    relations: list[str]
-    per_token: ClassVar[bool] = True
-
-    def labels(self) -> list[str]:
-        return self.relations
-
-    def target_ids(self, label_ids: Mapping[str, int]) -> list[int]:
-        size = len(label_ids)
-        return [h * size + label_ids[r] for h, r in zip(self.heads, self.relations, strict=True)]
 
 
 class _OneLabel:
@@ -68,6 +66,9 @@ class ClassificationExample(_OneLabel):
     tokens: list[str]
     label: str
 
+    def sides(self) -> list[list[str]]:
+        return [self.tokens]
+
 
 @dataclass(frozen=True)
 class PairExample(_OneLabel):
@@ -77,8 +78,11 @@ class PairExample(_OneLabel):
     hypothesis: list[str]
     label: str
 
+    def sides(self) -> list[list[str]]:
+        return [self.premise, self.hypothesis]
 
-ExampleT = TypeVar("ExampleT", TaggingExample, ParseExample, ClassificationExample, PairExample)
+
+ExampleT = TypeVar("ExampleT", bound=Example)
 
 
 @dataclass

@@ -8,42 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from elmo_core.config import StrictModel, parse_override, resolve_config
+from elmo_core.config import NestedError, StrictModel, parse_override, resolve_config
 
 Batches = Literal["bucketed", "random"]  # how an epoch groups its examples
 Split = Literal["train", "dev", "test"]
 SPLITS: tuple[Split, ...] = ("train", "dev", "test")
-
-
-class ReaderConfig(StrictModel):
-    """Format-specific reader options; each applies to the formats named in its description."""
-
-    tag_scheme: Literal["iob1", "iob2", "none"] = Field(
-        "iob1", description="conll2003: tag encoding (the released English files are iob1)"
-    )
-    conllu_column: Literal["upos", "xpos"] = Field("upos", description="conllu: tag column")
-    conllu_relations: Literal["universal", "full"] = Field(
-        "universal",
-        description="conllu trees: relations without their subtypes (nmod:poss → nmod), as "
-        "CoNLL 2018's LAS compares them, or as written",
-    )
-    punctuation: Literal["counted", "excluded"] = Field(
-        "counted",
-        description="conllu trees: whether UAS and LAS count the words attached as punct "
-        "(CoNLL 2018 counts every word)",
-    )
-    sst_phrases: bool = Field(False, description="sst: every subtree is a training example")
-    tsv_label_column: Literal["first", "last"] = Field(
-        "first", description="tsv: 'label\\tsentence' (first) or 'sentence\\tlabel' (last)"
-    )
-    tsv_header: bool = Field(False, description="tsv: skip the first line")
-    snli_tokenization: Literal["binary_parse", "whitespace"] = Field(
-        "binary_parse", description="snli: binary-parse leaves (whitespace when absent) or split"
-    )
 
 
 class HeadConfig(StrictModel):
@@ -108,7 +81,12 @@ class TaskConfig(StrictModel):
     train: Path
     dev: Path | None = None
     test: Path | None = None
-    reader: ReaderConfig = Field(default_factory=ReaderConfig)
+    reader: Any = Field(
+        default_factory=dict,
+        validate_default=True,
+        description="the format's reader options: the model its type's Format names, e.g. "
+        "tagging's Conll2003Options",
+    )
     labels: list[str] | None = Field(
         None, min_length=1, description="fixed label order; None = the sorted labels of train"
     )
@@ -132,6 +110,23 @@ class TaskConfig(StrictModel):
         if declared in TASK_TYPES:
             TASK_TYPES[declared].format(value)  # ValueError naming the formats it reads
         return value
+
+    @field_validator("reader", mode="before")
+    @classmethod
+    def _reader_options_of_format(cls, value: Any, info: ValidationInfo) -> Any:
+        """The options as the format's model: an option of another format is refused, named."""
+        from elmo_core.tasks.types import TASK_TYPES
+
+        declared, format_name = info.data.get("type"), info.data.get("format")
+        if declared not in TASK_TYPES or format_name is None:
+            return value  # the type or format is refused already
+        options = TASK_TYPES[declared].format(format_name).options
+        try:
+            return options.model_validate(value if value is not None else {})
+        except ValidationError as err:
+            first = err.errors()[0]
+            message = f"{first['msg']} (reader option of format {format_name})"
+            raise NestedError(message, first["loc"]) from None
 
     @field_validator("labels")
     @classmethod

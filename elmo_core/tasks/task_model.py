@@ -20,12 +20,7 @@ from torch import nn
 from elmo_core.errors import ConfigError
 from elmo_core.model.scalar_mix import ScalarMix
 from elmo_core.tasks.activation_cache import CachedActivations, live_activations, pad_ragged
-from elmo_core.tasks.dataset import (
-    ClassificationExample,
-    PairExample,
-    ParseExample,
-    TaggingExample,
-)
+from elmo_core.tasks.dataset import Example
 from elmo_core.tasks.heads import HeadInput
 from elmo_core.tasks.task_config import TaskConfig
 from elmo_core.tasks.types import task_type
@@ -35,7 +30,6 @@ OOV_TOKEN = "@@UNKNOWN@@"  # id 1
 DEFAULT_WORD_DIM = 100
 MIX_L2 = 0.001  # λ on the mix weights (paper §3.2)
 MixPosition = Literal["input", "output"]
-Example = TaggingExample | ParseExample | ClassificationExample | PairExample
 
 
 def build_word_vocab(sentences: Iterable[Sequence[str]], min_count: int = 2) -> dict[str, int]:
@@ -50,11 +44,15 @@ def build_word_vocab(sentences: Iterable[Sequence[str]], min_count: int = 2) -> 
 
 
 def example_sentences(examples: Sequence[Example]) -> list[list[str]]:
-    """The sentences of a split in cache order: one per example; for pairs all premises first."""
-    if examples and isinstance(examples[0], PairExample):
-        pairs = [example for example in examples if isinstance(example, PairExample)]
-        return [p.premise for p in pairs] + [p.hypothesis for p in pairs]
-    return [example.tokens for example in examples if not isinstance(example, PairExample)]
+    """The sentences of a split in cache order, side by side: one per example, or for pairs all
+    premises, then all hypotheses."""
+    sides = [example.sides() for example in examples]
+    return [tokens[side] for side in range(num_sides(examples)) for tokens in sides]
+
+
+def num_sides(examples: Sequence[Example]) -> int:
+    """The sentences each example holds: 2 for a pair, else 1."""
+    return len(examples[0].sides()) if examples else 1
 
 
 class TaskInputs(NamedTuple):
@@ -131,9 +129,8 @@ def encode_split(
     targets = np.array(ids, dtype=np.int64)
     if activations is not None and not np.array_equal(activations.offsets, offsets):
         raise ValueError("the cached activations were built for other sentences")
-    num_sides = 2 if examples and isinstance(examples[0], PairExample) else 1
     return EncodedSplit(
-        word_ids, offsets, targets, len(examples), num_sides, per_token, activations
+        word_ids, offsets, targets, len(examples), num_sides(examples), per_token, activations
     )
 
 

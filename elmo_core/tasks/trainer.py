@@ -19,12 +19,11 @@ import torch
 from torch import nn
 
 from elmo_core.tasks.activation_cache import CachedActivations, flat_positions
-from elmo_core.tasks.dataset import PairExample
+from elmo_core.tasks.dataset import Example
 from elmo_core.tasks.readers import AnyDataset, check_labels, task_labels
 from elmo_core.tasks.task_config import Batches, TaskConfig
 from elmo_core.tasks.task_model import (
     EncodedSplit,
-    Example,
     MixPosition,
     TaskInputs,
     TaskModel,
@@ -32,6 +31,7 @@ from elmo_core.tasks.task_model import (
     encode_split,
     example_sentences,
     live_inputs,
+    num_sides,
 )
 from elmo_core.tasks.types import task_type
 from elmo_core.tasks.types.base import Prediction
@@ -63,8 +63,10 @@ class TaskSplit:
         if self.activations is None:
             return TaskSplit(dataset)
         rows = np.asarray(indices, dtype=np.int64)
-        if examples and isinstance(examples[0], PairExample):  # premises first, then hypotheses
-            rows = np.concatenate([rows, rows + len(self.dataset)])
+        # each side's sentences after the last's: for pairs premises first, then hypotheses
+        rows = np.concatenate(
+            [rows + side * len(self.dataset) for side in range(num_sides(examples))]
+        )
         return TaskSplit(dataset, self.activations.select(rows))
 
 

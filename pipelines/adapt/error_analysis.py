@@ -13,10 +13,10 @@ import mlflow
 import numpy as np
 import torch
 
-from elmo_core.tasks.dataset import PairExample
+from elmo_core.tasks.dataset import Example
 from elmo_core.tasks.readers import AnyDataset
 from elmo_core.tasks.task_config import TaskConfig
-from elmo_core.tasks.task_model import Example, TaskModel
+from elmo_core.tasks.task_model import TaskModel
 from elmo_core.tasks.trainer import Prediction, predict
 from elmo_core.tasks.types import task_type
 from elmo_core.tasks.types.base import Table, TaskType
@@ -50,10 +50,12 @@ def predict_split(
 ) -> SplitPredictions:
     """Label every example of ``dataset`` with the live biLM, as the registered model does."""
     examples: list[Example] = list(dataset.examples)
-    pairs = [(e.premise, e.hypothesis) for e in examples if isinstance(e, PairExample)]
-    singles = [e.tokens for e in examples if not isinstance(e, PairExample)]
-    predicted = predict(model, pairs, bilm) if pairs else predict(model, singles, bilm)
     kind = task_type(model.task.type)
+    sides = [example.sides() for example in examples]
+    if kind.sides:  # (premise, hypothesis) pairs
+        predicted = predict(model, [(first, second) for first, second in sides], bilm)
+    else:
+        predicted = predict(model, [tokens for (tokens,) in sides], bilm)
     gold: list[Prediction] = [kind.gold(example) for example in examples]
     return SplitPredictions(split, examples, gold, predicted)
 

@@ -110,10 +110,9 @@ def seed_table(runs: Sequence[SeedRun]) -> dict[str, list[float | int]]:
 
 
 def task_params(task: TaskConfig) -> dict[str, str]:
-    """The task config as params, without the reader and head options its kind never reads."""
+    """The task config as params, without the head options its kind never reads."""
     config = task.model_dump(mode="json")
     kind = task_type(task.type)
-    config["reader"] = {key: config["reader"][key] for key in kind.format(task.format).options}
     type_specific = {option for other in TASK_TYPES.values() for option in other.head_options}
     unused = type_specific - set(kind.options_read(task))
     config["head"] = {key: value for key, value in config["head"].items() if key not in unused}

@@ -72,7 +72,7 @@ def load_task_model(directory: str | Path) -> tuple[TaskModel, dict[str, Any] | 
     try:
         description = json.loads((source / DESCRIPTION_FILE).read_text(encoding="utf-8"))
         model = TaskModel(
-            TaskConfig.model_validate(description["task"]),
+            _saved_task(description["task"]),
             description["num_layers"],
             description["layer_dim"],
             description["vocab"],
@@ -85,6 +85,14 @@ def load_task_model(directory: str | Path) -> tuple[TaskModel, dict[str, Any] | 
     except (OSError, ValueError, KeyError, RuntimeError) as err:
         raise WeightsError(f"not a saved task model: {err}", path=source) from None
     return model.eval(), description["tokenizer"]
+
+
+def _saved_task(saved: dict[str, Any]) -> TaskConfig:
+    """A saved task config; one saved before each format had reader options of its own holds
+    every format's, of which its format's are kept."""
+    options = task_type(saved["type"]).format(saved["format"]).options.model_fields
+    reader = {key: value for key, value in saved.get("reader", {}).items() if key in options}
+    return TaskConfig.model_validate({**saved, "reader": reader})
 
 
 def model_signature(type_name: str) -> ModelSignature:

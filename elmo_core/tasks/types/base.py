@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 
+from elmo_core.config import StrictModel
 from elmo_core.tasks.dataset import TaskDataset
 from elmo_core.tasks.heads import TaskHead
 from elmo_core.tasks.metrics import SpanScores, confusion_matrix, label_scores
 
 if TYPE_CHECKING:
-    from elmo_core.tasks.task_config import HeadConfig, ReaderConfig, Split, TaskConfig
+    from elmo_core.tasks.task_config import HeadConfig, Split, TaskConfig
 
 # The served model's column names, shared by every type's schema.
 SENTENCE, TOKENS, LABEL, TAGS = "sentence", "tokens", "label", "tags"
@@ -30,13 +31,18 @@ Prediction = list[str] | str  # what a model predicts for one example: tags, or 
 Table = dict[str, list[object]]
 
 
+class NoOptions(StrictModel):
+    """The ``reader`` options of a format that has none."""
+
+
 @dataclass(frozen=True)
 class Format:
-    """A file format a type reads: its reader and the ``reader`` options it honours."""
+    """A file format a type reads: its reader, and the model of the ``reader`` options a task
+    file may give it (the reader is handed them validated)."""
 
     name: str
-    read: Callable[[Path, ReaderConfig, Split], TaskDataset[Any]]
-    options: tuple[str, ...] = ()
+    read: Callable[[Path, Any, Split], TaskDataset[Any]]
+    options: type[StrictModel] = NoOptions
 
 
 @dataclass(frozen=True)

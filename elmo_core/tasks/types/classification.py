@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
+from pydantic import Field
 from torch import nn
 
+from elmo_core.config import StrictModel
 from elmo_core.tasks.classification import read_label_text, read_tsv
 from elmo_core.tasks.dataset import ClassificationExample, TaskDataset
 from elmo_core.tasks.heads import HeadInput, TaskHead, pool
@@ -19,12 +21,13 @@ from elmo_core.tasks.types.base import (
     TOKENS,
     Column,
     Format,
+    NoOptions,
     Prediction,
     TaskType,
 )
 
 if TYPE_CHECKING:
-    from elmo_core.tasks.task_config import HeadConfig, ReaderConfig, Split
+    from elmo_core.tasks.task_config import HeadConfig, Split
 
 
 class ClassificationHead(TaskHead):
@@ -43,20 +46,29 @@ class ClassificationHead(TaskHead):
         return self.output(self.dropout(pooled))  # (B, K)
 
 
-def _sst(path: Path, options: ReaderConfig, split: Split) -> TaskDataset[ClassificationExample]:
+class SstOptions(StrictModel):
+    sst_phrases: bool = Field(False, description="every subtree is a training example")
+
+
+class TsvOptions(StrictModel):
+    tsv_label_column: Literal["first", "last"] = Field(
+        "first", description="'label\\tsentence' (first) or 'sentence\\tlabel' (last)"
+    )
+    tsv_header: bool = Field(False, description="skip the first line")
+
+
+def _sst(path: Path, options: SstOptions, split: Split) -> TaskDataset[ClassificationExample]:
     """SST phrase-level examples (``sst_phrases``) train only: dev and test are always whole
     sentences, as SST results are reported."""
     return read_sst(path, phrases=options.sst_phrases and split == "train")
 
 
-def _label_text(
-    path: Path, options: ReaderConfig, split: Split
-) -> TaskDataset[ClassificationExample]:
+def _label_text(path: Path, options: NoOptions, split: Split) -> TaskDataset[ClassificationExample]:
 
     return read_label_text(path)
 
 
-def _tsv(path: Path, options: ReaderConfig, split: Split) -> TaskDataset[ClassificationExample]:
+def _tsv(path: Path, options: TsvOptions, split: Split) -> TaskDataset[ClassificationExample]:
     return read_tsv(path, label_column=options.tsv_label_column, header=options.tsv_header)
 
 
@@ -64,9 +76,9 @@ class Classification(TaskType):
     name = "classification"
     summary = "A label for every sentence"
     formats = (
-        Format("sst", _sst, ("sst_phrases",)),
+        Format("sst", _sst, SstOptions),
         Format("label_text", _label_text),
-        Format("tsv", _tsv, ("tsv_label_column", "tsv_header")),
+        Format("tsv", _tsv, TsvOptions),
     )
     head_options = ("pooling",)
 

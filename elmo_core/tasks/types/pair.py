@@ -5,18 +5,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
+from pydantic import Field
 from torch import nn
 
+from elmo_core.config import StrictModel
 from elmo_core.tasks.dataset import PairExample, TaskDataset
 from elmo_core.tasks.heads import HeadInput, SequenceEncoder, TaskHead, pool
 from elmo_core.tasks.snli import read_snli
 from elmo_core.tasks.types.base import LABEL, Column, Format, Prediction, TaskType
 
 if TYPE_CHECKING:
-    from elmo_core.tasks.task_config import HeadConfig, ReaderConfig, Split, TaskConfig
+    from elmo_core.tasks.task_config import HeadConfig, Split, TaskConfig
 
 
 PREMISE, HYPOTHESIS = "premise", "hypothesis"
@@ -86,14 +88,20 @@ def _masked_softmax(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.softmax(filled, dim=-1) * mask.to(scores.dtype)
 
 
-def _snli(path: Path, options: ReaderConfig, split: Split) -> TaskDataset[PairExample]:
+class SnliOptions(StrictModel):
+    snli_tokenization: Literal["binary_parse", "whitespace"] = Field(
+        "binary_parse", description="binary-parse leaves (whitespace when absent) or split"
+    )
+
+
+def _snli(path: Path, options: SnliOptions, split: Split) -> TaskDataset[PairExample]:
     return read_snli(path, tokenization=options.snli_tokenization)
 
 
 class Pair(TaskType):
     name = "pair"
     summary = "A label for every premise–hypothesis pair"
-    formats = (Format("snli", _snli, ("snli_tokenization",)),)
+    formats = (Format("snli", _snli, SnliOptions),)
     head_options = ("pair_head", "pooling")
     sides = (PREMISE, HYPOTHESIS)
 

@@ -5,17 +5,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 import torch
+from pydantic import Field
 from torch import nn
 
+from elmo_core.config import StrictModel
 from elmo_core.tasks.conll import read_conll2003, read_conllu
 from elmo_core.tasks.crf import CRF
 from elmo_core.tasks.dataset import TaggingExample, TaskDataset
 from elmo_core.tasks.heads import HeadInput, TaskHead
-from elmo_core.tasks.metrics import TagSpans, span_f1, span_f1_ids
+from elmo_core.tasks.metrics import SpanScheme, TagSpans, span_f1, span_f1_ids
 from elmo_core.tasks.types.base import (
     SENTENCE,
     TAGS,
@@ -30,7 +32,7 @@ from elmo_core.tasks.types.base import (
 )
 
 if TYPE_CHECKING:
-    from elmo_core.tasks.task_config import HeadConfig, ReaderConfig, Split, TaskConfig
+    from elmo_core.tasks.task_config import HeadConfig, Split, TaskConfig
 
 
 class TaggingHead(TaskHead):
@@ -61,11 +63,21 @@ class TaggingHead(TaskHead):
         return scores.argmax(dim=-1) * mask.long()
 
 
-def _conll2003(path: Path, options: ReaderConfig, split: Split) -> TaskDataset[TaggingExample]:
+class Conll2003Options(StrictModel):
+    tag_scheme: Literal["iob1", "iob2", "none"] = Field(
+        "iob1", description="tag encoding (the released English files are iob1)"
+    )
+
+
+class ConlluTagOptions(StrictModel):
+    conllu_column: Literal["upos", "xpos"] = Field("upos", description="the tag column")
+
+
+def _conll2003(path: Path, options: Conll2003Options, split: Split) -> TaskDataset[TaggingExample]:
     return read_conll2003(path, tag_scheme=options.tag_scheme)
 
 
-def _conllu(path: Path, options: ReaderConfig, split: Split) -> TaskDataset[TaggingExample]:
+def _conllu(path: Path, options: ConlluTagOptions, split: Split) -> TaskDataset[TaggingExample]:
     return read_conllu(path, column=options.conllu_column)
 
 
@@ -73,8 +85,8 @@ class Tagging(TaskType):
     name = "tagging"
     summary = "A tag for every token"
     formats = (
-        Format("conll2003", _conll2003, ("tag_scheme",)),
-        Format("conllu", _conllu, ("conllu_column",)),
+        Format("conll2003", _conll2003, Conll2003Options),
+        Format("conllu", _conllu, ConlluTagOptions),
     )
     head_options = ("crf",)
     probe = True
@@ -86,7 +98,7 @@ class Tagging(TaskType):
 
     def main_metric(self, task: TaskConfig) -> str:
         """Span ``f1`` for entity tags (CoNLL-2003 read as iob1/iob2), else ``accuracy``."""
-        return "f1" if _entity_tags(task) else "accuracy"
+        return "f1" if _span_scheme(task) else "accuracy"
 
     def scores(
         self,
@@ -98,7 +110,7 @@ class Tagging(TaskType):
     ) -> dict[str, float]:
         """Token accuracy; with entity tags also span precision, recall and F1 (per type too)."""
         scores = super().scores(task, labels, gold, predicted, offsets)
-        if not _entity_tags(task):
+        if not _span_scheme(task):
             return scores
         return span_f1_ids(gold, predicted, offsets, TagSpans(labels)).to_metrics() | scores
 
@@ -130,15 +142,18 @@ class Tagging(TaskType):
         predicted: Sequence[Prediction],
     ) -> ErrorTables:
         """Precision, recall, F1 and counts per entity type (entity tags) or per tag."""
-        if _entity_tags(task):
+        scheme = _span_scheme(task)
+        if scheme:
             spans = span_f1(
-                [list(tags) for tags in gold],
-                [list(tags) for tags in predicted],
-                task.reader.tag_scheme,  # type: ignore[arg-type]
+                [list(tags) for tags in gold], [list(tags) for tags in predicted], scheme
             )
             return ErrorTables(per_type=per_label_table(spans.per_type))
         return ErrorTables(per_type=label_table(gold, predicted, labels))
 
 
-def _entity_tags(task: TaskConfig) -> bool:
-    return task.format == "conll2003" and task.reader.tag_scheme != "none"
+def _span_scheme(task: TaskConfig) -> SpanScheme | None:
+    """How the task's entity tags encode spans; None where its tags are no entities."""
+    if task.format != "conll2003":
+        return None
+    scheme = cast(Conll2003Options, task.reader).tag_scheme
+    return None if scheme == "none" else scheme

@@ -23,13 +23,13 @@ from elmo_core.tasks.activation_cache import ActivationCache
 from elmo_core.tasks.dataset import (
     ClassificationExample,
     PairExample,
-    ParseExample,
     TaggingExample,
     TaskDataset,
 )
 from elmo_core.tasks.task_config import TaskConfig
 from elmo_core.tasks.task_model import example_sentences
 from elmo_core.tasks.trainer import TaskSplit
+from elmo_core.tasks.types.parsing.conllu import ParseExample
 
 FILLER = ["the", "a", "saw", "met", "with", "and", "today", "we"]
 SPLIT_SIZES = {"train": 64, "dev": 24, "test": 24}
@@ -104,7 +104,7 @@ def make_task(task_type: str, **head: Any) -> TaskConfig:
         type=task_type,  # type: ignore[arg-type]
         format=FORMATS[task_type],  # type: ignore[arg-type]
         train=Path("unused"),
-        reader={"tag_scheme": "iob2"},  # type: ignore[arg-type]
+        reader={"tag_scheme": "iob2"} if FORMATS[task_type] == "conll2003" else {},
         head={"hidden_dim": 8, "dropout": 0.1, **head},  # type: ignore[arg-type]
         training=training,  # type: ignore[arg-type]
     )
@@ -132,3 +132,24 @@ def task_splits(
 @pytest.fixture(scope="session")
 def task_factory() -> Callable[..., TaskConfig]:
     return make_task
+
+
+@pytest.fixture
+def spanish_conllu() -> str:
+    """Two CoNLL-U sentences with a multiword token, an empty node and a tree each."""
+    return """\
+# sent_id = 1
+# text = Vámonos al mar.
+1-2\tVámonos\t_\t_\t_\t_\t_\t_\t_\t_
+1\tVamos\tir\tVERB\tVMM\t_\t0\troot\t_\t_
+2\tnos\tnosotros\tPRON\tPP\t_\t1\tobj\t_\t_
+3-4\tal\t_\t_\t_\t_\t_\t_\t_\t_
+3\ta\ta\tADP\tSPS\t_\t5\tcase\t_\t_
+4\tel\tel\tDET\tDA\t_\t5\tdet\t_\t_
+5\tmar\tmar\tNOUN\tNC\t_\t1\tobl\t_\tSpaceAfter=No
+5.1\tfue\tir\tVERB\tVMI\t_\t_\t_\t0:root\t_
+6\t.\t.\tPUNCT\tFp\t_\t1\tpunct\t_\t_
+
+# sent_id = 2
+1\tSí\tsí\tINTJ\tRG\t_\t0\troot\t_\t_
+"""

@@ -1,7 +1,7 @@
 import pytest
 
 from elmo_core.errors import DataError
-from elmo_core.tasks.conll import read_conll2003, read_conllu, read_conllu_trees
+from elmo_core.tasks.conll import read_conll2003, read_conllu
 
 CONLL_4_COLUMNS = """\
 -DOCSTART- -X- -X- O
@@ -19,23 +19,6 @@ Blackburn NNP I-NP I-PER
 
 BRUSSELS NNP I-NP I-LOC
 1996-08-22 CD I-NP O
-"""
-
-CONLLU = """\
-# sent_id = 1
-# text = Vámonos al mar.
-1-2\tVámonos\t_\t_\t_\t_\t_\t_\t_\t_
-1\tVamos\tir\tVERB\tVMM\t_\t0\troot\t_\t_
-2\tnos\tnosotros\tPRON\tPP\t_\t1\tobj\t_\t_
-3-4\tal\t_\t_\t_\t_\t_\t_\t_\t_
-3\ta\ta\tADP\tSPS\t_\t5\tcase\t_\t_
-4\tel\tel\tDET\tDA\t_\t5\tdet\t_\t_
-5\tmar\tmar\tNOUN\tNC\t_\t1\tobl\t_\tSpaceAfter=No
-5.1\tfue\tir\tVERB\tVMI\t_\t_\t_\t0:root\t_
-6\t.\t.\tPUNCT\tFp\t_\t1\tpunct\t_\t_
-
-# sent_id = 2
-1\tSí\tsí\tINTJ\tRG\t_\t0\troot\t_\t_
 """
 
 
@@ -113,8 +96,8 @@ def test_invalid_utf8_names_the_line(tmp_path):
         read_conll2003(path)
 
 
-def test_conllu_skips_comments_multiword_tokens_and_empty_nodes(tmp_path):
-    dataset = read_conllu(write(tmp_path, "es.conllu", CONLLU))
+def test_conllu_skips_comments_multiword_tokens_and_empty_nodes(tmp_path, spanish_conllu):
+    dataset = read_conllu(write(tmp_path, "es.conllu", spanish_conllu))
     assert [example.tokens for example in dataset] == [
         ["Vamos", "nos", "a", "el", "mar", "."],
         ["Sí"],
@@ -123,8 +106,8 @@ def test_conllu_skips_comments_multiword_tokens_and_empty_nodes(tmp_path):
     assert dataset.skipped == {"multiword_token": 2, "empty_node": 1}
 
 
-def test_conllu_reads_xpos_by_option(tmp_path):
-    dataset = read_conllu(write(tmp_path, "es.conllu", CONLLU), column="xpos")
+def test_conllu_reads_xpos_by_option(tmp_path, spanish_conllu):
+    dataset = read_conllu(write(tmp_path, "es.conllu", spanish_conllu), column="xpos")
     assert dataset[0].tags == ["VMM", "PP", "SPS", "DA", "NC", "Fp"]
     assert dataset[1].tags == ["RG"]
 
@@ -134,8 +117,8 @@ def test_conllu_keeps_spaces_inside_a_form(tmp_path):
     assert read_conllu(write(tmp_path, "sp.conllu", text))[0].tokens == ["10 000"]
 
 
-def test_conllu_wrong_column_count_names_the_line(tmp_path):
-    lines = CONLLU.splitlines()
+def test_conllu_wrong_column_count_names_the_line(tmp_path, spanish_conllu):
+    lines = spanish_conllu.splitlines()
     lines[5] = "4 el el DET DA _ 5 det _ _"  # spaces instead of tabs: one column
     path = write(tmp_path, "bad.conllu", "\n".join(lines) + "\n")
     with pytest.raises(
@@ -159,38 +142,3 @@ def test_conllu_non_integer_id_is_an_error(tmp_path):
 def test_conllu_file_of_comments_only_is_empty(tmp_path):
     with pytest.raises(DataError, match="no examples"):
         read_conllu(write(tmp_path, "c.conllu", "# just a comment\n\n"))
-
-
-def test_conllu_trees_read_heads_and_relations_of_the_syntactic_words(tmp_path):
-    path = write(tmp_path, "es.conllu", CONLLU.replace("\tobl\t", "\tobl:arg\t"))
-    dataset = read_conllu_trees(path)
-    assert [example.tokens for example in dataset] == [
-        ["Vamos", "nos", "a", "el", "mar", "."],
-        ["Sí"],
-    ]
-    assert dataset[0].heads == [0, 1, 5, 5, 1, 1]
-    assert dataset[0].relations == ["root", "obj", "case", "det", "obl", "punct"]
-    assert read_conllu_trees(path, relations="full")[0].relations[4] == "obl:arg"
-    assert dataset.skipped == {"multiword_token": 2, "empty_node": 1}
-
-
-@pytest.mark.parametrize(
-    ("line", "column", "value", "message"),
-    [
-        (5, 6, "x", r"es.conllu:5: word 2: head 'x' is not an integer"),
-        (5, 6, "9", r"es.conllu:5: word 2: head 9 is outside its sentence of 6 words"),
-        (5, 7, "_", r"es.conllu:5: word 2 has no DEPREL"),
-        (4, 6, "2", r"es.conllu:4: the sentence has 0 words on the root"),  # and 1 ↔ 2
-        (5, 6, "0", r"es.conllu:4: the sentence has 2 words on the root \(words \[1, 2\]\)"),
-        (9, 6, "3", r"es.conllu:4: the sentence's heads form a cycle through word [35]"),
-    ],
-)
-def test_conllu_trees_refuse_what_is_no_tree_naming_the_line(
-    tmp_path, line, column, value, message
-):
-    lines = CONLLU.splitlines()
-    fields = lines[line - 1].split("\t")
-    fields[column] = value
-    lines[line - 1] = "\t".join(fields)
-    with pytest.raises(DataError, match=message):
-        read_conllu_trees(write(tmp_path, "es.conllu", "\n".join(lines) + "\n"))

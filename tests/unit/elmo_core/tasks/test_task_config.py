@@ -67,6 +67,13 @@ def test_closed_choices_are_checked(tmp_path):
         load_task_config(write(tmp_path, NER_YAML.replace("format: conll2003", "format: csv")))
 
 
+def test_a_reader_option_of_another_format_is_refused_by_its_key(tmp_path):
+    path = write(tmp_path, NER_YAML)
+    with pytest.raises(ConfigError, match=r"key 'reader.sst_phrases'.*format conll2003"):
+        load_task_config(path, ["reader.sst_phrases=true"])
+    assert load_task_config(path).model_dump(mode="json")["reader"] == {"tag_scheme": "iob1"}
+
+
 def test_format_must_match_type_and_crf_is_for_tagging():
     base = {"name": "sst5", "train": "t.txt"}
     with pytest.raises(

@@ -12,16 +12,16 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 import torch
+from pydantic import Field
 from torch import nn
 
-from elmo_core.tasks.conll import read_conllu_trees
-from elmo_core.tasks.dataset import ParseExample, TaskDataset
+from elmo_core.config import StrictModel
+from elmo_core.tasks.dataset import TaskDataset
 from elmo_core.tasks.heads import HeadInput, TaskHead
-from elmo_core.tasks.trees import max_spanning_tree
 from elmo_core.tasks.types.base import (
     SENTENCE,
     TOKENS,
@@ -33,9 +33,11 @@ from elmo_core.tasks.types.base import (
     TaskType,
     label_table,
 )
+from elmo_core.tasks.types.parsing.conllu import ParseExample, read_conllu_trees
+from elmo_core.tasks.types.parsing.trees import max_spanning_tree
 
 if TYPE_CHECKING:
-    from elmo_core.tasks.task_config import HeadConfig, ReaderConfig, Split, TaskConfig
+    from elmo_core.tasks.task_config import HeadConfig, Split, TaskConfig
 
 HEADS, RELATIONS = "heads", "relations"
 PUNCTUATION = "punct"  # UD's relation of every punctuation mark
@@ -158,14 +160,31 @@ def _arc_log_probs(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(arcs, dim=-1)
 
 
-def _trees(path: Path, options: ReaderConfig, split: Split) -> TaskDataset[ParseExample]:
+class TreeOptions(StrictModel):
+    conllu_relations: Literal["universal", "full"] = Field(
+        "universal",
+        description="relations without their subtypes (nmod:poss → nmod), as CoNLL 2018's LAS "
+        "compares them, or as written",
+    )
+    punctuation: Literal["counted", "excluded"] = Field(
+        "counted",
+        description="whether UAS and LAS count the words attached as punct (CoNLL 2018 counts "
+        "every word)",
+    )
+
+
+def _options(task: TaskConfig) -> TreeOptions:
+    return cast(TreeOptions, task.reader)
+
+
+def _trees(path: Path, options: TreeOptions, split: Split) -> TaskDataset[ParseExample]:
     return read_conllu_trees(path, relations=options.conllu_relations)
 
 
 class Parsing(TaskType):
     name = "parsing"
     summary = "A head and a relation for every word"
-    formats = (Format("conllu", _trees, ("conllu_relations", "punctuation")),)
+    formats = (Format("conllu", _trees, TreeOptions),)
 
     def head(
         self, input_dim: int, num_labels: int, config: HeadConfig, output_elmo_dim: int
@@ -178,7 +197,7 @@ class Parsing(TaskType):
     def known_labels(self, task: TaskConfig) -> list[str] | None:
         """UD's 37 universal relations, when subtypes are dropped: a rare relation of dev or
         test (``dep``, ``reparandum``) need not occur in a small training set."""
-        return list(UNIVERSAL_RELATIONS) if task.reader.conllu_relations == "universal" else None
+        return list(UNIVERSAL_RELATIONS) if _options(task).conllu_relations == "universal" else None
 
     def scores(
         self,
@@ -192,7 +211,7 @@ class Parsing(TaskType):
         ``punct`` with ``reader.punctuation: excluded``."""
         size = len(labels)
         scored = np.ones(len(gold), dtype=bool)
-        if task.reader.punctuation == "excluded" and PUNCTUATION in labels:
+        if _options(task).punctuation == "excluded" and PUNCTUATION in labels:
             scored = gold % size != list(labels).index(PUNCTUATION)
         if not scored.any():
             raise ValueError("attachment scores of no words are undefined")

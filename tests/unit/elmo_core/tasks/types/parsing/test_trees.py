@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from elmo_core.tasks.trees import max_spanning_tree, tree_score
+from elmo_core.tasks.types.parsing.trees import max_spanning_tree, tree_score
 
 
 def _is_tree(heads: tuple[int, ...]) -> bool:
