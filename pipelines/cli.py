@@ -7,15 +7,16 @@ pays for the torch, MLflow and Ray imports of the others and ``elmo --help`` for
 
 from __future__ import annotations
 
-import functools
+import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any, cast, get_args
 
 import typer
 
 from pipelines.adapt.cli import adapt_command
 from pipelines.analyze.cli import analyze_command
 from pipelines.common.cli_runner import command_app, run_command, run_commands
+from pipelines.common.handoff import HandOn
 from pipelines.embed.cli import embed_command
 from pipelines.evaluate.cli import evaluate_command
 from pipelines.prepare.cli import prepare_command
@@ -23,21 +24,44 @@ from pipelines.registry.cli import import_weights_command, promote_command, regi
 from pipelines.train.cli import Trained, train_command
 
 
-@functools.wraps(train_command)  # typer reads the options from the wrapped signature
-def train_and_register(*args: Any, **kwargs: Any) -> None:
-    """``elmo train``: the train command, then evaluate and register what it trained."""
-    trained = train_command(*args, **kwargs)
-    if trained is not None:
-        evaluate_and_register(trained)
+def train_and_register(
+    *,
+    hand_on: Annotated[
+        str,
+        typer.Option(
+            help="the model evaluate and register get: best (lowest validation perplexity; the "
+            "final one when no validation ran) or final"
+        ),
+    ] = "best",
+    no_register: Annotated[
+        bool, typer.Option("--no-register", help="skip evaluate+register")
+    ] = False,
+    **options: Any,
+) -> None:
+    """Pretrain a biLM on Ray Train; evaluate and register its best (or final) model."""
+    if hand_on not in get_args(HandOn):
+        raise typer.BadParameter(f"{hand_on!r} is not best or final", param_hint="--hand-on")
+    trained = train_command(**options)
+    if not no_register:
+        evaluate_and_register(trained, cast(HandOn, hand_on))
 
 
-def evaluate_and_register(trained: Trained) -> None:
+# typer reads a command's options from its signature and annotations: train's, then these two
+_OPTIONS = [
+    *inspect.signature(train_command, eval_str=True).parameters.values(),
+    *list(inspect.signature(train_and_register, eval_str=True).parameters.values())[:2],
+]
+train_and_register.__signature__ = inspect.Signature(_OPTIONS)  # type: ignore[attr-defined]
+train_and_register.__annotations__ = {option.name: option.annotation for option in _OPTIONS}
+
+
+def evaluate_and_register(trained: Trained, hand_on: HandOn) -> None:
     """The evaluate and register stages on a trained run's handed-on model, as the flow runs
     them, each saying what it did."""
     from pipelines.evaluate.stage import evaluate_trained
     from pipelines.registry.register import register_trained
 
-    result, data, hand_on, parent_run_id = trained
+    result, data, parent_run_id = trained
     handed = result.handed_on(hand_on)
     typer.echo(f"evaluating and registering {handed.description}: {handed.model_dir}")
     scores = evaluate_trained(result, data, hand_on=hand_on, parent_run_id=parent_run_id)

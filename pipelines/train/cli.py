@@ -1,30 +1,29 @@
 """The options of :func:`pipelines.train.stage.train` as a command, whose trained run
-:mod:`pipelines.cli` then hands to evaluate and register (``elmo train``, ``python -m
-pipelines.train``): chaining stages is not a stage's job. The stage is imported only when the
-command runs."""
+:mod:`pipelines.cli` then hands to evaluate and register with options of its own (``elmo train``,
+``python -m pipelines.train``): chaining stages is not a stage's job. The stage is imported only
+when the command runs."""
 
 from __future__ import annotations
 
 import shlex
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NamedTuple, cast, get_args
+from typing import TYPE_CHECKING, Annotated, NamedTuple
 
 import typer
 
 from pipelines.common.cli_runner import OPTIONS_HELP, SOURCE_HELP
 
 if TYPE_CHECKING:
-    from pipelines.common.handoff import HandOn, TrainResult
+    from pipelines.common.handoff import TrainResult
     from pipelines.train.job_config import TrainJobConfig
 
 
 class Trained(NamedTuple):
-    """What ``elmo train`` hands on to evaluate and register."""
+    """A finished training run, its dataset (absolute) and its MLflow parent run."""
 
     result: TrainResult
-    data: str  # the dataset, absolute
-    hand_on: HandOn
+    data: str
     parent_run_id: str | None
 
 
@@ -45,28 +44,12 @@ def train_command(
     tag: Annotated[
         list[str] | None, typer.Option(help="KEY=VALUE tag of the MLflow run (repeatable)")
     ] = None,
-    hand_on: Annotated[
-        str,
-        typer.Option(
-            help="the model evaluate and register get: best (lowest validation perplexity; the "
-            "final one when no validation ran) or final"
-        ),
-    ] = "best",
-    no_register: Annotated[
-        bool, typer.Option("--no-register", help="skip evaluate+register")
-    ] = False,
-) -> Trained | None:
-    """Pretrain a biLM on Ray Train; evaluate and register its best (or final) model.
-    \f
-    Returns the trained run for those two (:mod:`pipelines.cli` runs them; the help ends at the
-    form feed), None with ``--no-register``."""
+) -> Trained:
+    """Pretrain a biLM on Ray Train."""
     from elmo_core.location import absolute_location
-    from pipelines.common import handoff
     from pipelines.train.stage import train
     from pipelines.train.supervision import TrainingInterrupted
 
-    if hand_on not in get_args(handoff.HandOn):
-        raise typer.BadParameter(f"{hand_on!r} is not best or final", param_hint="--hand-on")
     cfg = _job_config(model, config, set_ or [], job_config)
     tags = dict(_key_value(text) for text in tag or [])
     try:
@@ -96,9 +79,7 @@ def train_command(
         f"{result.run_name} {verb}: {result.steps}/{result.total_steps} steps, best validation "
         f"perplexity {best} (heldout sample), model → {result.model_dir}"
     )
-    if no_register:
-        return None
-    return Trained(result, absolute_location(data), cast("HandOn", hand_on), parent_run_id)
+    return Trained(result, absolute_location(data), parent_run_id)
 
 
 def _job_config(
