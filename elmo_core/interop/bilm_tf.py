@@ -23,6 +23,7 @@ from elmo_core.config import ModelConfig
 from elmo_core.errors import ConfigError, WeightsError
 from elmo_core.location import atomic_write
 from elmo_core.model.bilm import BiLM
+from elmo_core.model.elmo import Elmo
 from elmo_core.model.lstm.reference import ProjectedLSTM, ProjectedLSTMLayer
 from elmo_core.text.char_ids import MAX_CHARS_PER_TOKEN, NUM_CHARACTERS
 
@@ -90,6 +91,16 @@ def read_bilm_tf(
             bilm.softmax.weight.copy_(torch.from_numpy(softmax[0]))
             bilm.softmax.bias.copy_(torch.from_numpy(softmax[1]))
     return bilm.eval()
+
+
+def elmo_from_bilm_tf(
+    options_file: str | Path,
+    weight_file: str | Path,
+    num_output_representations: int,
+    **kwargs: Any,
+) -> Elmo:
+    """ELMo over released bilm-tf weights (``options.json`` + HDF5); kwargs go to ``Elmo``."""
+    return Elmo(read_bilm_tf(options_file, weight_file), num_output_representations, **kwargs)
 
 
 def write_bilm_tf(

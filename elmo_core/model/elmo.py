@@ -89,19 +89,6 @@ class Elmo(nn.Module):
         self.train(self.training)
 
     @classmethod
-    def from_bilm_tf(
-        cls,
-        options_file: str | Path,
-        weight_file: str | Path,
-        num_output_representations: int,
-        **kwargs: Any,
-    ) -> Elmo:
-        """ELMo over released bilm-tf weights (``options.json`` + HDF5); kwargs go to ``Elmo``."""
-        from elmo_core.interop.bilm_tf import read_bilm_tf
-
-        return cls(read_bilm_tf(options_file, weight_file), num_output_representations, **kwargs)
-
-    @classmethod
     def from_checkpoint(
         cls, path: str | Path, num_output_representations: int, **kwargs: Any
     ) -> Elmo:

@@ -19,7 +19,7 @@ import torch
 
 from elmo_core.config import ModelConfig
 from elmo_core.errors import ConfigError, WeightsError
-from elmo_core.interop.bilm_tf import read_bilm_tf, read_options, write_bilm_tf
+from elmo_core.interop.bilm_tf import elmo_from_bilm_tf, read_bilm_tf, read_options, write_bilm_tf
 from elmo_core.model.bilm import BiLM
 from elmo_core.model.elmo import Elmo
 from elmo_core.presets import original, tiny
@@ -391,7 +391,7 @@ def test_without_cnn_proj_the_token_projection_is_the_identity(tmp_path):
 def test_elmo_from_bilm_tf_runs_the_saved_weights(tmp_path):
     bilm = _model()
     options, weights = _save(tmp_path, bilm)
-    elmo = Elmo.from_bilm_tf(options, weights, 2, dropout=0.0)
+    elmo = elmo_from_bilm_tf(options, weights, 2, dropout=0.0)
     ids = batch_to_ids(SENTENCES)
     out = elmo(ids)
     assert len(out["elmo_representations"]) == 2

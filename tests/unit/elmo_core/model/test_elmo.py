@@ -1,4 +1,3 @@
-import sys
 import types
 
 import pytest
@@ -142,22 +141,6 @@ def test_layer_norm_excludes_boundaries_and_padding():
     # Every layer is a multiple of the same values, so all normalise to the same thing.
     assert real.mean().item() == pytest.approx(0.0, abs=1e-5)
     assert real.std(unbiased=False).item() == pytest.approx(1.0, abs=1e-4)
-
-
-def test_from_bilm_tf_builds_on_the_interop_loader(monkeypatch, tmp_path):
-    calls = []
-
-    def read_bilm_tf(options_file, weight_file):
-        calls.append((options_file, weight_file))
-        return FakeBiLM()
-
-    monkeypatch.setitem(
-        sys.modules, "elmo_core.interop.bilm_tf", types.SimpleNamespace(read_bilm_tf=read_bilm_tf)
-    )
-    options, weights = tmp_path / "options.json", tmp_path / "weights.hdf5"
-    elmo = Elmo.from_bilm_tf(options, weights, 2, dropout=0.0, do_layer_norm=True)
-    assert calls == [(options, weights)]
-    assert len(elmo.scalar_mixes) == 2 and elmo.scalar_mixes[0].do_layer_norm
 
 
 def test_with_the_real_tiny_bilm():
