@@ -73,6 +73,42 @@ def test_scripts_import_their_siblings_as_packages_not_through_sys_path() -> Non
     assert [str(path.relative_to(ROOT)) for path in inserts] == []
 
 
+TAG_PREFIX = "elmo."  # every MLflow tag the project writes
+TAG_BUILDERS = "pipelines/registry/tags.py"  # score_tag and gain_tag name a task's metric
+
+
+def _tag_names() -> tuple[dict[str, list[tuple[str, str]]], list[str]]:
+    """Each ``elmo.`` tag declared as a module constant (value → (module, name)), and every other
+    ``elmo.`` string: a tag typed where its name belongs."""
+    declared: dict[str, list[tuple[str, str]]] = {}
+    stray = []
+    for path in _modules(MIRRORED):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        module = str(path.relative_to(ROOT))
+        constants = set()
+        for node in tree.body:
+            value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+            if isinstance(value, ast.Constant) and str(value.value).startswith(TAG_PREFIX):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for target in targets:
+                    declared.setdefault(value.value, []).append((module, ast.unparse(target)))
+                constants.add(id(value))
+        for node in ast.walk(tree):
+            text = node.values[0] if isinstance(node, ast.JoinedStr) and node.values else node
+            typed = isinstance(text, ast.Constant) and str(text.value).startswith(TAG_PREFIX)
+            if typed and id(text) not in constants and module != TAG_BUILDERS:
+                stray.append(f"{module}:{node.lineno}: {text.value!r}")
+    return declared, stray
+
+
+def test_mlflow_tags_are_declared_once_and_used_by_name() -> None:
+    declared, stray = _tag_names()
+    assert stray == []
+    assert {value: where for value, where in declared.items() if len(where) > 1} == {}
+    names = [name for where in declared.values() for _, name in where]
+    assert sorted({name for name in names if names.count(name) > 1}) == []
+
+
 def test_module_docstrings_are_short() -> None:
     modules = _modules(DOCUMENTED)
     lines = {path: _docstring_lines(path) for path in modules}

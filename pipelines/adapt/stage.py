@@ -57,6 +57,7 @@ from pipelines.serving.bilm_loader import (
 )
 from pipelines.tracking.figures import log_curves, log_figure, metric_label
 from pipelines.tracking.stage_runs import (
+    CONFIG_ARTIFACT,
     DESCRIPTION_TAG,
     EXPERIMENT,
     PARENT_RUN_ENV,
@@ -181,7 +182,7 @@ def run_adapt_job(job: AdaptJob) -> AdaptResult:
             "adapt", run_name=f"adapt-{task.name}", parent_run_id=job.parent_run_id, tags=run_tags
         ) as run:
             mlflow.log_params(task_params(task) | {"bilm": job.bilm.location, "device": device})
-            mlflow.log_dict(task.model_dump(mode="json"), "config.json")
+            mlflow.log_dict(task.model_dump(mode="json"), CONFIG_ARTIFACT)
             log_task_data(task)
             mlflow.log_param("seeds", ",".join(map(str, job.seeds)))
             first = job.seeds[0]  # its models are registered and their curves logged

@@ -34,7 +34,7 @@ from pipelines.serving import task_pyfunc
 from pipelines.serving.bilm_loader import BiLMReference, LoadedBiLM
 from pipelines.tracking.datasets import log_input_file
 from pipelines.tracking.logged_models import log_model_at, register_model
-from pipelines.tracking.stage_runs import flatten_params, location_link
+from pipelines.tracking.stage_runs import CONFIG_ARTIFACT, flatten_params, location_link
 
 SCORES_FILE = "scores.json"
 SEEDS_TABLE = "seed_scores.json"  # each seed's headline score, with ELMo and without
@@ -116,7 +116,7 @@ def task_params(task: TaskConfig) -> dict[str, str]:
     type_specific = {option for other in TASK_TYPES.values() for option in other.head_options}
     unused = type_specific - set(kind.options_read(task))
     config["head"] = {key: value for key, value in config["head"].items() if key not in unused}
-    return flatten_params(config, whole_in="config.json")
+    return flatten_params(config, whole_in=CONFIG_ARTIFACT)
 
 
 def log_task_data(task: TaskConfig) -> None:

@@ -26,6 +26,7 @@ from pipelines.prepare.inputs import FileTask, SourceFile
 from pipelines.prepare.output import CountSummary, DatasetOutput
 from pipelines.prepare.pool import task_pool
 from pipelines.prepare.run import PrepareRun
+from pipelines.registry.tags import DATASET_TAG
 
 
 class CorpusInputs(Protocol):
@@ -68,7 +69,7 @@ def prepare(
     from pipelines.tracking.stage_runs import stage_run
 
     dataset = absolute_location(out)
-    all_tags = {"elmo.dataset": dataset, **(tags or {})}
+    all_tags = {DATASET_TAG: dataset, **(tags or {})}
     name = _run_name(dataset)
     with stage_run("prepare", run_name=name, parent_run_id=parent_run_id, tags=all_tags):
         located = locate_corpus(

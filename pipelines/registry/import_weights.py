@@ -26,10 +26,10 @@ from pipelines.serving.bilm_loader import LoadedBiLM
 from pipelines.tracking.stage_runs import STAGE_TAG
 
 STAGE = "import-weights"
-OPTIONS_TAG = "elmo.import.options"
-WEIGHTS_TAG = "elmo.import.weights"
-SOFTMAX_TAG = "elmo.import.softmax"
-VOCAB_TAG = "elmo.import.vocab"
+IMPORT_OPTIONS_TAG = "elmo.import.options"
+IMPORT_WEIGHTS_TAG = "elmo.import.weights"
+IMPORT_SOFTMAX_TAG = "elmo.import.softmax"
+IMPORT_VOCAB_TAG = "elmo.import.vocab"
 TokenizerName = Literal["whitespace", "moses"]
 
 
@@ -56,10 +56,10 @@ def import_weights(
         raise ConfigError(f"{tokenizer!r} is not one of {get_args(TokenizerName)}", key="tokenizer")
     bilm = read_bilm_tf(options_file, weight_file, softmax_file=softmax_file)
     given = {
-        OPTIONS_TAG: options_file,
-        WEIGHTS_TAG: weight_file,
-        SOFTMAX_TAG: softmax_file,
-        VOCAB_TAG: vocab_file,
+        IMPORT_OPTIONS_TAG: options_file,
+        IMPORT_WEIGHTS_TAG: weight_file,
+        IMPORT_SOFTMAX_TAG: softmax_file,
+        IMPORT_VOCAB_TAG: vocab_file,
     }
     sources = {tag: str(Path(path).resolve()) for tag, path in given.items() if path is not None}
     with tempfile.TemporaryDirectory(prefix="elmo-import-") as scratch:
@@ -117,7 +117,7 @@ def describe_import(
     manifest.write_text(json.dumps(description, indent=2), encoding="utf-8")
     manifest_sha256 = sha256_file(manifest)
     return DatasetFiles(
-        url=f"bilm-tf:{sources[WEIGHTS_TAG]}",
+        url=f"bilm-tf:{sources[IMPORT_WEIGHTS_TAG]}",
         vocab=vocab_path,
         manifest=manifest,
         vocab_sha256=vocab_sha256,

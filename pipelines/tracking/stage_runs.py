@@ -48,6 +48,7 @@ DESCRIPTION_TAG = "mlflow.note.content"  # the run's (and the experiment's) desc
 PROGRESS_TAG = "elmo.progress"  # a stage run's latest step of work (adapt, analyze)
 PROGRESS_SHARE_TAG = "elmo.progress_share"  # how much of its work that is done, 0 to 1
 REUSE_KEY_TAG = "elmo.reuse_key"  # what a finished adapt or analyze run was made from
+CONFIG_ARTIFACT = "config.json"  # a stage run's resolved config, whole
 EXPERIMENT_DESCRIPTION = (
     "ELMo pretraining and adaptation. Each flow run is a parent run; its stages (prepare, train, "
     "evaluate, register, adapt and, when asked, analyze; embed in the embed flow) are its child "
@@ -357,7 +358,7 @@ def _within_limit(value: str, whole_in: str | None) -> str:
     return value[: MAX_PARAM_CHARS - len(note)] + note
 
 
-def log_config(config: BaseModel, artifact_file: str = "config.json") -> None:
+def log_config(config: BaseModel, artifact_file: str = CONFIG_ARTIFACT) -> None:
     """Log a resolved config as params (searchable) and as one JSON artifact (exact)."""
     mlflow.log_params(flatten_params(config, whole_in=artifact_file))
     mlflow.log_dict(config.model_dump(mode="json"), artifact_file)

@@ -19,9 +19,10 @@ from elmo_core.location import open_url
 from pipelines.common.handoff import TrainResult
 from pipelines.common.settings import mlflow_tracking_uri
 from pipelines.tracking.flow_runs import tag_run
-from pipelines.tracking.stage_runs import PARENT_RUN_ENV
+from pipelines.tracking.stage_runs import PARENT_RUN_ENV, STAGE_TAG
 from pipelines.train.job_config import TrainJobConfig
 from pipelines.train.preflight import TrainPlan
+from pipelines.train.run_directory import RUN_DIR_TAG
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ def train_as_job(
         job_entrypoint(job_config, plan, parent_run_id, all_tags),
         submission_id=submission_id,
         env=env,
-        metadata={**(tags or {}), "elmo.stage": "train", "elmo.run_dir": plan.run_dir.url},
+        metadata={**(tags or {}), STAGE_TAG: "train", RUN_DIR_TAG: plan.run_dir.url},
     )
     if parent_run_id is not None:
         tag_run(parent_run_id, {SUBMISSION_TAG: submission_id})

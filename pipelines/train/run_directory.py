@@ -16,6 +16,10 @@ from elmo_core.model.serialization import write_bilm_dir
 BEST_DIR = "best"  # the model with the best validation perplexity so far
 FINISHED_FILE = "FINISHED.json"  # the TrainResult of a finished run
 RUN_ID_FILE = "mlflow_run_id.json"  # the run's MLflow run
+# The training run's tags: where its directory is, its final model, and that it finished.
+RUN_DIR_TAG = "elmo.run_dir"
+MODEL_DIR_TAG = "elmo.model_dir"
+FINISHED_TAG = "elmo.finished"
 
 
 class RunDirectory(Location):

@@ -26,6 +26,7 @@ from elmo_core.model.serialization import MODEL_DIR
 from pipelines.common.handoff import TrainResult
 from pipelines.common.ray_cluster import connect_ray, cpus_available
 from pipelines.common.settings import RAY_JOBS_ENV, mlflow_tracking_uri
+from pipelines.registry.tags import DATASET_TAG
 from pipelines.tracking.datasets import log_dataset
 from pipelines.tracking.flow_runs import HEALTH_TAG, TOTAL_STEPS_TAG
 from pipelines.tracking.stage_runs import (
@@ -40,7 +41,15 @@ from pipelines.train.checkpoint import CheckpointStore, StoredCheckpoint
 from pipelines.train.job_config import TrainJobConfig, Where
 from pipelines.train.preflight import TrainPlan, plan_training
 from pipelines.train.ray_job import SUBMISSION_TAG, dashboard_url, train_as_job
-from pipelines.train.run_directory import BEST_DIR, FINISHED_FILE, RUN_ID_FILE, RunDirectory
+from pipelines.train.run_directory import (
+    BEST_DIR,
+    FINISHED_FILE,
+    FINISHED_TAG,
+    MODEL_DIR_TAG,
+    RUN_DIR_TAG,
+    RUN_ID_FILE,
+    RunDirectory,
+)
 from pipelines.train.supervision import supervise
 from pipelines.train.worker import WorkerConfig, train_loop_per_worker
 
@@ -179,7 +188,7 @@ def _tracked_run(
         with stage_run("train", run_name=run_name, run_id=run_id):
             yield run_id
         return
-    all_tags = {"elmo.dataset": plan.data, "elmo.run_dir": plan.run_dir.url, **(tags or {})}
+    all_tags = {DATASET_TAG: plan.data, RUN_DIR_TAG: plan.run_dir.url, **(tags or {})}
     if plan.init_from is not None:
         all_tags |= plan.init_from.tags
     with stage_run("train", run_name=run_name, parent_run_id=parent_run_id, tags=all_tags) as run:
@@ -253,8 +262,8 @@ def _finish(worker_cfg: WorkerConfig, run_dir: RunDirectory, seconds: float) -> 
     models += f". Warned at {warning}" if warning else ""
     mlflow.set_tags(
         {
-            "elmo.model_dir": outcome.model_dir,
-            "elmo.finished": "true",
+            MODEL_DIR_TAG: outcome.model_dir,
+            FINISHED_TAG: "true",
             DESCRIPTION_TAG: f"{outcome.summary()}. {models}.",
         }
     )

@@ -21,7 +21,7 @@ from elmo_core.text.char_ids import batch_to_ids
 from pipelines import cli
 from pipelines.registry import policy
 from pipelines.registry import register as reg
-from pipelines.registry.import_weights import STAGE, WEIGHTS_TAG, import_weights
+from pipelines.registry.import_weights import IMPORT_WEIGHTS_TAG, STAGE, import_weights
 from pipelines.serving.bilm_loader import load_bilm, resolve_bilm
 from pipelines.tracking import stage_runs
 
@@ -83,7 +83,7 @@ def test_import_without_softmax_is_challenger_and_records_its_sources(release):
     assert version.tags[reg.BILM_TF_TAG] == f"runs:/{release.imported.run_id}/bilm_tf"
     run = release.client.get_run(release.imported.run_id)
     assert run.data.tags[stage_runs.STAGE_TAG] == STAGE
-    assert run.data.tags[WEIGHTS_TAG] == str(release.files.weights.resolve())
+    assert run.data.tags[IMPORT_WEIGHTS_TAG] == str(release.files.weights.resolve())
     loaded = load_bilm(resolve_bilm("models:/elmo-bilm/1")).bilm
     assert loaded.softmax is None
 

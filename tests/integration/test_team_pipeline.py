@@ -27,7 +27,7 @@ from mlflow.tracking import MlflowClient
 
 from pipelines.tracking.flow_runs import TRAIN_LOSS_METRIC
 from pipelines.train.checkpoint import CheckpointStore
-from pipelines.train.run_directory import RunDirectory
+from pipelines.train.run_directory import RUN_DIR_TAG, RunDirectory
 from tests.integration.deployments import (
     BILM,
     ONE_CPU,
@@ -237,7 +237,7 @@ def test_a_flow_run_survives_losing_the_second_ray_node(team: dict[str, str], st
     client = MlflowClient(team["MLFLOW_TRACKING_URI"])
     flow_run = start_smoke(team, _trains_long(seed=41))
     run = _wait_for(lambda: _train_run(client, flow_run), 600, "train run")
-    store = CheckpointStore(RunDirectory(run.data.tags["elmo.run_dir"]))
+    store = CheckpointStore(RunDirectory(run.data.tags[RUN_DIR_TAG]))
     committed = _wait_for(store.newest, 600, "committed checkpoint")
     _service(stack_cli, team, "stop", "ray-node")
     _service(stack_cli, team, "start", "ray-node")
