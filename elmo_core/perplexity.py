@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields, replace
 from functools import partial
 from typing import Literal
@@ -105,16 +105,13 @@ def evaluate_perplexity(
     """
     if bilm.softmax is None:
         raise ConfigError("perplexity needs a BiLM built with vocab_size", key="vocab_size")
-    default_rows, default_steps = PROTOCOL_SHAPES[protocol]
-    steps = unroll_steps or default_steps
-    if protocol == "original" and steps != 1:
-        raise ConfigError("the original protocol runs one token per step", key="unroll_steps")
+    rows, steps = _window_shape(protocol, batch_size, unroll_steps)
     manifest = load_manifest(dataset_url)
     streams = [
         TokenStream(
             dataset_url,
             split,
-            batch_size=batch_size or default_rows,
+            batch_size=rows,
             unroll_steps=steps,
             rank=rank,
             world_size=world_size,
@@ -128,7 +125,7 @@ def evaluate_perplexity(
     ]
     char_table = load_word_types(dataset_url, manifest).char_ids
     positions = sum(s.num_tokens + s.num_sentences for s in select_shards(manifest, split, files))
-    total = math.ceil(positions / world_size / (streams[0].batch_size * steps))
+    total = math.ceil(positions / world_size / (rows * steps))
     bar = tqdm(
         total=min(total, max_windows or total),
         desc=f"perplexity {split}",
@@ -137,22 +134,48 @@ def evaluate_perplexity(
     )
     was_training = bilm.training
     bilm.eval()
-    sums = PerplexitySums()
-    state: BiLMState | None = None  # (forward, backward), carried per row
-    trapped = torch.zeros(2, streams[0].batch_size, dtype=torch.bool, device=device)  # (2, B)
     try:
         with torch.no_grad():
-            for forward, backward in _window_pairs(streams, protocol, max_windows):
-                window_sums, state = _window_sums(
-                    bilm, forward, backward, char_table, state if carry_state else None, device
-                )
-                trapped |= _saturated_rows(bilm, state)
-                sums = sums + window_sums
-                bar.update()
-                bar.set_postfix(ppl=f"{sums.perplexity:.2f}")
+            windows = _window_pairs(streams, protocol, max_windows)
+            return _score_windows(bilm, windows, char_table, rows, carry_state, device, bar)
     finally:
         bar.close()
         bilm.train(was_training)
+
+
+def _window_shape(
+    protocol: Protocol, batch_size: int | None, unroll_steps: int | None
+) -> tuple[int, int]:
+    """Rows and steps of a window: those asked for, else the protocol's."""
+    default_rows, default_steps = PROTOCOL_SHAPES[protocol]
+    steps = unroll_steps or default_steps
+    if protocol == "original" and steps != 1:
+        raise ConfigError("the original protocol runs one token per step", key="unroll_steps")
+    return batch_size or default_rows, steps
+
+
+def _score_windows(
+    bilm: BiLM,
+    windows: Iterable[tuple[Window, Window]],
+    char_table: np.ndarray,
+    rows: int,
+    carry_state: bool,
+    device: str | torch.device,
+    bar: tqdm,
+) -> PerplexitySums:
+    """The sums over the (forward, backward) windows, each row's state carried from its last
+    window (or not), and the rows whose state locked up counted."""
+    sums = PerplexitySums()
+    state: BiLMState | None = None  # (forward, backward), carried per row
+    trapped = torch.zeros(2, rows, dtype=torch.bool, device=device)  # (2, B)
+    for forward, backward in windows:
+        window_sums, state = _window_sums(
+            bilm, forward, backward, char_table, state if carry_state else None, device
+        )
+        trapped |= _saturated_rows(bilm, state)
+        sums = sums + window_sums
+        bar.update()
+        bar.set_postfix(ppl=f"{sums.perplexity:.2f}")
     forward_trapped, backward_trapped = trapped.sum(dim=1).tolist()
     return replace(
         sums,
