@@ -324,7 +324,7 @@ def on_fake_cuda(config: ModelConfig, args: argparse.Namespace) -> dict[str, obj
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="original")
     parser.add_argument("--batch", type=int, default=128)
@@ -370,123 +370,176 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.preset, args.batch, args.window, args.vocab, args.types = "tiny", 4, 5, 200, 50
         args.steps, args.warmup = 1, 1
-    if args.device == "fake-cuda" and torch.version.cuda is None:
-        print_summary({"device": "fake cuda", "skipped": "this torch is built without CUDA"})
-        return 0
-    if args.device == "fake-cuda":
-        config = model_preset(args.preset).model_copy(
-            update={"lstm_impl": args.lstm_impl, "batch_directions": args.batch_directions}
-        )
-        print_summary(on_fake_cuda(config, args))
-        return 0
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    bf16 = device.type == "cuda" and not args.no_bf16  # autocast has no meta device
+    return args
+
+
+def bench_config(args: argparse.Namespace) -> ModelConfig:
+    """The preset with the asked LSTM variant (cuDNN's without the clips it cannot apply)."""
     config = model_preset(args.preset)
     if args.lstm_impl == "cudnn":
         lstm = config.lstm.model_copy(update={"cell_clip": None, "proj_clip": None})
         config = config.model_copy(update={"lstm": lstm})
-    config = config.model_copy(
+    return config.model_copy(
         update={"lstm_impl": args.lstm_impl, "batch_directions": args.batch_directions}
     )
-    torch.manual_seed(0)
-    model = BiLM(config, args.vocab).to(device).train()
-    baseline = StraightforwardBiLM(model)
-    width = config.char_cnn.max_chars_per_token
-    windows, types, host_targets = synthetic_windows(
-        args.batch, args.window, args.vocab, args.types, width, device, args.capture_step
-    )
-    recipe = TrainConfig(
-        batch_size=args.batch,
-        unroll_steps=args.window,
-        bf16=bf16,
-        shape_buckets=args.capture_step,
-        capture_step=args.capture_step and device.type == "cuda",
-    )
-    # The meta device has no sparse kernels: there the softmax's gradient is dense.
-    exchange: ExchangeMode = "dense" if device.type == "meta" else "sparse"
-    step = TrainingStep.build(model, recipe, exchange)
-    ours = worker_step(step, windows, types, host_targets)
-    seconds: dict[str, float] = {}
-    peak_memory: dict[str, int] = {}  # bytes, where CUDA counts them
 
-    def timed(name: str, run: Callable[[], object]) -> float:
-        if device.type == "cuda":
+
+class Bench:
+    """One device's model, its step at the asked rows, and the figures timed so far."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.bf16 = self.device.type == "cuda" and not args.no_bf16  # autocast has no meta device
+        self.config = bench_config(args)
+        torch.manual_seed(0)
+        self.model = BiLM(self.config, args.vocab).to(self.device).train()
+        self.baseline = StraightforwardBiLM(self.model)
+        self.recipe = TrainConfig(
+            batch_size=args.batch,
+            unroll_steps=args.window,
+            bf16=self.bf16,
+            shape_buckets=args.capture_step,
+            capture_step=args.capture_step and self.device.type == "cuda",
+        )
+        # The meta device has no sparse kernels: there the softmax's gradient is dense.
+        self.exchange: ExchangeMode = "dense" if self.device.type == "meta" else "sparse"
+        self.windows, self.types, self.step, self.ours = self.training_step(args.batch)
+        self.peak_memory: dict[str, int] = {}  # bytes, where CUDA counts them
+        self.peak = matmul_flops_per_second(
+            self.device, 256 if args.smoke else 8192, torch.bfloat16 if self.bf16 else torch.float32
+        )
+        self.flops_per_position = training_flops_per_position(self.config)
+        self.summary: dict[str, object] = {}
+
+    def training_step(
+        self, rows: int
+    ) -> tuple[Any, TokenTypes, TrainingStep, Callable[[], object]]:
+        """Synthetic windows of ``rows`` rows, the worker's step over them and one call of it."""
+        args = self.args
+        width = self.config.char_cnn.max_chars_per_token
+        windows, types, host_targets = synthetic_windows(
+            rows, args.window, args.vocab, args.types, width, self.device, args.capture_step
+        )
+        recipe = self.recipe.model_copy(update={"batch_size": rows})
+        step = TrainingStep.build(self.model, recipe, self.exchange)
+        return windows, types, step, worker_step(step, windows, types, host_targets)
+
+    def timed(self, name: str, run: Callable[[], object]) -> float:
+        """Seconds a call of ``run`` takes, and its peak memory where CUDA counts it."""
+        cuda = self.device.type == "cuda"
+        if cuda:
             torch.cuda.reset_peak_memory_stats()
-        value = seconds_per_call(run, args.steps, args.warmup, synchronizer(device))
-        if device.type == "cuda":
-            peak_memory[name] = torch.cuda.max_memory_allocated()
+        value = seconds_per_call(run, self.args.steps, self.args.warmup, synchronizer(self.device))
+        if cuda:
+            self.peak_memory[name] = torch.cuda.max_memory_allocated()
         return value
 
-    if args.only is None:  # each compiled shape costs a compile: a part times only its own
-        seconds["ours"] = timed("ours", ours)
-        seconds["straightforward"] = timed(
-            "straightforward",
-            straightforward_step(model, lambda: baseline.training_loss(windows), bf16),
+    def time_both(self) -> dict[str, float]:
+        """Ours and the straightforward model at the asked rows (unless only one part runs: each
+        compiled shape costs a compile, so a part times only its own)."""
+        if self.args.only is not None:
+            return {}
+        straightforward = straightforward_step(
+            self.model, lambda: self.baseline.training_loss(self.windows), self.bf16
         )
-    peak = matmul_flops_per_second(
-        device, 256 if args.smoke else 8192, torch.bfloat16 if bf16 else torch.float32
-    )
-    flops_per_position = training_flops_per_position(config)
-    print(f"{device} {torch.cuda.get_device_name() if device.type == 'cuda' else ''}".strip())
-    print(
-        f"preset {args.preset}, lstm {args.lstm_impl}"
-        f"{' (directions batched)' if args.batch_directions else ''}"
-        f"{', the step captured' if recipe.capture_step else ''}, "
-        f"batch {args.batch} x {args.window}, "
-        f"vocab {args.vocab}, bf16 {bf16}"
-    )
-    print(f"matmul peak {peak / 1e12:.1f} TFLOP/s; {flops_per_position / 1e9:.3f} GFLOP/position")
-    print(f"{'implementation':20} {'s/step':>8} {'positions/s':>12} {'MFU':>7}")
-    summary: dict[str, object] = {
-        "device": device.type,
-        "preset": args.preset,
-        "lstm_impl": args.lstm_impl,
-        "batch_directions": args.batch_directions,
-        "capture_step": recipe.capture_step,
-        "shape_buckets": recipe.shape_buckets,
-        # the rows the char CNN encodes a step: the distinct types, padded to a bucket with it
-        "token_types": int(types.char_ids.shape[0]),
-        "batch": args.batch,
-        "window": args.window,
-        "bf16": bf16,
-    }
+        return {
+            "ours": self.timed("ours", self.ours),
+            "straightforward": self.timed("straightforward", straightforward),
+        }
 
-    def report(name: str, value: float, rows: int) -> None:
-        rate = rows * args.window / value
-        utilisation = flops_per_position * rate / peak
+    def header(self) -> None:
+        """What runs where, printed, and the summary's first keys."""
+        args, device = self.args, self.device
+        print(f"{device} {torch.cuda.get_device_name() if device.type == 'cuda' else ''}".strip())
+        print(
+            f"preset {args.preset}, lstm {args.lstm_impl}"
+            f"{' (directions batched)' if args.batch_directions else ''}"
+            f"{', the step captured' if self.recipe.capture_step else ''}, "
+            f"batch {args.batch} x {args.window}, "
+            f"vocab {args.vocab}, bf16 {self.bf16}"
+        )
+        print(
+            f"matmul peak {self.peak / 1e12:.1f} TFLOP/s; "
+            f"{self.flops_per_position / 1e9:.3f} GFLOP/position"
+        )
+        print(f"{'implementation':20} {'s/step':>8} {'positions/s':>12} {'MFU':>7}")
+        self.summary |= {
+            "device": device.type,
+            "preset": args.preset,
+            "lstm_impl": args.lstm_impl,
+            "batch_directions": args.batch_directions,
+            "capture_step": self.recipe.capture_step,
+            "shape_buckets": self.recipe.shape_buckets,
+            # the rows the char CNN encodes a step: the distinct types, padded to a bucket
+            "token_types": int(self.types.char_ids.shape[0]),
+            "batch": args.batch,
+            "window": args.window,
+            "bf16": self.bf16,
+        }
+
+    def report(self, name: str, value: float, rows: int) -> None:
+        """One implementation's row: seconds a step, positions a second, model FLOP use."""
+        rate = rows * self.args.window / value
+        utilisation = self.flops_per_position * rate / self.peak
         print(f"{name:20} {value:8.3f} {rate:12.0f} {utilisation:7.2%}")
-        summary[f"{name}_positions_per_s"] = round(rate, 1)
-        summary[f"{name}_mfu"] = float(f"{utilisation:.3g}")
-        if name in peak_memory:
-            summary[f"{name}_peak_gib"] = round(peak_memory[name] / 2**30, 2)
+        self.summary[f"{name}_positions_per_s"] = round(rate, 1)
+        self.summary[f"{name}_mfu"] = float(f"{utilisation:.3g}")
+        if name in self.peak_memory:
+            self.summary[f"{name}_peak_gib"] = round(self.peak_memory[name] / 2**30, 2)
 
-    for name, value in seconds.items():
-        report(name, value, args.batch)
-    if "ours" in seconds:
-        summary |= replayed("ours", step)
-    if seconds:
-        summary["ratio"] = round(seconds["straightforward"] / seconds["ours"], 3)
-    summary["matmul_tflops"] = round(peak / 1e12, 2)
-    sweep = args.sweep if args.only in (None, "sweep") else ""
-    for rows in (int(value) for value in sweep.split(",") if value):
-        sweep_windows, sweep_types, sweep_targets = synthetic_windows(
-            rows, args.window, args.vocab, args.types, width, device, args.capture_step
-        )
-        sweep_recipe = recipe.model_copy(update={"batch_size": rows})
-        sweep_training_step = TrainingStep.build(model, sweep_recipe, exchange)
-        sweep_step = worker_step(sweep_training_step, sweep_windows, sweep_types, sweep_targets)
-        report(f"ours@{rows}", timed(f"ours@{rows}", sweep_step), rows)
-        summary[f"ours@{rows}_token_types"] = int(sweep_types.char_ids.shape[0])
-        summary |= replayed(f"ours@{rows}", sweep_training_step)
-    if (args.profile and args.only is None) or args.only == "profile":
-        profile = where_the_time_goes(ours, args.steps, args.warmup)
-        print(f"where a step of ours goes (per step, batch {args.batch}): {profile}")
-        summary["profile"] = profile
-    if args.inference or args.only == "inference":
-        for name, (value, tokens) in inference_seconds(model, baseline, 64, device, bf16).items():
+    def report_both(self, seconds: dict[str, float]) -> None:
+        for name, value in seconds.items():
+            self.report(name, value, self.args.batch)
+        if "ours" in seconds:
+            self.summary |= replayed("ours", self.step)
+        if seconds:
+            self.summary["ratio"] = round(seconds["straightforward"] / seconds["ours"], 3)
+        self.summary["matmul_tflops"] = round(self.peak / 1e12, 2)
+
+    def sweep(self) -> None:
+        """Ours at each of ``--sweep``'s row counts."""
+        sweep = self.args.sweep if self.args.only in (None, "sweep") else ""
+        for rows in (int(value) for value in sweep.split(",") if value):
+            _, types, step, run = self.training_step(rows)
+            self.report(f"ours@{rows}", self.timed(f"ours@{rows}", run), rows)
+            self.summary[f"ours@{rows}_token_types"] = int(types.char_ids.shape[0])
+            self.summary |= replayed(f"ours@{rows}", step)
+
+    def profile(self) -> None:
+        """Where a step of ours goes, when asked."""
+        args = self.args
+        if (args.profile and args.only is None) or args.only == "profile":
+            profile = where_the_time_goes(self.ours, args.steps, args.warmup)
+            print(f"where a step of ours goes (per step, batch {args.batch}): {profile}")
+            self.summary["profile"] = profile
+
+    def inference(self) -> None:
+        """Embedding 64 sentences with ours and the straightforward model, when asked."""
+        if not (self.args.inference or self.args.only == "inference"):
+            return
+        timed = inference_seconds(self.model, self.baseline, 64, self.device, self.bf16)
+        for name, (value, tokens) in timed.items():
             print(f"inference {name:14} {value:8.4f} s {tokens / value:12.0f} tokens/s")
-            summary[f"inference_{name}_tokens_per_s"] = round(tokens / value, 1)
-    print_summary(summary)
+            self.summary[f"inference_{name}_tokens_per_s"] = round(tokens / value, 1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_arguments(argv)
+    if args.device == "fake-cuda":
+        if torch.version.cuda is None:
+            print_summary({"device": "fake cuda", "skipped": "this torch is built without CUDA"})
+        else:
+            print_summary(on_fake_cuda(bench_config(args), args))
+        return 0
+    bench = Bench(args)
+    seconds = bench.time_both()
+    bench.header()
+    bench.report_both(seconds)
+    bench.sweep()
+    bench.profile()
+    bench.inference()
+    print_summary(bench.summary)
     return 0
 
 
