@@ -222,3 +222,24 @@ def test_span_f1_over_label_ids_matches_the_per_sentence_sets_on_random_tags():
 def test_span_f1_names_a_bad_tag_by_its_position_in_its_sentence():
     with pytest.raises(ValueError, match=r"tag 'PER' at position 1"):
         span_f1([["O"], ["B-LOC", "PER"]], [["O"], ["O", "O"]])
+
+
+def test_predicted_entities_where_gold_has_none_score_zero_not_a_perfect_recall():
+    result = span_f1([["O", "O"]], [["B-PER", "O"]])
+    assert (result.precision, result.recall, result.f1) == (0.0, 0.0, 0.0)
+    assert (result.num_gold, result.num_predicted, result.num_correct) == (0, 1, 0)
+
+
+def test_a_type_may_hold_a_dash_but_the_prefix_must_be_b_or_i():
+    assert tags_to_spans(["B-MISC-X", "I-MISC-X"], "iob2") == {("MISC-X", 0, 2)}
+    with pytest.raises(ValueError, match=r"tag 'X-PER' at position 0"):
+        tags_to_spans(["X-PER"], "iob2")
+
+
+@pytest.mark.parametrize("first", ["I-A", "I-B", "I-C"])
+def test_an_i_tag_of_any_type_opens_the_sentence_in_iob1(first):
+    others = ["B-A", "B-B", "B-C"]  # every type known, whatever its id
+    assert tags_to_spans([first, *others], "iob1") == {
+        (first[2:], 0, 1),
+        *((tag[2:], i, i + 1) for i, tag in enumerate(others, start=1)),
+    }

@@ -42,3 +42,11 @@ def test_conllu_trees_refuse_what_is_no_tree_naming_the_line(
     lines[line - 1] = "\t".join(fields)
     with pytest.raises(DataError, match=message):
         read_conllu_trees(write(tmp_path, "\n".join(lines) + "\n"))
+
+
+def test_a_word_may_hang_from_the_last_word_and_none_from_itself(tmp_path):
+    words = ["1\tgo\tgo\tVERB\t_\t_\t2\txcomp\t_\t_", "2\tnow\tnow\tADV\t_\t_\t0\troot\t_\t_"]
+    assert read_conllu_trees(write(tmp_path, "\n".join(words) + "\n"))[0].heads == [2, 0]
+    words[0] = words[0].replace("\t2\txcomp", "\t1\txcomp")
+    with pytest.raises(DataError, match="cycle through word 1"):
+        read_conllu_trees(write(tmp_path, "\n".join(words) + "\n"))
