@@ -28,7 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchmarks.harness import print_summary
 from benchmarks.workload import synthetic_windows, training_flops_per_position, worker_step
-from elmo_core.config import TrainConfig
+from elmo_core.config import ModelConfig, TrainConfig
 from elmo_core.model.bilm import BiLM
 from elmo_core.presets import model_preset
 from elmo_core.training import step as step_module
@@ -175,7 +175,7 @@ def predicted_positions_per_s(
     return positions / max(launch_s, compute_s), "launch" if launch_s > compute_s else "FLOP"
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="original")
     parser.add_argument("--rows", default="128,1024", help="rows per step, comma-separated")
@@ -190,16 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.smoke:
         args.preset, args.rows, args.window, args.vocab, args.types = "tiny", "4,8", 5, 200, 50
-    rows_list = [int(value) for value in args.rows.split(",") if value]
-    config = model_preset(args.preset)
-    flops = training_flops_per_position(config)
-    counts = {
-        (variant, rows): count_step(
-            args.preset, variant, rows, args.window, args.vocab, args.types, args.device
-        )
-        for rows in rows_list
-        for variant in VARIANTS
-    }
+    return args
+
+
+def print_header(args: argparse.Namespace, config: ModelConfig, flops: float) -> dict[str, object]:
+    """The run's settings and the model, printed, and the summary's first keys."""
     load = os.getloadavg()
     print(
         f"launches per training step, preset {args.preset}, vocab {args.vocab:,}, "
@@ -217,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{'flattened':>10} {'≤600':>5} {'pred. pos/s':>12} {'bound':>6} {'≥250k':>6} "
         f"{'pred. flat':>11}"
     )
-    summary: dict[str, object] = {
+    return {
         "benchmark": "step_ops",
         "preset": args.preset,
         "vocab": args.vocab,
@@ -230,30 +225,54 @@ def main(argv: list[str] | None = None) -> int:
         "gflop_per_position": round(flops / 1e9, 4),
         "loadavg_1min": round(load[0], 2),
     }
-    for (variant, rows), launches in counts.items():
-        positions = rows * args.window
-        rate, bound = predicted_positions_per_s(launches.total, flops, positions, args)
-        flat_rate, _ = predicted_positions_per_s(launches.flattened, flops, positions, args)
-        custom = sum(launches.custom.values())
-        print(
-            f"{variant:18} {rows:5} {launches.ops:6,} {launches.views:6,} {launches.total:9,} "
-            f"{custom:7} "
-            f"{launches.inside.count:7,} {launches.flattened:10,} "
-            f"{'yes' if launches.total <= GOAL_LAUNCHES else 'no':>5} {rate:12,.0f} {bound:>6} "
-            f"{'yes' if rate >= GOAL_POSITIONS_PER_S else 'no':>6} {flat_rate:11,.0f}"
+
+
+def report_count(
+    args: argparse.Namespace, variant: str, rows: int, launches: Launches, flops: float
+) -> dict[str, object]:
+    """One variant's launches at ``rows`` and the step they predict: a printed row, and its
+    summary keys."""
+    positions = rows * args.window
+    rate, bound = predicted_positions_per_s(launches.total, flops, positions, args)
+    flat_rate, _ = predicted_positions_per_s(launches.flattened, flops, positions, args)
+    custom = sum(launches.custom.values())
+    print(
+        f"{variant:18} {rows:5} {launches.ops:6,} {launches.views:6,} {launches.total:9,} "
+        f"{custom:7} "
+        f"{launches.inside.count:7,} {launches.flattened:10,} "
+        f"{'yes' if launches.total <= GOAL_LAUNCHES else 'no':>5} {rate:12,.0f} {bound:>6} "
+        f"{'yes' if rate >= GOAL_POSITIONS_PER_S else 'no':>6} {flat_rate:11,.0f}"
+    )
+    key = f"{variant}_{rows}"
+    return {
+        f"ops_{key}": launches.ops,
+        f"launches_{key}": launches.total,
+        f"views_{key}": launches.views,
+        f"custom_ops_{key}": custom,
+        f"inside_{key}": launches.inside.count,
+        f"flattened_{key}": launches.flattened,
+        **{f"{phase}_{key}": count for phase, count in launches.by_phase.items()},
+        f"predicted_positions_per_s_{key}": round(rate),
+        f"predicted_flattened_positions_per_s_{key}": round(flat_rate),
+        f"predicted_reaches_goal_{key}": rate >= GOAL_POSITIONS_PER_S,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_arguments(argv)
+    rows_list = [int(value) for value in args.rows.split(",") if value]
+    config = model_preset(args.preset)
+    flops = training_flops_per_position(config)
+    counts = {
+        (variant, rows): count_step(
+            args.preset, variant, rows, args.window, args.vocab, args.types, args.device
         )
-        key = f"{variant}_{rows}"
-        summary[f"ops_{key}"] = launches.ops
-        summary[f"launches_{key}"] = launches.total
-        summary[f"views_{key}"] = launches.views
-        summary[f"custom_ops_{key}"] = custom
-        summary[f"inside_{key}"] = launches.inside.count
-        summary[f"flattened_{key}"] = launches.flattened
-        for phase, count in launches.by_phase.items():
-            summary[f"{phase}_{key}"] = count
-        summary[f"predicted_positions_per_s_{key}"] = round(rate)
-        summary[f"predicted_flattened_positions_per_s_{key}"] = round(flat_rate)
-        summary[f"predicted_reaches_goal_{key}"] = rate >= GOAL_POSITIONS_PER_S
+        for rows in rows_list
+        for variant in VARIANTS
+    }
+    summary = print_header(args, config, flops)
+    for (variant, rows), launches in counts.items():
+        summary |= report_count(args, variant, rows, launches, flops)
     print(f"launches by phase: {'variant':18} {'rows':>5} " + " ".join(f"{p:>9}" for p in PHASES))
     for (variant, rows), launches in counts.items():
         phases = " ".join(f"{launches.by_phase[p]:9,}" for p in PHASES)

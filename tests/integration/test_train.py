@@ -1,9 +1,9 @@
 """The train stage on a real local Ray (2 CPUs): DDP workers, a killed worker, exact resumption.
 
-Two runs keep the whole module near two minutes: a 2-worker run in which rank 1 kills its own
-process once (Ray Train restarts the group from the last checkpoint), checked for its curves, its
-MLflow record and its outputs; and a 1-worker run stopped by a kill and started again with the
-same command, checked against a straight run weight for weight.
+A 2-worker run in which rank 1 kills its own process once (Ray Train restarts the group from the
+last checkpoint), checked for its curves, its MLflow record and its outputs; a 1-worker run stopped
+by a kill and started again with the same call; and one stopped by Ctrl-C and resumed by the same
+command.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from elmo_core.config import PrepareConfig
 from elmo_core.data.manifest import load_manifest, manifest_sha256
@@ -200,30 +199,30 @@ def test_a_dataset_with_fewer_row_groups_than_workers_trains_on_two(
     assert store.get_run(result.mlflow_run_id).info.status == "FINISHED"
 
 
-@pytest.mark.timeout(800)  # 249 s on the emulated slow machine (results/suite_slow-2026-11-29.md)
-def test_a_killed_run_resumes_from_its_newest_checkpoint_and_equals_a_straight_run(
+@pytest.mark.timeout(600)  # 249 s on the emulated slow machine with a straight run beside it
+def test_a_killed_run_resumes_from_its_newest_checkpoint_in_its_own_mlflow_run(
     ray_session, store, dataset, tmp_path, monkeypatch
 ) -> None:
-    def config(name: str):
-        return resolve_train_config(
-            "tiny",
-            None,
-            [
-                *SMALL_RUN,
-                "train.max_steps=12",
-                "train.checkpoint_every=2",
-                "train.validate_every=6",
-                "run.max_failures=0",
-                "run.checkpoints_to_keep=2",
-                f"run.name={name}",
-                f"run.storage_path={tmp_path / 'runs'}",
-            ],
-        )
-
-    straight = train(config("straight"), dataset)
+    """SIGKILLed with no restart allowed, the run fails; the same call resumes it from its newest
+    complete checkpoint. That a resumed run equals a straight one weight for weight is
+    test_worker_loop.py's (the same loop, in one process) and test_lost_node.py's (on Ray)."""
+    cfg = resolve_train_config(
+        "tiny",
+        None,
+        [
+            *SMALL_RUN,
+            "train.max_steps=12",
+            "train.checkpoint_every=2",
+            "train.validate_every=6",
+            "run.max_failures=0",
+            "run.checkpoints_to_keep=2",
+            "run.name=resumed",
+            f"run.storage_path={tmp_path / 'runs'}",
+        ],
+    )
     monkeypatch.setenv(FAIL_ONCE_ENV, f"0:7:{tmp_path / 'stopped'}")
     with pytest.raises(TrainingFailed):  # SIGKILLed at step 7, and no restart allowed
-        train(config("resumed"), dataset)
+        train(cfg, dataset)
     run_dir = tmp_path / "runs" / "resumed"
     assert not (run_dir / FINISHED_FILE).exists()
     checkpoints = sorted(path.name for path in (run_dir / "checkpoints").iterdir())
@@ -231,15 +230,13 @@ def test_a_killed_run_resumes_from_its_newest_checkpoint_and_equals_a_straight_r
     killed = stage_runs.find_run("train-resumed", "train")
     assert killed is not None and killed.info.status == "FAILED"
     monkeypatch.delenv(FAIL_ONCE_ENV)
-    resumed = train(config("resumed"), dataset)
+    resumed = train(cfg, dataset)
 
-    assert resumed.resumed_from_step == 6 and resumed.steps == straight.steps == 12
+    assert resumed.resumed_from_step == 6 and resumed.steps == 12
     assert resumed.mlflow_run_id == killed.info.run_id
     assert store.get_run(resumed.mlflow_run_id).info.status == "FINISHED"
-    assert resumed.best_perplexity == straight.best_perplexity
-    expected = read_bilm_dir(straight.model_dir).state_dict()
-    for name, tensor in read_bilm_dir(resumed.model_dir).state_dict().items():
-        assert torch.equal(tensor, expected[name]), name
+    validation = store.get_metric_history(resumed.mlflow_run_id, "bilm/validation/perplexity")
+    assert sorted(metric.step for metric in validation) == [6, 12]  # step 6's kept, 12's added
     kept = sorted(path.name for path in (run_dir / "checkpoints").iterdir())
     assert kept == ["step_000010", "step_000012"]
 
