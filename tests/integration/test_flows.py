@@ -15,6 +15,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -667,31 +668,30 @@ def make_run_consoles(tmp_path_factory: pytest.TempPathFactory) -> list[list[str
         if not name.startswith(("ELMO_", "MLFLOW_", "PREFECT_", "RAY_"))
     }
     env |= {"ELMO_HOME": str(home), "MLFLOW_DISABLE_TELEMETRY": "true", "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, "-m", "flows.run_local", "--max-steps", "20", "--seeds", "0"]
+    tasks = (str(REPO / f"examples/tasks/{task}.yaml") for task, _ in MAKE_RUN_TASKS)
+    command += ["--fractions", "1", "--tasks", ",".join(tasks)]
     consoles = []
     for _ in range(2):
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "flows.run_local",
-                "--max-steps",
-                "20",
-                "--seeds",
-                "0",
-                "--fractions",
-                "1",
-                "--tasks",
-                ",".join(str(REPO / f"examples/tasks/{task}.yaml") for task, _ in MAKE_RUN_TASKS),
-            ],
+        # In a process group of its own: a run past its time goes with every process it started
+        # (its Prefect server, its Ray), which would otherwise slow every test after it.
+        run = subprocess.Popen(
+            command,
             cwd=REPO,
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            timeout=600,
+            start_new_session=True,
         )
-        assert done.returncode == 0, done.stdout[-3000:]
-        consoles.append(done.stdout.splitlines())
+        try:
+            printed, _ = run.communicate(timeout=600)
+        except subprocess.TimeoutExpired:
+            os.killpg(run.pid, signal.SIGKILL)
+            printed, _ = run.communicate()
+            pytest.fail(f"make run took over 600 s:\n{printed[-3000:]}")
+        assert run.returncode == 0, printed[-3000:]
+        consoles.append(printed.splitlines())
     return consoles
 
 

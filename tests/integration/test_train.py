@@ -283,7 +283,7 @@ def test_workers_that_ask_for_more_cpus_than_the_ray_has_are_refused_before_a_ru
 
 @pytest.mark.timeout(600)  # 172 s on a slow 2-core machine (issue 47)
 def test_ctrl_c_stops_the_run_killed_and_the_same_command_resumes_it(
-    ray_session, store, dataset, tmp_path
+    store, dataset, tmp_path
 ) -> None:
     args = ["--data", dataset, "--model", "tiny", "--no-register"]
     overrides = [
@@ -333,7 +333,9 @@ def test_ctrl_c_stops_the_run_killed_and_the_same_command_resumes_it(
     killed = stage_runs.find_run(f"train-{name}", "train")
     assert killed is not None and killed.info.status == "KILLED"
 
-    # The interrupted run's Ray went with its driver; the session's resumes it.
+    import ray
+
+    ray.shutdown()  # the resumed run starts its own, as the command would
     resumed = train(resolve_train_config("tiny", None, overrides), dataset)
     assert resumed.run_name == name and resumed.resumed_from_step >= step > 0
     assert resumed.steps == 60
