@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 CHECKPOINT_TAG = "elmo.bilm_checkpoint"  # which model of its run a run or version holds
 CHECKPOINT_STEP_TAG = "elmo.bilm_checkpoint_step"  # the step that model was saved at
+DATASET_TAG = "elmo.dataset"  # the dataset a run read, or a biLM version was trained on
 HandOn = Literal["best", "final"]  # which model of a finished run evaluate and register get
 
 

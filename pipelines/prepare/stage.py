@@ -22,11 +22,11 @@ from elmo_core.data.shards import SHARD_FORMAT, SHARD_FORMAT_VERSION
 from elmo_core.errors import DataError
 from elmo_core.location import absolute_location
 from elmo_core.text.tokenize import Tokenizer
+from pipelines.common.handoff import DATASET_TAG
 from pipelines.prepare.inputs import FileTask, SourceFile
 from pipelines.prepare.output import CountSummary, DatasetOutput
 from pipelines.prepare.pool import task_pool
 from pipelines.prepare.run import PrepareRun
-from pipelines.registry.tags import DATASET_TAG
 
 
 class CorpusInputs(Protocol):

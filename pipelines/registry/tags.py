@@ -5,7 +5,7 @@ Writers and readers import the names from here, so none imports another's module
 
 from __future__ import annotations
 
-from pipelines.common.handoff import CHECKPOINT_TAG
+from pipelines.common.handoff import CHECKPOINT_TAG, DATASET_TAG
 
 DEFAULT_NAME = "elmo-bilm"
 CHAMPION = "champion"  # the alias of the version users get (the champion policy sets it)
@@ -27,7 +27,6 @@ PREDICTED_TOKENS_TAG = "elmo.heldout_predicted_tokens"  # each sentence's words 
 PROTOCOL_TAG = "elmo.perplexity_protocol"
 VOCAB_HASH_TAG = "elmo.vocab_sha256"
 MANIFEST_HASH_TAG = "elmo.manifest_sha256"
-DATASET_TAG = "elmo.dataset"
 BILM_TF_TAG = "elmo.bilm_tf"
 PRESET_TAG = "elmo.preset"  # the preset whose architecture it has, or "custom"
 SIZE_TAG = "elmo.size"  # <LSTM layers>x<cells>_<projection>, as the released models are named

@@ -23,10 +23,9 @@ from ray.train.torch import TorchTrainer
 
 from elmo_core.errors import ConfigError
 from elmo_core.model.serialization import MODEL_DIR
-from pipelines.common.handoff import TrainResult
+from pipelines.common.handoff import DATASET_TAG, TrainResult
 from pipelines.common.ray_cluster import connect_ray, cpus_available
 from pipelines.common.settings import RAY_JOBS_ENV, mlflow_tracking_uri
-from pipelines.registry.tags import DATASET_TAG
 from pipelines.tracking.datasets import log_dataset
 from pipelines.tracking.flow_runs import HEALTH_TAG, TOTAL_STEPS_TAG
 from pipelines.tracking.stage_runs import (
