@@ -17,6 +17,12 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 # default, and a second report waits for that: the tests' steps take milliseconds, a real run's
 # checkpoints minutes apart never wait. Ray processes the tests start inherit it.
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
+# Ray starts its workers at nice 15, below its own daemons. The tests' Ray shares the cores with the
+# other pytest process, whose work at nice 0 then takes nearly all of a core from them: on one core
+# beside one busy process, the pretrain flow's two runs did not finish their first training in
+# 5 minutes at nice 15, and took 173 s in all at nice 0 (benchmarks/results/suite_slow-*.md).
+# Every Ray the tests start, in this process or in a user's command, gets a fair share.
+os.environ.setdefault("RAY_worker_niceness", "0")
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager

@@ -33,14 +33,15 @@ from torch import nn
 
 from elmo_core.config import StrictModel
 from elmo_core.data.batching import TokenStream
-from elmo_core.data.reader import load_manifest, load_word_types
+from elmo_core.data.manifest import Manifest, load_manifest
+from elmo_core.data.reader import WordTypes, load_word_types
 from elmo_core.errors import ElmoError
-from elmo_core.model.bilm import BiLMState, LossOutput
+from elmo_core.model.bilm import BiLM, BiLMState, LossOutput
 from elmo_core.model.serialization import read_bilm_dir
 from elmo_core.model.warm_start import dataset_warmup
 from elmo_core.perplexity import PerplexitySums, evaluate_perplexity
 from elmo_core.threads import threads_under_load
-from elmo_core.training.batches import StepBatches, StreamPosition, StreamSpec
+from elmo_core.training.batches import StepBatches, StreamPosition
 from elmo_core.training.gradient_exchange import dense_gradient_bytes, ring_bytes
 from elmo_core.training.loop import carried_steps, step_batches, training_streams
 from elmo_core.training.step import TrainingStep
@@ -56,7 +57,7 @@ from pipelines.train.checkpoint import (
     restore_rng,
     write_checkpoint,
 )
-from pipelines.train.job_config import TrainJobConfig
+from pipelines.train.job_config import RunConfig, TrainJobConfig
 from pipelines.train.progress import Progress, TrackedRun
 from pipelines.train.run_directory import RunDirectory
 
@@ -175,168 +176,221 @@ class LocalRuntime:
         self.reported.append(dict(metrics))
 
 
-# --- the loop ------------------------------------------------------------------------------------
+# --- one rank's run, as named steps --------------------------------------------------------------
 
 
 def train_loop(cfg: WorkerConfig, runtime: WorkerRuntime) -> None:
-    """Build this rank's worker, resume from the checkpoint the driver chose if any, and train."""
-    worker = Worker(cfg, runtime)
-    if cfg.resume_step is not None:
-        with worker.store.opened(StoredCheckpoint(cfg.resume_step), runtime.rank) as directory:
-            worker.restore(directory)
-    worker.run()
+    """One rank's run: its data, its model and step, where it starts (afresh, or at the checkpoint
+    the driver chose), its progress and its batches, then its steps."""
+    data = RankData.open(cfg.data)
+    training_step = build_training_step(cfg.job, data, cfg.init_from, runtime)
+    store = CheckpointStore(RunDirectory(cfg.run_dir))
+    seed = cfg.job.train.seed
+    _seed_rank(seed, runtime.rank)
+    if cfg.resume_step is None:
+        shared = SharedState(step=0, world_size=runtime.world_size, mlflow_run_id=cfg.mlflow_run_id)
+        start = Start(shared, _stream_seeds(seed, 0))
+    else:
+        start = resume(store, cfg.resume_step, training_step, seed, runtime)
+    progress = rank_progress(cfg, runtime, data, training_step.bilm, start.shared)
+    batches = rank_batches(cfg.job.run, training_step, data, start, runtime)
+    with progress.tracking(), batches:
+        RankLoop(cfg, runtime, training_step, data.url, store, start).run(batches, progress)
 
 
-class Worker:
-    """One rank's model, optimiser, streams and loop."""
+@dataclass(frozen=True)
+class RankData:
+    """The prepared dataset a rank trains on: where it is, its manifest and its word types."""
 
-    def __init__(self, cfg: WorkerConfig, runtime: WorkerRuntime) -> None:
-        self.cfg, self.runtime = cfg, runtime
-        self.store = CheckpointStore(RunDirectory(cfg.run_dir))
-        self.rank, self.world_size, self.device = runtime.rank, runtime.world_size, runtime.device
+    url: str
+    manifest: Manifest
+    word_types: WordTypes
+
+    @classmethod
+    def open(cls, url: str) -> RankData:
+        manifest = load_manifest(url)
+        return cls(url, manifest, load_word_types(url, manifest))
+
+
+def build_training_step(
+    job: TrainJobConfig, data: RankData, init_from: BiLMReference | None, runtime: WorkerRuntime
+) -> TrainingStep:
+    """The biLM (fresh, or ``init_from``'s weights) on this rank's device, with its optimiser."""
+    torch.manual_seed(job.train.seed)  # the same initial weights on every rank
+    bilm = initial_bilm(job.model, data.manifest.vocab.size, init_from)
+    # trains from the zero state; saved with the sentences its inference starts after
+    bilm.set_start_state(None, dataset_warmup(data.url, data.manifest, data.word_types))
+    bilm.to(runtime.device).train()
+    return TrainingStep.build(bilm, job.train, job.run.grad_exchange, runtime.wrap_model)
+
+
+@dataclass
+class Start:
+    """Where a rank's steps begin: the counters every rank shares, its streams' shuffles and
+    saved positions (None: dealt afresh), and its carried LSTM state."""
+
+    shared: SharedState
+    stream_seeds: tuple[int, int]
+    stream_positions: tuple[dict[str, Any], dict[str, Any]] | None = None
+    lstm_state: BiLMState | None = None
+
+
+def resume(
+    store: CheckpointStore,
+    at_step: int,
+    training_step: TrainingStep,
+    seed: int,
+    runtime: WorkerRuntime,
+) -> Start:
+    """Load a checkpoint's weights and optimiser into ``training_step``; where the rank starts.
+
+    On another number of workers the rank has no saved part: its streams are dealt afresh and its
+    LSTM state starts from zero."""
+    with store.opened(StoredCheckpoint(at_step), runtime.rank) as directory:
+        loaded = read_checkpoint(directory, runtime.rank, runtime.world_size, runtime.device)
+        training_step.bilm.load_state_dict(read_bilm_dir(loaded.model_dir).state_dict())
+        training_step.optimizer.load_state_dict(loaded.optimizer)
+    shared, part = loaded.shared, loaded.rank
+    if part is None:
+        log.warning(
+            "resuming step %d with %d workers instead of %d: streams are dealt afresh and "
+            "LSTM states start from zero; weights and optimiser are kept",
+            shared.step,
+            runtime.world_size,
+            shared.world_size,
+        )
+        shared.world_size = runtime.world_size
+        return Start(shared, _stream_seeds(seed, shared.step))
+    restore_rng(part.rng)
+    seeds = (
+        TokenStream.saved_seed(part.forward_stream),
+        TokenStream.saved_seed(part.backward_stream),
+    )
+    return Start(shared, seeds, (part.forward_stream, part.backward_stream), part.lstm_state)
+
+
+def rank_batches(
+    run: RunConfig,
+    training_step: TrainingStep,
+    data: RankData,
+    start: Start,
+    runtime: WorkerRuntime,
+) -> StepBatches:
+    """This rank's forward and backward windows from where ``start`` stands, built ahead by the
+    configured processes (default: two on a GPU, none on CPU); a context manager."""
+    forward, backward = training_streams(
+        training_step,
+        data.url,
+        data.manifest,
+        start.stream_seeds,
+        rank=runtime.rank,
+        world_size=runtime.world_size,
+    )
+    if start.stream_positions is not None:
+        at_forward, at_backward = start.stream_positions
+        forward, backward = forward.starting_at(at_forward), backward.starting_at(at_backward)
+    workers = run.data_workers
+    if workers is None:
+        workers = 2 if runtime.device.type == "cuda" else 0
+    return step_batches(
+        training_step,
+        (forward, backward),
+        data.manifest,
+        data.word_types.char_ids,
+        runtime.device,
+        workers=workers,
+    )
+
+
+def rank_progress(
+    cfg: WorkerConfig, runtime: WorkerRuntime, data: RankData, bilm: BiLM, shared: SharedState
+) -> Progress:
+    """Rank 0's account of the run, in the driver's MLflow run; other ranks report nothing."""
+    run = TrackedRun(
+        cfg.mlflow_tracking_uri, cfg.run_name, cfg.mlflow_run_id, cfg.run_dir, cfg.driver_host
+    )
+    train = cfg.job.train
+    heldout = data.manifest.split("heldout").num_sentences
+    dense = dense_gradient_bytes(bilm)
+    return Progress(
+        run,
+        shared,
+        rank=runtime.rank,
+        total_steps=cfg.total_steps,
+        log_every=train.log_every,
+        validation_sentences=min(train.validation_sentences, heldout),
+        warn_at=(train.warn_rise, train.warn_parting),
+        console=cfg.console,
+        dense_bytes=ring_bytes("all_reduce", dense, runtime.world_size),
+    )
+
+
+class RankLoop:
+    """A rank's steps from its start; what changes as they go (the shared counters, the streams'
+    positions, the LSTM state) lives here."""
+
+    def __init__(
+        self,
+        cfg: WorkerConfig,
+        runtime: WorkerRuntime,
+        training_step: TrainingStep,
+        data_url: str,
+        store: CheckpointStore,
+        start: Start,
+    ) -> None:
+        self.cfg, self.runtime, self.data_url, self.store = cfg, runtime, data_url, store
+        self.training_step, self.bilm = training_step, training_step.bilm
         self.train = cfg.job.train
-        self.manifest = load_manifest(cfg.data)
-        word_types = load_word_types(cfg.data, self.manifest)
-        self.char_table = word_types.char_ids
-        torch.manual_seed(self.train.seed)  # the same initial weights on every rank
-        self.bilm = initial_bilm(cfg.job.model, self.manifest.vocab.size, cfg.init_from)
-        # trains from the zero state; saved with the sentences its inference starts after
-        self.bilm.set_start_state(None, dataset_warmup(cfg.data, self.manifest, word_types))
-        self.bilm.to(self.device).train()
-        self.training_step = TrainingStep.build(
-            self.bilm, self.train, cfg.job.run.grad_exchange, runtime.wrap_model
-        )
-        self.optimizer = self.training_step.optimizer
-        self.shared = SharedState(
-            step=0, world_size=self.world_size, mlflow_run_id=cfg.mlflow_run_id
-        )
-        self.resumed_from = 0
-        _seed_rank(self.train.seed, self.rank)
-        self.streams = self._streams(_stream_seeds(self.train.seed, 0))
+        self.shared = start.shared
+        self.resumed_from = start.shared.step
+        self.lstm_state = start.lstm_state
         self.positions: tuple[StreamPosition, StreamPosition] | None = None  # after the last step
-        self.lstm_state: BiLMState | None = None
         self.stop_early = False
 
-    def _streams(self, seeds: tuple[int, int]) -> tuple[StreamSpec, StreamSpec]:
-        return training_streams(
-            self.training_step,
-            self.cfg.data,
-            self.manifest,
-            seeds,
-            rank=self.rank,
-            world_size=self.world_size,
-        )
-
-    def restore(self, directory: Path) -> None:
-        """Continue from a checkpoint: weights, optimiser, counters, and this rank's position."""
-        loaded = read_checkpoint(directory, self.rank, self.world_size, self.device)
-        self.bilm.load_state_dict(read_bilm_dir(loaded.model_dir).state_dict())
-        self.optimizer.load_state_dict(loaded.optimizer)
-        self.shared = loaded.shared
-        self.resumed_from = loaded.shared.step
-        if loaded.rank is None:
-            log.warning(
-                "resuming step %d with %d workers instead of %d: streams are dealt afresh and "
-                "LSTM states start from zero; weights and optimiser are kept",
-                self.shared.step,
-                self.world_size,
-                loaded.shared.world_size,
-            )
-            self.streams = self._streams(_stream_seeds(self.train.seed, self.shared.step))
-            self.shared.world_size = self.world_size
-            return
-        restore_rng(loaded.rank.rng)
-        seeds = (
-            TokenStream.saved_seed(loaded.rank.forward_stream),
-            TokenStream.saved_seed(loaded.rank.backward_stream),
-        )
-        forward, backward = self._streams(seeds)
-        self.streams = (
-            forward.starting_at(loaded.rank.forward_stream),
-            backward.starting_at(loaded.rank.backward_stream),
-        )
-        self.lstm_state = loaded.rank.lstm_state
-
-    def run(self) -> None:
+    def run(self, batches: StepBatches, progress: Progress) -> None:
         """Steps until the manifest-derived total (or early stopping), checkpointing on the way."""
-        run = TrackedRun(
-            self.cfg.mlflow_tracking_uri,
-            self.cfg.run_name,
-            self.cfg.mlflow_run_id,
-            self.cfg.run_dir,
-            self.cfg.driver_host,
-        )
-        progress = Progress(
-            run,
-            self.shared,
-            rank=self.rank,
-            total_steps=self.cfg.total_steps,
-            log_every=self.train.log_every,
-            validation_sentences=min(
-                self.train.validation_sentences, self.manifest.split("heldout").num_sentences
-            ),
-            warn_at=(self.train.warn_rise, self.train.warn_parting),
-            console=self.cfg.console,
-            dense_bytes=ring_bytes("all_reduce", dense_gradient_bytes(self.bilm), self.world_size),
+        steps = carried_steps(
+            self.training_step,
+            batches,
+            self.runtime.device,
+            self.lstm_state,
+            first_step=self.shared.step + 1,
+            seed=_rank_seed(self.train.seed, self.runtime.rank),
         )
         output = None
-        with progress.tracking(), self._batches() as batches:
-            steps = carried_steps(
-                self.training_step,
-                batches,
-                self.device,
-                self.lstm_state,
-                first_step=self.shared.step + 1,
-                seed=_rank_seed(self.train.seed, self.rank),
+        while self.shared.step < self.cfg.total_steps and not self.stop_early:
+            self._maybe_fail()
+            batch, result = next(steps)
+            self.lstm_state, output = result.state, result.output
+            self.positions = (batch.forward.position, batch.backward.position)
+            self.shared.step += 1
+            step = self.shared.step
+            progress.after_step(
+                step, output, result.grad_norm, self.runtime.world_size, result.softmax_bytes
             )
-            while self.shared.step < self.cfg.total_steps and not self.stop_early:
-                self._maybe_fail()
-                batch, result = next(steps)
-                self.lstm_state, output = result.state, result.output
-                self.positions = (batch.forward.position, batch.backward.position)
-                self.shared.step += 1
-                step = self.shared.step
-                progress.after_step(
-                    step, output, result.grad_norm, self.world_size, result.softmax_bytes
-                )
-                if step % self.train.validate_every == 0 or step == self.cfg.total_steps:
-                    self.validate(progress)
-                if step % self.train.checkpoint_every == 0 and step < self.cfg.total_steps:
-                    self.checkpoint(output)
-            self.checkpoint(output, final=True)
-            progress.plot()
-
-    def _batches(self) -> StepBatches:
-        """The streams' windows, built ahead by the configured processes (default: two on a GPU,
-        none on CPU)."""
-        workers = self.cfg.job.run.data_workers
-        if workers is None:
-            workers = 2 if self.device.type == "cuda" else 0
-        return step_batches(
-            self.training_step,
-            self.streams,
-            self.manifest,
-            self.char_table,
-            self.device,
-            workers=workers,
-        )
+            if step % self.train.validate_every == 0 or step == self.cfg.total_steps:
+                self.validate(progress)
+            if step % self.train.checkpoint_every == 0 and step < self.cfg.total_steps:
+                self.checkpoint(output)
+        self.checkpoint(output, final=True)
+        progress.plot()
 
     def validate(self, progress: Progress) -> None:
         """Full-softmax perplexity on the fixed heldout sample, each rank on its part."""
-        windows = math.ceil(self.cfg.validation_windows / self.world_size)
+        rank, world_size, device = self.runtime.rank, self.runtime.world_size, self.runtime.device
         sums = evaluate_perplexity(
             self.bilm,
-            self.cfg.data,
+            self.data_url,
             "heldout",
             batch_size=self.train.batch_size,
             unroll_steps=self.train.unroll_steps,
-            rank=self.rank,
-            world_size=self.world_size,
-            max_windows=windows,
-            device=self.device,
+            rank=rank,
+            world_size=world_size,
+            max_windows=math.ceil(self.cfg.validation_windows / world_size),
+            device=device,
             progress=False,
         )
-        sums = _sum_over_ranks(sums, self.device)
+        sums = _sum_over_ranks(sums, device)
         improved = (
             self.shared.best_perplexity is None or sums.perplexity < self.shared.best_perplexity
         )
@@ -357,9 +411,10 @@ class Worker:
             self._save_part(step)
         metrics = self._report_metrics(output)
         self.runtime.report(metrics)  # a barrier: every part is saved
-        if self.rank == 0:
+        if self.runtime.rank == 0:
             keep = self.cfg.job.run.checkpoints_to_keep
-            self.store.commit(step, self.world_size, keep, summary={**metrics, "final": final})
+            world_size = self.runtime.world_size
+            self.store.commit(step, world_size, keep, summary={**metrics, "final": final})
 
     def _save_part(self, step: int) -> None:
         assert self.positions is not None  # a step was taken since the start
@@ -368,9 +423,9 @@ class Worker:
         with tempfile.TemporaryDirectory() as directory:
             write_checkpoint(
                 Path(directory),
-                self.rank,
+                self.runtime.rank,
                 bilm=self.bilm,
-                optimizer=self.optimizer,
+                optimizer=self.training_step.optimizer,
                 shared=self.shared,
                 rank_state=rank_state,
             )
@@ -397,7 +452,11 @@ class Worker:
         if self.cfg.fail_once is None:
             return
         rank, step, marker = self.cfg.fail_once.split(":", 2)
-        if int(rank) == self.rank and int(step) == self.shared.step and not Path(marker).exists():
+        if (
+            int(rank) == self.runtime.rank
+            and int(step) == self.shared.step
+            and not Path(marker).exists()
+        ):
             Path(marker).touch()
             time.sleep(3 * float(os.environ.get(POLL_INTERVAL_ENV, DEFAULT_POLL_INTERVAL_S)))
             os.kill(os.getpid(), signal.SIGKILL)

@@ -180,14 +180,15 @@ class LocalStack:
 @pytest.fixture(scope="session")
 def local_stack(stack_module: ModuleType) -> Callable[..., AbstractContextManager[LocalStack]]:
     """``with local_stack(home, **settings) as stack:`` the stack, not yet started, on free ports
-    with ELMO_HOME = ``home``, ``settings`` and no outside PREFECT_/MLFLOW_/RAY_ variable; at the
-    end it is stopped, which must succeed and leave no process of any service's session and a
-    stack that ``status`` finds down, and its Ray temp folder is removed."""
+    with ELMO_HOME = ``home``, ``settings`` and no outside PREFECT_/MLFLOW_/RAY_ variable but the
+    tests' Ray niceness; at the end it is stopped, which must succeed and leave no process of any
+    service's session and a stack that ``status`` finds down, and its Ray temp folder is removed."""
 
     @contextmanager
     def stack(home: Path, **settings: str) -> Iterator[LocalStack]:
         outside = ("PREFECT_", "MLFLOW_", "RAY_")
         env = {k: v for k, v in os.environ.items() if not k.startswith(outside)}
+        env["RAY_worker_niceness"] = "0"  # a fair share for Ray, as tests/conftest.py says
         env.update(zip(STACK_PORTS, map(str, _free_ports(len(STACK_PORTS))), strict=True))
         env.update(ELMO_HOME=str(home), **settings)
         local = LocalStack(Path(stack_module.__file__), env)

@@ -658,9 +658,9 @@ MAKE_RUN_TIMEOUT = pytest.mark.timeout(1500)
 @pytest.fixture(scope="module")
 def make_run_consoles(tmp_path_factory: pytest.TempPathFactory) -> list[list[str]]:
     """What ``make run`` prints (stdout and stderr as a terminal shows them) on a fresh machine:
-    no server or ELMo setting in the environment, a new ELMO_HOME; run twice, the second reusing
-    the first's work. 20 training steps, one task, one seed and the whole training set, for time
-    (the pretrain flow's log test reads the lines of three seeds)."""
+    no server or ELMo setting in the environment (but the tests' Ray niceness), a new ELMO_HOME;
+    run twice, the second reusing the first's work. 20 training steps, one task, one seed and the
+    whole training set, for time (the pretrain flow's log test reads the lines of three seeds)."""
     home = tmp_path_factory.mktemp("make-run") / "home"
     env = {
         name: value
@@ -668,6 +668,7 @@ def make_run_consoles(tmp_path_factory: pytest.TempPathFactory) -> list[list[str
         if not name.startswith(("ELMO_", "MLFLOW_", "PREFECT_", "RAY_"))
     }
     env |= {"ELMO_HOME": str(home), "MLFLOW_DISABLE_TELEMETRY": "true", "PYTHONUNBUFFERED": "1"}
+    env["RAY_worker_niceness"] = "0"  # a fair share for Ray, as tests/conftest.py says
     command = [sys.executable, "-m", "flows.run_local", "--max-steps", "20", "--seeds", "0"]
     tasks = (str(REPO / f"examples/tasks/{task}.yaml") for task, _ in MAKE_RUN_TASKS)
     command += ["--fractions", "1", "--tasks", ",".join(tasks)]
