@@ -23,6 +23,9 @@ os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
 # 5 minutes at nice 15, and took 173 s in all at nice 0 (benchmarks/results/suite_slow-*.md).
 # Every Ray the tests start, in this process or in a user's command, gets a fair share.
 os.environ.setdefault("RAY_worker_niceness", "0")
+# A test that reaches the Prefect API outside a flow starts an ephemeral server, which Prefect waits
+# 20 s for; on a loaded slow machine it took longer (`make run` waits as long: flows/run_local.py).
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
