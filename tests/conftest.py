@@ -23,6 +23,12 @@ os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
 # 5 minutes at nice 15, and took 173 s in all at nice 0 (benchmarks/results/suite_slow-*.md).
 # Every Ray the tests start, in this process or in a user's command, gets a fair share.
 os.environ.setdefault("RAY_worker_niceness", "0")
+# Two-thread torch processes (Ray workers, the commands tests run) share the cores with the suite's
+# other work. With OpenMP's default policy a waiting thread spins: a step beside one busy process
+# ran 7.5x slower than on one thread, and 1.5x with the threads asleep (`python -m
+# benchmarks.bench_threads_under_load --smoke`). libgomp reads it as it loads, so it is set before
+# torch is imported here; the processes the tests start inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # A test that reaches the Prefect API outside a flow starts an ephemeral server, which Prefect waits
 # 20 s for; on a loaded slow machine it took longer (`make run` waits as long: flows/run_local.py).
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
@@ -65,6 +71,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("gpu"):
             item.add_marker(needs_cuda)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Shut this process's Ray down after the last test of a module that used it, unless the next
+    module asks for one (``ray_session``): an idle local Ray took 7 % of a core, and each pytest
+    process would otherwise keep its Ray through every unit test after its integration tests.
+    Runs after pytest has torn down the module's fixtures (``trylast``)."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return
+    if nextitem is None or (
+        getattr(nextitem, "module", None) is not getattr(item, "module", None)
+        and "ray_session" not in nextitem.fixturenames
+    ):
+        ray.shutdown()
 
 
 @pytest.fixture

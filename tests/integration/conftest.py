@@ -42,20 +42,20 @@ def _start_local_ray() -> None:
     )
 
 
-@pytest.fixture(scope="session")
-def ray_session() -> Iterator[None]:
-    """``ray.init`` once per session: :func:`_start_local_ray`."""
+@pytest.fixture(scope="module")
+def ray_session() -> None:
+    """A local Ray for the module (:func:`_start_local_ray`), the one already running if the module
+    before needed one too. It is shut down once the next module needs none
+    (tests/conftest.py's ``pytest_runtest_teardown``): an idle Ray costs a share of a core."""
     import ray
 
     if not ray.is_initialized():
         _start_local_ray()
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture
 def without_session_ray() -> Iterator[None]:
-    """The session's local Ray (if one runs) shut down for a test that starts its own cluster,
+    """The module's local Ray (if one runs) shut down for a test that starts its own cluster,
     and started again after it."""
     import ray
 

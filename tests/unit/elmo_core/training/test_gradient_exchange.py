@@ -45,6 +45,9 @@ def _free_port() -> int:
 
 
 def _entry(rank: int, port: int, body: Callable[[int], None], world_size: int) -> None:
+    # One thread a rank, as a Ray Train worker takes its share: four ranks of two spinning OpenMP
+    # threads each on two cores spent most of their time waiting for each other.
+    torch.set_num_threads(1)
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
     )
