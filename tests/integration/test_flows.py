@@ -658,9 +658,10 @@ MAKE_RUN_TIMEOUT = pytest.mark.timeout(1500)
 @pytest.fixture(scope="module")
 def make_run_consoles(tmp_path_factory: pytest.TempPathFactory) -> list[list[str]]:
     """What ``make run`` prints (stdout and stderr as a terminal shows them) on a fresh machine:
-    no server or ELMo setting in the environment (but the tests' Ray niceness), a new ELMO_HOME;
-    run twice, the second reusing the first's work. 20 training steps, one task, one seed and the
-    whole training set, for time (the pretrain flow's log test reads the lines of three seeds)."""
+    no server or ELMo setting in the environment (but the tests' Ray niceness and OpenMP wait
+    policy), a new ELMO_HOME; run twice, the second reusing the first's work. 8 training steps,
+    one task, one seed and the whole training set, for time (the pretrain flow's log test reads
+    the lines of three seeds)."""
     home = tmp_path_factory.mktemp("make-run") / "home"
     env = {
         name: value
@@ -669,7 +670,7 @@ def make_run_consoles(tmp_path_factory: pytest.TempPathFactory) -> list[list[str
     }
     env |= {"ELMO_HOME": str(home), "MLFLOW_DISABLE_TELEMETRY": "true", "PYTHONUNBUFFERED": "1"}
     env["RAY_worker_niceness"] = "0"  # a fair share for Ray, as tests/conftest.py says
-    command = [sys.executable, "-m", "flows.run_local", "--max-steps", "20", "--seeds", "0"]
+    command = [sys.executable, "-m", "flows.run_local", "--max-steps", "8", "--seeds", "0"]
     tasks = (str(REPO / f"examples/tasks/{task}.yaml") for task, _ in MAKE_RUN_TASKS)
     command += ["--fractions", "1", "--tasks", ",".join(tasks)]
     consoles = []
@@ -738,7 +739,7 @@ def test_make_run_prints_every_line_once_and_none_of_the_libraries_chatter(
         assert [line for line in printed if any(noise in line for noise in CONSOLE_NOISE)] == []
     first, _ = make_run_consoles
     # each progress line once, from the flow's log (the workers print none of it)
-    assert sum(": step 20/20  sampled loss " in line for line in first) == 1
+    assert sum(": step 8/8  sampled loss " in line for line in first) == 1
     assert not [line for line in first if "[train]" in line]
 
 
