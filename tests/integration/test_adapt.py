@@ -78,7 +78,7 @@ def _register_bilm(model_dir: Path, root: Path) -> None:
 
 
 def _adapt_executions() -> set[tuple[str, float]]:
-    """``(worker, start µs)`` of each ``run_adapt_job`` execution the session's Ray recorded
+    """``(worker, start µs)`` of each ``run_adapt_job`` execution the module's Ray recorded
     (``ray.timeline``: the task events its workers report)."""
     import ray
 

@@ -267,7 +267,7 @@ def test_a_user_error_in_a_worker_is_raised_once_as_itself_and_the_run_failed(
 def test_workers_that_ask_for_more_cpus_than_the_ray_has_are_refused_before_a_run_starts(
     ray_session, store, dataset, tmp_path
 ) -> None:
-    """The session's Ray has 2 CPUs: 2 workers of 2 would wait for them for ever."""
+    """The module's Ray has 2 CPUs: 2 workers of 2 would wait for them for ever."""
     overrides = [*SMALL_RUN, "train.max_steps=4", f"run.storage_path={tmp_path}"]
     cfg = resolve_train_config(
         "tiny", None, [*overrides, "run.num_workers=2", "run.cpus_per_worker=2"]
