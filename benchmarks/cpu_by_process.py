@@ -64,16 +64,13 @@ class Samples:
     def take(self) -> None:
         for process in psutil.process_iter(["pid", "create_time", "name", "cmdline", "cpu_times"]):
             info = process.info
-            if info["create_time"] is None or info["create_time"] < self.since:
-                continue
-            if info["cpu_times"] is None:  # gone, or not ours to read
-                continue
+            if info["cpu_times"] is None or (info["create_time"] or 0) < self.since:
+                continue  # gone, not ours to read, or older than the command
             key = (info["pid"], info["create_time"])
-            cpu = info["cpu_times"].user + info["cpu_times"].system
-            label = self.seen[key][0] if key in self.seen else None
-            if label is None:
-                label = kind(" ".join(info["cmdline"] or []), info["name"] or "?")
-            self.seen[key] = (label, cpu)
+            previous = self.seen.get(key)
+            cmdline, name = " ".join(info["cmdline"] or []), info["name"] or "?"
+            label = previous[0] if previous else kind(cmdline, name)
+            self.seen[key] = (label, info["cpu_times"].user + info["cpu_times"].system)
 
     def by_kind(self) -> tuple[Counter[str], Counter[str]]:
         seconds: Counter[str] = Counter()
