@@ -588,6 +588,22 @@ def _wait_healthy(cfg: StackConfig, service: Service, process: subprocess.Popen[
     )
 
 
+def _wait_healthy_or_relaunch(
+    cfg: StackConfig, service: Service, process: subprocess.Popen[bytes]
+) -> None:
+    """:func:`_wait_healthy`, with one more launch for a daemonizing service that failed: `ray
+    start` gives its raylet a fixed 30 s to register, which a core shared with the other servers
+    starting beside it can miss. By the second launch its wave's other servers are up."""
+    try:
+        _wait_healthy(cfg, service, process)
+    except StackError as failed:
+        if not service.daemonizes:
+            raise
+        reason = str(failed).partition("; log tail:")[0]
+        _say(f"{service.name}: {reason}; launching it once more")
+        _wait_healthy(cfg, service, _spawn(cfg, service))
+
+
 def start(cfg: StackConfig, names: list[str]) -> dict[str, float]:
     """Start the services in ``names`` that are not already healthy; seconds each took.
 
@@ -618,7 +634,7 @@ def start(cfg: StackConfig, names: list[str]) -> dict[str, float]:
             stop_services(cfg, [name])
             launched[name] = (time.monotonic(), _spawn(cfg, service))
         for name, (spawned, process) in launched.items():
-            _wait_healthy(cfg, SERVICES[name], process)
+            _wait_healthy_or_relaunch(cfg, SERVICES[name], process)
             if SERVICES[name].after_start is not None:
                 SERVICES[name].after_start(cfg)
             timings[name] = time.monotonic() - spawned

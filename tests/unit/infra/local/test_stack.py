@@ -140,6 +140,36 @@ def test_start_refuses_a_port_held_by_another_program(
             stack_module.start(cfg, ["mlflow"])
 
 
+@pytest.mark.parametrize("failures", [1, 2])
+def test_a_daemonizing_launcher_that_fails_is_launched_once_more(
+    stack_module: ModuleType,
+    cfg: object,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    failures: int,
+) -> None:
+    """As `ray start` does when its raylet misses its 30 s to register on a loaded core: the
+    launcher exits 1, and the next launch may succeed. A second failure is the stack's."""
+    tries, up = cfg.state_dir / "tries", cfg.state_dir / "up"
+    launcher = f"echo x >> {tries}; [ $(wc -l < {tries}) -gt {failures} ] || exit 1; touch {up}"
+    fake = stack_module.Service(
+        "ray",
+        lambda c: ["sh", "-c", launcher],
+        lambda c: up.exists(),
+        lambda c: {},
+        daemonizes=True,
+    )
+    monkeypatch.setitem(stack_module.SERVICES, "ray", fake)
+
+    if failures == 1:
+        assert set(stack_module.start(cfg, ["ray"])) == {"ray"}
+    else:
+        with pytest.raises(stack_module.StackError, match="ray exited with code 1"):
+            stack_module.start(cfg, ["ray"])
+    assert len(tries.read_text().split()) == 2
+    assert "ray: ray exited with code 1; launching it once more" in capsys.readouterr().err
+
+
 def test_worker_alone_needs_a_running_prefect_server(stack_module: ModuleType, cfg: object) -> None:
     with pytest.raises(stack_module.StackError, match="worker needs prefect"):
         stack_module.start(cfg, ["worker"])
