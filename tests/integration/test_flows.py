@@ -3,9 +3,9 @@
 One module-wide ELMo home and Prefect server; the pretrain flow runs twice on a tiny corpus of
 its own (the second run must reuse the cached dataset, the finished training, the registered
 version and the finished adaptation), the prepare task alone shows the cache and its
-invalidation, and bad input fails early with messages that name the field or the address.
-``make run`` (``python -m flows.run_local``) runs twice in a subprocess on a fresh home, for its
-console: what a user reads.
+invalidation, the analyze flow's rerun reuses its finished analysis, and bad input fails early
+with messages that name the field or the address. ``make run`` (``python -m flows.run_local``)
+runs once in a subprocess on a fresh home, for its console: what a user reads.
 """
 
 from __future__ import annotations
@@ -405,12 +405,12 @@ def test_the_run_publishes_tables_and_a_summary_linking_to_mlflow(
 
 
 @pytest.fixture(scope="module")
-def analyzed(home: Path) -> tuple[AnalyzeSummary, UUID]:
-    """The analyze flow on a tiny untrained biLM: a 12-sentence tagging task and the bundled
-    sense set, two fractions, one seed."""
+def analyze_params(home: Path) -> AnalyzeParams:
+    """A tiny untrained biLM, a 12-sentence tagging task and the bundled sense set, two
+    fractions, one seed."""
     torch.manual_seed(0)
     bilm = write_bilm_dir(BiLM(tiny(), 100), home.parent / "analyze-bilm")
-    params = AnalyzeParams(
+    return AnalyzeParams(
         tasks=[_write_tagging(home.parent / "analyze-task", num_train=12)],
         bilm=str(bilm),
         senses_train=str(REPO / "examples/analysis/data/senses.train.tsv"),
@@ -418,10 +418,19 @@ def analyzed(home: Path) -> tuple[AnalyzeSummary, UUID]:
         fractions=[0.5, 1.0],
         seeds=[0],
     )
+
+
+def _analyze_flow_run(params: AnalyzeParams) -> tuple[AnalyzeSummary, UUID]:
     state = analyze(params, return_state=True)
     APILogWorker.drain_all(timeout=30)  # the run's log lines reach the server before we read them
     assert state.state_details.flow_run_id is not None
     return state.result(), state.state_details.flow_run_id
+
+
+@pytest.fixture(scope="module")
+def analyzed(analyze_params: AnalyzeParams) -> tuple[AnalyzeSummary, UUID]:
+    """The analyze flow on :func:`analyze_params`."""
+    return _analyze_flow_run(analyze_params)
 
 
 def test_the_analyze_flows_run_is_a_child_of_the_flow_runs_parent(
@@ -466,6 +475,24 @@ def test_the_analyze_flow_publishes_and_logs_the_table(
     bar = _artifacts(flow_run_id)[progress_key("analyze")]
     assert bar.type == "progress" and float(bar.data) == 100.0
     assert re.fullmatch(r"analyzed tagger: \d+ rows", bar.description)
+
+
+def test_a_second_analyze_flow_run_reuses_the_finished_analysis_and_says_so(
+    analyzed: tuple[AnalyzeSummary, UUID], analyze_params: AnalyzeParams
+) -> None:
+    first, _ = analyzed
+    summary, flow_run_id = _analyze_flow_run(analyze_params)
+
+    assert (summary.run_id, summary.table) == (first.run_id, first.table)
+    assert "analysis reused: a finished analyze run of this biLM and settings" in set(
+        _log_messages(flow_run_id)
+    )
+    runs = [
+        line
+        for line in _task_log_messages(flow_run_id, "analyze")
+        if re.match(r"analyze-\S+: \w+: run \d", line)
+    ]
+    assert runs == []  # no task model trained again
 
 
 def test_pretrain_with_analyze_analyzes_the_new_biLM_in_its_flow_run(
@@ -621,8 +648,7 @@ MAKE_RUN_TASKS = (("ner", "f1"),)
 MAKE_RUN_ENDING = (
     r"biLM models:/elmo-bilm/1 \(@champion\): heldout perplexity [\d.]+",
     *(
-        rf"task {task}( reused \(already adapted\))?: test {metric} {SCORES} with ELMo, {SCORES} "
-        rf"without \(seed 0; \d+ test "
+        rf"task {task}: test {metric} {SCORES} with ELMo, {SCORES} without \(seed 0; \d+ test "
         rf"examples\): gain [+-][\d.]+ \(one seed: no standard deviation\) → models:/elmo-{task}/\d"
         for task, metric in MAKE_RUN_TASKS
     ),
@@ -650,18 +676,18 @@ MAKE_RUN_ENDING = (
 )
 
 
-# Whichever of its tests comes first runs the fixture's two whole runs within its own timeout:
-# 446 s for both on the emulated slow machine (benchmarks/results/suite_slow-2026-11-29.md).
+# Whichever of its tests comes first runs the fixture's whole run within its own timeout.
 MAKE_RUN_TIMEOUT = pytest.mark.timeout(1500)
 
 
 @pytest.fixture(scope="module")
-def make_run_consoles(tmp_path_factory: pytest.TempPathFactory) -> list[list[str]]:
+def make_run_console(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     """What ``make run`` prints (stdout and stderr as a terminal shows them) on a fresh machine:
     no server or ELMo setting in the environment (but the tests' Ray niceness and OpenMP wait
-    policy), a new ELMO_HOME; run twice, the second reusing the first's work. 8 training steps,
-    one task, one seed and the whole training set, for time (the pretrain flow's log test reads
-    the lines of three seeds)."""
+    policy), a new ELMO_HOME. 8 training steps, one task, one seed and the whole training set,
+    for time (the pretrain flow's log test reads the lines of three seeds). Once: what a second
+    run reuses, the flows' own tests check in this process (a rerun of the pretrain flow, of the
+    analyze flow)."""
     home = tmp_path_factory.mktemp("make-run") / "home"
     env = {
         name: value
@@ -673,28 +699,25 @@ def make_run_consoles(tmp_path_factory: pytest.TempPathFactory) -> list[list[str
     command = [sys.executable, "-m", "flows.run_local", "--max-steps", "8", "--seeds", "0"]
     tasks = (str(REPO / f"examples/tasks/{task}.yaml") for task, _ in MAKE_RUN_TASKS)
     command += ["--fractions", "1", "--tasks", ",".join(tasks)]
-    consoles = []
-    for _ in range(2):
-        # In a process group of its own: a run past its time goes with every process it started
-        # (its Prefect server, its Ray), which would otherwise slow every test after it.
-        run = subprocess.Popen(
-            command,
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        try:
-            printed, _ = run.communicate(timeout=600)
-        except subprocess.TimeoutExpired:
-            os.killpg(run.pid, signal.SIGKILL)
-            printed, _ = run.communicate()
-            pytest.fail(f"make run took over 600 s:\n{printed[-3000:]}")
-        assert run.returncode == 0, printed[-3000:]
-        consoles.append(printed.splitlines())
-    return consoles
+    # In a process group of its own: a run past its time goes with every process it started
+    # (its Prefect server, its Ray), which would otherwise slow every test after it.
+    run = subprocess.Popen(
+        command,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        printed, _ = run.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        os.killpg(run.pid, signal.SIGKILL)
+        printed, _ = run.communicate()
+        pytest.fail(f"make run took over 600 s:\n{printed[-3000:]}")
+    assert run.returncode == 0, printed[-3000:]
+    return printed.splitlines()
 
 
 def test_task_runs_are_named_after_their_work_and_training_fills_its_progress_bar(
@@ -731,21 +754,19 @@ def test_the_train_tasks_own_page_shows_every_logged_step_and_validation_once(
 
 @MAKE_RUN_TIMEOUT
 def test_make_run_prints_every_line_once_and_none_of_the_libraries_chatter(
-    make_run_consoles: list[list[str]],
+    make_run_console: list[str],
 ) -> None:
-    for console in make_run_consoles:
-        printed = [line for line in console if line.strip()]
-        assert sorted({line for line in printed if printed.count(line) > 1}) == []
-        assert [line for line in printed if any(noise in line for noise in CONSOLE_NOISE)] == []
-    first, _ = make_run_consoles
+    printed = [line for line in make_run_console if line.strip()]
+    assert sorted({line for line in printed if printed.count(line) > 1}) == []
+    assert [line for line in printed if any(noise in line for noise in CONSOLE_NOISE)] == []
     # each progress line once, from the flow's log (the workers print none of it)
-    assert sum(": step 8/8  sampled loss " in line for line in first) == 1
-    assert not [line for line in first if "[train]" in line]
+    assert sum(": step 8/8  sampled loss " in line for line in printed) == 1
+    assert not [line for line in printed if "[train]" in line]
 
 
 @MAKE_RUN_TIMEOUT
 def test_make_run_names_the_training_run_and_links_each_stages_mlflow_run_to_the_console(
-    make_run_consoles: list[list[str]],
+    make_run_console: list[str],
 ) -> None:
     """What the flow's log says reaches the console too, as each stage runs."""
     linked = [
@@ -756,28 +777,16 @@ def test_make_run_names_the_training_run_and_links_each_stages_mlflow_run_to_the
         *(f"adapt run of task {task}" for task, _ in MAKE_RUN_TASKS),
         "analyze run",
     ]
-    for console in make_run_consoles:
-        text = "\n".join(console)
-        assert re.search(
-            r" - train: biLM bilm-\w+, preset mini, dataset python-docs-\w+$", text, re.M
-        )
-        for what in linked:
-            assert re.search(rf" - {what} in MLflow: {RUN_URL}", text, re.MULTILINE), what
+    text = "\n".join(make_run_console)
+    assert re.search(r" - train: biLM bilm-\w+, preset mini, dataset python-docs-\w+$", text, re.M)
+    for what in linked:
+        assert re.search(rf" - {what} in MLflow: {RUN_URL}", text, re.MULTILINE), what
 
 
 @MAKE_RUN_TIMEOUT
 def test_make_run_ends_with_the_model_its_task_scores_the_ui_links_and_bank_in_two_senses(
-    make_run_consoles: list[list[str]],
+    make_run_console: list[str],
 ) -> None:
-    for console in make_run_consoles:
-        ending = console[-len(MAKE_RUN_ENDING) :]
-        for pattern, line in zip(MAKE_RUN_ENDING, ending, strict=True):
-            assert re.fullmatch(pattern, line), (pattern, line)
-    # The second run adapts and analyzes nothing again: the first's runs and models are reused.
-    first, second = ("\n".join(console) for console in make_run_consoles)
-    assert "reused (already adapted)" not in first
-    ending = make_run_consoles[1][-len(MAKE_RUN_ENDING) :]
-    reused = sum(" reused (already adapted): test " in line for line in ending)
-    assert reused == len(MAKE_RUN_TASKS)
-    assert "analysis reused: a finished analyze run" in second
-    assert not re.search(r"adapt-\w+: seed 0|analyze-\S+: \w+: run \d", second)
+    ending = make_run_console[-len(MAKE_RUN_ENDING) :]
+    for pattern, line in zip(MAKE_RUN_ENDING, ending, strict=True):
+        assert re.fullmatch(pattern, line), (pattern, line)

@@ -1,9 +1,9 @@
 """The train stage on a real local Ray (2 CPUs): DDP workers, a killed worker, exact resumption.
 
 A 2-worker run in which rank 1 kills its own process once (Ray Train restarts the group from the
-last checkpoint), checked for its curves, its MLflow record and its outputs; a 1-worker run stopped
-by a kill and started again with the same call; and one stopped by Ctrl-C and resumed by the same
-command.
+last checkpoint), its batches from loader processes the Ray actors fork, checked for its curves,
+its MLflow record and its outputs; and a 1-worker run stopped by Ctrl-C and resumed by the same
+command. How sentences are dealt to ranks is test_reader.py's.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from elmo_core.config import PrepareConfig
-from elmo_core.data.manifest import load_manifest, manifest_sha256
+from elmo_core.data.manifest import manifest_sha256
 from elmo_core.errors import ConfigError, DataError
 from elmo_core.model.serialization import read_bilm_dir
 from pipelines.cli import train_main as main
@@ -33,7 +33,6 @@ from pipelines.tracking.flow_runs import TRAIN_LOSS_METRIC
 from pipelines.train.job_config import resolve_train_config, run_name
 from pipelines.train.run_directory import FINISHED_FILE
 from pipelines.train.stage import FAIL_ONCE_ENV, train
-from pipelines.train.supervision import TrainingFailed
 
 pytestmark = pytest.mark.integration
 
@@ -85,6 +84,7 @@ def test_two_workers_survive_a_killed_worker_and_record_the_run(
         "train.checkpoint_every=8",
         "train.validate_every=8",
         "run.num_workers=2",
+        "run.data_workers=2",  # each worker's batches from two loader processes, as on a GPU
         "run.max_failures=1",
         f"run.storage_path={tmp_path / 'runs'}",
     ]
@@ -167,80 +167,6 @@ def test_two_workers_survive_a_killed_worker_and_record_the_run(
     assert trained.info.status == "FINISHED"
 
 
-def test_a_dataset_with_fewer_row_groups_than_workers_trains_on_two(
-    ray_session, store, tmp_path
-) -> None:
-    """One row group per split and two workers: sentences are dealt, so both ranks train. Each
-    worker's batches come from two loader processes, as on a GPU (processes a Ray actor forks)."""
-    rng = random.Random(1)
-    (tmp_path / "train.txt").write_text("\n".join(_sentences(rng, 60)) + "\n")
-    (tmp_path / "heldout.txt").write_text("\n".join(_sentences(rng, 8)) + "\n")
-    corpus = CorpusFiles(
-        str(tmp_path), "text", [tmp_path / "train.txt"], [tmp_path / "heldout.txt"]
-    )
-    small = str(tmp_path / "small")
-    prepare_files(PrepareConfig(format="text"), corpus, small)
-    splits = load_manifest(small).splits
-    assert [shard.num_row_groups for split in splits.values() for shard in split.shards] == [1, 1]
-    cfg = resolve_train_config(
-        "tiny",
-        None,
-        [
-            *SMALL_RUN,
-            "train.max_steps=4",
-            "train.validate_every=4",
-            "run.num_workers=2",
-            "run.data_workers=2",
-            f"run.storage_path={tmp_path / 'runs'}",
-        ],
-    )
-    result = train(cfg, small)
-    assert result.steps == 4 and result.best_perplexity is not None
-    assert store.get_run(result.mlflow_run_id).info.status == "FINISHED"
-
-
-@pytest.mark.timeout(600)  # 249 s on the emulated slow machine with a straight run beside it
-def test_a_killed_run_resumes_from_its_newest_checkpoint_in_its_own_mlflow_run(
-    ray_session, store, dataset, tmp_path, monkeypatch
-) -> None:
-    """SIGKILLed with no restart allowed, the run fails; the same call resumes it from its newest
-    complete checkpoint. That a resumed run equals a straight one weight for weight is
-    test_worker_loop.py's (the same loop, in one process) and test_lost_node.py's (on Ray)."""
-    cfg = resolve_train_config(
-        "tiny",
-        None,
-        [
-            *SMALL_RUN,
-            "train.max_steps=12",
-            "train.checkpoint_every=2",
-            "train.validate_every=6",
-            "run.max_failures=0",
-            "run.checkpoints_to_keep=2",
-            "run.name=resumed",
-            f"run.storage_path={tmp_path / 'runs'}",
-        ],
-    )
-    monkeypatch.setenv(FAIL_ONCE_ENV, f"0:7:{tmp_path / 'stopped'}")
-    with pytest.raises(TrainingFailed):  # SIGKILLed at step 7, and no restart allowed
-        train(cfg, dataset)
-    run_dir = tmp_path / "runs" / "resumed"
-    assert not (run_dir / FINISHED_FILE).exists()
-    checkpoints = sorted(path.name for path in (run_dir / "checkpoints").iterdir())
-    assert checkpoints == ["step_000004", "step_000006"]  # 2, 4, 6 were complete; 2 kept
-    killed = stage_runs.find_run("train-resumed", "train")
-    assert killed is not None and killed.info.status == "FAILED"
-    monkeypatch.delenv(FAIL_ONCE_ENV)
-    resumed = train(cfg, dataset)
-
-    assert resumed.resumed_from_step == 6 and resumed.steps == 12
-    assert resumed.mlflow_run_id == killed.info.run_id
-    assert store.get_run(resumed.mlflow_run_id).info.status == "FINISHED"
-    validation = store.get_metric_history(resumed.mlflow_run_id, "bilm/validation/perplexity")
-    assert sorted(metric.step for metric in validation) == [6, 12]  # step 6's kept, 12's added
-    kept = sorted(path.name for path in (run_dir / "checkpoints").iterdir())
-    assert kept == ["step_000010", "step_000012"]
-
-
 def test_a_user_error_in_a_worker_is_raised_once_as_itself_and_the_run_failed(
     ray_session, store, dataset, tmp_path, capsys
 ) -> None:
@@ -283,14 +209,19 @@ def test_workers_that_ask_for_more_cpus_than_the_ray_has_are_refused_before_a_ru
 
 @pytest.mark.timeout(600)  # 172 s on a slow 2-core machine (issue 47)
 def test_ctrl_c_stops_the_run_killed_and_the_same_command_resumes_it(
-    store, dataset, tmp_path
+    ray_session, store, dataset, tmp_path
 ) -> None:
+    """Stopped by Ctrl-C, then resumed by the same call from its newest complete checkpoint, in
+    its own MLflow run. That a resumed run equals a straight one weight for weight is
+    test_worker_loop.py's (the same loop, in one process) and test_lost_node.py's (on Ray); the
+    restart limit is test_supervision.py's."""
     args = ["--data", dataset, "--model", "tiny", "--no-register"]
     overrides = [
         *SMALL_RUN,
         "train.max_steps=60",
         "train.checkpoint_every=5",
         "train.validate_every=50",
+        "run.checkpoints_to_keep=2",
         f"run.storage_path={tmp_path / 'runs'}",
     ]
     for override in overrides:
@@ -333,10 +264,10 @@ def test_ctrl_c_stops_the_run_killed_and_the_same_command_resumes_it(
     killed = stage_runs.find_run(f"train-{name}", "train")
     assert killed is not None and killed.info.status == "KILLED"
 
-    import ray
-
-    ray.shutdown()  # the resumed run starts its own, as the command would
-    resumed = train(resolve_train_config("tiny", None, overrides), dataset)
+    resumed = train(resolve_train_config("tiny", None, overrides), dataset)  # on the module's Ray
     assert resumed.run_name == name and resumed.resumed_from_step >= step > 0
     assert resumed.steps == 60
+    assert resumed.mlflow_run_id == killed.info.run_id
     assert store.get_run(resumed.mlflow_run_id).info.status == "FINISHED"
+    kept = sorted(path.name for path in (tmp_path / "runs" / name / "checkpoints").iterdir())
+    assert kept == ["step_000055", "step_000060"]
