@@ -21,9 +21,14 @@ log = logging.getLogger(__name__)
 MIN_OBJECT_STORE_BYTES = 200 * 1024**2
 MAX_OBJECT_STORE_BYTES = 4 * 1024**3
 TOKEN_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+# Ray Train's loggers whose warnings a local Ray's workers keep to themselves (setup_local_worker)
 PLACEMENT_GROUP_CLEANER_LOGGER = (
     "ray.train.v2._internal.execution.controller.placement_group_cleaner"
 )
+AUTOSCALING_REQUEST_LOGGER = (
+    "ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client"
+)
+QUIETED_TRAIN_LOGGERS = (PLACEMENT_GROUP_CLEANER_LOGGER, AUTOSCALING_REQUEST_LOGGER)
 
 
 def connect_ray(num_cpus: int | None = None) -> None:
@@ -78,11 +83,30 @@ def setup_local_worker() -> None:
     the running GCS processes) and, where two run (another's, a test session's), dies with a
     traceback: ``RAY_ADDRESS`` names this one. Its question then reaches a Ray without the
     dashboard, which does not serve the state API (Ray's TODO in
-    ``ray._private.services.start_api_server``), and each failure is a warning: that logger is
-    raised to ERROR. The controller stops the cleaner when training ends.
+    ``ray._private.services.start_api_server``), and each failure is a warning: that logger
+    passes only errors. The controller stops the cleaner when training ends.
+
+    The controller also asks Ray Data's autoscaling coordinator, an actor it starts, for the
+    workers' resources, and waits 5 s for the answer. On a loaded core the actor's start takes
+    longer, and Ray logs a warning with a traceback of its own saying that it is safe to ignore;
+    a local Ray has no autoscaler to ask, so that logger passes only errors too. A filter, not a
+    level: the controller's logging setup (``logging.config.dictConfig`` on ``ray.train``)
+    resets the levels of the loggers under it, and keeps their filters.
     """
     os.environ.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
-    logging.getLogger(PLACEMENT_GROUP_CLEANER_LOGGER).setLevel(logging.ERROR)
+    quiet_train_loggers()
+
+
+def quiet_train_loggers() -> None:
+    """Only errors from :data:`QUIETED_TRAIN_LOGGERS` in this process (idempotent)."""
+    for name in QUIETED_TRAIN_LOGGERS:
+        logger = logging.getLogger(name)
+        if _errors_only not in logger.filters:
+            logger.addFilter(_errors_only)
+
+
+def _errors_only(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.ERROR
 
 
 def ray_get(refs: Any) -> Any:
