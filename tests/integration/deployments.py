@@ -125,7 +125,7 @@ def shorter_smoke(
     return params | {"training": training, "tasks": task_files, "seeds": [0], "analyze": False}
 
 
-def watch_smoke(env: dict[str, str], params: dict[str, Any], timeout: float = 600) -> str:
+def watch_smoke(env: dict[str, str], params: dict[str, Any], timeout: float = 1300) -> str:
     """``prefect deployment run pretrain/smoke --watch`` with ``params``; its stdout, once the
     flow run completed."""
     run = [PREFECT, "deployment", "run", "pretrain/smoke", "--watch"]
