@@ -54,7 +54,7 @@ from pipelines.common.services import ServiceUnreachable
 from pipelines.common.settings import mlflow_tracking_uri
 from pipelines.tracking.stage_runs import TRAINING_VIEW
 
-# the pretrain flow's two runs: 151 s on the emulated slow machine, beside the suite
+# the pretrain flow's two runs: 158 s on the emulated slow machine, beside the suite
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 # More word types than the tiny preset's 64 sampled-softmax candidates.
@@ -678,7 +678,7 @@ MAKE_RUN_ENDING = (
 )
 
 
-# Whichever of its tests comes first runs the fixture's whole run within its own timeout: 409 s on
+# Whichever of its tests comes first runs the fixture's whole run within its own timeout: 428 s on
 # the emulated slow machine, beside the suite (benchmarks/results/suite_slow-2026-11-30.md).
 MAKE_RUN_TIMEOUT = pytest.mark.timeout(1500)
 MAKE_RUN_SECONDS = 1300  # the run's own limit, within the test's
