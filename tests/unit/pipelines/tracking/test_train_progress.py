@@ -4,6 +4,7 @@ values read back from a real MLflow store, with one ETA."""
 from __future__ import annotations
 
 import math
+import re
 import socket
 from pathlib import Path
 
@@ -86,7 +87,9 @@ def test_the_flow_reads_back_each_line_rank_0_printed_in_the_same_words(
     assert [(e.step, int(isinstance(e, ValidationProgress))) for e in everything.events] == [
         (2, 0), (4, 0), (4, 1), (6, 0), (8, 0), (8, 1)
     ]  # fmt: skip
-    assert "ETA" in everything.events[0].line() and everything.events[1].line().endswith(":00")
+    steps = [e.line() for e in everything.events if isinstance(e, StepProgress)]
+    # every step line ends in a known ETA (not "?"), whatever the machine's speed made it
+    assert all(re.search(r"  ETA \d+:\d\d:\d\d$", line) for line in steps), steps
     assert later is not None and [event.step for event in later.events] == [6, 8, 8]
     assert store.get_run(run.info.run_id).data.tags[TRAIN_STARTED_TAG].startswith("step 0 at 20")
 
