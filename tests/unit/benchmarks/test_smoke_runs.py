@@ -54,11 +54,12 @@ def step_ops(summary: dict) -> None:
 
 
 def threads_under_load(summary: dict) -> None:
-    assert summary["hogs"] == 1
+    assert summary["hogs"] == 1 and summary["hog_nice"] == 19
     settings = ("1thread", "2threads", "2threads_passive", "2_under_load")
+    # the smoke runs no rounds without the load: the same timing, and four processes fewer
+    assert not [key for key in summary if "idle" in key]
     rates = {
-        load: {setting: summary[f"{setting}_{load}_positions_per_s"] for setting in settings}
-        for load in ("loaded", "idle")
+        "loaded": {setting: summary[f"{setting}_loaded_positions_per_s"] for setting in settings}
     }
     for setting in settings[1:]:
         _assert_rounded_ratio(
@@ -107,7 +108,7 @@ CHECKS["softmax_rows"] = softmax_rows
 CHECKS["exchange"] = exchange
 
 
-@pytest.mark.timeout(600)  # threads_under_load's: 155 s on the emulated slow machine, in the suite
+@pytest.mark.timeout(600)  # the slowest, exchange: 49 s on the emulated slow machine, in the suite
 @pytest.mark.parametrize("name", sorted(CHECKS))
 def test_a_smoke_run_ends_with_one_json_line_of_its_figures(name):
     result = subprocess.run(
