@@ -44,6 +44,11 @@ from pipelines.tracking.train_progress import (
 from pipelines.train.checkpoint import SharedState
 from pipelines.train.run_directory import BEST_DIR, RunDirectory
 
+# The curve figures are redrawn after a validation at most this often, and always as the run ends:
+# drawing the two takes a CPU about as long as a short run's validation does, and MLflow's own
+# metric charts are live meanwhile.
+FIGURE_INTERVAL_S = 60.0
+
 
 @dataclass(frozen=True)
 class ValidationWarning:
@@ -126,6 +131,8 @@ class Progress:
         self.total, self.log_every, self.console = total_steps, log_every, console
         self.sample = f"{validation_sentences:,}-sentence heldout sample"
         self._marks = _marks((shared.step, time.time()))
+        self._drawn_at = time.monotonic()  # the loop's start: a first figure a minute in
+        self._drawn_points = -1
         self._reset_window()
 
     def _reset_window(self) -> None:
@@ -237,7 +244,8 @@ class Progress:
         )
         self._say(validation.line())
         self._warn(step)
-        self.plot()
+        if time.monotonic() - self._drawn_at >= FIGURE_INTERVAL_S:
+            self.plot()
 
     def _warn(self, step: int) -> None:
         """Say what the validation curves warn of on the console and in the run's health tag,
@@ -256,10 +264,13 @@ class Progress:
             mlflow.set_tag(HEALTH_TAG, f"step {step}: {messages}")
 
     def plot(self) -> None:
-        """The training-loss and validation-perplexity figures, replaced at each call."""
+        """The training-loss and validation-perplexity figures, replaced where a point was added
+        since they were last drawn."""
         curves = self.shared.curves
-        if not self.active:
+        points = sum(map(len, curves.values()))
+        if not self.active or points == self._drawn_points:
             return
+        self._drawn_at, self._drawn_points = time.monotonic(), points
         log_curves(
             {"sampled loss": curves.get(TRAIN_LOSS_METRIC, [])},
             "curves/train_sampled_loss.png",

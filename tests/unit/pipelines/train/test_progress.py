@@ -12,7 +12,7 @@ from mlflow import MlflowClient
 
 from elmo_core.config import TrainConfig
 from elmo_core.perplexity import PerplexitySums
-from pipelines.tracking import stage_runs
+from pipelines.tracking import figures, stage_runs
 from pipelines.tracking.flow_runs import HEALTH_TAG
 from pipelines.tracking.train_progress import TRAPPED_ROWS
 from pipelines.train.checkpoint import SharedState
@@ -138,3 +138,38 @@ def test_validation_logs_trapped_rows_and_tags_the_latest_warning(
         f"[train] WARNING step 3000: {RISE}",
         f"[train] WARNING step 3000: {PARTING}",
     ]
+
+
+def test_figures_are_redrawn_at_most_once_an_interval_and_as_the_run_ends(
+    store: MlflowClient, tracked: TrackedRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    drawn: list[str] = []
+
+    def log_curves(curves: object, artifact_file: str, **labels: object) -> None:
+        drawn.append(artifact_file)
+        figures.log_curves(curves, artifact_file, **labels)
+
+    monkeypatch.setattr("pipelines.train.progress.log_curves", log_curves)
+    progress = Progress(
+        tracked,
+        SharedState(step=0, world_size=1),
+        rank=0,
+        total_steps=3000,
+        log_every=50,
+        validation_sentences=2000,
+        warn_at=(DEFAULTS["rise"], DEFAULTS["parting"]),
+        console=False,
+    )
+    both = ["curves/train_sampled_loss.png", "curves/validation_perplexity.png"]
+    with progress.tracking():
+        progress.after_validation(1000, _sums(120.0, 118.0, 0), None)
+        assert drawn == []  # within the interval of the loop's start
+        progress.plot()  # the run's end
+        assert drawn == both
+        progress.plot()  # nothing new: not drawn again
+        assert drawn == both
+        monkeypatch.setattr("pipelines.train.progress.FIGURE_INTERVAL_S", 0.0)
+        progress.after_validation(2000, _sums(110.0, 109.0, 0), None)
+        assert drawn == both * 2  # an interval on, a validation redraws them
+    artifacts = {a.path for a in store.list_artifacts(tracked.run_id, "curves")}
+    assert artifacts == set(both)
