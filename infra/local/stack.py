@@ -40,6 +40,8 @@ STORES = ("sqlite", "postgresql")  # where the MLflow and Prefect servers store
 WORKER_NAME = "elmo-local"
 LOG_TAIL_LINES = 40
 STOP_GRACE_S = 8.0
+# `ray start`'s words when its raylet missed its fixed time to register (ray/_private/node.py)
+RAY_STARTUP_TIMEOUT = "The current node timed out during startup"
 # Ray puts Unix sockets under its temp dir; their paths must stay under 107 bytes.
 MAX_RAY_TEMP_DIR_CHARS = 40
 # A custom resource only the second Ray node has: how its health check finds it among the nodes.
@@ -189,6 +191,8 @@ class Service:
     daemonizes: bool = False
     needs_database: bool = False  # on the PostgreSQL stack, it stores there
     after_start: Callable[[StackConfig], None] | None = None  # once healthy, before the next wave
+    # a failure whose log says this is launched once more (_wait_healthy_or_relaunch)
+    transient_failure: str | None = None
 
     def prerequisites(self, cfg: StackConfig) -> tuple[str, ...]:
         """The services that must be healthy before this one starts."""
@@ -471,6 +475,7 @@ SERVICES: dict[str, Service] = {
         _ray_healthy,
         lambda c: {"ELMO_RAY_PORT": c.ray_port, "ELMO_RAY_DASHBOARD_PORT": c.ray_dashboard_port},
         daemonizes=True,
+        transient_failure=RAY_STARTUP_TIMEOUT,
     ),
     "ray-node": Service(
         "ray-node",
@@ -479,6 +484,7 @@ SERVICES: dict[str, Service] = {
         lambda c: {"ELMO_RAY_NODE_AGENT_PORT": c.ray_node_agent_port},
         needs=("ray",),
         daemonizes=True,
+        transient_failure=RAY_STARTUP_TIMEOUT,
     ),
     "worker": Service("worker", _worker_command, _worker_healthy, lambda c: {}, needs=("prefect",)),
 }
@@ -591,13 +597,14 @@ def _wait_healthy(cfg: StackConfig, service: Service, process: subprocess.Popen[
 def _wait_healthy_or_relaunch(
     cfg: StackConfig, service: Service, process: subprocess.Popen[bytes]
 ) -> None:
-    """:func:`_wait_healthy`, with one more launch for a daemonizing service that failed: `ray
-    start` gives its raylet a fixed 30 s to register, which a core shared with the other servers
-    starting beside it can miss. By the second launch its wave's other servers are up."""
+    """:func:`_wait_healthy`, with one more launch for a service whose log shows its
+    ``transient_failure``: `ray start` gives its raylet a fixed 30 s to register, which a core
+    shared with the other servers starting beside it can miss. By the second launch its wave's
+    other servers are up. Any other failure is reported at once."""
     try:
         _wait_healthy(cfg, service, process)
     except StackError as failed:
-        if not service.daemonizes:
+        if service.transient_failure is None or service.transient_failure not in str(failed):
             raise
         reason = str(failed).partition("; log tail:")[0]
         _say(f"{service.name}: {reason}; launching it once more")

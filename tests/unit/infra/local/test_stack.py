@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
@@ -141,7 +142,7 @@ def test_start_refuses_a_port_held_by_another_program(
 
 
 @pytest.mark.parametrize("failures", [1, 2])
-def test_a_daemonizing_launcher_that_fails_is_launched_once_more(
+def test_a_ray_that_timed_out_starting_is_launched_once_more(
     stack_module: ModuleType,
     cfg: object,
     monkeypatch: pytest.MonkeyPatch,
@@ -149,16 +150,15 @@ def test_a_daemonizing_launcher_that_fails_is_launched_once_more(
     failures: int,
 ) -> None:
     """As `ray start` does when its raylet misses its 30 s to register on a loaded core: the
-    launcher exits 1, and the next launch may succeed. A second failure is the stack's."""
+    launcher exits 1 saying so, and the next launch may succeed. A second failure is the
+    stack's."""
     tries, up = cfg.state_dir / "tries", cfg.state_dir / "up"
-    launcher = f"echo x >> {tries}; [ $(wc -l < {tries}) -gt {failures} ] || exit 1; touch {up}"
-    fake = stack_module.Service(
-        "ray",
-        lambda c: ["sh", "-c", launcher],
-        lambda c: up.exists(),
-        lambda c: {},
-        daemonizes=True,
+    timed_out = f"echo '{stack_module.RAY_STARTUP_TIMEOUT}. This could happen'; exit 1"
+    launcher = f"echo x >> {tries}; [ $(wc -l < {tries}) -gt {failures} ] || {{ {timed_out}; }}"
+    fake = replace(
+        stack_module.SERVICES["ray"], command=lambda c: ["sh", "-c", f"{launcher}; touch {up}"]
     )
+    fake = replace(fake, healthy=lambda c: up.exists())
     monkeypatch.setitem(stack_module.SERVICES, "ray", fake)
 
     if failures == 1:
@@ -168,6 +168,20 @@ def test_a_daemonizing_launcher_that_fails_is_launched_once_more(
             stack_module.start(cfg, ["ray"])
     assert len(tries.read_text().split()) == 2
     assert "ray: ray exited with code 1; launching it once more" in capsys.readouterr().err
+
+
+def test_any_other_failure_to_start_is_reported_at_once(
+    stack_module: ModuleType, cfg: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wrong setting fails every launch alike: no second one."""
+    tries = cfg.state_dir / "tries"
+    launcher = f"echo x >> {tries}; echo 'Resource quantities must be nonnegative'; exit 1"
+    fake = replace(stack_module.SERVICES["ray"], command=lambda c: ["sh", "-c", launcher])
+    monkeypatch.setitem(stack_module.SERVICES, "ray", fake)
+
+    with pytest.raises(stack_module.StackError, match="must be nonnegative"):
+        stack_module.start(cfg, ["ray"])
+    assert len(tries.read_text().split()) == 1
 
 
 def test_worker_alone_needs_a_running_prefect_server(stack_module: ModuleType, cfg: object) -> None:
