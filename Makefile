@@ -18,8 +18,11 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 
 # Two processes (pytest-xdist), each test file in one of them: a module's servers and fixtures
 # start once, and one process's waits (Ray start-up, polls, subprocesses) overlap the other's work.
+# Files go out in the order collected, the integration tests (the longest) first: xdist's own
+# order (most tests first) left the one-test files of whole runs to the end, one process busy
+# with them while the other had nothing left.
 test: setup
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 # The team stack's tests (MLflow and Prefect on a real PostgreSQL, two Ray nodes, flow runs at once
 # and servers restarted under them; the same flow runs on SQLite): CI's own step after `make test`.
