@@ -97,10 +97,9 @@ def tracked(store: MlflowClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     return TrackedRun(uri, "train-bilm-trapped", run.info.run_id, run_dir, socket.gethostname())
 
 
-def test_validation_logs_trapped_rows_and_tags_the_latest_warning(
-    store: MlflowClient, tracked: TrackedRun, capsys: pytest.CaptureFixture[str]
-) -> None:
-    progress = Progress(
+def _rank_0(tracked: TrackedRun, console: bool = True) -> Progress:
+    """Rank 0's progress of a 4,000-step run at the default warning margins."""
+    return Progress(
         tracked,
         SharedState(step=0, world_size=1),
         rank=0,
@@ -108,7 +107,14 @@ def test_validation_logs_trapped_rows_and_tags_the_latest_warning(
         log_every=50,
         validation_sentences=2000,
         warn_at=(DEFAULTS["rise"], DEFAULTS["parting"]),
+        console=console,
     )
+
+
+def test_validation_logs_trapped_rows_and_tags_the_latest_warning(
+    store: MlflowClient, tracked: TrackedRun, capsys: pytest.CaptureFixture[str]
+) -> None:
+    progress = _rank_0(tracked)
     tags = []
     with progress.tracking():
         for (step, forward), (_, backward), trapped in zip(
@@ -150,16 +156,7 @@ def test_figures_are_redrawn_at_most_once_an_interval_and_as_the_run_ends(
         figures.log_curves(curves, artifact_file, **labels)
 
     monkeypatch.setattr("pipelines.train.progress.log_curves", log_curves)
-    progress = Progress(
-        tracked,
-        SharedState(step=0, world_size=1),
-        rank=0,
-        total_steps=3000,
-        log_every=50,
-        validation_sentences=2000,
-        warn_at=(DEFAULTS["rise"], DEFAULTS["parting"]),
-        console=False,
-    )
+    progress = _rank_0(tracked, console=False)
     both = ["curves/train_sampled_loss.png", "curves/validation_perplexity.png"]
     with progress.tracking():
         progress.after_validation(1000, _sums(120.0, 118.0, 0), None)
