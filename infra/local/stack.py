@@ -386,6 +386,12 @@ def _ensure_databases(host: str, port: int, state_dir: Path) -> None:
         connection.close()
 
 
+# MLflow's server runs its GenAI jobs (scorers, prompt optimisation, trace roll-ups) in eight
+# processes of its own, which the pipeline never submits: off, its server is two processes, not ten,
+# and holds a fifth of the memory (benchmarks/results/suite_slow-2026-11-30.md).
+MLFLOW_JOBS = "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"
+
+
 def _mlflow_command(cfg: StackConfig) -> list[str]:
     store = (
         cfg.database_url("mlflow", MLFLOW_DRIVER)
@@ -540,6 +546,7 @@ def _service_env(cfg: StackConfig) -> dict[str, str]:
         env["PREFECT_API_DATABASE_CONNECTION_URL"] = cfg.database_url("prefect", PREFECT_DRIVER)
     env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
     env["RAY_USAGE_STATS_ENABLED"] = "0"
+    env[MLFLOW_JOBS] = "false"
     return env
 
 

@@ -16,6 +16,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -57,7 +58,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, local_stack) -> Iterator[dic
 
 
 def test_the_stack_serves_each_service_and_a_second_start_finds_them_running(
-    stack: dict[str, str], stack_cli: Callable[..., Any], tmp_path: Path
+    stack: dict[str, str], stack_cli: Callable[..., Any], stack_module: ModuleType, tmp_path: Path
 ) -> None:
     assert stack["RAY_AUTH_MODE"] == "token"
     client = MlflowClient(stack["MLFLOW_TRACKING_URI"])
@@ -76,6 +77,11 @@ def test_the_stack_serves_each_service_and_a_second_start_finds_them_running(
     assert again.returncode == 0 and again.stderr.count("already running") == 4
     pids = sorted(path.stem for path in (Path(stack["ELMO_HOME"]) / "stack" / "pids").iterdir())
     assert pids == ["mlflow", "prefect", "ray", "worker"]
+    # MLflow's server without its GenAI job runners: the server and its one web worker
+    mlflow_session = int((Path(stack["ELMO_HOME"]) / "stack" / "pids" / "mlflow.pid").read_text())
+    serving = stack_module.session_processes(mlflow_session)
+    commands = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in serving]
+    assert len(serving) == 2 and not [c for c in commands if b"huey" in c], commands
 
 
 def test_smoke_deployment_runs_the_pipeline_and_registers_models_that_embed(

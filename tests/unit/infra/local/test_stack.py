@@ -221,6 +221,7 @@ def test_the_stack_and_the_compose_file_share_user_databases_and_drivers(
     store = next(a for a in services["mlflow"]["command"] if a.startswith("--backend-store-uri="))
     assert store.startswith(f"--backend-store-uri={stack_module.MLFLOW_DRIVER}://")
     assert store.endswith(f"/{stack_module.POSTGRES_DATABASES[1]}")
+    assert services["mlflow"]["environment"][stack_module.MLFLOW_JOBS] == "false"
 
 
 def test_the_servers_wait_for_postgres_only_on_the_postgres_stack(
