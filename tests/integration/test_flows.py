@@ -688,7 +688,7 @@ MAKE_RUN_SECONDS = 1300  # the run's own limit, within the test's
 def make_run_console(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     """What ``make run`` prints (stdout and stderr as a terminal shows them) on a fresh machine:
     no server or ELMo setting in the environment (but the tests' Ray niceness and OpenMP wait
-    policy), a new ELMO_HOME. 8 training steps, one task, one seed and the whole training set,
+    policy), a new ELMO_HOME. 2 training steps, one task, one seed and the whole training set,
     for time (the pretrain flow's log test reads the lines of three seeds). Once: what a second
     run reuses, the flows' own tests check in this process (a rerun of the pretrain flow, of the
     analyze flow)."""
@@ -700,7 +700,7 @@ def make_run_console(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     }
     env |= {"ELMO_HOME": str(home), "MLFLOW_DISABLE_TELEMETRY": "true", "PYTHONUNBUFFERED": "1"}
     env["RAY_worker_niceness"] = "0"  # a fair share for Ray, as tests/conftest.py says
-    command = [sys.executable, "-m", "flows.run_local", "--max-steps", "8", "--seeds", "0"]
+    command = [sys.executable, "-m", "flows.run_local", "--max-steps", "2", "--seeds", "0"]
     tasks = (str(REPO / f"examples/tasks/{task}.yaml") for task, _ in MAKE_RUN_TASKS)
     command += ["--fractions", "1", "--tasks", ",".join(tasks)]
     # In a process group of its own: a run past its time goes with every process it started
@@ -766,7 +766,7 @@ def test_make_run_prints_every_line_once_and_none_of_the_libraries_chatter(
     noise = [line for line in printed if any(noise in line for noise in CONSOLE_NOISE)]
     assert noise == [], console
     # each progress line once, from the flow's log (the workers print none of it)
-    assert sum(": step 8/8  sampled loss " in line for line in printed) == 1
+    assert sum(": step 2/2  sampled loss " in line for line in printed) == 1
     assert not [line for line in printed if "[train]" in line]
 
 

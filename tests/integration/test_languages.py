@@ -1,5 +1,6 @@
-"""Own corpora in other languages, prepared → trained (the ``tiny`` preset, a few steps on a real
-local Ray) → embedded by the biLM pyfunc, which must tokenize raw text as the manifest says.
+"""Own corpora in other languages, prepared → trained (the ``tiny`` preset, a few steps of a
+worker's data path and step in this process; on Ray, test_train.py's) → embedded by the biLM
+pyfunc, which must tokenize raw text as the manifest says.
 
 German raw text goes through German Moses (``--set tokenizer.lang=de``): "z.B." and "Nr." keep
 their sentences together and their periods; its embedder's biLM is untrained, since what is
@@ -10,21 +11,25 @@ in UTF-8 through the shards, training's character inputs and the embedder.
 
 from __future__ import annotations
 
+import itertools
+import math
 import random
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
+from elmo_core.config import TrainConfig
 from elmo_core.data.manifest import MANIFEST_NAME, load_manifest
 from elmo_core.model.bilm import BiLM
 from elmo_core.model.serialization import write_bilm_dir
 from elmo_core.presets import tiny
+from elmo_core.training.local_run import step_results
+from elmo_core.training.step import TrainingStep
 from pipelines.prepare.cli import main as prepare_main
 from pipelines.serving.bilm_pyfunc import BiLMEmbedder
-from pipelines.train.job_config import resolve_train_config
-from pipelines.train.stage import train
 
 pytestmark = pytest.mark.integration
 
@@ -69,23 +74,15 @@ def _embedder(dataset: Path, model_dir: str | Path) -> BiLMEmbedder:
     return embedder
 
 
-def _trained_embedder(dataset: Path, runs: Path) -> BiLMEmbedder:
-    cfg = resolve_train_config(
-        "tiny",
-        None,
-        [
-            "train.max_steps=4",
-            "train.batch_size=4",
-            "train.unroll_steps=5",
-            "train.validate_every=4",
-            "train.checkpoint_every=4",
-            "train.validation_sentences=10",
-            f"run.storage_path={runs}",
-        ],
-    )
-    result = train(cfg, str(dataset))
-    assert result.steps == 4
-    return _embedder(dataset, result.model_dir)
+def _trained_embedder(dataset: Path, root: Path) -> BiLMEmbedder:
+    torch.manual_seed(0)
+    bilm = BiLM(tiny(), load_manifest(str(dataset)).vocab.size).train()
+    step = TrainingStep.build(bilm, TrainConfig(batch_size=4, unroll_steps=5))
+    results = step_results(step, str(dataset), torch.device("cpu"))
+    losses = [float(result.output.loss.detach()) for result in itertools.islice(results, 4)]
+    results.close()
+    assert len(losses) == 4 and all(math.isfinite(loss) for loss in losses)
+    return _embedder(dataset, write_bilm_dir(bilm.eval(), root / "trained"))
 
 
 def _embedded(embedder: BiLMEmbedder, column: str, value: object) -> tuple[list[str], np.ndarray]:
@@ -110,9 +107,8 @@ def test_a_german_corpus_is_prepared_and_embedded_with_german_moses(tmp_path) ->
     assert tokens == ["Wie", "geht", "'", "s", "dem", "Bärhaus", "?"]  # German, not English 's
 
 
-@pytest.mark.timeout(300)
 def test_a_segmented_chinese_corpus_is_prepared_trained_and_embedded_as_tokenized(
-    ray_session, store, tmp_path
+    store, tmp_path
 ) -> None:
     text = _chinese_corpus(random.Random(1), 400)
     dataset = _prepared(tmp_path, "zh", text, ["--format", "tokenized"])
@@ -120,7 +116,7 @@ def test_a_segmented_chinese_corpus_is_prepared_trained_and_embedded_as_tokenize
     assert manifest.format == "tokenized" and manifest.tokenizer["name"] == "whitespace"
     assert manifest.vocab.size > 64
 
-    embedder = _trained_embedder(dataset, tmp_path / "runs")
+    embedder = _trained_embedder(dataset, tmp_path)
     tokens, vectors = _embedded(embedder, "sentence", "北京 欢迎 你们 。")
     assert tokens == ["北京", "欢迎", "你们", "。"]
     assert vectors.shape[:2] == (embedder.bilm.num_layers, 4) and np.isfinite(vectors).all()
