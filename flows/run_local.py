@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+from flows.prefect_database import seed_database
 from pipelines.common.console import quiet_environment
 from pipelines.common.settings import RAY_JOBS_ENV, elmo_home
 
@@ -39,6 +40,12 @@ SMOKE_TRAINING = [
 ]
 # The smallest fraction that leaves every label of the bundled tasks an example, and the whole.
 SMOKE_FRACTIONS = [0.1, 1.0]
+# Settings under which Prefect's ephemeral server does not store in PREFECT_HOME's database
+OWN_PREFECT_DATABASE = (
+    "PREFECT_API_URL",
+    "PREFECT_SERVER_DATABASE_CONNECTION_URL",
+    "PREFECT_API_DATABASE_CONNECTION_URL",
+)
 
 
 def smoke_parameters(repo: Path = REPO) -> dict[str, Any]:
@@ -73,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     quiet_environment()  # before mlflow and ray are imported
     for name, value in embedded_settings(elmo_home(), os.environ).items():
         os.environ.setdefault(name, value)
+    if not any(os.environ.get(name) for name in OWN_PREFECT_DATABASE):
+        seed_database(Path(os.environ["PREFECT_HOME"]))  # the ephemeral server's first start
     from flows.params import PretrainParams
     from flows.pretrain import pretrain
     from pipelines import demo

@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from flows.prefect_database import seed_database
 from pipelines.common.settings import elmo_home
 
 SERVICE_ORDER = ("postgres", "mlflow", "prefect", "ray", "ray-node", "worker")
@@ -190,6 +191,7 @@ class Service:
     # `ray start` forks its daemons and exits 0; the others must keep running.
     daemonizes: bool = False
     needs_database: bool = False  # on the PostgreSQL stack, it stores there
+    before_launch: Callable[[StackConfig], None] | None = None  # its state made ready
     after_start: Callable[[StackConfig], None] | None = None  # once healthy, before the next wave
     # a failure whose log says this is launched once more (_wait_healthy_or_relaunch)
     transient_failure: str | None = None
@@ -409,6 +411,12 @@ def _mlflow_command(cfg: StackConfig) -> list[str]:
     ]  # fmt: skip
 
 
+def _seed_prefect_database(cfg: StackConfig) -> None:
+    """On SQLite, the server's first start from a migrated database (flows/prefect_database.py)."""
+    if not cfg.on_postgres:
+        seed_database(cfg.state_dir / "prefect")  # _service_env's PREFECT_HOME
+
+
 def _prefect_command(cfg: StackConfig) -> list[str]:
     return [_bin("prefect"), "server", "start", "--host", cfg.host, "--port", str(cfg.prefect_port)]
 
@@ -474,6 +482,7 @@ SERVICES: dict[str, Service] = {
         _prefect_healthy,
         lambda c: {"ELMO_PREFECT_PORT": c.prefect_port},
         needs_database=True,
+        before_launch=_seed_prefect_database,
     ),
     "ray": Service(
         "ray",
@@ -562,6 +571,8 @@ def _spawn(cfg: StackConfig, service: Service) -> subprocess.Popen[bytes]:
             raise StackError(
                 f"{service.name}: port {port} is in use by another program; set {variable}"
             )
+    if service.before_launch is not None:
+        service.before_launch(cfg)
     log_path = _log_file(cfg, service.name)
     with log_path.open("ab") as log:
         log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting {service.name}\n".encode())
