@@ -29,7 +29,7 @@ from pipelines.train.job_config import resolve_train_config
 from pipelines.train.run_directory import RunDirectory
 from pipelines.train.stage import train
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]  # 269 s on the slow machine
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]  # 392 s on the slow machine
 
 NODE_MEMORY = 80 * 1024**2  # object store per node: the workers pass nothing large
 

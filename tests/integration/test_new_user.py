@@ -33,7 +33,7 @@ def _elmo(cwd: Path, *args: str) -> str:
     return done.stdout
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(700)  # 208 s on the emulated slow machine, beside the suite
 def test_prepare_train_evaluate_with_relative_paths_from_a_fresh_directory(tmp_path) -> None:
     rng = random.Random(0)
     words = [f"w{i}" for i in range(120)]
