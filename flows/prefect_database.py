@@ -10,6 +10,7 @@ benchmarks/results/suite_slow-2026-11-30.md.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sqlite3
@@ -47,7 +48,7 @@ def seed_database(prefect_home: Path) -> None:
 
 def _migrated() -> Path:
     """The migrated, empty database of this Prefect version, built if missing. Two processes
-    that build it at once each build their own and the last one stays: the same file."""
+    that build it at once each build their own; the first one kept stays."""
     from prefect import __version__
 
     kept = cache_dir() / f"prefect-{__version__}.db"
@@ -67,5 +68,6 @@ def _migrated() -> Path:
         with sqlite3.connect(built) as connection:  # one file, whatever its write-ahead log held
             connection.execute("VACUUM INTO ?", (str(single),))
         connection.close()
-        os.replace(single, kept)
+        with contextlib.suppress(FileExistsError):  # kept whole, never replaced
+            os.link(single, kept)
     return kept
