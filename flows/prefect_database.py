@@ -17,6 +17,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+from importlib.metadata import version
 from pathlib import Path
 
 DATABASE_FILE = "prefect.db"  # where Prefect's default connection URL puts it in PREFECT_HOME
@@ -49,9 +50,7 @@ def seed_database(prefect_home: Path) -> None:
 def _migrated() -> Path:
     """The migrated, empty database of this Prefect version, built if missing. Two processes
     that build it at once each build their own; the first one kept stays."""
-    from prefect import __version__
-
-    kept = cache_dir() / f"prefect-{__version__}.db"
+    kept = cache_dir() / f"prefect-{version('prefect')}.db"
     if kept.exists():
         return kept
     kept.parent.mkdir(parents=True, exist_ok=True)
@@ -65,9 +64,8 @@ def _migrated() -> Path:
         )
         if done.returncode != 0:
             raise RuntimeError(f"migrating a Prefect database failed:\n{done.stderr[-3000:]}")
-        with sqlite3.connect(built) as connection:  # one file, whatever its write-ahead log held
-            connection.execute("VACUUM INTO ?", (str(single),))
-        connection.close()
+        with contextlib.closing(sqlite3.connect(built)) as connection:
+            connection.execute("VACUUM INTO ?", (str(single),))  # one file, WAL's pages in it
         with contextlib.suppress(FileExistsError):  # kept whole, never replaced
             os.link(single, kept)
     return kept

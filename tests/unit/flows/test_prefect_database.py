@@ -3,6 +3,7 @@ once per Prefect version in the user's cache and copied."""
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from pathlib import Path
 
@@ -31,11 +32,10 @@ def test_new_homes_get_copies_of_one_database_at_prefects_newest_schema(tmp_path
     first, second = (tmp_path / home / DATABASE_FILE for home in ("first", "second"))
     assert first.read_bytes() == second.read_bytes() == kept.read_bytes()
     assert kept.stat().st_mtime_ns == built  # copied, not migrated again
-    with sqlite3.connect(first) as database:
+    with contextlib.closing(sqlite3.connect(first)) as database:
         tables = {row[0] for row in database.execute("SELECT name FROM sqlite_master")}
         revisions = database.execute("SELECT version_num FROM alembic_version").fetchall()
         runs = database.execute("SELECT count(*) FROM flow_run").fetchone()
-    database.close()
     assert {"flow_run", "deployment", "work_pool"} <= tables
     assert revisions == [(_newest_sqlite_revision(),)] and runs == (0,)
     assert not list(tmp_path.glob("*/.*.part"))  # nothing half-written
